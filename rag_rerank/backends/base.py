@@ -1,0 +1,77 @@
+"""What every backend returns and the failure classes the retry policy acts on.
+
+A backend only talks to its model: it sends the rendered prompt (plus, on a re-ask, the guard's
+violations) and returns the raw text. It never retries by itself (SDKs run with max_retries=0)
+and never judges the output; `retry.py` and the output guard own those decisions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+from ..errors import RerankError, Violation
+from ..models import RerankRequest
+
+
+@dataclass(frozen=True)
+class Completion:
+    text: str
+    finish_reason: str = "stop"  # "stop" | "length" (truncated) | "refusal" | backend-specific
+    model: str | None = None
+    usage: Mapping[str, int] = field(default_factory=dict)
+
+
+class BackendFailure(RerankError):
+    """Raised by a backend for one failed call, already classified."""
+
+    kind = "fatal"
+
+    def __init__(self, message: str, *, status: int | None = None) -> None:
+        self.status = status
+        super().__init__(message)
+
+
+class TransientFailure(BackendFailure):
+    """Rate limit, 5xx, overloaded, timeout, connection reset: worth a backoff and another try."""
+
+    kind = "transient"
+
+    def __init__(self, message: str, *, status: int | None = None, retry_after: float | None = None) -> None:
+        self.retry_after = retry_after
+        super().__init__(message, status=status)
+
+
+class FatalFailure(BackendFailure):
+    """Auth, bad request, refusal, missing model: retrying cannot help, fail fast."""
+
+    kind = "fatal"
+
+
+@runtime_checkable
+class Backend(Protocol):
+    name: str
+    model: str | None
+
+    def complete(
+        self,
+        prompt: str,
+        request: RerankRequest,
+        *,
+        max_tokens: int,
+        feedback: Sequence[Violation] = (),
+        previous: str | None = None,
+    ) -> Completion:
+        """One call. `feedback` and `previous` are set on a re-ask after the guard rejected `previous`."""
+        ...
+
+    async def acomplete(
+        self,
+        prompt: str,
+        request: RerankRequest,
+        *,
+        max_tokens: int,
+        feedback: Sequence[Violation] = (),
+        previous: str | None = None,
+    ) -> Completion: ...

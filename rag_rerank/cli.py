@@ -1,0 +1,249 @@
+"""`rag-rerank`: argument parsing, input reading and exit codes; the work happens elsewhere.
+
+Exit codes: 0 ok · 1 invalid LLM output (`check`) · 2 bad input or usage · 3 backend failure.
+Errors go to stderr, one line each, naming the line / id / field / limit at fault.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from .errors import BackendError, InputError, MissingDependencyError, OutputError, RerankError, Violation
+
+EXIT_OK, EXIT_INVALID_OUTPUT, EXIT_BAD_INPUT, EXIT_BACKEND = 0, 1, 2, 3
+
+
+class UsageError(RerankError):
+    """A command line that cannot be acted on (exit 2)."""
+
+
+def _err(line: str) -> None:
+    print(f"rag-rerank: {line}", file=sys.stderr)
+
+
+def _print_violations(violations: Sequence[Violation], prefix: str = "error") -> None:
+    for v in violations:
+        _err(f"{prefix}: {v}")
+
+
+def read_text(source: str, what: str = "chunks") -> str:
+    """The contents of FILE, or of stdin for '-', as text; a clear error otherwise."""
+    if source == "-":
+        data = sys.stdin.buffer.read()
+        name = "<stdin>"
+    else:
+        path = Path(source)
+        if not path.is_file():
+            raise UsageError(f"--{what}: no such file: {source}")
+        try:
+            data = path.read_bytes()
+        except OSError as exc:
+            raise UsageError(f"--{what}: cannot read {source}: {exc.strerror}") from None
+        name = source
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise UsageError(f"{name}: not UTF-8 text (byte {exc.start})") from None
+
+
+def _add_request_args(p: argparse.ArgumentParser, top_k_required: bool = False) -> None:
+    p.add_argument("--query", "-q", required=True, help="the query to rank against")
+    p.add_argument("--chunks", "-c", required=True, metavar="FILE|-", help="JSONL chunks file, or - for stdin")
+    p.add_argument("--top-k", "-k", type=int, default=None, required=top_k_required, help="how many to keep (5)")
+    p.add_argument("--lambda", dest="lambda_", type=float, default=None, help="MMR trade-off in [0, 1] (0.7)")
+
+
+def _add_backend_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--backend", "-b", default="local", choices=["local", "openai", "anthropic"],
+                   help="who scores the chunks (default: local, offline and deterministic)")
+    p.add_argument("--model", "-m", default=None, help="model name for openai / anthropic backends")
+    p.add_argument("--base-url", default=None, help="OpenAI-compatible server URL, e.g. http://127.0.0.1:8000/v1")
+    p.add_argument("--embedder", "-e", default="lexical",
+                   help="post-pass embedder: lexical (default), sentence-transformers[:MODEL], openai[:MODEL]")
+    p.add_argument("--fallback", choices=["local"], default=None,
+                   help="if the backend fails after all attempts, return the local ranking (flagged in meta)")
+
+
+def cmd_render(args: argparse.Namespace) -> int:
+    from .guard import validate_request
+    from .render import render
+
+    request = validate_request(args.query, read_text(args.chunks), args.top_k, args.lambda_)
+    print(render(request))
+    return EXIT_OK
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    from .guard import parse_chunks
+    from .guard.output import judge
+    from .guard.repair import repair_output
+
+    if args.top_k < 1:
+        raise UsageError(f"--top-k must be a positive integer, got {args.top_k}")
+    chunks = parse_chunks(read_text(args.chunks))
+    raw = read_text(args.output, what="output")
+    if args.repair:
+        fixed = repair_output(raw)
+        for r in fixed.repairs:
+            _err(f"repair: {r}")
+        raw = fixed.text
+    _, violations = judge(raw, chunks, args.top_k)
+    if violations:
+        _print_violations(violations, prefix="invalid")
+        return EXIT_INVALID_OUTPUT
+    print("valid")
+    return EXIT_OK
+
+
+def cmd_golden(args: argparse.Namespace) -> int:
+    from .golden import run_golden
+
+    return run_golden(Path(args.dir) if args.dir else None, verbose=args.verbose)
+
+
+def _backend_options(args: argparse.Namespace) -> dict[str, Any]:
+    return {"backend": args.backend, "model": args.model, "base_url": args.base_url,
+            "embedder": args.embedder, "fallback": args.fallback}
+
+
+def cmd_rerank(args: argparse.Namespace) -> int:
+    from .rerank import rerank
+
+    result = rerank(args.query, read_text(args.chunks), args.top_k, args.lambda_, **_backend_options(args))
+    print(result.to_json(indent=args.indent))
+    if args.meta:
+        print(json.dumps(result.meta.to_dict(), ensure_ascii=False), file=sys.stderr)
+    return EXIT_OK
+
+
+def cmd_batch(args: argparse.Namespace) -> int:
+    from .batch import run_batch_cli
+
+    return run_batch_cli(args, backend_options=_backend_options(args))
+
+
+def cmd_route(args: argparse.Namespace) -> int:
+    from .router import route
+
+    print(json.dumps(route(args.utterance, n_chunks=args.n_chunks, embedder=args.embedder), ensure_ascii=False))
+    return EXIT_OK
+
+
+def cmd_mcp(args: argparse.Namespace) -> int:
+    from .mcp_server import serve
+
+    serve()
+    return EXIT_OK
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from .evaluate import run_eval_cli
+
+    return run_eval_cli(args, backend_options=_backend_options(args))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="rag-rerank", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+
+    p = sub.add_parser("rerank", help="rerank chunks for a query and print the result object")
+    _add_request_args(p)
+    _add_backend_args(p)
+    p.add_argument("--meta", action="store_true", help="print run metadata (attempts, usage, latency) to stderr")
+    p.add_argument("--indent", type=int, default=None, help="pretty-print the JSON")
+    p.set_defaults(func=cmd_rerank)
+
+    p = sub.add_parser("render", help="print the XML prompt that would be sent to an LLM")
+    _add_request_args(p)
+    p.set_defaults(func=cmd_render)
+
+    p = sub.add_parser("check", help="judge a raw LLM output against the contract (exit 1 if invalid)")
+    p.add_argument("--chunks", "-c", required=True, metavar="FILE", help="the JSONL chunks the output refers to")
+    p.add_argument("--top-k", "-k", type=int, required=True)
+    p.add_argument("--repair", action="store_true", help="first strip fences / prose / <think> (reported)")
+    p.add_argument("output", nargs="?", default="-", metavar="OUTPUT_FILE|-")
+    p.set_defaults(func=cmd_check)
+
+    p = sub.add_parser("route", help="decide whether an utterance should route to a skill")
+    p.add_argument("utterance")
+    p.add_argument("--n-chunks", type=int, default=None, help="how many chunks the agent holds")
+    p.add_argument("--embedder", default="lexical", help="lexical (default) or sentence-transformers[:MODEL]")
+    p.set_defaults(func=cmd_route)
+
+    p = sub.add_parser("golden", help="run the golden regression cases offline")
+    p.add_argument("dir", nargs="?", default=None, help="golden folder (default: the packaged one)")
+    p.add_argument("--verbose", "-v", action="store_true")
+    p.set_defaults(func=cmd_golden)
+
+    p = sub.add_parser("batch", help="rerank many queries from JSONL, resumable, results in input order")
+    p.add_argument("--input", "-i", required=True, metavar="FILE", help="JSONL: {query, chunks, top_k?, lambda?}")
+    p.add_argument("--output", "-o", default="-", metavar="FILE|-", help="JSONL results (default stdout)")
+    p.add_argument("--concurrency", type=int, default=4)
+    p.add_argument("--resume", action="store_true", help="skip lines already present in --output")
+    p.add_argument("--no-progress", action="store_true", help="never show a progress bar")
+    _add_backend_args(p)
+    p.set_defaults(func=cmd_batch)
+
+    p = sub.add_parser("eval", help="measure nDCG@10 / Recall / MRR of input vs reranked order")
+    p.add_argument("--candidates", required=True, metavar="FILE", help="JSONL {qid, query, chunks:[{id,text}]}")
+    p.add_argument("--qrels", required=True, metavar="FILE", help="TREC qrels")
+    p.add_argument("--k", type=int, default=10, help="top_k to keep and Recall@k cut-off")
+    p.add_argument("--lambda", dest="lambda_", type=float, default=None)
+    p.add_argument("--subtopics", default=None, metavar="FILE", help="subtopic judgments for alpha-nDCG")
+    p.add_argument("--concurrency", type=int, default=4)
+    p.add_argument("--resume", default=None, metavar="FILE", help="cache of per-query results to resume from")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    p.add_argument("--no-progress", action="store_true")
+    _add_backend_args(p)
+    p.set_defaults(func=cmd_eval)
+
+    p = sub.add_parser("mcp", help="serve the rerank tool over MCP stdio (needs rag-rerank[mcp])")
+    p.set_defaults(func=cmd_mcp)
+    return parser
+
+
+def _dispatch(func: Callable[[argparse.Namespace], int], args: argparse.Namespace) -> int:
+    try:
+        return func(args)
+    except InputError as exc:
+        _print_violations(exc.violations)
+        return EXIT_BAD_INPUT
+    except OutputError as exc:
+        _print_violations(exc.violations, prefix="invalid")
+        return EXIT_INVALID_OUTPUT
+    except BackendError as exc:
+        _err(f"backend failure: {exc}")
+        return EXIT_BACKEND
+    except (UsageError, MissingDependencyError) as exc:
+        _err(f"error: {exc}")
+        return EXIT_BAD_INPUT
+    except RerankError as exc:
+        _err(f"error: {exc}")
+        return EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        _err("interrupted")
+        return 130
+    except BrokenPipeError:
+        return EXIT_OK
+    except Exception as exc:  # never a traceback for a user; RAG_RERANK_DEBUG=1 shows it
+        if os.environ.get("RAG_RERANK_DEBUG"):
+            raise
+        _err(f"internal error: {type(exc).__name__}: {exc} (set RAG_RERANK_DEBUG=1 for the traceback)")
+        return 4
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    return _dispatch(args.func, args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

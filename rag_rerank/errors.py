@@ -1,0 +1,107 @@
+"""The exceptions rag-rerank raises, each carrying what a caller needs to act on it.
+
+Guards never stop at the first problem: an `InputError` or `OutputError` carries every
+`Violation`, so a CLI can print them all and a re-ask can quote them all to the model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Violation:
+    """One broken rule: where (a JSON path, a line, an id), what value, and why."""
+
+    path: str
+    message: str
+    value: Any = None
+    line: int | None = None
+    id: str | None = None
+
+    def __str__(self) -> str:
+        where = []
+        if self.line is not None:
+            where.append(f"line {self.line}")
+        if self.path:
+            where.append(self.path)
+        if self.id is not None:
+            where.append(f"id {self.id!r}")
+        prefix = ": ".join(where)
+        return f"{prefix}: {self.message}" if prefix else self.message
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"path": self.path, "message": self.message}
+        if self.line is not None:
+            out["line"] = self.line
+        if self.id is not None:
+            out["id"] = self.id
+        return out
+
+
+class RerankError(Exception):
+    """Base class of every error rag-rerank raises on purpose."""
+
+
+class _ViolationsError(RerankError):
+    def __init__(self, violations: Iterable[Violation], headline: str) -> None:
+        self.violations: tuple[Violation, ...] = tuple(violations)
+        self.headline = headline
+        super().__init__(self._text())
+
+    def _text(self) -> str:
+        lines = [f"{self.headline} ({len(self.violations)} problem{'s' if len(self.violations) != 1 else ''})"]
+        lines += [f"  - {v}" for v in self.violations]
+        return "\n".join(lines)
+
+
+class InputError(_ViolationsError):
+    """The caller's query, chunks or parameters break the input contract (CLI exit 2)."""
+
+    def __init__(self, violations: Iterable[Violation], headline: str = "invalid input") -> None:
+        super().__init__(violations, headline)
+
+
+class OutputError(_ViolationsError):
+    """A raw LLM output breaks the output contract (CLI `check` exit 1)."""
+
+    def __init__(
+        self,
+        violations: Iterable[Violation],
+        raw: str = "",
+        headline: str = "invalid LLM output",
+    ) -> None:
+        self.raw = raw
+        super().__init__(violations, headline)
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """What one call to a backend did, kept so a final failure can show the whole story."""
+
+    number: int
+    kind: str  # "ok", "transient", "invalid_output", "truncated", "fatal"
+    detail: str
+    wait_s: float = 0.0
+    violations: Sequence[Violation] = field(default_factory=tuple)
+
+
+class BackendError(RerankError):
+    """Every attempt to get a valid answer from a backend failed (CLI exit 3)."""
+
+    def __init__(self, message: str, attempts: Sequence[Attempt] = ()) -> None:
+        self.attempts: tuple[Attempt, ...] = tuple(attempts)
+        detail = "; ".join(f"#{a.number} {a.kind}: {a.detail}" for a in self.attempts)
+        super().__init__(f"{message}" + (f" [{detail}]" if detail else ""))
+
+
+class MissingDependencyError(RerankError):
+    """An optional extra is needed for what was asked; the message says which to install."""
+
+    def __init__(self, feature: str, extra: str, module: str) -> None:
+        self.feature, self.extra, self.module = feature, extra, module
+        super().__init__(
+            f"{feature} needs the optional package '{module}': pip install 'rag-rerank[{extra}]'"
+        )

@@ -1,0 +1,112 @@
+"""The value types that cross module boundaries: immutable, so no stage can quietly edit
+what an earlier stage decided."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """One candidate as the caller gave it. `id` is never normalised in any way."""
+
+    id: str
+    text: str
+    score: float | None = None
+    meta: Mapping[str, Any] | None = None
+    embedding: tuple[float, ...] | None = None
+
+    def prompt_record(self) -> dict[str, Any]:
+        """The record shown to the LLM: the caller's fields minus the embedding (vectors only cost tokens)."""
+        rec: dict[str, Any] = {"id": self.id, "text": self.text}
+        if self.score is not None:
+            rec["score"] = self.score
+        if self.meta is not None:
+            rec["meta"] = dict(self.meta)
+        return rec
+
+
+@dataclass(frozen=True)
+class Ranked:
+    id: str
+    score: float
+    reason: str
+    diversity_note: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"id": self.id, "score": self.score, "reason": self.reason}
+        if self.diversity_note:
+            out["diversity_note"] = self.diversity_note
+        return out
+
+
+@dataclass(frozen=True)
+class Dropped:
+    id: str
+    reason: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"id": self.id, "reason": self.reason}
+
+
+@dataclass(frozen=True)
+class RunMeta:
+    """How a result was produced. Kept apart from the schema object so it never leaks into it."""
+
+    backend: str = "local"
+    model: str | None = None
+    attempts: int = 1
+    repairs: tuple[str, ...] = ()
+    usage: Mapping[str, int] = field(default_factory=dict)
+    latency_ms: float = 0.0
+    fallback: str | None = None
+    embedder: str | None = None
+    notes: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "backend": self.backend,
+            "model": self.model,
+            "attempts": self.attempts,
+            "repairs": list(self.repairs),
+            "usage": dict(self.usage),
+            "latency_ms": round(self.latency_ms, 3),
+            "fallback": self.fallback,
+            "embedder": self.embedder,
+            "notes": list(self.notes),
+        }
+
+
+@dataclass(frozen=True)
+class RerankResult:
+    ranked: tuple[Ranked, ...]
+    dropped: tuple[Dropped, ...] = ()
+    meta: RunMeta = field(default_factory=RunMeta)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Exactly the card's output schema; `meta` is deliberately absent."""
+        return {"ranked": [r.to_dict() for r in self.ranked], "dropped": [d.to_dict() for d in self.dropped]}
+
+    def to_json(self, indent: int | None = None) -> str:
+        return json.dumps(self.to_dict(), ensure_ascii=False, indent=indent)
+
+    @property
+    def ids(self) -> list[str]:
+        return [r.id for r in self.ranked]
+
+
+@dataclass(frozen=True)
+class RerankRequest:
+    """A request that passed the input guard: everything downstream may trust it."""
+
+    query: str
+    chunks: tuple[Chunk, ...]
+    top_k: int
+    lambda_: float
+
+    @property
+    def ids(self) -> tuple[str, ...]:
+        return tuple(c.id for c in self.chunks)

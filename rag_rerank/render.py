@@ -1,0 +1,87 @@
+"""Renders the XML task from the Jinja template.
+
+Injection safety lives here, not in the template: the query is XML-escaped, and each chunk is one
+JSON line in which `<`, `>`, `&` and every character that some reader treats as a line break are
+written as `\\uXXXX` escapes. A JSON decoder gives back exactly the caller's strings, yet no
+caller text can close `</chunks>`, open an element, end a CDATA section or start a new JSONL
+record. Values are passed to Jinja as data, so Jinja syntax inside them is never executed.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from functools import cache
+
+import jinja2
+
+from .models import Chunk, RerankRequest
+from .paths import prompts_dir
+
+TEMPLATE_NAME = "rag-chunk-reranker.xml.j2"
+
+# Characters that must never appear raw in a chunk line: markup, and line breaks other than the
+# record separator (str.splitlines and some tokenizers split on all of these).
+_JSON_ESCAPES = str.maketrans(
+    {
+        "<": "\\u003c",
+        ">": "\\u003e",
+        "&": "\\u0026",
+        "\u2028": "\\u2028",
+        "\u2029": "\\u2029",
+        "\x85": "\\u0085",
+        "\x1c": "\\u001c",
+        "\x1d": "\\u001d",
+        "\x1e": "\\u001e",
+        "\x0b": "\\u000b",
+        "\x0c": "\\u000c",
+    }
+)
+_XML_ESCAPES = str.maketrans({"&": "&amp;", "<": "&lt;", ">": "&gt;"})
+
+
+@cache
+def _environment() -> jinja2.Environment:
+    return jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(prompts_dir())),
+        undefined=jinja2.StrictUndefined,
+        autoescape=False,
+        keep_trailing_newline=False,
+    )
+
+
+def chunk_line(chunk: Chunk) -> str:
+    """One chunk as a single, markup-free JSON line."""
+    # ensure_ascii=False keeps non-English text readable for the model; json.dumps already
+    # escapes \n, \r, \t and other C0 controls, and the table above handles the rest.
+    return json.dumps(chunk.prompt_record(), ensure_ascii=False).translate(_JSON_ESCAPES)
+
+
+def chunks_jsonl(chunks: Iterable[Chunk]) -> str:
+    return "".join(chunk_line(c) + "\n" for c in chunks)
+
+
+def xml_text(value: str) -> str:
+    return value.translate(_XML_ESCAPES)
+
+
+def format_lambda(value: float) -> str:
+    return repr(float(value))
+
+
+def render(request: RerankRequest, template: str = TEMPLATE_NAME) -> str:
+    """The complete `<task>…</task>` prompt for a guarded request."""
+    return _environment().get_template(template).render(
+        query=xml_text(request.query),
+        chunks=chunks_jsonl(request.chunks),
+        top_k=int(request.top_k),
+        lambda_=format_lambda(request.lambda_),
+    )
+
+
+def extract_chunk_lines(prompt: str) -> list[str]:
+    """The JSONL lines of a rendered prompt's `<chunks>` element (for tests and debugging)."""
+    start = prompt.index("<chunks>") + len("<chunks>")
+    end = prompt.index("</chunks>", start)
+    body = prompt[start:end]
+    return [line for line in body.split("\n") if line]
