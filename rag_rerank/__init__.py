@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from .batch import arerank_many
 from .errors import (
     Attempt,
     BackendError,
@@ -14,6 +15,7 @@ from .errors import (
 from .guard import check_output, parse_chunks, repair_output, validate_request
 from .models import Chunk, Dropped, Ranked, RerankRequest, RerankResult, RunMeta
 from .render import render
+from .rerank import arerank, make_backend, rerank
 from .skill import SkillCard, load_skill
 
 __version__ = "0.1.0"
@@ -34,10 +36,14 @@ __all__ = [
     "SkillCard",
     "Violation",
     "__version__",
+    "arerank",
+    "arerank_many",
     "check_output",
     "load_skill",
+    "make_backend",
     "parse_chunks",
     "render",
     "repair_output",
+    "rerank",
     "validate_request",
 ]

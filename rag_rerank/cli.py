@@ -12,7 +12,7 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from .errors import BackendError, InputError, MissingDependencyError, OutputError, RerankError, Violation
 
@@ -24,7 +24,9 @@ class UsageError(RerankError):
 
 
 def _err(line: str) -> None:
-    print(f"rag-rerank: {line}", file=sys.stderr)
+    """One line on stderr, whatever the message holds (newlines, unencodable characters)."""
+    flat = " ".join(str(line).splitlines()).encode("utf-8", "backslashreplace").decode("utf-8")
+    print(f"rag-rerank: {flat}", file=sys.stderr)
 
 
 def _print_violations(violations: Sequence[Violation], prefix: str = "error") -> None:
@@ -33,30 +35,40 @@ def _print_violations(violations: Sequence[Violation], prefix: str = "error") ->
 
 
 def read_text(source: str, what: str = "chunks") -> str:
-    """The contents of FILE, or of stdin for '-', as text; a clear error otherwise."""
+    """The contents of FILE, or of stdin for '-', as text; a clear error otherwise.
+
+    `what` names the option the path came from (`chunks` -> `--chunks`); a name in capitals is a
+    positional argument and is shown as is (`OUTPUT_FILE`)."""
+    label = what if what.isupper() else f"--{what}"
     if source == "-":
         data = sys.stdin.buffer.read()
         name = "<stdin>"
     else:
         path = Path(source)
+        if path.is_dir():
+            raise UsageError(f"{label}: {source} is a directory, not a file")
         if not path.is_file():
-            raise UsageError(f"--{what}: no such file: {source}")
+            raise UsageError(f"{label}: no such file: {source}")
         try:
             data = path.read_bytes()
         except OSError as exc:
-            raise UsageError(f"--{what}: cannot read {source}: {exc.strerror}") from None
+            raise UsageError(f"{label}: cannot read {source}: {exc.strerror}") from None
         name = source
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise UsageError(f"{name}: not UTF-8 text (byte {exc.start})") from None
+        line = data[: exc.start].count(b"\n") + 1
+        raise UsageError(f"{name}: line {line}: not UTF-8 text (byte {exc.start})") from None
 
 
 def _add_request_args(p: argparse.ArgumentParser, top_k_required: bool = False) -> None:
     p.add_argument("--query", "-q", required=True, help="the query to rank against")
-    p.add_argument("--chunks", "-c", required=True, metavar="FILE|-", help="JSONL chunks file, or - for stdin")
-    p.add_argument("--top-k", "-k", type=int, default=None, required=top_k_required, help="how many to keep (5)")
-    p.add_argument("--lambda", dest="lambda_", type=float, default=None, help="MMR trade-off in [0, 1] (0.7)")
+    p.add_argument("--chunks", "-c", required=True, metavar="FILE|-",
+                   help="JSONL chunks file, or - for stdin")
+    p.add_argument("--top-k", "-k", type=int, default=None, required=top_k_required,
+                   help="how many to keep (5)")
+    p.add_argument("--lambda", dest="lambda_", type=float, default=None,
+                   help="MMR trade-off in [0, 1] (0.7)")
 
 
 def _add_backend_args(p: argparse.ArgumentParser) -> None:
@@ -65,9 +77,18 @@ def _add_backend_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", "-m", default=None, help="model name for openai / anthropic backends")
     p.add_argument("--base-url", default=None, help="OpenAI-compatible server URL, e.g. http://127.0.0.1:8000/v1")
     p.add_argument("--embedder", "-e", default="lexical",
-                   help="post-pass embedder: lexical (default), sentence-transformers[:MODEL], openai[:MODEL]")
+                   help="post-pass embedder: lexical (default), sentence-transformers[:MODEL], "
+                   "openai[:MODEL]")
     p.add_argument("--fallback", choices=["local"], default=None,
                    help="if the backend fails after all attempts, return the local ranking (flagged in meta)")
+
+
+def _add_pipeline_args(p: argparse.ArgumentParser) -> None:
+    """Options of `rerank` / `batch` only (engineer C): the post-pass layout and strict parsing."""
+    p.add_argument("--layout", default="mmr", choices=["mmr", "diversity", "lost_in_the_middle"],
+                   help="order of the kept chunks (default: mmr)")
+    p.add_argument("--strict", action="store_true",
+                   help="no formatting repair: a fenced or prose-wrapped answer is re-asked, not salvaged")
 
 
 def cmd_render(args: argparse.Namespace) -> int:
@@ -75,7 +96,7 @@ def cmd_render(args: argparse.Namespace) -> int:
     from .render import render
 
     request = validate_request(args.query, read_text(args.chunks), args.top_k, args.lambda_)
-    print(render(request))
+    sys.stdout.write(render(request))  # already ends with a newline: byte for byte the prompt
     return EXIT_OK
 
 
@@ -86,8 +107,10 @@ def cmd_check(args: argparse.Namespace) -> int:
 
     if args.top_k < 1:
         raise UsageError(f"--top-k must be a positive integer, got {args.top_k}")
+    if args.chunks == "-" and args.output == "-":
+        raise UsageError("--chunks and OUTPUT_FILE cannot both be read from stdin ('-')")
     chunks = parse_chunks(read_text(args.chunks))
-    raw = read_text(args.output, what="output")
+    raw = read_text(args.output, what="OUTPUT_FILE")
     if args.repair:
         fixed = repair_output(raw)
         for r in fixed.repairs:
@@ -115,7 +138,8 @@ def _backend_options(args: argparse.Namespace) -> dict[str, Any]:
 def cmd_rerank(args: argparse.Namespace) -> int:
     from .rerank import rerank
 
-    result = rerank(args.query, read_text(args.chunks), args.top_k, args.lambda_, **_backend_options(args))
+    result = rerank(args.query, read_text(args.chunks), args.top_k, args.lambda_, layout=args.layout,
+                    strict=args.strict, **_backend_options(args))
     print(result.to_json(indent=args.indent))
     if args.meta:
         print(json.dumps(result.meta.to_dict(), ensure_ascii=False), file=sys.stderr)
@@ -125,13 +149,15 @@ def cmd_rerank(args: argparse.Namespace) -> int:
 def cmd_batch(args: argparse.Namespace) -> int:
     from .batch import run_batch_cli
 
-    return run_batch_cli(args, backend_options=_backend_options(args))
+    return run_batch_cli(args, backend_options={**_backend_options(args), "layout": args.layout,
+                                                "strict": args.strict})
 
 
 def cmd_route(args: argparse.Namespace) -> int:
     from .router import route
 
-    print(json.dumps(route(args.utterance, n_chunks=args.n_chunks, embedder=args.embedder), ensure_ascii=False))
+    decision = route(args.utterance, n_chunks=args.n_chunks, embedder=args.embedder)
+    print(json.dumps(decision, ensure_ascii=False))
     return EXIT_OK
 
 
@@ -148,16 +174,27 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return run_eval_cli(args, backend_options=_backend_options(args))
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports a usage error as one line (and exit 2) instead of a usage block."""
+
+    def error(self, message: str) -> NoReturn:
+        _err(f"{self.prog.removeprefix('rag-rerank').strip() or 'usage'}: error: {message} "
+             f"(see {self.prog} --help)")
+        raise SystemExit(EXIT_BAD_INPUT)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="rag-rerank", description=__doc__.split("\n")[0])
+    parser = _Parser(prog="rag-rerank", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
 
     p = sub.add_parser("rerank", help="rerank chunks for a query and print the result object")
     _add_request_args(p)
     _add_backend_args(p)
-    p.add_argument("--meta", action="store_true", help="print run metadata (attempts, usage, latency) to stderr")
+    p.add_argument("--meta", action="store_true",
+                   help="print run metadata (attempts, usage, latency) to stderr")
     p.add_argument("--indent", type=int, default=None, help="pretty-print the JSON")
+    _add_pipeline_args(p)
     p.set_defaults(func=cmd_rerank)
 
     p = sub.add_parser("render", help="print the XML prompt that would be sent to an LLM")
@@ -165,8 +202,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_render)
 
     p = sub.add_parser("check", help="judge a raw LLM output against the contract (exit 1 if invalid)")
-    p.add_argument("--chunks", "-c", required=True, metavar="FILE", help="the JSONL chunks the output refers to")
-    p.add_argument("--top-k", "-k", type=int, required=True)
+    p.add_argument("--chunks", "-c", required=True, metavar="FILE|-",
+                   help="the JSONL chunks the output refers to")
+    p.add_argument("--top-k", "-k", type=int, required=True, help="the top_k the output was asked for")
     p.add_argument("--repair", action="store_true", help="first strip fences / prose / <think> (reported)")
     p.add_argument("output", nargs="?", default="-", metavar="OUTPUT_FILE|-")
     p.set_defaults(func=cmd_check)
@@ -183,18 +221,29 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_golden)
 
     p = sub.add_parser("batch", help="rerank many queries from JSONL, resumable, results in input order")
-    p.add_argument("--input", "-i", required=True, metavar="FILE", help="JSONL: {query, chunks, top_k?, lambda?}")
+    p.add_argument("--input", "-i", required=True, metavar="FILE",
+                   help="JSONL: {query, chunks, top_k?, lambda?, query_id?}")
     p.add_argument("--output", "-o", default="-", metavar="FILE|-", help="JSONL results (default stdout)")
     p.add_argument("--concurrency", type=int, default=4)
     p.add_argument("--resume", action="store_true", help="skip lines already present in --output")
     p.add_argument("--no-progress", action="store_true", help="never show a progress bar")
     _add_backend_args(p)
+    _add_pipeline_args(p)
     p.set_defaults(func=cmd_batch)
 
     p = sub.add_parser("eval", help="measure nDCG@10 / Recall / MRR of input vs reranked order")
-    p.add_argument("--candidates", required=True, metavar="FILE", help="JSONL {qid, query, chunks:[{id,text}]}")
+    p.add_argument("--candidates", required=True, metavar="FILE",
+                   help="JSONL {qid, query, chunks:[{id,text}]}")
     p.add_argument("--qrels", required=True, metavar="FILE", help="TREC qrels")
     p.add_argument("--k", type=int, default=10, help="top_k to keep and Recall@k cut-off")
+    p.add_argument("--depth", type=int, default=None,
+                   help="rerank the first N candidates of each query (default 50, the card's limit); "
+                   "the rest keep their input positions after them")
+    p.add_argument("--rel-level", type=int, default=1,
+                   help="lowest qrels grade that counts as relevant for Recall and MRR (DL19 convention: 2)")
+    p.add_argument("--duplicate-threshold", type=float, default=None,
+                   help="post-pass near-duplicate cosine (default: the embedder's own; 1.0 keeps all but "
+                   "identical vectors)")
     p.add_argument("--lambda", dest="lambda_", type=float, default=None)
     p.add_argument("--subtopics", default=None, metavar="FILE", help="subtopic judgments for alpha-nDCG")
     p.add_argument("--concurrency", type=int, default=4)
@@ -241,7 +290,10 @@ def _dispatch(func: Callable[[argparse.Namespace], int], args: argparse.Namespac
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # --help (0) or a usage error (2): a return code, so main() is testable
+        return exc.code if isinstance(exc.code, int) else EXIT_BAD_INPUT
     return _dispatch(args.func, args)
 
 

@@ -52,7 +52,8 @@ class _ViolationsError(RerankError):
         super().__init__(self._text())
 
     def _text(self) -> str:
-        lines = [f"{self.headline} ({len(self.violations)} problem{'s' if len(self.violations) != 1 else ''})"]
+        n = len(self.violations)
+        lines = [f"{self.headline} ({n} problem{'s' if n != 1 else ''})"]
         lines += [f"  - {v}" for v in self.violations]
         return "\n".join(lines)
 

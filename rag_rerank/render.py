@@ -46,7 +46,7 @@ def _environment() -> jinja2.Environment:
         loader=jinja2.FileSystemLoader(str(prompts_dir())),
         undefined=jinja2.StrictUndefined,
         autoescape=False,
-        keep_trailing_newline=False,
+        keep_trailing_newline=True,  # the task ends with a newline, byte for byte as in the card
     )
 
 

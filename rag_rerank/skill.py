@@ -2,10 +2,16 @@
 
 The card is the single source of truth for inputs, defaults, triggers and the not-for list;
 tool schemas, the MCP registration and the router are all derived from what this returns.
+
+The Agent Skills format defines `metadata` as a map from string keys to string *values*, so the
+structured parts of the card (`inputs`, `routing`, `examples`) are YAML documents held in string
+values (`inputs: |`) that this loader parses. Any Agent Skills client sees a conformant card; we
+still get typed inputs and triggers from one file.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -17,8 +23,13 @@ from .errors import RerankError
 from .paths import skills_dir
 
 # The Agent Skills format allows these top-level front-matter keys and no others.
-ALLOWED_TOP_LEVEL = frozenset({"name", "description", "license", "compatibility", "metadata", "allowed-tools"})
+ALLOWED_TOP_LEVEL = frozenset(
+    {"name", "description", "license", "compatibility", "metadata", "allowed-tools"}
+)
 DEFAULT_SKILL = "rag-chunk-reranker"
+# Agent Skills: 1-64 lowercase letters, digits and single hyphens, not at either end.
+_NAME = re.compile(r"^[a-z0-9]+(?:-[a-z0-9]+)*$")
+_STRUCTURED = ("inputs", "routing", "examples")
 
 
 class SkillCardError(RerankError):
@@ -57,6 +68,10 @@ class SkillCard:
     examples: tuple[Example, ...]
     body: str
     path: Path
+    # Example utterances from the card's routing block: more reference points for the router than
+    # the four seed triggers (route_examples) and the four not-for items (reject_examples).
+    route_examples: tuple[str, ...] = ()
+    reject_examples: tuple[str, ...] = ()
 
     def input(self, name: str) -> InputSpec:
         for spec in self.inputs:
@@ -80,7 +95,10 @@ def _split_front_matter(text: str, path: Path) -> tuple[dict[str, Any], str]:
     end = text.find("\n---\n", 4)
     if end < 0:
         raise SkillCardError(f"{path}: front matter is not closed by a '---' line")
-    front = yaml.safe_load(text[4:end])
+    try:
+        front = yaml.safe_load(text[4:end])
+    except yaml.YAMLError as exc:
+        raise SkillCardError(f"{path}: front matter is not valid YAML: {exc}".replace("\n", " ")) from None
     if not isinstance(front, dict):
         raise SkillCardError(f"{path}: front matter must be a mapping")
     return front, text[end + 5 :]
@@ -93,14 +111,57 @@ def _need(mapping: dict[str, Any], key: str, path: Path, where: str = "") -> Any
 
 
 def parse_skill(path: Path) -> SkillCard:
-    front, body = _split_front_matter(path.read_text(encoding="utf-8"), path)
+    """The card at `path`, or a `SkillCardError` naming the file and the key at fault."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SkillCardError(f"{path}: cannot read the skill card: {exc}") from None
+    front, body = _split_front_matter(text.replace("\r\n", "\n"), path)
+    try:
+        return _build(front, body, path)
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise SkillCardError(f"{path}: malformed metadata ({type(exc).__name__}: {exc})") from None
+
+
+def _metadata(raw: Any, path: Path) -> dict[str, Any]:
+    """metadata as the spec defines it (string keys, string values), structured entries parsed."""
+    if not isinstance(raw, dict):
+        raise SkillCardError(f"{path}: metadata must be a mapping")
+    out: dict[str, Any] = {}
+    for key, value in raw.items():
+        if not isinstance(key, str) or not isinstance(value, str):
+            raise SkillCardError(f"{path}: metadata.{key} must be a string (Agent Skills metadata maps "
+                                 f"strings to strings; write structured values as a YAML block: '{key}: |')")
+        if key in _STRUCTURED:
+            try:
+                out[key] = yaml.safe_load(value)
+            except yaml.YAMLError as exc:
+                msg = " ".join(str(exc).split())
+                raise SkillCardError(f"{path}: metadata.{key} is not valid YAML: {msg}") from None
+        else:
+            out[key] = value
+    return out
+
+
+def _build(front: dict[str, Any], body: str, path: Path) -> SkillCard:
     extra = set(front) - ALLOWED_TOP_LEVEL
     if extra:
-        raise SkillCardError(f"{path}: top-level keys not allowed by the Agent Skills format: {sorted(extra)}")
+        raise SkillCardError(
+            f"{path}: top-level keys not allowed by the Agent Skills format: {sorted(extra)}"
+        )
     name = _need(front, "name", path)
+    if not isinstance(name, str) or len(name) > 64 or not _NAME.match(name):
+        raise SkillCardError(f"{path}: name {name!r} must be 1-64 lowercase letters, digits and single "
+                             "hyphens")
     if name != path.parent.name:
         raise SkillCardError(f"{path}: name {name!r} must match its folder {path.parent.name!r}")
-    meta = _need(front, "metadata", path)
+    description = _need(front, "description", path)
+    if not isinstance(description, str) or not description.strip() or len(description) > 1024:
+        raise SkillCardError(f"{path}: description must be a non-empty string of at most 1024 characters")
+    compatibility = front.get("compatibility")
+    if compatibility is not None and not (isinstance(compatibility, str) and 1 <= len(compatibility) <= 500):
+        raise SkillCardError(f"{path}: compatibility must be a string of 1-500 characters")
+    meta = _metadata(_need(front, "metadata", path), path)
     routing = _need(meta, "routing", path, "metadata.")
     inputs = tuple(
         InputSpec(
@@ -113,12 +174,15 @@ def parse_skill(path: Path) -> SkillCard:
         for i in _need(meta, "inputs", path, "metadata.")
     )
     examples = tuple(
-        Example(name=e["name"], query=e["query"], chunks=e["chunks"], top_k=int(e["top_k"]), lambda_=float(e["lambda"]))
+        Example(
+            name=e["name"], query=e["query"], chunks=e["chunks"], top_k=int(e["top_k"]),
+            lambda_=float(e["lambda"]),
+        )
         for e in meta.get("examples", [])
     )
     return SkillCard(
         name=name,
-        description=" ".join(str(_need(front, "description", path)).split()),
+        description=" ".join(description.split()),
         title=meta.get("title", name),
         summary=" ".join(str(meta.get("summary", "")).split()),
         tool_name=meta.get("tool_name", name.replace("-", "_")),
@@ -129,7 +193,18 @@ def parse_skill(path: Path) -> SkillCard:
         examples=examples,
         body=body,
         path=path,
+        route_examples=_strings(routing, "route_examples", path),
+        reject_examples=_strings(routing, "reject_examples", path),
     )
+
+
+def _strings(routing: dict[str, Any], key: str, path: Path) -> tuple[str, ...]:
+    """An optional list of phrases in the routing block; a non-string item (YAML turned it into a
+    number, a mapping, null) is a card error, not something the router should silently skip."""
+    items = routing.get(key) or []
+    if not isinstance(items, list) or not all(isinstance(x, str) and x.strip() for x in items):
+        raise SkillCardError(f"{path}: metadata.routing.{key} must be a list of non-empty strings")
+    return tuple(" ".join(x.split()) for x in items)
 
 
 @cache

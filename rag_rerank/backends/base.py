@@ -21,6 +21,9 @@ class Completion:
     finish_reason: str = "stop"  # "stop" | "length" (truncated) | "refusal" | backend-specific
     model: str | None = None
     usage: Mapping[str, int] = field(default_factory=dict)
+    # What the backend had to negotiate for this call (e.g. a response_format downgrade);
+    # call_with_retries surfaces it in Outcome.notes.
+    notes: tuple[str, ...] = ()
 
 
 class BackendFailure(RerankError):

@@ -1,12 +1,19 @@
 """The input guard: turns JSONL text, a file or a list of records into `Chunk`s, or explains
-every problem at once (line numbers, ids, fields and limits), never a traceback."""
+every problem at once (line numbers, ids, fields and limits), never a traceback.
+
+Everything that could later break rendering or a backend call is caught here, where the caller
+can still be told which line / id / field is at fault: text that cannot be encoded as UTF-8
+(lone surrogates), values JSON cannot carry (NaN, sets, numbers too large for a float), and
+nesting so deep that a JSON codec would recurse out of stack.
+"""
 
 from __future__ import annotations
 
 import json
 import math
+import numbers
 import os
-from collections import Counter
+from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -27,15 +34,38 @@ def _json_type(value: Any) -> str:
         return "null"
     if isinstance(value, bool):
         return "boolean"
-    if isinstance(value, (int, float)):
+    if isinstance(value, numbers.Real):
         return "number"
     if isinstance(value, str):
         return "string"
-    if isinstance(value, list):
+    if isinstance(value, (list, tuple)):
         return "array"
-    if isinstance(value, dict):
+    if isinstance(value, Mapping):
         return "object"
     return type(value).__name__
+
+
+def _finite_real(value: Any) -> bool:
+    """A real number a float can hold: not bool, not NaN/Infinity, not an int beyond 1.8e308."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        return False
+    try:
+        return math.isfinite(value)
+    except (OverflowError, ValueError, TypeError):
+        return False
+
+
+def _surrogate_at(text: str) -> int | None:
+    """Index of the first code point UTF-8 cannot encode (a lone surrogate), or None."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return exc.start
+    return None
+
+
+def _surrogate_message(field: str, at: int) -> str:
+    return f"{field} holds a lone surrogate at index {at} (not valid Unicode; it cannot be sent as UTF-8)"
 
 
 def _reject_constant(name: str) -> float:
@@ -51,11 +81,31 @@ def _chunk_validator() -> Draft202012Validator:
     return _validator_cache["chunk"]
 
 
+def _plainly_valid(record: Any) -> bool:
+    """The common case checked by hand, equivalent to the schema for it: an object with a non-empty
+    string id, a string text and well-typed optional fields. Only records failing this go through
+    jsonschema (which is what explains the error), so a clean request skips its overhead."""
+    if type(record) is not dict or type(record.get("id")) is not str or not record["id"]:
+        return False
+    if type(record.get("text")) is not str:
+        return False
+    score, meta, emb = record.get("score", 0), record.get("meta", {}), record.get("embedding", [0])
+    if isinstance(score, bool) or not isinstance(score, (int, float)) or not isinstance(meta, dict):
+        return False
+    return type(emb) is list and len(emb) > 0 and all(
+        isinstance(x, (int, float)) and not isinstance(x, bool) for x in emb
+    )
+
+
 def _schema_violations(record: Any, index: int, line: int | None) -> list[Violation]:
     """Schema errors turned into sentences a person can act on."""
+    if _plainly_valid(record):
+        return []
     out: list[Violation] = []
     rid = record.get("id") if isinstance(record, dict) and isinstance(record.get("id"), str) else None
-    for err in sorted(_chunk_validator().iter_errors(record), key=lambda e: list(e.path)):
+    if rid is not None and _surrogate_at(rid) is not None:
+        rid = rid.encode("utf-8", "backslashreplace").decode("ascii", "replace")
+    for err in _chunk_validator().iter_errors(record):
         field = ".".join(str(p) for p in err.absolute_path)
         path = f"chunks[{index}]" + (f".{field}" if field else "")
         if err.validator == "type" and not err.absolute_path:
@@ -72,76 +122,132 @@ def _schema_violations(record: Any, index: int, line: int | None) -> list[Violat
         elif err.validator == "minItems":
             msg = f"field '{field}' must not be an empty array"
         else:
-            msg = err.message
+            msg = err.message.replace("\n", " ")
         out.append(Violation(path=path, message=msg, value=err.instance, line=line, id=rid))
+    return sorted(out, key=lambda v: v.path)
+
+
+def _value_violations(rec: Mapping[str, Any], index: int, line: int | None) -> list[Violation]:
+    """What the schema cannot see: unencodable text, non-finite numbers, meta JSON cannot carry."""
+    out: list[Violation] = []
+    rid = rec["id"]
+    at = _surrogate_at(rid)
+    shown_id = rid if at is None else rid.encode("utf-8", "backslashreplace").decode("ascii", "replace")
+    if at is not None:
+        out.append(Violation(path=f"chunks[{index}].id", message=_surrogate_message("id", at),
+                             line=line, id=shown_id))
+    at = _surrogate_at(rec["text"])
+    if at is not None:
+        out.append(Violation(path=f"chunks[{index}].text", message=_surrogate_message("text", at),
+                             line=line, id=shown_id))
+    score = rec.get("score")
+    if score is not None and not _finite_real(score):
+        out.append(Violation(path=f"chunks[{index}].score", message="score must be a finite number",
+                             line=line, id=shown_id))
+    emb = rec.get("embedding")
+    if emb is not None and not all(_finite_real(x) for x in emb):
+        out.append(Violation(path=f"chunks[{index}].embedding", message="embedding holds NaN, Infinity or a "
+                             "number too large for a float", line=line, id=shown_id))
+    if rec.get("meta") is not None:
+        try:
+            json.dumps(rec["meta"], ensure_ascii=False, allow_nan=False).encode("utf-8")
+        except UnicodeEncodeError:
+            out.append(Violation(path=f"chunks[{index}].meta", line=line, id=shown_id,
+                                 message="meta holds a lone surrogate (not valid Unicode)"))
+        except (TypeError, ValueError, RecursionError, OverflowError) as exc:
+            out.append(Violation(path=f"chunks[{index}].meta", message=f"meta is not plain JSON: {exc}",
+                                 line=line, id=shown_id))
     return out
 
 
-def _finite_embedding(value: Any) -> bool:
-    return all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for x in value)
+def _read_path(path: Path) -> str:
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        msg = f"cannot read chunks file: {exc.strerror or exc}"
+        raise InputError([Violation(path=str(path), message=msg)]) from None
+    return _decode(data, str(path))
 
 
-def _records_from(source: ChunkSource) -> tuple[list[tuple[Any, int | None]], list[Violation]]:
-    """(record, line number or None) pairs, plus the lines that are not JSON."""
+def _decode(data: bytes, where: str) -> str:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data[: exc.start].count(b"\n") + 1
+        msg = f"not UTF-8 text (byte {exc.start})"
+        raise InputError([Violation(path=where, message=msg, line=line)]) from None
+
+
+def _records_from(source: Any) -> tuple[list[tuple[Any, int | None, int]], list[Violation], int]:
+    """(record, line number or None, index) triples, the lines that are not JSON, and the count of
+    records including those bad lines. The index counts every non-blank line, so `chunks[3]` is
+    the fourth record the caller wrote even when an earlier line was not JSON."""
     if isinstance(source, os.PathLike):
-        path = Path(source)
-        try:
-            source = path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            raise InputError([Violation(path=str(path), message=f"cannot read chunks file: {exc}")]) from None
-    if isinstance(source, bytes):
-        try:
-            source = source.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise InputError([Violation(path="chunks", message=f"not UTF-8 text: {exc}")]) from None
+        source = _read_path(Path(source))
+    if isinstance(source, (bytes, bytearray)):
+        source = _decode(bytes(source), "chunks")
     if isinstance(source, str):
-        records: list[tuple[Any, int | None]] = []
+        records: list[tuple[Any, int | None, int]] = []
         bad: list[Violation] = []
+        index = 0
         # Only \n separates records: JSON itself escapes it, whereas str.splitlines would also
         # split on characters (U+2028, \x1c ...) that may legally sit inside a JSON string.
         for lineno, line in enumerate(source.split("\n"), start=1):
             if not line.strip():
                 continue
+            index += 1
             try:
-                records.append((json.loads(line, parse_constant=_reject_constant), lineno))
-            except ValueError as exc:
+                records.append((json.loads(line, parse_constant=_reject_constant), lineno, index - 1))
+            except (ValueError, RecursionError) as exc:
+                reason = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
                 shown = line if len(line) <= 60 else line[:57] + "..."
-                bad.append(Violation(path="chunks", message=f"not valid JSON ({exc}): {shown!r}", line=lineno))
-        return records, bad
+                shown = shown.encode("utf-8", "backslashreplace").decode("utf-8")
+                msg = f"not valid JSON ({reason}): {shown!r}"
+                bad.append(Violation(path=f"chunks[{index - 1}]", message=msg, line=lineno))
+        return records, bad, index
     if isinstance(source, Mapping):
-        raise InputError([Violation(path="chunks", message="chunks must be a list of records, not one object")])
+        msg = "chunks must be a list of records, not one object"
+        raise InputError([Violation(path="chunks", message=msg)])
     try:
         items = list(source)
     except TypeError:
-        raise InputError(
-            [Violation(path="chunks", message=f"chunks must be JSONL text, a path or a list, got {_json_type(source)}")]
-        ) from None
-    return [(item, None) for item in items], []
+        msg = f"chunks must be JSONL text, a path or a list, got {_json_type(source)}"
+        raise InputError([Violation(path="chunks", message=msg)]) from None
+    return [(item, None, i) for i, item in enumerate(items)], [], len(items)
+
+
+def _as_record(item: Any) -> Any:
+    """A `Chunk` back as the plain record it stands for; anything else unchanged."""
+    if isinstance(item, Chunk):
+        rec: dict[str, Any] = {"id": item.id, "text": item.text}
+        if item.score is not None:
+            rec["score"] = item.score
+        if item.meta is not None:
+            rec["meta"] = dict(item.meta) if isinstance(item.meta, Mapping) else item.meta
+        if item.embedding is not None:
+            emb = item.embedding
+            rec["embedding"] = list(emb) if isinstance(emb, (list, tuple)) else emb
+        return rec
+    if isinstance(item, Mapping) and not isinstance(item, dict):
+        return dict(item)
+    return item
 
 
 def parse_chunks(source: ChunkSource, *, limits: Limits | None = None, query: str = "") -> list[Chunk]:
     """Every chunk, or an `InputError` listing every problem found."""
     lim = limits or load_limits()
-    records, violations = _records_from(source)
+    records, violations, n_records = _records_from(source)
     chunks: list[Chunk] = []
-    for index, (rec, line) in enumerate(records):
-        if isinstance(rec, Chunk):
-            rec = {**rec.prompt_record(), **({"embedding": list(rec.embedding)} if rec.embedding else {})}
+    where: list[str] = []
+    for item, line, index in records:
+        rec = _as_record(item)
         problems = _schema_violations(rec, index, line)
-        if not problems and "embedding" in rec and not _finite_embedding(rec["embedding"]):
-            problems.append(
-                Violation(path=f"chunks[{index}].embedding", message="embedding holds NaN or Infinity",
-                          line=line, id=rec["id"])
-            )
+        if not problems:
+            problems = _value_violations(rec, index, line)
         if problems:
             violations.extend(problems)
             continue
-        score = rec.get("score")
-        if score is not None and not math.isfinite(score):
-            violations.append(Violation(path=f"chunks[{index}].score", message="score is not finite", line=line,
-                                        id=rec["id"]))
-            continue
-        emb = rec.get("embedding")
+        score, emb = rec.get("score"), rec.get("embedding")
         chunks.append(
             Chunk(
                 id=rec["id"],
@@ -151,19 +257,29 @@ def parse_chunks(source: ChunkSource, *, limits: Limits | None = None, query: st
                 embedding=tuple(float(x) for x in emb) if emb is not None else None,
             )
         )
-    violations.extend(_collection_violations(chunks, len(records), lim, query))
+        where.append(f"line {line}" if line is not None else f"chunks[{index}]")
+    violations.sort(key=lambda v: v.line if v.line is not None else 0)  # in the caller's line order
+    if not n_records:
+        msg = 'no chunks: give at least one {"id", "text"} record'
+        violations.append(Violation(path="chunks", message=msg))
+    violations.extend(_collection_violations(chunks, where, n_records, lim, query))
     if violations:
         raise InputError(violations, headline="invalid chunks")
     return chunks
 
 
-def _collection_violations(chunks: list[Chunk], n_records: int, lim: Limits, query: str) -> list[Violation]:
+def _collection_violations(
+    chunks: list[Chunk], where: list[str], n_records: int, lim: Limits, query: str
+) -> list[Violation]:
     out: list[Violation] = []
-    counts = Counter(c.id for c in chunks)
-    dupes = [i for i, n in counts.items() if n > 1]
+    places: dict[str, list[str]] = defaultdict(list)
+    for chunk, place in zip(chunks, where, strict=True):
+        places[chunk.id].append(place)
+    dupes = {cid: at for cid, at in places.items() if len(at) > 1}
     if dupes:
-        out.append(Violation(path="chunks", message=f"duplicate ids: {', '.join(repr(d) for d in dupes)}",
-                             value=dupes))
+        named = "; ".join(f"{cid!r} at {', '.join(at)}" for cid, at in dupes.items())
+        out.append(Violation(path="chunks", message=f"duplicate ids (ids must be unique): {named}",
+                             value=list(dupes)))
     if n_records > lim.max_chunks:
         out.append(
             Violation(
@@ -200,17 +316,25 @@ def _param_violations(query: Any, top_k: Any, lambda_: Any, lim: Limits) -> list
     elif len(query) > lim.max_query_chars:
         out.append(Violation(path="query", message=f"query has {len(query)} characters, over the limit of "
                              f"{lim.max_query_chars} (max_query_chars)", value=len(query)))
-    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
-        out.append(Violation(path="top_k", message=f"top_k must be a positive integer, got {top_k!r}", value=top_k))
-    if (
-        isinstance(lambda_, bool)
-        or not isinstance(lambda_, (int, float))
-        or not math.isfinite(lambda_)
-        or not 0.0 <= lambda_ <= 1.0
-    ):
-        out.append(Violation(path="lambda", message=f"lambda must be a number in [0, 1], got {lambda_!r}",
-                             value=lambda_))
+    elif (at := _surrogate_at(query)) is not None:
+        out.append(Violation(path="query", message=_surrogate_message("query", at)))
+    if isinstance(top_k, bool) or not isinstance(top_k, numbers.Integral) or top_k < 1:
+        out.append(Violation(path="top_k", message=f"top_k must be a positive integer, got {_short(top_k)}",
+                             value=top_k))
+    if not _finite_real(lambda_) or not 0.0 <= lambda_ <= 1.0:
+        out.append(Violation(path="lambda", value=lambda_,
+                             message=f"lambda must be a number in [0, 1], got {_short(lambda_)}"))
     return out
+
+
+def _short(value: Any) -> str:
+    """A repr that stays on one short line whatever the caller passed."""
+    try:
+        text = repr(value)
+    except Exception:  # a hostile __repr__ must not turn a bad argument into a crash
+        text = f"<{type(value).__name__}>"
+    text = text.encode("utf-8", "backslashreplace").decode("utf-8").replace("\n", "\\n")
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def validate_request(

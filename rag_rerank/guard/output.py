@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import unicodedata
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -24,12 +25,12 @@ REDUNDANT_PREFIX = "redundant_with:"
 
 _WORD = re.compile(r"\w+", re.UNICODE)
 _STOPWORDS = frozenset(
-    """a about above after again against all also am an and any are as at be because been before being below
-    between both but by can could did do does doing down during each either few for from further had has have
-    having he her here hers him his how i if in into is it its itself just me more most my no nor not now of off
-    on once only or other our out over own same she should so some such than that the their them then there
-    these they this those through to too under until up very was we were what when where which while who whom
-    why will with would you your yours use used using one two per via""".split()
+    """a about above after again against all also am an and any are as at be because been before being
+    below between both but by can could did do does doing down during each either few for from further had
+    has have having he her here hers him his how i if in into is it its itself just me more most my no nor
+    not now of off on once only or other our out over own same she should so some such than that the their
+    them then there these they this those through to too under until up very was we were what when where
+    which while who whom why will with would you your yours use used using one two per via""".split()  # noqa: SIM905
 )
 # Words that say a chunk is relevant without saying why; they do not count as a citation.
 _GENERIC = frozenset(
@@ -37,7 +38,7 @@ _GENERIC = frozenset(
     matches match matching information info content topic topics related relates discusses discussed mentions
     mentioned useful answer answers good directly direct addresses address contains contain provides provide
     describes describe explains explain talks score scored relevantly pertinent important covers cover
-    helpful best strong strongly context user users request asks asked""".split()
+    helpful best strong strongly context user users request asks asked""".split()  # noqa: SIM905
 )
 
 
@@ -69,6 +70,19 @@ def cites_chunk(reason: str, chunk_text: str) -> bool:
     return bool(grams) and any(g in chunk_text for g in grams)
 
 
+def _fold(cid: str) -> str:
+    """What a model might have done to an id (case, width, Unicode form, spaces): only for the hint."""
+    return unicodedata.normalize("NFKC", cid).strip().casefold()
+
+
+def _near_hint(cid: str, near: str | None) -> str:
+    if near is None:
+        return ""
+    if unicodedata.normalize("NFC", near) == unicodedata.normalize("NFC", cid):
+        return f" (did you mean {near!a}? it differs only in Unicode normalisation: {cid!a})"
+    return f" (did you mean {near!r}? ids are kept byte for byte)"
+
+
 class _DuplicateKeys:
     """object_pairs_hook that remembers duplicate keys instead of silently keeping the last."""
 
@@ -85,7 +99,20 @@ class _DuplicateKeys:
 
 
 def _reject_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not allowed in JSON output")
+    raise ValueError(f"{name} is not allowed in JSON output (scores must be finite numbers)")
+
+
+def _leading_problem(text: str) -> str:
+    """Why a text that does not start with '{' is not one bare JSON object."""
+    if text.startswith("```"):
+        return "output is wrapped in a Markdown code fence; return the bare JSON object"
+    if text.startswith("["):
+        return "output is a JSON array; return one JSON object with a 'ranked' array"
+    if text.lower().startswith("<think>"):
+        return "output starts with a <think> block; return only the JSON object"
+    if "{" in text:
+        return f"text before the JSON object: {text[: min(text.index('{'), 40)]!r}"
+    return "output holds no JSON object"
 
 
 def parse_output(raw: str) -> tuple[dict[str, Any] | None, list[Violation]]:
@@ -96,15 +123,7 @@ def parse_output(raw: str) -> tuple[dict[str, Any] | None, list[Violation]]:
     if not text:
         return None, [Violation(path="$", message="output is empty")]
     if not text.startswith("{"):
-        if text.startswith("```"):
-            msg = "output is wrapped in a Markdown code fence; return the bare JSON object"
-        elif text.lower().startswith("<think>"):
-            msg = "output starts with a <think> block; return only the JSON object"
-        elif "{" in text:
-            msg = f"text before the JSON object: {text[: min(text.index('{'), 40)]!r}"
-        else:
-            msg = "output holds no JSON object"
-        return None, [Violation(path="$", message=msg)]
+        return None, [Violation(path="$", message=_leading_problem(text))]
     hook = _DuplicateKeys()
     decoder = json.JSONDecoder(object_pairs_hook=hook, parse_constant=_reject_constant)
     try:
@@ -115,14 +134,17 @@ def parse_output(raw: str) -> tuple[dict[str, Any] | None, list[Violation]]:
         else:
             msg = f"not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
         return None, [Violation(path="$", message=msg)]
-    except ValueError as exc:
+    except ValueError as exc:  # NaN / Infinity, or an integer with thousands of digits
         return None, [Violation(path="$", message=str(exc))]
+    except RecursionError:
+        return None, [Violation(path="$", message="JSON nested too deeply")]
     violations: list[Violation] = []
     rest = text[end:].strip()
     if rest:
         violations.append(Violation(path="$", message=f"text after the JSON object: {rest[:40]!r}"))
     if hook.found:
-        violations.append(Violation(path="$", message=f"duplicate keys in an object: {sorted(set(hook.found))}"))
+        keys = sorted(set(hook.found))
+        violations.append(Violation(path="$", message=f"duplicate keys in an object: {keys}"))
     return obj, violations
 
 
@@ -146,12 +168,80 @@ def _schema_message(err: Any) -> str:
     if err.validator == "additionalProperties":
         return f"unknown key(s): {err.message.split('(')[-1].rstrip(')')}"
     if err.validator == "type":
-        return f"must be {err.validator_value}, got {json.dumps(err.instance)[:40]}"
+        try:
+            shown = json.dumps(err.instance)[:40]
+        except (TypeError, ValueError, RecursionError):
+            shown = type(err.instance).__name__
+        return f"must be {err.validator_value}, got {shown}"
     if err.validator in ("minimum", "maximum"):
-        return f"score {err.instance} is outside [0, 1]"
+        shown = str(err.instance)
+        return f"score {shown if len(shown) <= 24 else shown[:21] + '...'} is outside [0, 1]"
     if err.validator in ("minLength", "pattern"):
         return "must be a non-empty string"
-    return err.message
+    if err.validator == "required":
+        return err.message
+    return err.message.replace("\n", " ")
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _item_violations(
+    section: str, i: int, item: Mapping[str, Any], texts: Mapping[str, str], ranked_ids: set[str], lim: Limits
+) -> list[Violation]:
+    """Rules about one item's content that the schema cannot express."""
+    out: list[Violation] = []
+    path, cid, reason = f"$.{section}[{i}]", item["id"], item.get("reason")
+    if section == "ranked":
+        score = item.get("score")
+        # Range first: math.isfinite overflows on an integer literal with hundreds of digits.
+        if _is_number(score) and 0 <= score <= 1 and math.isfinite(score) and score <= lim.min_score:
+            msg = f"score {score} is not above the minimum {lim.min_score}; such a chunk belongs in dropped"
+            out.append(Violation(path=f"{path}.score", message=msg, value=score, id=cid))
+        concrete = not isinstance(reason, str) or cid not in texts or cites_chunk(reason, texts[cid])
+        if not concrete:
+            msg = (f"reason {reason[:60]!r} cites nothing concrete from the chunk's text "
+                   "(name a phrase, entity or claim)")
+            out.append(Violation(path=f"{path}.reason", message=msg, value=reason, id=cid))
+    elif (isinstance(reason, str) and reason.startswith(REDUNDANT_PREFIX)
+          and reason[len(REDUNDANT_PREFIX):] not in ranked_ids):
+        msg = f"{reason!r} must name a ranked id"
+        out.append(Violation(path=f"{path}.reason", message=msg, value=reason, id=cid))
+    return out
+
+
+_NON_BLANK = re.compile(r"\S")
+_RANKED_KEYS = frozenset({"id", "score", "reason", "diversity_note"})
+_RANKED_REQUIRED = frozenset({"id", "score", "reason"})
+_DROPPED_KEYS = frozenset({"id", "reason"})
+
+
+def _plainly_conformant(obj: Any) -> bool:
+    """The schema checked by hand for the common, valid case; False sends the object through
+    jsonschema, which explains what is wrong. Saves most of the guard's time on a good answer."""
+    if type(obj) is not dict or not obj.keys() <= {"ranked", "dropped"}:
+        return False
+    ranked, dropped = obj.get("ranked"), obj.get("dropped", [])
+    if type(ranked) is not list or type(dropped) is not list:
+        return False
+    for item in ranked:
+        if type(item) is not dict or not _RANKED_REQUIRED <= item.keys() <= _RANKED_KEYS:
+            return False
+        score, note = item.get("score"), item.get("diversity_note", "")
+        if not _good_id_and_reason(item) or type(note) is not str:
+            return False
+        if type(score) not in (int, float) or not 0 <= score <= 1:
+            return False
+    for item in dropped:
+        if type(item) is not dict or item.keys() != _DROPPED_KEYS or not _good_id_and_reason(item):
+            return False
+    return True
+
+
+def _good_id_and_reason(item: Mapping[str, Any]) -> bool:
+    cid, reason = item.get("id"), item.get("reason")
+    return type(cid) is str and cid != "" and type(reason) is str and _NON_BLANK.search(reason) is not None
 
 
 def output_violations(
@@ -163,59 +253,45 @@ def output_violations(
 ) -> list[Violation]:
     """Every way a parsed output object breaks the contract for these chunks."""
     lim = limits or load_limits()
-    out: list[Violation] = []
-    for err in _output_validator().iter_errors(obj):
-        out.append(Violation(path=_json_path(err.absolute_path), message=_schema_message(err), value=err.instance))
+    out = [] if _plainly_conformant(obj) else [
+        Violation(path=_json_path(err.absolute_path), message=_schema_message(err), value=err.instance)
+        for err in _output_validator().iter_errors(obj)
+    ]
     if not isinstance(obj, Mapping):
         return out
     texts = {c.id: c.text for c in chunks}
     folded: dict[str, str] = {}
     for cid in texts:
-        folded.setdefault(cid.strip().casefold(), cid)
+        folded.setdefault(_fold(cid), cid)
     seen: dict[str, str] = {}
     ranked = obj.get("ranked") if isinstance(obj.get("ranked"), list) else []
     dropped = obj.get("dropped") if isinstance(obj.get("dropped"), list) else []
-    ranked_ids = {item.get("id") for item in ranked if isinstance(item, Mapping)}
+    ranked_ids = {it["id"] for it in ranked if isinstance(it, Mapping) and isinstance(it.get("id"), str)}
     for section, items in (("ranked", ranked), ("dropped", dropped)):
         for i, item in enumerate(items):
             if not isinstance(item, Mapping) or not isinstance(item.get("id"), str):
                 continue
-            path = f"$.{section}[{i}]"
-            cid = item["id"]
+            path, cid = f"$.{section}[{i}]", item["id"]
             if cid not in texts:
-                near = folded.get(cid.strip().casefold())
-                hint = f" (did you mean {near!r}? ids are kept byte for byte)" if near else ""
-                out.append(Violation(path=f"{path}.id", message=f"{cid!r} is not an input id{hint}", value=cid,
-                                     id=cid))
-            if cid in seen:
-                out.append(Violation(path=f"{path}.id", message=f"id {cid!r} appears twice (first at {seen[cid]})",
+                near = folded.get(_fold(cid))
+                hint = _near_hint(cid, near)
+                out.append(Violation(path=f"{path}.id", message=f"{cid!r} is not an input id{hint}",
                                      value=cid, id=cid))
+            if cid in seen:
+                msg = f"id {cid!r} appears twice (first at {seen[cid]})"
+                out.append(Violation(path=f"{path}.id", message=msg, value=cid, id=cid))
             else:
                 seen[cid] = path
-            reason = item.get("reason")
-            if section == "ranked":
-                score = item.get("score")
-                if isinstance(score, (int, float)) and not isinstance(score, bool) and math.isfinite(score) \
-                        and 0 <= score <= 1 and score <= lim.min_score:
-                    out.append(Violation(path=f"{path}.score", message=f"score {score} is not above the minimum "
-                                         f"{lim.min_score}; such a chunk belongs in dropped", value=score, id=cid))
-                if isinstance(reason, str) and reason.strip() and cid in texts and not cites_chunk(reason, texts[cid]):
-                    out.append(Violation(path=f"{path}.reason", message=f"reason {reason[:60]!r} cites nothing "
-                                         "concrete from the chunk's text (name a phrase, entity or claim)",
-                                         value=reason, id=cid))
-            elif isinstance(reason, str) and reason.startswith(REDUNDANT_PREFIX):
-                target = reason[len(REDUNDANT_PREFIX):]
-                if target not in ranked_ids:
-                    out.append(Violation(path=f"{path}.reason", message=f"{reason!r} must name a ranked id",
-                                         value=reason, id=cid))
+            out.extend(_item_violations(section, i, item, texts, ranked_ids, lim))
     if len(ranked) > top_k:
-        out.append(Violation(path="$.ranked", message=f"{len(ranked)} ranked items is more than top_k={top_k}",
-                             value=len(ranked)))
+        msg = f"{len(ranked)} ranked items is more than top_k={top_k}"
+        out.append(Violation(path="$.ranked", message=msg, value=len(ranked)))
     return out
 
 
-def judge(raw: str, chunks: Sequence[Chunk], top_k: int, *, limits: Limits | None = None
-          ) -> tuple[dict[str, Any] | None, list[Violation]]:
+def judge(
+    raw: str, chunks: Sequence[Chunk], top_k: int, limits: Limits | None = None
+) -> tuple[dict[str, Any] | None, list[Violation]]:
     """Parse and check in one go: (object or None, every violation)."""
     obj, violations = parse_output(raw)
     if obj is not None:
@@ -223,8 +299,9 @@ def judge(raw: str, chunks: Sequence[Chunk], top_k: int, *, limits: Limits | Non
     return obj, violations
 
 
-def check_output(raw: str, chunks: Sequence[Chunk], top_k: int, *, limits: Limits | None = None
-                 ) -> dict[str, Any]:
+def check_output(
+    raw: str, chunks: Sequence[Chunk], top_k: int, limits: Limits | None = None
+) -> dict[str, Any]:
     """The validated object, or an `OutputError` carrying every violation."""
     obj, violations = judge(raw, chunks, top_k, limits=limits)
     if violations or obj is None:

@@ -1,0 +1,137 @@
+"""Throughput of `rag-rerank batch` against a local OpenAI-compatible server with injected latency.
+
+The server is tests/support/fake_llm.py, in its own process on 127.0.0.1, answering every task with
+a valid ranking (tests/support/quoting_ranker.py) after `--latency` seconds (default 0.2 s).
+The whole CLI path is timed:
+reading the input file, guards, render, the real `openai` SDK over HTTP, output guard, post-pass,
+ordered JSONL writing. With a latency-bound workload the ideal is linear scaling,
+throughput = concurrency / latency, until our own CPU cost or the server saturates.
+
+Run:  /work/venv/bin/python bench/batch.py [--queries 64] [--latency 0.2] [--concurrency 1 8 32]
+Prints a Markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from rag_rerank.cli import main as cli_main  # noqa: E402
+
+DEFAULT_DATA = Path("/work/shared/data/trec-dl19/bm25-top100.json")
+
+
+def write_queries(path: Path, data: Path, n_queries: int, n_chunks: int) -> None:
+    """`n_queries` batch lines from TREC DL19 (cycled), each with its BM25 top `n_chunks` passages."""
+    src = json.loads(data.read_text(encoding="utf-8"))
+    with path.open("w", encoding="utf-8") as fh:
+        for i in range(n_queries):
+            q = src[i % len(src)]
+            chunks = [{"id": str(h["docid"]), "text": h["content"]} for h in q["hits"][:n_chunks]]
+            fh.write(
+                json.dumps({"query_id": f"{i}", "query": q["query"], "chunks": chunks, "top_k": 5}) + "\n"
+            )
+
+
+def run(inp: Path, out: Path, url: str, concurrency: int) -> tuple[float, int]:
+    args = [
+        "batch",
+        "-i",
+        str(inp),
+        "-o",
+        str(out),
+        "--concurrency",
+        str(concurrency),
+        "--no-progress",
+        "--backend",
+        "openai",
+        "--base-url",
+        url,
+        "--model",
+        "fake-gpt",
+    ]
+    t0 = time.perf_counter()
+    with contextlib.redirect_stderr(io.StringIO()):
+        code = cli_main(args)
+    elapsed = time.perf_counter() - t0
+    if code != 0:
+        raise SystemExit(f"batch exited {code} at concurrency {concurrency}")
+    return elapsed, sum(1 for _ in out.open(encoding="utf-8"))
+
+
+_SERVER = """
+import sys
+sys.path.insert(0, sys.argv[1])
+from http.server import ThreadingHTTPServer
+from tests.support.fake_llm import FakeLLM
+from tests.support.quoting_ranker import quoting_ranker
+ThreadingHTTPServer.request_queue_size = 256  # the default listen backlog (5) drops bursts of connects
+with FakeLLM(handler=quoting_ranker(float(sys.argv[2]))) as srv:
+    print(srv.openai_url, flush=True)
+    sys.stdin.read()  # serve until the parent closes our stdin
+"""
+
+
+@contextlib.contextmanager
+def fake_server(latency: float) -> Iterator[str]:
+    """fake_llm in its own process, so its threads do not compete with the client for the GIL."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _SERVER, str(ROOT), str(latency)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        yield proc.stdout.readline().strip()
+    finally:
+        if proc.stdin is not None:
+            proc.stdin.close()
+        proc.wait(timeout=10)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--queries", type=int, default=64)
+    ap.add_argument("--chunks", type=int, default=20, help="chunks per query")
+    ap.add_argument("--latency", type=float, default=0.2, help="seconds the server waits before answering")
+    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
+    ap.add_argument("--data", type=Path, default=DEFAULT_DATA)
+    args = ap.parse_args()
+    os.environ.setdefault("OPENAI_API_KEY", "sk-bench-not-a-real-key")
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp, fake_server(args.latency) as url:
+        inp = Path(tmp) / "queries.jsonl"
+        write_queries(inp, args.data, args.queries, args.chunks)
+        warm = Path(tmp) / "warm.jsonl"
+        write_queries(warm, args.data, 2, args.chunks)
+        run(warm, Path(tmp) / "warm-out.jsonl", url, 2)  # imports (openai SDK), caches: not timed
+        for c in args.concurrency:
+            out = Path(tmp) / f"out-{c}.jsonl"
+            elapsed, n = run(inp, out, url, c)
+            ideal = min(c, args.queries) / args.latency
+            rows.append((c, n, elapsed, n / elapsed, ideal))
+    print(
+        f"rag-rerank batch throughput: {args.queries} queries x {args.chunks} chunks, openai backend -> "
+        f"fake_llm (own process, 127.0.0.1) with {args.latency * 1000:.0f} ms latency per call\n"
+    )
+    print("| concurrency | queries | wall time (s) | queries/s | ideal queries/s | efficiency |")
+    print("|---:|---:|---:|---:|---:|---:|")
+    for c, n, elapsed, qps, ideal in rows:
+        print(f"| {c} | {n} | {elapsed:.2f} | {qps:.1f} | {ideal:.1f} | {qps / ideal:.0%} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,195 @@
+"""The Anthropic Messages backend: one forced tool whose input_schema is the output schema.
+
+Forcing the tool (tool_choice {"type": "tool", "name": ...}) makes the model answer with a JSON
+object instead of prose; its input is re-serialised as the raw text the output guard judges, so
+Anthropic answers go through exactly the same contract checks as any other backend. A re-ask is
+sent the way the protocol expects: the rejected tool call, then a `tool_result` marked `is_error`
+carrying the guard's violations.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import weakref
+from collections.abc import Sequence
+from typing import Any
+
+from ..errors import MissingDependencyError, Violation
+from ..models import RerankRequest
+from .base import Completion, FatalFailure
+from .common import (
+    classify_sdk_error,
+    feedback_text,
+    generation_schema,
+    resolve_credentials,
+    scrub,
+    usage_dict,
+)
+
+DEFAULT_MODEL = "claude-haiku-4-5"
+TOOL_NAME = "submit_ranking"
+_REASK_TOOL_ID = "toolu_rejected_answer"
+
+
+def _sdk() -> Any:
+    try:
+        import anthropic
+    except ImportError as exc:
+        raise MissingDependencyError("the anthropic backend", "anthropic", "anthropic") from exc
+    return anthropic
+
+
+def tool_definition(request: RerankRequest) -> dict[str, Any]:
+    return {
+        "name": TOOL_NAME,
+        "description": "Submit the reranked chunks: ranked (at most top_k, best first) and dropped, "
+                       "using the input ids verbatim.",
+        "input_schema": generation_schema(request),
+    }
+
+
+def build_messages(prompt: str, feedback: Sequence[Violation], previous: str | None) -> list[dict[str, Any]]:
+    """The task; on a re-ask also the rejected answer and the violations as an error tool_result."""
+    messages: list[dict[str, Any]] = [{"role": "user", "content": prompt}]
+    if not feedback and previous is None:
+        return messages
+    text = feedback_text(feedback)
+    try:
+        parsed = json.loads(previous) if previous else None
+    except ValueError:
+        parsed = None
+    if isinstance(parsed, dict):
+        messages.append({"role": "assistant", "content": [
+            {"type": "tool_use", "id": _REASK_TOOL_ID, "name": TOOL_NAME, "input": parsed}]})
+        messages.append({"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": _REASK_TOOL_ID, "is_error": True, "content": text}]})
+    else:  # the previous answer was not a tool call (or not JSON): plain turns
+        messages.append({"role": "assistant", "content": previous or "(empty answer)"})
+        messages.append({"role": "user", "content": text})
+    return messages
+
+
+class AnthropicBackend:
+    """Messages API with a forced tool. Construct once, call many times."""
+
+    name = "anthropic"
+
+    def __init__(
+        self,
+        model: str | None = None,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        timeout: float = 60.0,
+        *,
+        temperature: float | None = None,
+    ) -> None:
+        url, key = resolve_credentials("anthropic", base_url, api_key, url_env="ANTHROPIC_BASE_URL",
+                                       key_env="ANTHROPIC_API_KEY")
+        self.model = model or DEFAULT_MODEL
+        self.base_url = url.rstrip("/") if url else None
+        self.timeout = float(timeout)
+        self.temperature = temperature
+        self._key = key
+        self._client: Any = None
+        self._aclients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Any] = \
+            weakref.WeakKeyDictionary()
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:  # never show the key
+        return f"AnthropicBackend(model={self.model!r}, base_url={self.base_url!r})"
+
+    def _client_kwargs(self) -> dict[str, Any]:
+        kw: dict[str, Any] = {"api_key": self._key, "timeout": self.timeout, "max_retries": 0}
+        if self.base_url:
+            kw["base_url"] = self.base_url
+        return kw
+
+    def _sync_client(self) -> Any:
+        with self._lock:
+            if self._client is None:
+                self._client = _sdk().Anthropic(**self._client_kwargs())
+            return self._client
+
+    def _async_client(self) -> Any:
+        loop = asyncio.get_running_loop()
+        client = self._aclients.get(loop)
+        if client is None:
+            client = _sdk().AsyncAnthropic(**self._client_kwargs())
+            self._aclients[loop] = client
+        return client
+
+    def _kwargs(self, prompt: str, request: RerankRequest, max_tokens: int, feedback: Sequence[Violation],
+                previous: str | None) -> dict[str, Any]:
+        kwargs: dict[str, Any] = {
+            "model": self.model,
+            "max_tokens": int(max_tokens),
+            "messages": build_messages(prompt, feedback, previous),
+            "tools": [tool_definition(request)],
+            "tool_choice": {"type": "tool", "name": TOOL_NAME},
+        }
+        if self.temperature is not None:
+            # Recent SDKs no longer list `temperature` (newer models fix it); send it only when asked.
+            kwargs["extra_body"] = {"temperature": self.temperature}
+        return kwargs
+
+    def _completion(self, resp: Any) -> Completion:
+        stop = getattr(resp, "stop_reason", None) or "end_turn"
+        blocks = list(getattr(resp, "content", None) or [])
+        if stop == "refusal":
+            said = " ".join(getattr(b, "text", "") for b in blocks if getattr(b, "type", "") == "text")
+            said = scrub(said.strip(), self._key)[:200]
+            raise FatalFailure("anthropic: the model refused" + (f": {said}" if said else ""))
+        tool = next((b for b in blocks if getattr(b, "type", "") == "tool_use"
+                     and getattr(b, "name", "") == TOOL_NAME), None)
+        if tool is not None:
+            text = json.dumps(tool.input, ensure_ascii=False)
+        else:  # no tool call: hand the prose to the guard, which will say what is wrong
+            text = "".join(getattr(b, "text", "") for b in blocks if getattr(b, "type", "") == "text")
+        raw_usage = usage_dict(getattr(resp, "usage", None), ("input_tokens", "output_tokens"))
+        usage: dict[str, int] = {}
+        if raw_usage:  # the same keys as the openai backend, so meta.usage means one thing
+            usage["prompt_tokens"] = raw_usage.get("input_tokens", 0)
+            usage["completion_tokens"] = raw_usage.get("output_tokens", 0)
+            usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
+        return Completion(
+            text=text,
+            finish_reason="length" if stop == "max_tokens" else "stop",
+            model=getattr(resp, "model", None) or self.model,
+            usage=usage,
+        )
+
+    def complete(
+        self,
+        prompt: str,
+        request: RerankRequest,
+        *,
+        max_tokens: int,
+        feedback: Sequence[Violation] = (),
+        previous: str | None = None,
+    ) -> Completion:
+        sdk = _sdk()
+        try:
+            resp = self._sync_client().messages.create(**self._kwargs(prompt, request, max_tokens, feedback,
+                                                                       previous))
+        except sdk.AnthropicError as exc:
+            raise classify_sdk_error(exc, sdk, self._key, "anthropic") from None
+        return self._completion(resp)
+
+    async def acomplete(
+        self,
+        prompt: str,
+        request: RerankRequest,
+        *,
+        max_tokens: int,
+        feedback: Sequence[Violation] = (),
+        previous: str | None = None,
+    ) -> Completion:
+        sdk = _sdk()
+        try:
+            resp = await self._async_client().messages.create(**self._kwargs(prompt, request, max_tokens,
+                                                                              feedback, previous))
+        except sdk.AnthropicError as exc:
+            raise classify_sdk_error(exc, sdk, self._key, "anthropic") from None
+        return self._completion(resp)

@@ -1,0 +1,222 @@
+"""What the OpenAI and Anthropic backends share: the schema sent to the model, the re-ask message,
+credentials, and the classification of SDK errors into the failure classes `retry.py` acts on.
+
+Kept in one place so both backends quote violations the same way, scrub secrets the same way, and
+agree on which HTTP statuses are worth another try.
+"""
+
+from __future__ import annotations
+
+import copy
+import email.utils
+import ipaddress
+import json
+import os
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+from urllib.parse import urlparse
+
+from ..errors import BackendError, Violation
+from ..guard.limits import load_schema
+from ..models import RerankRequest
+from .base import BackendFailure, FatalFailure, TransientFailure
+
+# OpenAI strict mode accepts at most this many enum values (and a bounded total length); past that
+# the ids are left unconstrained and the output guard alone enforces them.
+_MAX_ENUM_VALUES = 500
+_MAX_ENUM_CHARS = 7500
+# Keywords some structured-output implementations reject or silently mis-handle. The output guard
+# checks all of them anyway, so dropping them from the *generation* schema loses nothing.
+_DROP_KEYWORDS = ("$schema", "$id", "title", "minLength", "pattern")
+
+
+def ids_enum(request: RerankRequest) -> list[str] | None:
+    """The input ids as an enum, when the set is small enough for structured-output limits."""
+    ids = list(dict.fromkeys(request.ids))
+    if not ids or len(ids) > _MAX_ENUM_VALUES or sum(len(i) for i in ids) > _MAX_ENUM_CHARS:
+        return None
+    return ids
+
+
+def _strip(node: Any) -> Any:
+    if isinstance(node, dict):
+        return {k: _strip(v) for k, v in node.items() if k not in _DROP_KEYWORDS}
+    if isinstance(node, list):
+        return [_strip(v) for v in node]
+    return node
+
+
+def _constrain_ids(schema: dict[str, Any], enum: list[str] | None) -> None:
+    if enum is None:
+        return
+    for section in ("ranked", "dropped"):
+        props = schema["properties"].get(section, {}).get("items", {}).get("properties", {})
+        if "id" in props:
+            props["id"]["enum"] = list(enum)
+
+
+def generation_schema(request: RerankRequest) -> dict[str, Any]:
+    """The card's output schema with ids constrained to the input ids (Anthropic tool input_schema)."""
+    schema = _strip(copy.deepcopy(load_schema("output")))
+    _constrain_ids(schema, ids_enum(request))
+    return schema
+
+
+def _strictify(node: dict[str, Any]) -> dict[str, Any]:
+    """OpenAI strict mode: every property listed in `required`, `additionalProperties: false`.
+
+    An optional array (`dropped`) becomes required (an empty list is always a valid value). An
+    optional scalar (`diversity_note`) is omitted rather than made nullable: a `null` there would
+    be rejected by our own output guard, and the post-pass writes diversity notes anyway.
+    """
+    if node.get("type") == "object" and isinstance(node.get("properties"), dict):
+        required = set(node.get("required", []))
+        props = {}
+        for name, sub in node["properties"].items():
+            if name in required or sub.get("type") == "array":
+                props[name] = _strictify(sub)
+        node["properties"] = props
+        node["required"] = list(props)
+        node["additionalProperties"] = False
+    if node.get("type") == "array" and isinstance(node.get("items"), dict):
+        node["items"] = _strictify(node["items"])
+    return node
+
+
+def strict_schema(request: RerankRequest) -> dict[str, Any]:
+    """The schema for OpenAI `response_format: json_schema, strict: true`."""
+    return _strictify(generation_schema(request))
+
+
+def feedback_text(feedback: Sequence[Violation]) -> str:
+    """The re-ask turn: every violation quoted on its own line, then what to do."""
+    lines = ["Your previous answer broke the output contract. The validator reported:"]
+    lines += [f"- {json.dumps(str(v), ensure_ascii=False)}" for v in feedback]
+    lines.append(
+        "Return the corrected answer: one JSON object following the schema, ids copied byte for byte "
+        "from the input, nothing before or after it."
+    )
+    return "\n".join(lines)
+
+
+# --- credentials ---------------------------------------------------------------------------
+
+LOCAL_DUMMY_KEY = "sk-no-key-required"
+
+
+def is_local_url(url: str | None) -> bool:
+    """True for loopback / private / link-local hosts: local servers (llama.cpp, vLLM, Ollama) need no key."""
+    if not url:
+        return False
+    host = (urlparse(url).hostname or "").strip("[]").lower()
+    if host in ("localhost", "0.0.0.0") or host.endswith(".local") or host.endswith(".localhost"):
+        return True
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return ip.is_loopback or ip.is_private or ip.is_link_local
+
+
+def resolve_credentials(
+    provider: str, base_url: str | None, api_key: str | None, *, url_env: str, key_env: str
+) -> tuple[str | None, str]:
+    """(base_url, api_key) from arguments, then the environment; a dummy key for local servers.
+
+    Raises BackendError (no attempt was made) when a remote service would be called without a key,
+    so the user learns it before any network traffic rather than from a 401.
+    """
+    url = base_url or os.environ.get(url_env) or None
+    key = api_key or os.environ.get(key_env) or None
+    if key is None:
+        if is_local_url(url):
+            key = LOCAL_DUMMY_KEY
+        else:
+            where = url or f"the {provider} API"
+            raise BackendError(f"{provider}: no API key for {where}; pass api_key= or set {key_env} "
+                               "(a local server given with --base-url needs none)")
+    return url, key
+
+
+def scrub(text: str, secret: str | None) -> str:
+    """`text` with the API key (and any long-enough piece of it) replaced, for errors and logs."""
+    if not secret or secret == LOCAL_DUMMY_KEY or len(secret) < 4:
+        return text
+    return text.replace(secret, "***")
+
+
+# --- failure classification ----------------------------------------------------------------
+
+TRANSIENT_STATUSES = frozenset({408, 409, 425, 429, 500, 502, 503, 504, 520, 522, 524, 529})
+
+
+def retry_after_seconds(headers: Mapping[str, str] | None) -> float | None:
+    """Seconds the server asked us to wait: retry-after-ms, then Retry-After (seconds or HTTP date)."""
+    if not headers:
+        return None
+    lower = {str(k).lower(): str(v) for k, v in headers.items()}
+    ms = lower.get("retry-after-ms")
+    if ms:
+        try:
+            value = float(ms) / 1000.0
+            if value >= 0:
+                return value
+        except ValueError:
+            pass
+    ra = lower.get("retry-after")
+    if not ra:
+        return None
+    try:
+        return max(0.0, float(ra))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(ra)
+    except (TypeError, ValueError):
+        return None
+    if when is None:
+        return None
+    return max(0.0, when.timestamp() - time.time())
+
+
+def classify_sdk_error(exc: Exception, sdk: Any, secret: str | None, provider: str) -> BackendFailure:
+    """One SDK exception as TransientFailure / FatalFailure, its message scrubbed of the key."""
+    name = type(exc).__name__
+    if isinstance(exc, sdk.APITimeoutError):
+        return TransientFailure(f"{provider}: request timed out")
+    if isinstance(exc, sdk.APIConnectionError):
+        return TransientFailure(f"{provider}: connection error: {scrub(str(exc), secret)[:200]}")
+    if isinstance(exc, sdk.APIStatusError):
+        status = int(exc.status_code)
+        message = scrub(error_message(exc), secret)[:300]
+        detail = f"{provider}: HTTP {status} {name}: {message}"
+        if status in TRANSIENT_STATUSES or status >= 500:
+            headers = getattr(getattr(exc, "response", None), "headers", None)
+            return TransientFailure(detail, status=status, retry_after=retry_after_seconds(headers))
+        return FatalFailure(detail, status=status)
+    return FatalFailure(f"{provider}: {name}: {scrub(str(exc), secret)[:300]}")
+
+
+def error_message(exc: Any) -> str:
+    """The server's own error message from an SDK status error, falling back to str(exc)."""
+    body = getattr(exc, "body", None)
+    if isinstance(body, Mapping):
+        err = body.get("error", body)
+        if isinstance(err, Mapping) and err.get("message"):
+            return str(err["message"])
+        if isinstance(err, str):
+            return err
+    return str(getattr(exc, "message", None) or exc)
+
+
+def usage_dict(usage: Any, fields: Sequence[str]) -> dict[str, int]:
+    """Integer token counts from an SDK usage object (missing fields skipped)."""
+    out: dict[str, int] = {}
+    if usage is None:
+        return out
+    for f in fields:
+        value = getattr(usage, f, None)
+        if isinstance(value, int) and not isinstance(value, bool):
+            out[f] = value
+    return out

@@ -1,0 +1,251 @@
+"""The OpenAI Chat Completions backend, also for any OpenAI-compatible server (vLLM, llama.cpp
+server, Ollama, LM Studio) through `base_url`.
+
+Structured output is negotiated, not assumed: it asks for `response_format: json_schema` (strict,
+ids as an enum of the input ids); a server that rejects that (llama.cpp answers 500, others 400 or
+422 naming response_format) is asked again with `{"type": "json_object", "schema": ...}`, then plain
+`json_object`, then no response_format at all. The first mode a server accepts is remembered per
+base_url for the life of the process, so the negotiation costs extra requests once, not per call.
+Those downgrades are a capability probe inside one call, not retries: retries belong to `retry.py`
+(the SDK runs with max_retries=0).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import weakref
+from collections.abc import Sequence
+from typing import Any
+
+from ..errors import InputError, MissingDependencyError, Violation
+from ..models import RerankRequest
+from .base import Completion, FatalFailure
+from .common import (
+    classify_sdk_error,
+    error_message,
+    feedback_text,
+    resolve_credentials,
+    scrub,
+    strict_schema,
+    usage_dict,
+)
+
+DEFAULT_MODEL = "gpt-4o-mini"
+DEFAULT_BASE_URL = "https://api.openai.com/v1"
+SCHEMA_NAME = "rerank_result"
+_USAGE_FIELDS = ("prompt_tokens", "completion_tokens", "total_tokens")
+
+# Structured-output modes, most constrained first.
+MODES = ("json_schema", "json_object_schema", "json_object", "text")
+_FORMAT_MEMORY: dict[str, str] = {}
+_FORMAT_LOCK = threading.Lock()
+_REJECT_STATUSES = frozenset({400, 422, 500, 501})
+_REJECT_WORDS = ("response_format", "response format", "json_schema", "json schema", "schema")
+
+
+def remembered_mode(base_url: str) -> str | None:
+    """The structured-output mode this process learned for `base_url` (None before the first call)."""
+    with _FORMAT_LOCK:
+        return _FORMAT_MEMORY.get(base_url)
+
+
+def forget_modes() -> None:
+    """Clear what was learned (tests; or after a server upgrade in a long-lived process)."""
+    with _FORMAT_LOCK:
+        _FORMAT_MEMORY.clear()
+
+
+def _remember(base_url: str, mode: str) -> None:
+    with _FORMAT_LOCK:
+        _FORMAT_MEMORY[base_url] = mode
+
+
+def _sdk() -> Any:
+    try:
+        import openai
+    except ImportError as exc:  # a core dependency, but say so clearly if it was removed
+        raise MissingDependencyError("the openai backend", "openai", "openai") from exc
+    return openai
+
+
+def response_format_for(mode: str, request: RerankRequest) -> dict[str, Any] | None:
+    if mode == "json_schema":
+        return {"type": "json_schema", "json_schema": {"name": SCHEMA_NAME, "strict": True,
+                                                        "schema": strict_schema(request)}}
+    if mode == "json_object_schema":
+        return {"type": "json_object", "schema": strict_schema(request)}
+    if mode == "json_object":
+        return {"type": "json_object"}
+    return None
+
+
+def build_messages(prompt: str, feedback: Sequence[Violation], previous: str | None) -> list[dict[str, str]]:
+    """The conversation: the task; on a re-ask also the rejected answer and the quoted violations."""
+    messages = [{"role": "user", "content": prompt}]
+    if feedback or previous is not None:
+        messages.append({"role": "assistant", "content": previous or ""})
+        messages.append({"role": "user", "content": feedback_text(feedback)})
+    return messages
+
+
+class OpenAIBackend:
+    """Chat Completions with negotiated structured output. Construct once, call many times."""
+
+    name = "openai"
+
+    def __init__(
+        self,
+        model: str | None = None,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        timeout: float = 60.0,
+        *,
+        temperature: float | None = 0.0,
+        response_format: str = "auto",
+    ) -> None:
+        if response_format != "auto" and response_format not in MODES:
+            raise InputError([Violation(path="response_format", value=response_format,
+                                        message=f"must be 'auto' or one of {', '.join(MODES)}")])
+        url, key = resolve_credentials("openai", base_url, api_key, url_env="OPENAI_BASE_URL",
+                                       key_env="OPENAI_API_KEY")
+        self.model = model or DEFAULT_MODEL
+        self.base_url = (url or DEFAULT_BASE_URL).rstrip("/")
+        self.timeout = float(timeout)
+        self.temperature = temperature
+        self.forced_mode = None if response_format == "auto" else response_format
+        self._key = key
+        self._official = self.base_url.startswith("https://api.openai.com")
+        self._client: Any = None
+        self._aclients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Any] = \
+            weakref.WeakKeyDictionary()
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:  # never show the key
+        return f"OpenAIBackend(model={self.model!r}, base_url={self.base_url!r})"
+
+    # --- clients -----------------------------------------------------------------------------
+    def _client_kwargs(self) -> dict[str, Any]:
+        return {"api_key": self._key, "base_url": self.base_url, "timeout": self.timeout, "max_retries": 0}
+
+    def _sync_client(self) -> Any:
+        with self._lock:
+            if self._client is None:
+                self._client = _sdk().OpenAI(**self._client_kwargs())
+            return self._client
+
+    def _async_client(self) -> Any:
+        loop = asyncio.get_running_loop()
+        client = self._aclients.get(loop)
+        if client is None:
+            client = _sdk().AsyncOpenAI(**self._client_kwargs())
+            self._aclients[loop] = client
+        return client
+
+    # --- one call ----------------------------------------------------------------------------
+    def _modes(self) -> tuple[str, ...]:
+        if self.forced_mode:
+            return (self.forced_mode,)
+        start = remembered_mode(self.base_url) or MODES[0]
+        return MODES[MODES.index(start):]
+
+    def _kwargs(self, mode: str, prompt: str, request: RerankRequest, max_tokens: int,
+                feedback: Sequence[Violation], previous: str | None) -> dict[str, Any]:
+        kwargs: dict[str, Any] = {"model": self.model, "messages": build_messages(prompt, feedback, previous)}
+        # api.openai.com wants max_completion_tokens (reasoning models reject max_tokens); compatible
+        # servers (llama.cpp, older vLLM) only know max_tokens.
+        kwargs["max_completion_tokens" if self._official else "max_tokens"] = int(max_tokens)
+        if self.temperature is not None:
+            kwargs["temperature"] = self.temperature
+        fmt = response_format_for(mode, request)
+        if fmt is not None:
+            kwargs["response_format"] = fmt
+        return kwargs
+
+    def _rejects_format(self, exc: Exception, mode: str, last: bool) -> bool:
+        sdk = _sdk()
+        if last or mode == "text" or not isinstance(exc, sdk.APIStatusError):
+            return False
+        if int(exc.status_code) not in _REJECT_STATUSES:
+            return False
+        text = error_message(exc).lower()
+        return any(word in text for word in _REJECT_WORDS)
+
+    def _completion(self, resp: Any, mode: str, downgraded: list[str]) -> Completion:
+        if not getattr(resp, "choices", None):
+            raise FatalFailure("openai: response has no choices")
+        choice = resp.choices[0]
+        message = choice.message
+        refusal = getattr(message, "refusal", None)
+        if refusal:
+            raise FatalFailure(f"openai: the model refused: {scrub(str(refusal), self._key)[:200]}")
+        finish = choice.finish_reason or "stop"
+        if finish == "content_filter":
+            raise FatalFailure("openai: the answer was withheld by the content filter (refusal)")
+        notes = tuple(downgraded)
+        if downgraded:
+            notes += (f"openai: {self.base_url} uses response_format mode {mode!r}",)
+        return Completion(
+            text=message.content or "",
+            finish_reason="length" if finish == "length" else finish,
+            model=getattr(resp, "model", None) or self.model,
+            usage=usage_dict(getattr(resp, "usage", None), _USAGE_FIELDS),
+            notes=notes,
+        )
+
+    def complete(
+        self,
+        prompt: str,
+        request: RerankRequest,
+        *,
+        max_tokens: int,
+        feedback: Sequence[Violation] = (),
+        previous: str | None = None,
+    ) -> Completion:
+        sdk = _sdk()
+        client = self._sync_client()
+        modes = self._modes()
+        downgraded: list[str] = []
+        for i, mode in enumerate(modes):
+            try:
+                resp = client.chat.completions.create(
+                    **self._kwargs(mode, prompt, request, max_tokens, feedback, previous))
+            except sdk.OpenAIError as exc:
+                if self._rejects_format(exc, mode, i == len(modes) - 1):
+                    downgraded.append(f"openai: server rejected response_format {mode!r}: "
+                                      f"{scrub(error_message(exc), self._key)[:120]}")
+                    continue
+                raise classify_sdk_error(exc, sdk, self._key, "openai") from None
+            if not self.forced_mode:
+                _remember(self.base_url, mode)
+            return self._completion(resp, mode, downgraded)
+        # unreachable: "text" is the last mode and is never treated as a rejection
+        raise FatalFailure("openai: the server rejected every response_format mode")
+
+    async def acomplete(
+        self,
+        prompt: str,
+        request: RerankRequest,
+        *,
+        max_tokens: int,
+        feedback: Sequence[Violation] = (),
+        previous: str | None = None,
+    ) -> Completion:
+        sdk = _sdk()
+        client = self._async_client()
+        modes = self._modes()
+        downgraded: list[str] = []
+        for i, mode in enumerate(modes):
+            try:
+                resp = await client.chat.completions.create(
+                    **self._kwargs(mode, prompt, request, max_tokens, feedback, previous))
+            except sdk.OpenAIError as exc:
+                if self._rejects_format(exc, mode, i == len(modes) - 1):
+                    downgraded.append(f"openai: server rejected response_format {mode!r}: "
+                                      f"{scrub(error_message(exc), self._key)[:120]}")
+                    continue
+                raise classify_sdk_error(exc, sdk, self._key, "openai") from None
+            if not self.forced_mode:
+                _remember(self.base_url, mode)
+            return self._completion(resp, mode, downgraded)
+        raise FatalFailure("openai: the server rejected every response_format mode")

@@ -1,0 +1,362 @@
+"""Many reranks at once: bounded concurrency on one event loop, results in input order, resumable.
+
+`arerank_many` runs requests through `arerank` with at most `concurrency` in flight
+(an `asyncio.Semaphore`), sharing one backend instance (one HTTP connection pool) and one
+embedder. A failed request becomes an exception in its slot instead of stopping the others.
+
+`rag-rerank batch` reads one `{query, chunks, top_k?, lambda?, query_id?}` object per input line
+and writes one JSONL line per input line, in input order:
+
+    {"line": n, "query_id": ..., "result": {ranked, dropped}, "meta": {...}}
+    {"line": n, "query_id": ..., "error": {"kind": "input"|"backend"|"internal", "message": ..., ...}}
+
+Lines are written as soon as every earlier line is done, so the output file is always a prefix
+of the input: `--resume` keeps the complete lines already there (cutting off a half-written last
+line from a crash), skips their line numbers, and appends the rest. Nothing is done twice or lost.
+Exit code: 0 every line ok, 3 some line had a backend failure, otherwise 2 some line had bad input
+(4 an internal error). It is computed over the whole output file, resumed lines included.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import IO, Any
+
+from .errors import BackendError, InputError, RerankError, Violation
+from .models import RerankResult
+from .rerank import arerank, make_backend, redact
+
+EXIT_OK, EXIT_BAD_INPUT, EXIT_BACKEND, EXIT_INTERNAL = 0, 2, 3, 4
+_LINE_KEYS = frozenset({"query", "chunks", "top_k", "lambda", "query_id", "qid"})
+
+Outcome = RerankResult | Exception
+
+
+def _shared_options(options: dict[str, Any]) -> dict[str, Any]:
+    """Resolve the embedder and backend once, so every request reuses them (and their pools)."""
+    from .embed import get_embedder
+
+    opts = dict(options)
+    opts["embedder"] = get_embedder(opts.get("embedder", "lexical"))
+    opts["backend"] = make_backend(
+        opts.get("backend", "local"),
+        model=opts.get("model"),
+        base_url=opts.get("base_url"),
+        api_key=opts.get("api_key"),
+        embedder=opts["embedder"],
+    )
+    name = options.get("backend", "local")
+    opts["_backend_name"] = name if isinstance(name, str) else None
+    return opts
+
+
+def _request_args(item: Any) -> tuple[Any, Any, Any, Any]:
+    if not isinstance(item, Mapping):
+        raise InputError(
+            [
+                Violation(
+                    path="request",
+                    message="a request must be a mapping "
+                    f"{{query, chunks, top_k?, lambda?}}, got {type(item).__name__}",
+                )
+            ]
+        )
+    lam = item.get("lambda", item.get("lambda_"))
+    return item.get("query"), item.get("chunks"), item.get("top_k"), lam
+
+
+async def _run(
+    items: Sequence[Mapping[str, Any] | Exception],
+    *,
+    concurrency: int,
+    on_done: Callable[[int, Outcome], Awaitable[None] | None],
+    options: dict[str, Any],
+) -> None:
+    """Run every item (an Exception item is already a failure), calling `on_done(index, outcome)`
+    as each finishes, in completion order."""
+    if concurrency < 1:
+        raise InputError(
+            [
+                Violation(
+                    path="concurrency",
+                    value=concurrency,
+                    message=f"concurrency must be at least 1, got {concurrency}",
+                )
+            ]
+        )
+    opts = _shared_options(options)
+    name = opts.pop("_backend_name")
+    sem = asyncio.Semaphore(concurrency)
+
+    async def one(index: int, item: Mapping[str, Any] | Exception) -> None:
+        outcome: Outcome
+        if isinstance(item, Exception):
+            outcome = item
+        else:
+            async with sem:
+                try:
+                    query, chunks, top_k, lam = _request_args(item)
+                    outcome = await arerank(query, chunks, top_k, lam, **opts)
+                except Exception as exc:  # recorded per line; one bad request never stops the rest
+                    outcome = exc
+            if name is not None and isinstance(outcome, RerankResult) and outcome.meta.backend != name:
+                outcome = _rename(outcome, name)
+        res = on_done(index, outcome)
+        if asyncio.iscoroutine(res):
+            await res
+
+    await asyncio.gather(*(one(i, it) for i, it in enumerate(items)))
+
+
+def _rename(result: RerankResult, name: str) -> RerankResult:
+    """meta.backend names the backend the caller chose, not the instance's class."""
+    return replace(result, meta=replace(result.meta, backend=name))
+
+
+async def arerank_many(
+    requests: Iterable[Mapping[str, Any]],
+    *,
+    concurrency: int = 4,
+    progress: Callable[[int, int], None] | None = None,
+    **options: Any,
+) -> list[Outcome]:
+    """Rerank every `{query, chunks, top_k?, lambda?}` mapping with at most `concurrency` in flight.
+
+    Returns one entry per request, in input order: a `RerankResult`, or the exception that request
+    raised (`InputError`, `BackendError`, ...). `options` are `arerank`'s keyword arguments; the
+    backend and embedder are built once and shared. `progress(done, total)` is called after each.
+    """
+    items = list(requests)
+    results: list[Outcome | None] = [None] * len(items)
+    done = 0
+
+    def on_done(index: int, outcome: Outcome) -> None:
+        nonlocal done
+        results[index] = outcome
+        done += 1
+        if progress is not None:
+            progress(done, len(items))
+
+    await _run(items, concurrency=concurrency, on_done=on_done, options=options)
+    return [r for r in results if r is not None]
+
+
+# ---------------------------------------------------------------------------------------------- CLI
+
+
+@dataclass(frozen=True)
+class _Line:
+    number: int
+    query_id: Any
+    item: Mapping[str, Any] | Exception
+
+
+def parse_input(text: str) -> list[_Line]:
+    """One `_Line` per non-blank input line; a line that is not a valid request object carries an
+    `InputError` naming the line instead of stopping the batch."""
+    out: list[_Line] = []
+    text = text.removeprefix("\ufeff")  # a BOM from some editors is not part of line 1's JSON
+    for number, raw in enumerate(text.split("\n"), start=1):
+        if not raw.strip():
+            continue
+        try:
+            obj = json.loads(raw)
+        except ValueError as exc:
+            out.append(
+                _Line(
+                    number,
+                    None,
+                    InputError([Violation(path="$", message=f"not valid JSON ({exc})", line=number)]),
+                )
+            )
+            continue
+        if not isinstance(obj, dict):
+            msg = f"a batch line must be a JSON object, got {type(obj).__name__}"
+            out.append(_Line(number, None, InputError([Violation(path="$", message=msg, line=number)])))
+            continue
+        qid = obj.get("query_id", obj.get("qid"))
+        allowed = ", ".join(sorted(_LINE_KEYS))
+        problems = [
+            Violation(path="$", message=f"unknown key {k!r} (allowed: {allowed})", line=number)
+            for k in obj
+            if k not in _LINE_KEYS
+        ]
+        for key in ("query", "chunks"):
+            if key not in obj:
+                problems.append(Violation(path=key, message=f"missing required field '{key}'", line=number))
+        out.append(_Line(number, qid, InputError(problems) if problems else obj))
+    return out
+
+
+def _error_record(exc: Exception, secrets: Sequence[str | None]) -> dict[str, Any]:
+    if isinstance(exc, InputError):
+        return {
+            "kind": "input",
+            "message": "; ".join(str(v) for v in exc.violations) or exc.headline,
+            "violations": [v.to_dict() for v in exc.violations],
+        }
+    if isinstance(exc, BackendError):
+        return {
+            "kind": "backend",
+            "message": redact(str(exc).split(" [#", 1)[0], secrets),
+            "attempts": [
+                {"number": a.number, "kind": a.kind, "detail": redact(a.detail, secrets), "wait_s": a.wait_s}
+                for a in exc.attempts
+            ],
+        }
+    if isinstance(exc, RerankError):
+        return {"kind": "input", "message": redact(str(exc), secrets)}
+    return {"kind": "internal", "message": redact(f"{type(exc).__name__}: {exc}", secrets)}
+
+
+def _record(line: _Line, outcome: Outcome, secrets: Sequence[str | None]) -> dict[str, Any]:
+    rec: dict[str, Any] = {"line": line.number}
+    if line.query_id is not None:
+        rec["query_id"] = line.query_id
+    if isinstance(outcome, RerankResult):
+        rec["result"] = outcome.to_dict()
+        rec["meta"] = outcome.meta.to_dict()
+    else:
+        rec["error"] = _error_record(outcome, secrets)
+    return rec
+
+
+def read_done(path: Path) -> tuple[dict[int, dict[str, Any]], int]:
+    """The records already in an output file, keyed by input line number, and the byte length of
+    its complete lines. Only a last line without its newline (a write cut short by a crash) is
+    left out, to be cut off; a complete line that is not one of our records means the file is not
+    a batch output, and it is refused (`InputError`) rather than truncated."""
+    done: dict[int, dict[str, Any]] = {}
+    if not path.exists():
+        return done, 0
+    data = path.read_bytes()
+    valid_end = data.rfind(b"\n") + 1
+    for number, raw in enumerate(data[:valid_end].split(b"\n")[:-1], start=1):
+        if not raw.strip():
+            continue
+        try:
+            rec = json.loads(raw.decode("utf-8"))
+        except ValueError:
+            rec = None
+        if not (
+            isinstance(rec, dict) and isinstance(rec.get("line"), int) and ("result" in rec or "error" in rec)
+        ):
+            raise InputError(
+                [
+                    Violation(
+                        path=str(path),
+                        line=number,
+                        message="not a rag-rerank batch record; "
+                        "--resume only continues a file written by `rag-rerank batch`",
+                    )
+                ]
+            )
+        done.setdefault(rec["line"], rec)
+    return done, valid_end
+
+
+def exit_code(records: Iterable[Mapping[str, Any]]) -> int:
+    kinds = {r["error"].get("kind") for r in records if isinstance(r.get("error"), Mapping)}
+    if "internal" in kinds:
+        return EXIT_INTERNAL
+    if "backend" in kinds:
+        return EXIT_BACKEND
+    if kinds:
+        return EXIT_BAD_INPUT
+    return EXIT_OK
+
+
+class _OrderedWriter:
+    """Writes records in input order as soon as each one's predecessors are written."""
+
+    def __init__(self, stream: IO[str], order: Sequence[int]) -> None:
+        self.stream, self.order, self.pending, self.next = stream, order, {}, 0
+        self.written: list[dict[str, Any]] = []
+
+    def add(self, index: int, rec: dict[str, Any]) -> None:
+        self.pending[index] = rec
+        while self.next < len(self.order) and self.next in self.pending:
+            out = self.pending.pop(self.next)
+            self.stream.write(json.dumps(out, ensure_ascii=False) + "\n")
+            self.stream.flush()
+            self.written.append(out)
+            self.next += 1
+
+
+def _progress_bar(total: int, enabled: bool) -> Any:
+    """A tqdm bar on stderr when it is a terminal and tqdm is installed; otherwise None."""
+    if not enabled or total == 0 or not sys.stderr.isatty():
+        return None
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return None
+    return tqdm(total=total, unit="query", file=sys.stderr)
+
+
+def run_batch_cli(args: Any, backend_options: Mapping[str, Any]) -> int:
+    """`rag-rerank batch`: see the module docstring for the file formats and exit codes."""
+    from .cli import UsageError, read_text
+
+    if args.concurrency < 1:
+        raise UsageError(f"--concurrency must be at least 1, got {args.concurrency}")
+    to_stdout = args.output in (None, "-")
+    if args.resume and to_stdout:
+        raise UsageError("--resume needs --output FILE (it skips the lines already in that file)")
+    lines = parse_input(read_text(args.input, what="input"))
+    done: dict[int, dict[str, Any]] = {}
+    out_path = None if to_stdout else Path(args.output)
+    if out_path is not None and args.resume:
+        done, valid_end = read_done(out_path)
+        if out_path.exists() and valid_end < out_path.stat().st_size:
+            with out_path.open("r+b") as fh:
+                fh.truncate(valid_end)
+    todo = [ln for ln in lines if ln.number not in done]
+    secrets = [backend_options.get("api_key"), *_env_secrets()]
+    options = {k: v for k, v in backend_options.items() if v is not None}
+    bar = _progress_bar(len(todo), not getattr(args, "no_progress", False))
+    stream: IO[str]
+    if out_path is None:
+        stream = sys.stdout
+    else:
+        if out_path.parent and not out_path.parent.exists():
+            raise UsageError(f"--output: no such directory: {out_path.parent}")
+        stream = out_path.open("a" if args.resume else "w", encoding="utf-8")
+    writer = _OrderedWriter(stream, [ln.number for ln in todo])
+    try:
+
+        def on_done(index: int, outcome: Outcome) -> None:
+            writer.add(index, _record(todo[index], outcome, secrets))
+            if bar is not None:
+                bar.update(1)
+
+        asyncio.run(
+            _run([ln.item for ln in todo], concurrency=args.concurrency, on_done=on_done, options=options)
+        )
+    finally:
+        if bar is not None:
+            bar.close()
+        if stream is not sys.stdout:
+            stream.close()
+    records = [*done.values(), *writer.written]
+    n_err = sum(1 for r in records if "error" in r)
+    skipped = f", {len(done)} already done" if done else ""
+    print(f"rag-rerank: batch: {len(records) - n_err} ok, {n_err} failed{skipped}", file=sys.stderr)
+    for r in writer.written:
+        if "error" in r:
+            print(
+                f"rag-rerank: line {r['line']}: {r['error']['kind']} error: {r['error']['message']}",
+                file=sys.stderr,
+            )
+    return exit_code(records)
+
+
+def _env_secrets() -> list[str | None]:
+    import os
+
+    return [os.environ.get("OPENAI_API_KEY"), os.environ.get("ANTHROPIC_API_KEY")]

@@ -1,0 +1,205 @@
+"""The default embedder: hashed word and character n-gram vectors, numpy only, deterministic.
+
+Why this design:
+
+* **No model, no download, no state.** A vector depends only on its own text (no batch IDF),
+  so a chunk's similarity to another chunk does not change with whatever else is in the
+  request; the duplicate threshold measured on clough-stevenson therefore means the same
+  thing in every call, and vectors can be compared across calls.
+* **Good at what the post-pass needs.** Near-verbatim duplicates (copied, lightly edited,
+  re-chunked text) share most of their character 5-grams; independent text on the same topic
+  shares its vocabulary but far fewer long n-grams. Whole words (weight 2) plus character
+  5-grams (which span word boundaries, so they also carry word order) separated copied from
+  independent answers best among the mixes tried in bench/duplicates.py; damping term frequency
+  (log) is the "TF-IDF-like" part: a word repeated ten times does not outweigh ten distinct ones,
+  without needing a corpus to count document frequencies in.
+* **Stable hashing.** Python's `hash()` is salted per process; here every n-gram is hashed with
+  a fixed polynomial over its code points followed by the splitmix64 finaliser, so the same
+  text gives the same vector on every machine and every run.
+* **Vectorised.** All texts of a call are joined into one code-point array; the hashes of every
+  n-gram of every text come from one prefix-hash array (`(H[end] - H[start]) * P^-start`, exact
+  in uint64 arithmetic because P is odd and so invertible modulo 2^64) and a single `bincount`
+  builds the matrix. There is no Python loop over n-grams or words.
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..errors import InputError, Violation
+
+_P = np.uint64(0x100000001B3)  # FNV-64 prime: odd, hence invertible modulo 2**64
+_P_INV = np.uint64(pow(0x100000001B3, -1, 2**64))
+_NON_WORD = re.compile(r"[\W_]+", re.UNICODE)
+_SEP = 0  # code point that separates texts in the joined array (never survives normalisation)
+_SPACE = 32
+# Cosine at or above which two chunks count as near-duplicates with this embedder. Chosen on
+# clough-stevenson (bench/duplicates.py; numbers in the README section `postpass`): every `cut`
+# and `light` answer is at or above it against its source, no `non` answer reaches it.
+LEXICAL_DUPLICATE_THRESHOLD = 0.49
+
+
+# English function words: they make unrelated questions ("How do I ...") look alike. With
+# `stopword_weight` below 1 they, and the character n-grams made only of them and spaces, count for
+# that fraction of a content word. Off by default: on clough-stevenson it narrows the copied-vs-
+# independent gap (+0.039 -> +0.031 at 0.1), and the local backend is calibrated without it.
+_STOPWORDS = """a about above after again against all also am an and any are as at be because been before
+being below between both but by can could did do does doing down during each either for from further
+had has have having he her here hers herself him himself his how i if in into is it its itself just me
+more most my myself no nor not now of off on once only or other our ours out over own same she should
+so some such than that the their theirs them then there these they this those through to too under
+until up very was we were what when where which while who whom why will with would you your yours""".split()  # noqa: SIM905 (a word list reads better as text)
+
+
+def _word_hash(word: str) -> int:
+    """The polynomial hash `embed` computes for a word, in Python integers (mod 2**64)."""
+    h, power = 0, 1
+    for ch in word:
+        h = (h + (ord(ch) + 1) * power) % 2**64
+        power = power * 0x100000001B3 % 2**64
+    return h
+
+
+_STOP_HASHES = np.array(sorted({_word_hash(w) for w in _STOPWORDS}), dtype=np.uint64)
+
+
+def _mix(h: np.ndarray) -> np.ndarray:
+    """splitmix64 finaliser: spreads polynomial hashes over all 64 bits before bucketing."""
+    h = h ^ (h >> np.uint64(30))
+    h = h * np.uint64(0xBF58476D1CE4E5B9)
+    h = h ^ (h >> np.uint64(27))
+    h = h * np.uint64(0x94D049BB133111EB)
+    return h ^ (h >> np.uint64(31))
+
+
+def normalise_text(text: str) -> str:
+    """NFKC, case-folded, every run of non-word characters one space, padded by one space.
+
+    The padding makes word boundaries part of the character n-grams (" cat" differs from "cat").
+    """
+    folded = unicodedata.normalize("NFKC", text).casefold()
+    return " " + _NON_WORD.sub(" ", folded).strip() + " "
+
+
+@dataclass(frozen=True)
+class LexicalEmbedder:
+    """Hashed bag of words + character n-grams, L2-normalised rows of `dim` float32.
+
+    `char_ngrams` are the n-gram lengths; `char_weights` their weights (longer = more specific);
+    `word_weight` the weight of whole words; with `stopword_weight` < 1, English function words
+    and n-grams made only of them count that much less (default 1: off). Term frequency is
+    damped to sign(x)·log(1+|x|) per bucket; feature signs come from the hash, so bucket
+    collisions cancel instead of adding a positive bias to every similarity.
+    """
+
+    dim: int = 4096
+    char_ngrams: tuple[int, ...] = (5,)
+    char_weights: tuple[float, ...] = (1.0,)
+    word_weight: float = 2.0
+    stopword_weight: float = 1.0
+    duplicate_threshold: float = LEXICAL_DUPLICATE_THRESHOLD
+    name: str = field(default="lexical")
+
+    def __post_init__(self) -> None:
+        problems = []
+        if (
+            isinstance(self.dim, bool)
+            or not isinstance(self.dim, int)
+            or self.dim < 16
+            or self.dim & (self.dim - 1)
+        ):
+            problems.append(
+                Violation(
+                    path="embedder.dim",
+                    value=self.dim,
+                    message=f"dim must be a power of two >= 16, got {self.dim!r}",
+                )
+            )
+        if len(self.char_ngrams) != len(self.char_weights) or any(n < 1 for n in self.char_ngrams):
+            problems.append(
+                Violation(
+                    path="embedder.char_ngrams",
+                    value=self.char_ngrams,
+                    message="char_ngrams must be positive lengths, one weight each",
+                )
+            )
+        if problems:
+            raise InputError(problems, headline="invalid lexical embedder settings")
+
+    def embed(self, texts: list[str]) -> np.ndarray:
+        """One unit row per text (an all-zero row for a text without word characters)."""
+        n = len(texts)
+        if n == 0:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        joined = "\x00".join(normalise_text(t).replace("\x00", " ") for t in texts)
+        cp = np.frombuffer(joined.encode("utf-32-le"), dtype=np.uint32).astype(np.uint64)
+        length = len(cp)
+        row = np.cumsum(cp == _SEP)  # text index of every position (the separator starts the next text)
+        # prefix hashes: H[i] = sum_{j<i} (cp[j] + 1) * P^j  (mod 2^64); +1 so that code point 0 counts
+        with np.errstate(over="ignore"):
+            powers = np.empty(length + 1, dtype=np.uint64)
+            powers[0] = 1
+            powers[1:] = _P
+            powers = np.cumprod(powers, dtype=np.uint64)
+            inv = np.empty(length + 1, dtype=np.uint64)
+            inv[0] = 1
+            inv[1:] = _P_INV
+            inv = np.cumprod(inv, dtype=np.uint64)
+            prefix = np.zeros(length + 1, dtype=np.uint64)
+            np.cumsum((cp + np.uint64(1)) * powers[:length], out=prefix[1:])
+
+            keys: list[np.ndarray] = []
+            rows: list[np.ndarray] = []
+            weights: list[np.ndarray] = []
+            not_sep = cp != _SEP
+            is_word = not_sep & (cp != _SPACE)
+            edges = np.diff(is_word.astype(np.int8), prepend=np.int8(0), append=np.int8(0))
+            w_start = np.flatnonzero(edges == 1)
+            w_end = np.flatnonzero(edges == -1)
+            w_hash = (prefix[w_end] - prefix[w_start]) * inv[w_start]
+            at = np.minimum(np.searchsorted(_STOP_HASHES, w_hash), len(_STOP_HASHES) - 1)
+            is_stop = _STOP_HASHES[at] == w_hash
+            # characters that belong to a content word; an n-gram without any is function-word glue
+            inside_stop = np.zeros(length + 1, dtype=np.int64)
+            inside_stop[w_start[is_stop]] = 1  # starts and ends are distinct positions
+            inside_stop[w_end[is_stop]] = -1
+            content = is_word & (np.cumsum(inside_stop[:length]) == 0)
+            content_before = np.concatenate(([0], np.cumsum(content)))
+            if self.word_weight:
+                keys.append(_mix(w_hash ^ np.uint64(0xD1B54A32D192ED03)))
+                rows.append(row[w_start])
+                weights.append(np.where(is_stop, self.word_weight * self.stopword_weight, self.word_weight))
+            for n_len, w in zip(self.char_ngrams, self.char_weights, strict=True):
+                if length < n_len:
+                    continue
+                start = np.arange(length - n_len + 1)
+                end = start + n_len
+                ok = not_sep[start] & (row[start] == row[end - 1])
+                start, end = start[ok], end[ok]
+                h = (prefix[end] - prefix[start]) * inv[start]
+                keys.append(_mix(h ^ np.uint64(n_len * 0x9E3779B97F4A7C15 & 0xFFFFFFFFFFFFFFFF)))
+                rows.append(row[start])
+                glue = content_before[end] == content_before[start]
+                weights.append(np.where(glue, w * self.stopword_weight, w))
+
+        if not keys:
+            return np.zeros((n, self.dim), dtype=np.float32)
+        key = np.concatenate(keys)
+        bucket = (key & np.uint64(self.dim - 1)).astype(np.int64)
+        signed = np.where((key >> np.uint64(63)) == 1, -1.0, 1.0) * np.concatenate(weights)
+        flat = np.concatenate(rows).astype(np.int64) * self.dim + bucket
+        counts = np.bincount(flat, weights=signed, minlength=n * self.dim)
+        # only the few touched buckets are transformed and normalised: the dense matrix is
+        # mostly zeros, and a dense log/norm over it would cost more than all the hashing
+        nz = np.flatnonzero(counts)
+        vals = counts[nz]
+        vals = np.sign(vals) * np.log1p(np.abs(vals))
+        norms = np.sqrt(np.bincount(nz // self.dim, weights=vals * vals, minlength=n))
+        row_of = nz // self.dim
+        out = np.zeros(n * self.dim, dtype=np.float32)
+        out[nz] = vals / norms[row_of]
+        return out.reshape(n, self.dim)

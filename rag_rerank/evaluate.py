@@ -1,0 +1,427 @@
+"""`rag-rerank eval`: measured quality of a backend on a judged collection, input order vs reranked.
+
+Inputs are a candidates file (JSONL, one `{qid, query, chunks: [{id, text}, ...]}` per line, ids
+being the collection's document ids, chunks in first-stage order) and TREC qrels. Every query is
+reranked through the product's own batch machinery (`arerank_many`: bounded concurrency, the same
+guards and post-pass as any call), then both orders are scored with ir-measures.
+
+How the reranked run is built, so that it compares like with like with the input order: the
+reranker returns only `top_k` ids, and nDCG@10 / Recall@k over a list shorter than the input's
+would punish it for the ids it was never asked to order. The reranked run is therefore **the
+ranked ids, then every other candidate in its input order** (dropped ones included). Candidates
+beyond `depth` (default: the card's limit of 50) are not sent to the reranker and keep their input
+positions after the reranked part. A query whose rerank failed keeps its input order and is
+counted in `failed`.
+
+Diversity is the average pairwise cosine distance (1 - cosine) of the `k` ids each order puts
+first, with the evaluation's embedder. With subtopic judgments (TREC diversity qrels:
+`qid subtopic docid rel`), subtopic recall and alpha-nDCG (alpha 0.5) at `k` are added (ir-measures'
+pyndeval provider).
+
+`--resume FILE` keeps one line per finished query (plus a header with the configuration) and skips
+those queries on the next run, so an interrupted evaluation picks up where it stopped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .errors import InputError, MissingDependencyError, RerankError, Violation
+from .guard.limits import load_limits
+
+EXIT_OK, EXIT_BAD_INPUT, EXIT_BACKEND = 0, 2, 3
+SLICE = 16  # queries per resume checkpoint
+
+
+@dataclass(frozen=True)
+class CandidateQuery:
+    """One line of a candidates file."""
+
+    qid: str
+    query: str
+    chunks: tuple[Mapping[str, Any], ...]
+
+    @property
+    def ids(self) -> list[str]:
+        return [str(c["id"]) for c in self.chunks]
+
+
+@dataclass(frozen=True)
+class EvalReport:
+    """Metrics of both orders, plus what was run and what failed."""
+
+    input: Mapping[str, float]
+    reranked: Mapping[str, float]
+    n_queries: int
+    failed: Mapping[str, str] = field(default_factory=dict)
+    wall_s: float = 0.0
+    config: Mapping[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        info = {"queries": self.n_queries, "failed": dict(self.failed), "wall_s": round(self.wall_s, 3)}
+        return {"input": dict(self.input), "reranked": dict(self.reranked),
+                "info": {**info, **dict(self.config)}}
+
+
+def _ir_measures() -> Any:
+    try:
+        import ir_measures
+    except ImportError:
+        raise MissingDependencyError("rag-rerank eval", "eval", "ir-measures") from None
+    return ir_measures
+
+
+# ----------------------------------------------------------------------------------------- reading
+
+
+def read_candidates(path: str | Path) -> list[CandidateQuery]:
+    """Every line of a candidates file, or an `InputError` naming each bad line."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError([Violation(path="candidates", message=f"cannot read {path}: {exc}")]) from None
+    out: list[CandidateQuery] = []
+    problems: list[Violation] = []
+    seen: set[str] = set()
+    for lineno, line in enumerate(text.split("\n"), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError as exc:
+            problems.append(Violation(path="candidates", line=lineno, message=f"not valid JSON ({exc})"))
+            continue
+        if not isinstance(row, dict):
+            problems.append(Violation(path="candidates", line=lineno, message="a line must be a JSON object"))
+            continue
+        qid, query, chunks = row.get("qid"), row.get("query"), row.get("chunks")
+        bad = []
+        if not isinstance(qid, (str, int)) or isinstance(qid, bool) or str(qid) == "":
+            bad.append("'qid' must be a non-empty string or integer")
+        if not isinstance(query, str) or not query.strip():
+            bad.append("'query' must be a non-empty string")
+        if not isinstance(chunks, list) or not all(isinstance(c, dict) and isinstance(c.get("id"), (str, int))
+                                                   and isinstance(c.get("text"), str) for c in chunks):
+            bad.append("'chunks' must be a list of {id, text} objects")
+        if bad:
+            problems += [Violation(path="candidates", line=lineno, message=m) for m in bad]
+            continue
+        ids = [str(c["id"]) for c in chunks]
+        if len(set(ids)) != len(ids):
+            dupes = sorted({i for i in ids if ids.count(i) > 1})
+            problems.append(Violation(path="candidates.chunks", line=lineno, id=str(qid),
+                                      message=f"duplicate chunk ids: {dupes[:5]}"))
+            continue
+        if str(qid) in seen:
+            problems.append(Violation(path="candidates.qid", line=lineno, id=str(qid),
+                                      message="qid appears twice"))
+            continue
+        seen.add(str(qid))
+        out.append(CandidateQuery(str(qid), query, tuple({**c, "id": str(c["id"])} for c in chunks)))
+    if problems:
+        raise InputError(problems, headline=f"invalid candidates file {path}")
+    return out
+
+
+def read_qrels(path: str | Path) -> list[Any]:
+    """TREC qrels (`qid iter docid rel`) as ir-measures Qrel tuples."""
+    irm = _ir_measures()
+    try:
+        return list(irm.read_trec_qrels(str(path)))
+    except (OSError, ValueError, IndexError) as exc:
+        raise InputError([Violation(path="qrels", message=f"cannot read TREC qrels {path}: {exc}")]) from None
+
+
+def read_subtopics(path: str | Path) -> list[Any]:
+    """TREC diversity qrels (`qid subtopic docid rel`) as Qrels with the subtopic as iteration."""
+    irm = _ir_measures()
+    out = []
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError([Violation(path="subtopics", message=f"cannot read {path}: {exc}")]) from None
+    for lineno, line in enumerate(lines, start=1):
+        parts = line.split()
+        if not parts:
+            continue
+        if len(parts) != 4 or not parts[3].lstrip("-").isdigit():
+            raise InputError([Violation(path="subtopics", line=lineno,
+                                        message="expected 'qid subtopic docid rel' with an integer rel")])
+        out.append(irm.Qrel(parts[0], parts[2], int(parts[3]), parts[1]))
+    return out
+
+
+# ----------------------------------------------------------------------------------------- runs
+
+
+def reranked_order(input_ids: Sequence[str], ranked_ids: Sequence[str]) -> list[str]:
+    """The ranked ids, then every other input id in input order (see the module docstring)."""
+    chosen = set(ranked_ids)
+    return [*ranked_ids, *(i for i in input_ids if i not in chosen)]
+
+
+def _run(orders: Mapping[str, Sequence[str]]) -> list[Any]:
+    """Strictly decreasing scores by position, so no metric library re-sorts ties by docid."""
+    irm = _ir_measures()
+    return [irm.ScoredDoc(qid, doc, float(len(ids) - pos)) for qid, ids in orders.items()
+            for pos, doc in enumerate(ids)]
+
+
+def measure(qrels: Sequence[Any], orders: Mapping[str, Sequence[str]], *, k: int = 10, rel_level: int = 1,
+            subtopics: Sequence[Any] | None = None) -> dict[str, float]:
+    """nDCG@10, Recall@k and MRR@10 (trec_eval definitions via ir-measures), averaged over the
+    queries that have judgments; plus subtopic recall and alpha-nDCG at k with subtopics."""
+    irm = _ir_measures()
+    from ir_measures import RR, R, StRecall, alpha_nDCG, nDCG
+
+    judged = {q.query_id for q in qrels}
+    orders = {q: ids for q, ids in orders.items() if q in judged}
+    recall = R(rel=rel_level) @ k if rel_level != 1 else R @ k
+    rr = RR(rel=rel_level) @ 10 if rel_level != 1 else RR @ 10
+    agg = irm.calc_aggregate([nDCG @ 10, recall, rr], qrels, _run(orders))
+    out = {"nDCG@10": agg[nDCG @ 10], f"Recall@{k}": agg[recall], "MRR@10": agg[rr]}
+    if subtopics:
+        sub_judged = {q.query_id for q in subtopics}
+        sub_orders = {q: ids for q, ids in orders.items() if q in sub_judged}
+        try:
+            agg = irm.calc_aggregate([StRecall @ k, alpha_nDCG @ k], subtopics, _run(sub_orders))
+        except ValueError as exc:  # the pyndeval provider is missing
+            raise MissingDependencyError("subtopic metrics (alpha-nDCG)", "eval", "pyndeval") from exc
+        out[f"St-recall@{k}"] = agg[StRecall @ k]
+        out[f"alpha-nDCG@{k}"] = agg[alpha_nDCG @ k]
+    return {name: float(v) for name, v in out.items()}
+
+
+def pairwise_distance(embedder: Any, texts_by_query: Sequence[Sequence[str]]) -> float:
+    """Mean over queries of the average pairwise cosine distance of each query's selected texts."""
+    values = []
+    for texts in texts_by_query:
+        if len(texts) < 2:
+            continue
+        vecs = np.asarray(embedder.embed(list(texts)), dtype=np.float64)
+        sim = vecs @ vecs.T
+        n = len(texts)
+        values.append(float((n * n - sim.sum() - (n - np.trace(sim))) / (n * (n - 1))))
+    return float(np.mean(values)) if values else 0.0
+
+
+# ----------------------------------------------------------------------------------------- reranking
+
+
+def _config(k: int, lambda_: float | None, depth: int, options: Mapping[str, Any], embedder: Any
+            ) -> dict[str, Any]:
+    backend = options.get("backend", "local")
+    return {"backend": backend if isinstance(backend, str) else str(getattr(backend, "model", backend)),
+            "model": options.get("model"), "embedder": str(getattr(embedder, "name", embedder)), "k": k,
+            "lambda": lambda_, "depth": depth, "duplicate_threshold": options.get("duplicate_threshold")}
+
+
+def _load_resume(path: Path, config: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    if not path.is_file():
+        return {}
+    done: dict[str, dict[str, Any]] = {}
+    lines = path.read_text(encoding="utf-8").split("\n")
+    for lineno, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            if lineno == len(lines) or not any(x.strip() for x in lines[lineno:]):
+                break  # a half-written last line from an interrupted run
+            raise InputError([Violation(path="resume", line=lineno, message=f"{path} is not a resume file")]
+                             ) from None
+        if "config" in rec:
+            if dict(rec["config"]) != dict(config):
+                raise InputError([Violation(path="resume", value=rec["config"],
+                                            message=f"{path} was written for another configuration "
+                                            f"{rec['config']}; use a new file")])
+            continue
+        done[str(rec["qid"])] = rec
+    return done
+
+
+def rerank_queries(
+    queries: Sequence[CandidateQuery],
+    *,
+    k: int = 10,
+    lambda_: float | None = None,
+    depth: int | None = None,
+    concurrency: int = 4,
+    progress: Callable[[int, int], None] | None = None,
+    resume: str | Path | None = None,
+    **options: Any,
+) -> tuple[dict[str, list[str]], dict[str, str]]:
+    """Ranked ids per qid (failed queries absent) and the error message per failed qid."""
+    from .batch import arerank_many
+    from .embed import get_embedder
+
+    lim = options.get("limits") or load_limits()
+    depth = lim.max_chunks if depth is None else depth
+    opts = dict(options)
+    opts["embedder"] = get_embedder(opts.get("embedder", "lexical"))
+    config = _config(k, lambda_, depth, opts, opts["embedder"])
+    path = Path(resume) if resume else None
+    done = _load_resume(path, config) if path else {}
+    if path and not path.is_file():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"config": config}) + "\n", encoding="utf-8")
+    todo = [q for q in queries if q.qid not in done]
+    total, finished = len(queries), len(queries) - len(todo)
+    if progress is not None and finished:
+        progress(finished, total)
+    # One event loop and one shared backend for all slices; a slice is a checkpoint for --resume.
+    from .rerank import make_backend
+
+    opts["backend"] = make_backend(opts.get("backend", "local"), model=opts.get("model"),
+                                   base_url=opts.get("base_url"), api_key=opts.get("api_key"),
+                                   embedder=opts["embedder"])
+    for start in range(0, len(todo), SLICE):
+        part = todo[start : start + SLICE]
+        requests = [{"query": q.query, "chunks": list(q.chunks[:depth]), "top_k": k, "lambda": lambda_}
+                    for q in part]
+
+        def tick(n: int, _total: int, base: int = finished) -> None:
+            if progress is not None:
+                progress(base + n, total)
+
+        outcomes = asyncio.run(arerank_many(requests, concurrency=concurrency, progress=tick, **opts))
+        records = []
+        for q, outcome in zip(part, outcomes, strict=True):
+            if isinstance(outcome, Exception):
+                records.append({"qid": q.qid, "error": f"{type(outcome).__name__}: {outcome}"[:500]})
+            else:
+                records.append({"qid": q.qid, "ranked": outcome.ids})
+        finished += len(part)
+        for rec in records:
+            done[rec["qid"]] = rec
+        if path:
+            with path.open("a", encoding="utf-8") as fh:
+                fh.write("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
+    ranked = {q: list(r["ranked"]) for q, r in done.items() if "ranked" in r}
+    failed = {q: str(r["error"]) for q, r in done.items() if "error" in r}
+    return ranked, failed
+
+
+def evaluate(
+    candidates: str | Path | Sequence[CandidateQuery],
+    qrels: str | Path | Sequence[Any],
+    *,
+    k: int = 10,
+    lambda_: float | None = None,
+    depth: int | None = None,
+    subtopics: str | Path | Sequence[Any] | None = None,
+    rel_level: int = 1,
+    concurrency: int = 4,
+    progress: Callable[[int, int], None] | None = None,
+    resume: str | Path | None = None,
+    distance_embedder: Any = None,
+    **options: Any,
+) -> EvalReport:
+    """Rerank every candidate query and score input vs reranked order (see the module docstring).
+
+    `options` are `rerank`'s keywords: backend, model, base_url, api_key, embedder,
+    duplicate_threshold, limits, ... `distance_embedder` (default: `embedder`) measures the
+    pairwise distance, so tables comparing several embedders can share one yardstick.
+    """
+    from .embed import get_embedder
+
+    _ir_measures()
+    if k < 1:
+        raise InputError([Violation(path="k", value=k, message=f"k must be a positive integer, got {k}")])
+    queries = read_candidates(candidates) if isinstance(candidates, (str, Path)) else list(candidates)
+    judgments = read_qrels(qrels) if isinstance(qrels, (str, Path)) else list(qrels)
+    subs = read_subtopics(subtopics) if isinstance(subtopics, (str, Path)) else subtopics
+    embedder = get_embedder(options.pop("embedder", "lexical"))
+    lim = options.get("limits") or load_limits()
+    depth_used = lim.max_chunks if depth is None else depth
+    if depth_used < 1:
+        raise InputError([Violation(path="depth", value=depth, message="depth must be a positive integer")])
+    yardstick = embedder if distance_embedder is None else get_embedder(distance_embedder)
+    started = time.perf_counter()
+    ranked, failed = rerank_queries(queries, k=k, lambda_=lambda_, depth=depth_used, concurrency=concurrency,
+                                    progress=progress, resume=resume, embedder=embedder, **options)
+    wall = time.perf_counter() - started
+    input_orders = {q.qid: q.ids for q in queries}
+    reranked_orders = {q.qid: reranked_order(q.ids, ranked.get(q.qid, [])) for q in queries}
+    text_of = {q.qid: {str(c["id"]): str(c["text"]) for c in q.chunks} for q in queries}
+    result = {}
+    for label, orders in (("input", input_orders), ("reranked", reranked_orders)):
+        metrics = measure(judgments, orders, k=k, rel_level=rel_level, subtopics=subs)
+        metrics[f"distance@{k}"] = pairwise_distance(
+            yardstick, [[text_of[q][i] for i in ids[:k]] for q, ids in orders.items()])
+        result[label] = metrics
+    config = _config(k, lambda_, depth_used, options, embedder)
+    return EvalReport(result["input"], result["reranked"], len(queries), failed, wall, config)
+
+
+# ----------------------------------------------------------------------------------------- CLI
+
+
+def format_table(report: EvalReport) -> str:
+    """Metrics as rows, input and reranked side by side with the difference."""
+    lines = [f"{'metric':<16}{'input':>10}{'reranked':>10}{'delta':>10}"]
+    for name, before in report.input.items():
+        after = report.reranked.get(name, float("nan"))
+        lines.append(f"{name:<16}{before:>10.4f}{after:>10.4f}{after - before:>+10.4f}")
+    cfg = report.config
+    lines.append(f"{report.n_queries} queries, backend {cfg.get('backend')}, embedder {cfg.get('embedder')}, "
+                 f"k {cfg.get('k')}, lambda {cfg.get('lambda')}, depth {cfg.get('depth')}, "
+                 f"{report.wall_s:.1f} s" + (f", {len(report.failed)} failed" if report.failed else ""))
+    return "\n".join(lines)
+
+
+def _progress_printer(enabled: bool) -> tuple[Callable[[int, int], None] | None, Any]:
+    if not enabled or not sys.stderr.isatty():
+        return None, None
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return None, None
+    bar = tqdm(unit="query", file=sys.stderr, leave=False)
+
+    def update(done: int, total: int) -> None:
+        bar.total = total
+        bar.n = done
+        bar.refresh()
+
+    return update, bar
+
+
+def run_eval_cli(args: Any, backend_options: Mapping[str, Any]) -> int:
+    """`rag-rerank eval`: exit 0, or 3 when some query's rerank failed (it still prints metrics)."""
+    for name in ("candidates", "qrels", "subtopics"):
+        value = getattr(args, name, None)
+        if value is not None and not Path(value).is_file():
+            raise InputError([Violation(path=f"--{name}", message=f"no such file: {value}")])
+    if args.concurrency < 1:
+        raise InputError([Violation(path="--concurrency", message="must be at least 1",
+                                    value=args.concurrency)])
+    progress, bar = _progress_printer(not args.no_progress)
+    opts = {key: v for key, v in backend_options.items() if v is not None}
+    try:
+        report = evaluate(args.candidates, args.qrels, k=args.k, lambda_=args.lambda_,
+                          depth=getattr(args, "depth", None), subtopics=args.subtopics,
+                          rel_level=getattr(args, "rel_level", 1), concurrency=args.concurrency,
+                          duplicate_threshold=getattr(args, "duplicate_threshold", None),
+                          progress=progress, resume=args.resume, **opts)
+    finally:
+        if bar is not None:
+            bar.close()
+    print(json.dumps(report.to_dict(), ensure_ascii=False) if args.json else format_table(report))
+    for qid, message in report.failed.items():
+        print(f"rag-rerank: query {qid} kept its input order: {message}", file=sys.stderr)
+    return EXIT_BACKEND if report.failed else EXIT_OK
+
+
+__all__ = ["CandidateQuery", "EvalReport", "RerankError", "evaluate", "measure", "read_candidates",
+           "read_qrels", "read_subtopics", "reranked_order", "run_eval_cli"]

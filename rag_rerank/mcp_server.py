@@ -1,0 +1,124 @@
+"""`rag-rerank mcp`: the rerank tool served over MCP stdio with the official `mcp` SDK.
+
+The tool is registered from the skill card (name `rerank_chunks`, the card's description, the
+same argument schema as the Anthropic tool), so MCP clients see exactly what the OpenAI and
+Anthropic definitions describe. The low-level `Server` is used rather than the decorator API
+because the schema must come from the card, not from a Python signature.
+
+Errors the caller can act on (bad arguments, a failing backend) come back as a tool result with
+`isError: true` and the structured error from `tools.call_tool` as JSON text, so the calling
+model sees which field is wrong; only protocol problems (an unknown tool name) are protocol
+errors. The SDK is an optional extra: without it `serve()` raises `MissingDependencyError`.
+
+Backend options for the tool calls come from the environment, so an MCP client config can pick
+them without code: RAG_RERANK_BACKEND (default local), RAG_RERANK_MODEL, RAG_RERANK_BASE_URL,
+RAG_RERANK_EMBEDDER (default lexical), RAG_RERANK_FALLBACK. API keys are read by the backends
+from their usual variables (OPENAI_API_KEY, ANTHROPIC_API_KEY).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from .errors import MissingDependencyError
+from .skill import SkillCard, load_skill
+from .tools import anthropic_tool, call_tool
+
+_ENV_OPTIONS = {
+    "backend": "RAG_RERANK_BACKEND",
+    "model": "RAG_RERANK_MODEL",
+    "base_url": "RAG_RERANK_BASE_URL",
+    "embedder": "RAG_RERANK_EMBEDDER",
+    "fallback": "RAG_RERANK_FALLBACK",
+}
+
+
+def options_from_env(env: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """The `rerank()` options an MCP client chose through environment variables."""
+    env = os.environ if env is None else env
+    return {key: env[var] for key, var in _ENV_OPTIONS.items() if env.get(var)}
+
+
+def _import_mcp() -> tuple[Any, Any, Any]:
+    try:
+        import mcp_types
+        from mcp.server.lowlevel import Server
+        from mcp.server.stdio import stdio_server
+    except ImportError:
+        raise MissingDependencyError("the MCP server", "mcp", "mcp>=2.3") from None
+    return mcp_types, Server, stdio_server
+
+
+def build_server(card: SkillCard | None = None, options: Mapping[str, Any] | None = None) -> Any:
+    """An `mcp` low-level `Server` exposing the card's tool; `options` go to every `rerank()`."""
+    types, server_cls, _ = _import_mcp()
+    card = card or load_skill()
+    definition = anthropic_tool(card)
+    opts = dict(options_from_env() if options is None else options)
+    tool = types.Tool(
+        name=definition["name"],
+        title=card.title,
+        description=definition["description"],
+        input_schema=definition["input_schema"],
+    )
+
+    async def on_list_tools(ctx: Any, params: Any) -> Any:
+        return types.ListToolsResult(tools=[tool])
+
+    async def on_call_tool(ctx: Any, params: Any) -> Any:
+        if params.name != tool.name:
+            # An unknown tool is a protocol-level mistake of the client, not a tool failure.
+            from mcp.shared.exceptions import MCPError
+
+            raise MCPError(
+                code=types.INVALID_PARAMS,
+                message=f"unknown tool {params.name!r}; this server has {tool.name!r}",
+            )
+        import anyio
+
+        # rerank() is synchronous (a network backend blocks); keep the event loop responsive.
+        try:
+            result = await anyio.to_thread.run_sync(lambda: call_tool(dict(params.arguments or {}), **opts))
+        except Exception as exc:  # a bug of ours is still a tool failure, not a broken protocol session
+            result = {"error": {"type": "internal_error", "message": f"{type(exc).__name__}: {exc}"}}
+        is_error = "error" in result
+        return types.CallToolResult(
+            content=[types.TextContent(text=json.dumps(result, ensure_ascii=False))],
+            structured_content=result,
+            is_error=is_error,
+        )
+
+    return server_cls(
+        "rag-rerank",
+        version=_version(),
+        title=card.title,
+        instructions=card.summary,
+        on_list_tools=on_list_tools,
+        on_call_tool=on_call_tool,
+    )
+
+
+def _version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("rag-rerank")
+    except Exception:  # not installed (a checkout on sys.path): the version is informational only
+        return "0"
+
+
+def serve(card: SkillCard | None = None) -> None:
+    """Serve over stdio until the client closes stdin."""
+    _, _, stdio_server = _import_mcp()
+    import anyio
+
+    server = build_server(card)
+
+    async def _run() -> None:
+        async with stdio_server() as (read_stream, write_stream):
+            await server.run(read_stream, write_stream, server.create_initialization_options())
+
+    anyio.run(_run)

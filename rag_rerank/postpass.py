@@ -1,0 +1,441 @@
+"""The diversity post-pass: turns relevance scores into a result that keeps the card's promises.
+
+The card asks the LLM to apply MMR, but a language model cannot compute similarities, so this
+stage recomputes the final selection from the (guarded) scores and real embeddings:
+
+1. chunks scored at or below the minimum score (0.2) never enter `ranked` (`below_min_score`);
+2. greedy selection over the remaining candidates, by default MMR
+   `lambda * relevance - (1 - lambda) * max_sim(candidate, selected)` with relevance = the
+   LLM's score, cosine similarity between chunk vectors, the most relevant chunk first and every
+   tie broken by input order. One similarity matrix, then O(k·n) numpy work (a running max
+   vector), no per-pair Python loops;
+3. near-duplicates: when a chunk is picked, every remaining candidate at or above the
+   embedder's duplicate threshold joins it; the most concise of that group takes the place
+   (the card: prefer the more concise) and the others go to `dropped` as
+   `redundant_with:<kept id>`. So no two ranked chunks are near-duplicates, and a
+   `redundant_with:` reason always names a ranked id;
+4. accounting: every input id exactly once, in `ranked` or in `dropped` with a machine-readable
+   reason (`redundant_with:<id>`, `below_min_score`, `not_selected`, `over_word_budget`) or the
+   LLM's own reason for a chunk it dropped itself (an LLM `redundant_with:` that no longer names a
+   ranked id is re-pointed at the kept chunk of its group, or becomes `not_selected`);
+5. a `diversity_note` on each ranked chunk whose place differs from plain relevance order.
+
+Layouts: `mmr` (default), `diversity` (Haystack's greedy order: the chunk closest to the query
+first, then the one least similar on average to those already picked; lambda unused) and
+`lost_in_the_middle` (MMR selection laid out best-at-both-ends, `[1 3 5 7 9 10 8 6 4 2]`).
+`word_budget` keeps whole chunks in selection order up to and including the one that crosses it.
+
+The pipeline asks the model for `candidate_k = min(n, max(2*top_k, top_k+5))` scored chunks
+(`rerank.candidate_k`), so that MMR and de-duplication have something to promote; this module
+accepts any number of scored chunks and returns at most `request.top_k`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .embed import (
+    CALLER_DUPLICATE_THRESHOLD,
+    Embedder,
+    chunk_vectors,
+    embed_texts,
+    get_embedder,
+    query_vector,
+)
+from .errors import InputError, Violation
+from .guard.limits import load_limits
+from .models import Dropped, Ranked, RerankRequest, RerankResult, RunMeta
+
+LAYOUTS = ("mmr", "diversity", "lost_in_the_middle")
+REDUNDANT = "redundant_with:"
+BELOW_MIN = "below_min_score"
+NOT_SELECTED = "not_selected"
+OVER_BUDGET = "over_word_budget"
+
+
+# --------------------------------------------------------------------------- the algorithms
+
+
+def mmr(relevance: np.ndarray, sim: np.ndarray, k: int, lambda_: float) -> list[int]:
+    """Greedy MMR: indices of at most `k` items in selection order.
+
+    The first pick is the most relevant item (for lambda = 0 every item would tie on an empty
+    selection; relevance is the only sensible opener). Then each step takes the argmax of
+    `lambda*rel - (1-lambda)*max_sim(item, selected)`; `np.argmax` returns the first maximum, so
+    ties go to the earlier input. Cost: k steps of O(n) vector work after the similarity matrix.
+    """
+    rel = np.asarray(relevance, dtype=np.float64)
+    n = rel.shape[0]
+    k = max(0, min(int(k), n))
+    if k == 0:
+        return []
+    s = np.asarray(sim, dtype=np.float64)
+    lam = float(lambda_)
+    first = int(np.argmax(rel))
+    picked = [first]
+    available = np.ones(n, dtype=bool)
+    available[first] = False
+    max_sim = s[first].copy()
+    weighted_rel = lam * rel
+    for _ in range(k - 1):
+        score = weighted_rel - (1.0 - lam) * max_sim
+        score[~available] = -np.inf
+        nxt = int(np.argmax(score))
+        picked.append(nxt)
+        available[nxt] = False
+        np.maximum(max_sim, s[nxt], out=max_sim)
+    return picked
+
+
+def lost_in_the_middle(order: Sequence[int]) -> list[int]:
+    """Best items at both ends: ranks 1..10 become [1 3 5 7 9 10 8 6 4 2] (odd counts alike)."""
+    items = list(order)
+    return items[0::2] + items[1::2][::-1]
+
+
+@dataclass(frozen=True)
+class Selection:
+    """What the greedy loop decided, in candidate-local indices."""
+
+    picked: tuple[int, ...]
+    redundant: dict[int, int]  # candidate -> kept candidate it duplicates
+    replaced: dict[int, int]  # kept candidate -> the pick it stood in for (the more concise one)
+    promoted_over: dict[int, tuple[int, float, int]]  # kept -> (more relevant skipped, its max_sim, to whom)
+
+
+def select(
+    rel: np.ndarray,
+    sim: np.ndarray,
+    k: int,
+    *,
+    lambda_: float,
+    lengths: np.ndarray,
+    threshold: float,
+    layout: str = "mmr",
+    query_sim: np.ndarray | None = None,
+) -> Selection:
+    """Greedy selection with near-duplicate grouping (see the module docstring, steps 2-3).
+
+    Invariant: every still-available candidate is below `threshold` against every picked one,
+    because picking a chunk removes everything at or above the threshold against it.
+    """
+    n = rel.shape[0]
+    available = np.ones(n, dtype=bool)
+    max_sim = np.full(n, -np.inf)
+    max_src = np.full(n, -1, dtype=np.int64)
+    sum_sim = np.zeros(n)
+    weighted_rel = lambda_ * rel
+    picked: list[int] = []
+    redundant: dict[int, int] = {}
+    replaced: dict[int, int] = {}
+    promoted: dict[int, tuple[int, float, int]] = {}
+    while len(picked) < k and available.any():
+        if not picked:
+            opener = query_sim if (layout == "diversity" and query_sim is not None) else rel
+            score = opener.copy()
+        elif layout == "diversity":
+            score = -sum_sim  # least similar on average to those picked (same divisor for all)
+        else:
+            score = weighted_rel - (1.0 - lambda_) * max_sim
+        score[~available] = -np.inf
+        choice = int(np.argmax(score))
+        group = available & (sim[choice] >= threshold)
+        group[choice] = True
+        members = np.flatnonzero(group)
+        keep = int(members[np.lexsort((members, -rel[members], lengths[members]))[0]])
+        if picked:
+            rel_masked = np.where(available, rel, -np.inf)
+            best = int(np.argmax(rel_masked))
+            if rel[best] > rel[choice] and best != keep and best not in members:
+                promoted[keep] = (best, float(max_sim[best]), int(max_src[best]))
+        if keep != choice:
+            replaced[keep] = choice
+        picked.append(keep)
+        available[keep] = False
+        dups = available & (sim[keep] >= threshold)
+        dups[choice] = dups[choice] or choice != keep
+        for j in np.flatnonzero(dups):
+            redundant[int(j)] = keep
+        available &= ~dups
+        row = sim[keep]
+        closer = row > max_sim
+        max_src[closer] = keep
+        np.maximum(max_sim, row, out=max_sim)
+        sum_sim += row
+    return Selection(tuple(picked), redundant, replaced, promoted)
+
+
+# --------------------------------------------------------------------------- the post-pass
+
+
+def _check_args(
+    request: RerankRequest,
+    scored: Sequence[Ranked],
+    llm_dropped: Sequence[Dropped],
+    layout: str,
+    word_budget: Any,
+    duplicate_threshold: Any,
+    min_score: Any,
+) -> list[Violation]:
+    problems: list[Violation] = []
+    if layout not in LAYOUTS:
+        problems.append(
+            Violation(
+                path="layout",
+                value=layout,
+                message=f"unknown layout {layout!r}; choose one of {', '.join(LAYOUTS)}",
+            )
+        )
+    if word_budget is not None and (
+        isinstance(word_budget, bool) or not isinstance(word_budget, int) or word_budget < 1
+    ):
+        problems.append(
+            Violation(
+                path="word_budget",
+                value=word_budget,
+                message=f"word_budget must be a positive integer or None, got {word_budget!r}",
+            )
+        )
+    for name, value in (("duplicate_threshold", duplicate_threshold), ("min_score", min_score)):
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
+        ):
+            problems.append(
+                Violation(path=name, value=value, message=f"{name} must be a finite number, got {value!r}")
+            )
+    ids = set(request.ids)
+    seen: dict[str, str] = {}
+    for section, items in (("scored", scored), ("dropped", llm_dropped)):
+        for i, item in enumerate(items):
+            where = f"{section}[{i}]"
+            if item.id not in ids:
+                problems.append(
+                    Violation(path=f"{where}.id", id=item.id, message=f"{item.id!r} is not an input id")
+                )
+            elif item.id in seen:
+                problems.append(
+                    Violation(
+                        path=f"{where}.id",
+                        id=item.id,
+                        message=f"id {item.id!r} appears twice (first at {seen[item.id]})",
+                    )
+                )
+            else:
+                seen[item.id] = where
+            if section == "scored":
+                score = item.score  # type: ignore[union-attr]
+                if isinstance(score, bool) or not isinstance(score, (int, float)) or not math.isfinite(score):
+                    problems.append(
+                        Violation(
+                            path=f"{where}.score",
+                            id=item.id,
+                            value=score,
+                            message="score must be a finite number",
+                        )
+                    )
+    return problems
+
+
+def _resolve_vectors(
+    request: RerankRequest, embedder: str | Embedder | None, need_query: bool, query_vec: Any
+) -> tuple[np.ndarray, np.ndarray | None, str, float, list[str]]:
+    """(chunk vectors, query vector or None, embedder name, default duplicate threshold, notes)."""
+    notes: list[str] = []
+    vectors = chunk_vectors(request.chunks)
+    if vectors is not None:
+        q = query_vector(query_vec, vectors.shape[1])
+        if need_query and q is None:
+            notes.append("layout diversity without a query vector: opened with the most relevant chunk")
+        return vectors, q, "caller", CALLER_DUPLICATE_THRESHOLD, notes
+    emb = get_embedder(embedder)
+    texts = [c.text for c in request.chunks]
+    if need_query:
+        both = embed_texts(emb, [request.query, *texts])
+        q_row: np.ndarray | None = both[:1]
+        vectors = both[1:]
+    else:
+        vectors, q_row = embed_texts(emb, texts), None
+    threshold = float(getattr(emb, "duplicate_threshold", CALLER_DUPLICATE_THRESHOLD))
+    return vectors, q_row, str(getattr(emb, "name", type(emb).__name__)), threshold, notes
+
+
+def _similarity(vectors: np.ndarray) -> np.ndarray:
+    """Cosine matrix in float64, made exactly symmetric (BLAS need not give sim[i,j] == sim[j,i])."""
+    v = vectors.astype(np.float64)
+    s = v @ v.T
+    return (s + s.T) * 0.5
+
+
+def _concise_length(text: str) -> int:
+    return len(" ".join(text.split()))
+
+
+def postpass(
+    request: RerankRequest,
+    scored: Sequence[Ranked],
+    llm_dropped: Sequence[Dropped] = (),
+    *,
+    embedder: str | Embedder | None = "lexical",
+    duplicate_threshold: float | None = None,
+    layout: str = "mmr",
+    word_budget: int | None = None,
+    min_score: float | None = None,
+    query_vector: Sequence[float] | np.ndarray | None = None,
+) -> RerankResult:
+    """The final `RerankResult` from relevance scores (module docstring: what and why).
+
+    `scored` may hold more than `request.top_k` items; `llm_dropped` are the chunks the model
+    dropped itself. Chunk vectors come from the chunk records when every chunk carries one
+    (`query_vector` is then the optional query vector for layout "diversity"), else from
+    `embedder`. `duplicate_threshold` defaults to the embedder's (0.95 for caller vectors); a
+    value above 1 disables de-duplication. `min_score` defaults to the limits' 0.2. Bad
+    arguments raise `InputError` naming each one; `meta` holds only the embedder and notes.
+    """
+    problems = _check_args(request, scored, llm_dropped, layout, word_budget, duplicate_threshold, min_score)
+    if problems:
+        raise InputError(problems, headline="invalid post-pass arguments")
+    floor = load_limits().min_score if min_score is None else float(min_score)
+    chunks = request.chunks
+    if not chunks:
+        return RerankResult(ranked=(), dropped=(), meta=RunMeta(embedder=None))
+    index = {c.id: i for i, c in enumerate(chunks)}
+    score_of = {r.id: r for r in scored}
+    llm_reason = {d.id: d.reason for d in llm_dropped}
+
+    vectors, q_row, emb_name, default_thr, notes = _resolve_vectors(
+        request, embedder, layout == "diversity", query_vector
+    )
+    threshold = default_thr if duplicate_threshold is None else float(duplicate_threshold)
+    sim_all = _similarity(vectors)
+
+    cand = np.array(sorted(index[r.id] for r in scored if r.score > floor), dtype=np.int64)
+    rel = np.array([score_of[chunks[i].id].score for i in cand], dtype=np.float64)
+    sim = sim_all[np.ix_(cand, cand)]
+    lengths = np.array([_concise_length(chunks[i].text) for i in cand], dtype=np.int64)
+    q_sim = None
+    if q_row is not None:
+        q_sim = (vectors.astype(np.float64) @ q_row.astype(np.float64).ravel())[cand]
+    sel = select(
+        rel,
+        sim,
+        request.top_k,
+        lambda_=request.lambda_,
+        lengths=lengths,
+        threshold=threshold,
+        layout=layout,
+        query_sim=q_sim,
+    )
+
+    picked = list(sel.picked)
+    reasons: dict[int, str] = {}  # global chunk index -> dropped reason
+    if word_budget is not None:
+        used, cut = 0, len(picked)
+        for pos, local in enumerate(picked):
+            used += len(chunks[cand[local]].text.split())
+            if used >= word_budget:
+                cut = pos + 1
+                break
+        for local in picked[cut:]:
+            reasons[int(cand[local])] = OVER_BUDGET
+        picked = picked[:cut]
+    final = lost_in_the_middle(picked) if layout == "lost_in_the_middle" else picked
+    ranked_global = [int(cand[j]) for j in final]
+    ranked_set = set(ranked_global)
+    kept_of: dict[int, int] = {}  # global -> global kept representative (duplicates)
+    for local, keep in sel.redundant.items():
+        kept_of[int(cand[local])] = int(cand[keep])
+
+    ranked = [_ranked_item(chunks, score_of, cand, sel, picked, final, j, rel, layout) for j in final]
+
+    for i, chunk in enumerate(chunks):
+        if i in ranked_set or i in reasons:
+            continue
+        if chunk.id in score_of and score_of[chunk.id].score <= floor:
+            reasons[i] = BELOW_MIN
+        elif i in kept_of:
+            reasons[i] = (REDUNDANT + chunks[kept_of[i]].id) if kept_of[i] in ranked_set else NOT_SELECTED
+        elif chunk.id in score_of:
+            reasons[i] = NOT_SELECTED
+        else:
+            reasons[i] = _unscored_reason(
+                i, llm_reason.get(chunk.id), chunks, index, kept_of, ranked_set, sim_all, threshold
+            )
+    dropped = tuple(
+        Dropped(id=chunks[i].id, reason=reasons[i]) for i in range(len(chunks)) if i not in ranked_set
+    )
+    return RerankResult(
+        ranked=tuple(ranked), dropped=dropped, meta=RunMeta(embedder=emb_name, notes=tuple(notes))
+    )
+
+
+def _ranked_item(
+    chunks: Sequence[Any],
+    score_of: dict[str, Ranked],
+    cand: np.ndarray,
+    sel: Selection,
+    picked: list[int],
+    final: list[int],
+    local: int,
+    rel: np.ndarray,
+    layout: str,
+) -> Ranked:
+    """The model's score and reason verbatim, plus a note when this stage moved the chunk."""
+    chunk = chunks[cand[local]]
+    src = score_of[chunk.id]
+    notes: list[str] = []
+    if local in sel.replaced:
+        other = sel.replaced[local]
+        notes.append(
+            f"kept as the more concise of near-duplicates; {chunks[cand[other]].id} "
+            f"(score {rel[other]:.2f}) dropped as redundant"
+        )
+    if local in sel.promoted_over:
+        skipped, s, src_sel = sel.promoted_over[local]
+        via = f" with {chunks[cand[src_sel]].id}" if src_sel >= 0 else ""
+        what = "MMR" if layout != "diversity" else "diversity order"
+        notes.append(
+            f"{what} placed this above {chunks[cand[skipped]].id} (score {rel[skipped]:.2f}, "
+            f"cosine {s:.2f}{via})"
+        )
+    sel_pos = picked.index(local)
+    rel_pos = int(np.sum((rel > rel[local]) | ((rel == rel[local]) & (np.arange(len(rel)) < local))))
+    if not notes and sel_pos > rel_pos and layout != "lost_in_the_middle":
+        notes.append(f"demoted from relevance rank {rel_pos + 1} to {sel_pos + 1} for diversity")
+    pos = final.index(local)
+    if layout == "lost_in_the_middle" and pos != sel_pos:
+        notes.append(f"lost-in-the-middle layout: selection rank {sel_pos + 1} placed at position {pos + 1}")
+    note = "; ".join(notes) if notes else src.diversity_note
+    return Ranked(id=chunk.id, score=src.score, reason=src.reason, diversity_note=note)
+
+
+def _unscored_reason(
+    i: int,
+    llm: str | None,
+    chunks: Sequence[Any],
+    index: dict[str, int],
+    kept_of: dict[int, int],
+    ranked_set: set[int],
+    sim_all: np.ndarray,
+    threshold: float,
+) -> str:
+    """The LLM's own reason when it still holds; otherwise a duplicate of a ranked chunk, or not selected."""
+    if llm is not None and not llm.startswith(REDUNDANT):
+        return llm
+    if llm is not None:
+        target = index.get(llm[len(REDUNDANT) :])
+        if target in ranked_set:
+            return llm
+        if target is not None and kept_of.get(target) in ranked_set:
+            return REDUNDANT + chunks[kept_of[target]].id
+    if ranked_set:
+        ranked_idx = np.array(sorted(ranked_set))
+        row = sim_all[i, ranked_idx]
+        best = int(np.argmax(row))
+        if row[best] >= threshold:
+            return REDUNDANT + chunks[int(ranked_idx[best])].id
+    return NOT_SELECTED

@@ -1,0 +1,392 @@
+"""The pipeline: one call from a query and chunks to a `RerankResult`.
+
+    validate_request ─► render (candidate_k) ─► call_with_retries (backend + output guard)
+                     ─► postpass (MMR, duplicates, min score, accounting) ─► RerankResult + meta
+
+This module only wires stages together; each stage is owned elsewhere. Two decisions live here:
+
+* **candidate_k.** The model is asked for more than `top_k` candidates,
+  `candidate_k = min(n, max(2 * top_k, top_k + 5))`, and the output guard judges it against
+  that number. The post-pass then picks the final `top_k`: if the model only returned `top_k`,
+  removing one near-duplicate would leave MMR nothing to promote in its place.
+* **fallback.** With `fallback="local"`, a `BackendError` (every attempt failed) is answered with
+  the local backend's ranking instead of an exception; `meta.fallback` says so and `meta.notes`
+  carries the error summary, with any API key redacted.
+
+The caller's query, chunk list and dicts are only read: the input guard builds new frozen
+`Chunk`s and nothing downstream touches the originals.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from .backends.base import Backend
+from .errors import BackendError, InputError, Violation
+from .guard import validate_request
+from .guard.input import ChunkSource
+from .guard.limits import Limits, load_limits
+from .models import Dropped, Ranked, RerankRequest, RerankResult, RunMeta
+from .render import render
+
+BACKENDS = ("local", "openai", "anthropic")
+_KEY_ENV = ("OPENAI_API_KEY", "ANTHROPIC_API_KEY")
+
+
+def candidate_k(n_chunks: int, top_k: int) -> int:
+    """How many ranked candidates to ask the model for (see the module docstring)."""
+    return max(1, min(n_chunks, max(2 * top_k, top_k + 5)))
+
+
+def make_backend(
+    name: str | Backend,
+    *,
+    model: str | None = None,
+    base_url: str | None = None,
+    api_key: str | None = None,
+    embedder: Any = "lexical",
+    **kw: Any,
+) -> Backend:
+    """A backend instance from its name; an instance is returned unchanged.
+
+    Build one and pass it to many `rerank` calls to reuse its HTTP connection pool.
+    """
+    if not isinstance(name, str):
+        return name
+    if name == "local":
+        from .backends.local import LocalBackend
+
+        return LocalBackend(embedder=embedder, **kw)
+    if name == "openai":
+        from .backends.openai import OpenAIBackend
+
+        return OpenAIBackend(model=model, base_url=base_url, api_key=api_key, **kw)
+    if name == "anthropic":
+        from .backends.anthropic import AnthropicBackend
+
+        return AnthropicBackend(model=model, base_url=base_url, api_key=api_key, **kw)
+    raise InputError(
+        [
+            Violation(
+                path="backend",
+                message=f"unknown backend {name!r}; choose one of {', '.join(BACKENDS)}",
+                value=name,
+            )
+        ]
+    )
+
+
+def _resolve_embedder(spec: Any) -> Any:
+    from .embed import get_embedder
+
+    return get_embedder(spec)
+
+
+def redact(text: str, secrets: Sequence[str | None]) -> str:
+    """`text` with every secret replaced by `***`, so an API key never reaches meta or a log."""
+    for secret in secrets:
+        if secret and len(secret) >= 6:
+            text = text.replace(secret, "***")
+    return text
+
+
+def _secrets(api_key: str | None) -> list[str | None]:
+    return [api_key, *(os.environ.get(name) for name in _KEY_ENV)]
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """Everything decided before the backend is called, shared by the sync and async paths."""
+
+    request: RerankRequest  # the caller's request, top_k as asked
+    ask: RerankRequest  # the same chunks with top_k = candidate_k, what the model is shown
+    prompt: str
+    backend: Backend
+    backend_name: str
+    embedder: Any
+    limits: Limits
+    started: float
+
+
+def _plan(
+    query: Any,
+    chunks: ChunkSource,
+    top_k: Any,
+    lambda_: Any,
+    *,
+    backend: str | Backend,
+    model: str | None,
+    base_url: str | None,
+    api_key: str | None,
+    embedder: Any,
+    limits: Limits | None,
+) -> _Plan:
+    started = time.perf_counter()
+    lim = limits or load_limits()
+    request = validate_request(query, chunks, top_k, lambda_, limits=lim)
+    emb = _resolve_embedder(embedder)
+    be = make_backend(backend, model=model, base_url=base_url, api_key=api_key, embedder=emb)
+    ask = replace(request, top_k=candidate_k(len(request.chunks), request.top_k))
+    name = backend if isinstance(backend, str) else str(getattr(be, "name", type(be).__name__))
+    return _Plan(request, ask, render(ask), be, name, emb, lim, started)
+
+
+def _scored(obj: Mapping[str, Any]) -> tuple[list[Ranked], list[Dropped]]:
+    """The guarded output object as value types (the guard already checked every field)."""
+    ranked = [
+        Ranked(
+            id=r["id"], score=float(r["score"]), reason=r["reason"], diversity_note=r.get("diversity_note")
+        )
+        for r in obj.get("ranked", ())
+    ]
+    dropped = [Dropped(id=d["id"], reason=d["reason"]) for d in obj.get("dropped", ()) or ()]
+    return ranked, dropped
+
+
+def _postpass(
+    plan: _Plan, obj: Mapping[str, Any], layout: str, duplicate_threshold: float | None
+) -> RerankResult:
+    from .postpass import postpass
+
+    ranked, dropped = _scored(obj)
+    return postpass(
+        plan.request,
+        ranked,
+        dropped,
+        embedder=plan.embedder,
+        duplicate_threshold=duplicate_threshold,
+        layout=layout,
+        min_score=plan.limits.min_score,
+    )
+
+
+def _meta(
+    plan: _Plan,
+    *,
+    model: str | None,
+    attempts: int,
+    repairs: Sequence[str],
+    usage: Mapping[str, int],
+    fallback: str | None = None,
+    notes: Sequence[str] = (),
+) -> RunMeta:
+    return RunMeta(
+        backend=plan.backend_name,
+        model=model,
+        attempts=attempts,
+        repairs=tuple(repairs),
+        usage=dict(usage),
+        latency_ms=(time.perf_counter() - plan.started) * 1000.0,
+        fallback=fallback,
+        embedder=_embedder_name(plan),
+        notes=tuple(notes),
+    )
+
+
+def _embedder_name(plan: _Plan) -> str:
+    """What the post-pass compared: the caller's vectors when every chunk carries one."""
+    if all(c.embedding is not None for c in plan.request.chunks):
+        return "caller"
+    return str(getattr(plan.embedder, "name", plan.embedder))
+
+
+def _finish(plan: _Plan, outcome: Any, layout: str, duplicate_threshold: float | None) -> RerankResult:
+    result = _postpass(plan, outcome.obj, layout, duplicate_threshold)
+    model = outcome.model or getattr(plan.backend, "model", None)
+    notes = [*getattr(outcome, "notes", ())]
+    if plan.ask.top_k != plan.request.top_k:
+        notes.append(f"candidate_k={plan.ask.top_k}")
+    meta = _meta(
+        plan,
+        model=model,
+        attempts=len(outcome.attempts),
+        repairs=outcome.repairs,
+        usage=outcome.usage,
+        notes=notes,
+    )
+    return replace(result, meta=meta)
+
+
+def _fallback_result(
+    plan: _Plan,
+    error: BackendError,
+    api_key: str | None,
+    policy: Any,
+    layout: str,
+    duplicate_threshold: float | None,
+) -> RerankResult:
+    """The local ranking after `error`, flagged in meta; re-raises `error` if local fails too."""
+    from .retry import call_with_retries
+
+    local = make_backend("local", embedder=plan.embedder)
+    try:
+        outcome = call_with_retries(
+            local, plan.ask, plan.prompt, guard_top_k=plan.ask.top_k, policy=policy, limits=plan.limits
+        )
+    except BackendError:
+        raise _redacted(error, api_key) from None
+    result = _postpass(plan, outcome.obj, layout, duplicate_threshold)
+    summary = redact(str(error), _secrets(api_key))
+    meta = _meta(
+        plan,
+        model=outcome.model or getattr(local, "model", None),
+        attempts=len(error.attempts) + len(outcome.attempts),
+        repairs=outcome.repairs,
+        usage=outcome.usage,
+        fallback="local",
+        notes=(f"{plan.backend_name} failed after {len(error.attempts)} attempt(s): {summary}",),
+    )
+    return replace(result, meta=meta)
+
+
+def _redacted(error: BackendError, api_key: str | None) -> BackendError:
+    """The same failure with any API key removed from its text (attempt details come from SDKs)."""
+    secrets = _secrets(api_key)
+    text = str(error)
+    if redact(text, secrets) == text:
+        return error
+    attempts = [replace(a, detail=redact(a.detail, secrets)) for a in error.attempts]
+    head = redact(text.split(" [#", 1)[0], secrets)
+    return BackendError(head, attempts)
+
+
+def rerank(
+    query: str,
+    chunks: ChunkSource,
+    top_k: int | None = None,
+    lambda_: float | None = None,
+    *,
+    backend: str | Backend = "local",
+    model: str | None = None,
+    base_url: str | None = None,
+    api_key: str | None = None,
+    embedder: Any = "lexical",
+    fallback: str | None = None,
+    policy: Any = None,
+    limits: Limits | None = None,
+    layout: str = "mmr",
+    duplicate_threshold: float | None = None,
+    strict: bool = False,
+) -> RerankResult:
+    """Rerank `chunks` for `query`: at most `top_k` ranked (default 5), MMR with `lambda_` (default 0.7).
+
+    `chunks` is JSONL text, a path, or a list of dicts / `Chunk`s. `backend` is "local" (offline,
+    deterministic), "openai" (any OpenAI-compatible server through `base_url`), "anthropic", or a
+    backend instance. `embedder` drives the post-pass (MMR similarity, near-duplicates): "lexical",
+    "sentence-transformers[:MODEL]", "openai[:MODEL]" or an Embedder. `strict=True` turns off the
+    formatting-only repair (fences, prose, <think>) so the model's raw text must pass as is.
+    `fallback="local"` returns the local ranking, flagged in `meta`, if the backend fails for good.
+
+    Raises `InputError` for bad input and `BackendError` (every attempt attached) when the backend
+    fails and there is no fallback.
+    """
+    _check_fallback(fallback)
+    plan = _plan(
+        query,
+        chunks,
+        top_k,
+        lambda_,
+        backend=backend,
+        model=model,
+        base_url=base_url,
+        api_key=api_key,
+        embedder=embedder,
+        limits=limits,
+    )
+    from .retry import call_with_retries
+
+    try:
+        outcome = call_with_retries(
+            plan.backend,
+            plan.ask,
+            plan.prompt,
+            guard_top_k=plan.ask.top_k,
+            policy=policy,
+            limits=plan.limits,
+            repair=not strict,
+        )
+    except BackendError as exc:
+        if fallback != "local" or plan.backend_name == "local":
+            raise _redacted(exc, api_key) from None
+        return _fallback_result(plan, exc, api_key, policy, layout, duplicate_threshold)
+    return _finish(plan, outcome, layout, duplicate_threshold)
+
+
+async def arerank(
+    query: str,
+    chunks: ChunkSource,
+    top_k: int | None = None,
+    lambda_: float | None = None,
+    *,
+    backend: str | Backend = "local",
+    model: str | None = None,
+    base_url: str | None = None,
+    api_key: str | None = None,
+    embedder: Any = "lexical",
+    fallback: str | None = None,
+    policy: Any = None,
+    limits: Limits | None = None,
+    layout: str = "mmr",
+    duplicate_threshold: float | None = None,
+    strict: bool = False,
+) -> RerankResult:
+    """`rerank` for asyncio: the backend call is awaited (the backend's `acomplete`), so many
+    requests share one event loop. Arguments, result and errors are those of `rerank`."""
+    _check_fallback(fallback)
+    plan = _plan(
+        query,
+        chunks,
+        top_k,
+        lambda_,
+        backend=backend,
+        model=model,
+        base_url=base_url,
+        api_key=api_key,
+        embedder=embedder,
+        limits=limits,
+    )
+    from .retry import acall_with_retries
+
+    try:
+        outcome = await acall_with_retries(
+            plan.backend,
+            plan.ask,
+            plan.prompt,
+            guard_top_k=plan.ask.top_k,
+            policy=policy,
+            limits=plan.limits,
+            repair=not strict,
+        )
+    except BackendError as exc:
+        if fallback != "local" or plan.backend_name == "local":
+            raise _redacted(exc, api_key) from None
+        return await _offload(plan, _fallback_result, plan, exc, api_key, policy, layout, duplicate_threshold)
+    return await _offload(plan, _finish, plan, outcome, layout, duplicate_threshold)
+
+
+async def _offload(plan: _Plan, func: Any, *args: Any) -> RerankResult:
+    """Run a post-pass inline when it is cheap (lexical / caller vectors: well under a millisecond
+    per chunk); in a worker thread when the embedder is a model or an HTTP endpoint, so that one
+    request's embedding does not stall every other request on the event loop."""
+    name = _embedder_name(plan)
+    if name.startswith("lexical") or name == "caller":
+        return func(*args)
+    return await asyncio.to_thread(func, *args)
+
+
+def _check_fallback(fallback: str | None) -> None:
+    if fallback not in (None, "local"):
+        raise InputError(
+            [
+                Violation(
+                    path="fallback",
+                    value=fallback,
+                    message=f"fallback must be None or 'local', got {fallback!r}",
+                )
+            ]
+        )

@@ -1,0 +1,334 @@
+"""The single owner of retries: every failure is classified first, then handled by its own rule.
+
+  transient  (429, 5xx, 529 overloaded, timeouts, connection errors)
+             -> exponential backoff with jitter; a server's Retry-After / retry-after-ms wins
+  invalid    (the output guard rejected the answer)
+             -> re-ask, at most `max_reasks` times, quoting every violation to the model
+  truncated  (finish_reason "length" / stop_reason "max_tokens" and not a valid answer)
+             -> one retry with a larger output budget; not a re-ask, the model did nothing wrong
+  fatal      (auth, bad request, not found, refusal)
+             -> fail fast
+
+Everything is bounded three ways: attempts in total, attempts per kind, and a wall-clock
+deadline (a wait that would cross the deadline is not started). tenacity drives the loop; the SDKs
+run with max_retries=0 so no hidden second retry layer multiplies the attempts. Every attempt is
+recorded as an `Attempt`, returned in `Outcome` or carried by the final `BackendError`;
+`Attempt.wait_s` is the wait taken *after* that attempt, before the next one (0 for the last).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from tenacity import AsyncRetrying, RetryCallState, Retrying, retry_if_exception_type
+
+from .backends.base import Backend, BackendFailure, Completion, TransientFailure
+from .errors import Attempt, BackendError, InputError, Violation
+from .guard.limits import Limits
+from .guard.output import judge
+from .guard.repair import repair_output
+from .models import RerankRequest
+
+log = logging.getLogger("rag_rerank.retry")
+
+
+def _default_uniform(a: float, b: float) -> float:
+    return random.uniform(a, b)
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How hard to try. The defaults suit a hosted API; tests inject `sleep` to observe waits.
+
+    `max_tokens=None` estimates the output budget from the request (ids, top_k, chunk count).
+    """
+
+    max_attempts: int = 6
+    max_reasks: int = 2
+    max_truncation_retries: int = 1
+    deadline_s: float = 120.0
+    initial_wait_s: float = 0.5
+    multiplier: float = 2.0
+    max_wait_s: float = 20.0
+    jitter_s: float = 0.25
+    max_tokens: int | None = None
+    max_tokens_cap: int = 8192
+    truncation_factor: float = 2.0
+    sleep: Callable[[float], None] = field(default=time.sleep, repr=False)
+    asleep: Callable[[float], Awaitable[None]] = field(default=asyncio.sleep, repr=False)
+    clock: Callable[[], float] = field(default=time.monotonic, repr=False)
+    uniform: Callable[[float, float], float] = field(default=_default_uniform, repr=False)
+
+    def __post_init__(self) -> None:
+        bad: list[Violation] = []
+
+        def need(ok: bool, name: str, rule: str) -> None:
+            if not ok:
+                bad.append(Violation(path=f"policy.{name}", message=rule, value=getattr(self, name)))
+
+        need(isinstance(self.max_attempts, int) and self.max_attempts >= 1, "max_attempts",
+             "must be an int >= 1")
+        need(isinstance(self.max_reasks, int) and 0 <= self.max_reasks <= 5, "max_reasks",
+             "must be an int in [0, 5]")
+        need(isinstance(self.max_truncation_retries, int) and 0 <= self.max_truncation_retries <= 3,
+             "max_truncation_retries", "must be an int in [0, 3]")
+        need(self.deadline_s > 0, "deadline_s", "must be > 0 seconds")
+        need(self.initial_wait_s >= 0, "initial_wait_s", "must be >= 0")
+        need(self.multiplier >= 1, "multiplier", "must be >= 1")
+        need(self.max_wait_s >= self.initial_wait_s, "max_wait_s", "must be >= initial_wait_s")
+        need(self.jitter_s >= 0, "jitter_s", "must be >= 0")
+        need(self.max_tokens is None or (isinstance(self.max_tokens, int) and self.max_tokens >= 16),
+             "max_tokens", "must be None or an int >= 16")
+        need(isinstance(self.max_tokens_cap, int) and self.max_tokens_cap >= 16, "max_tokens_cap",
+             "must be an int >= 16")
+        need(self.truncation_factor > 1, "truncation_factor", "must be > 1")
+        if bad:
+            raise InputError(bad, headline="invalid retry policy")
+
+    def backoff(self, n: int) -> float:
+        """Wait before the retry following the n-th transient failure (n >= 1), jitter included."""
+        base = min(self.max_wait_s, self.initial_wait_s * self.multiplier ** (n - 1))
+        return base + (self.uniform(0.0, self.jitter_s) if self.jitter_s else 0.0)
+
+    def output_budget(self, request: RerankRequest, guard_top_k: int) -> int:
+        """max_tokens for the first attempt: room for every chunk's entry plus slack."""
+        if self.max_tokens is not None:
+            return min(self.max_tokens, self.max_tokens_cap)
+        n = len(request.chunks)
+        id_tokens = sum(len(c.id) for c in request.chunks) // 3 + n
+        ranked = min(guard_top_k, n)
+        estimate = 64 + ranked * 70 + (n - ranked) * 24 + id_tokens
+        return max(512, min(self.max_tokens_cap, estimate))
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """A guard-valid answer and how it was obtained."""
+
+    obj: dict[str, Any]
+    attempts: tuple[Attempt, ...]
+    repairs: tuple[str, ...]
+    usage: Mapping[str, int]
+    model: str | None
+    notes: tuple[str, ...] = ()
+    text: str = ""  # the accepted raw text after repairs
+
+
+# --- internal control flow -----------------------------------------------------------------
+
+class _Retry(Exception):
+    """An attempt failed in a way one of the retry rules handles."""
+
+    def __init__(self, kind: str, retry_after: float | None = None) -> None:
+        self.kind = kind
+        self.retry_after = retry_after
+        super().__init__(kind)
+
+
+class _Fatal(Exception):
+    """An attempt failed in a way no retry can fix."""
+
+
+class _Run:
+    """Mutable state of one call_with_retries invocation (never shared between calls)."""
+
+    def __init__(self, backend: Backend, request: RerankRequest, prompt: str, guard_top_k: int,
+                 policy: RetryPolicy, limits: Limits | None, repair: bool) -> None:
+        self.backend, self.request, self.prompt = backend, request, prompt
+        self.guard_top_k, self.policy, self.limits, self.repair = guard_top_k, policy, limits, repair
+        self.attempts: list[Attempt] = []
+        self.counts = {"transient": 0, "invalid_output": 0, "truncated": 0}
+        self.feedback: tuple[Violation, ...] = ()
+        self.previous: str | None = None
+        self.max_tokens = policy.output_budget(request, guard_top_k)
+        self.usage: dict[str, int] = {}
+        self.notes: list[str] = []
+        self.model: str | None = getattr(backend, "model", None)
+        self.started = policy.clock()
+        self.stop_reason = ""
+        self.outcome: Outcome | None = None
+
+    @property
+    def name(self) -> str:
+        return str(getattr(self.backend, "name", type(self.backend).__name__))
+
+    def elapsed(self) -> float:
+        return self.policy.clock() - self.started
+
+    def call_kwargs(self) -> dict[str, Any]:
+        return {"max_tokens": self.max_tokens, "feedback": self.feedback, "previous": self.previous}
+
+    def record(self, kind: str, detail: str, violations: tuple[Violation, ...] = ()) -> None:
+        self.attempts.append(Attempt(number=len(self.attempts) + 1, kind=kind, detail=detail,
+                                     violations=violations))
+        if kind != "ok":
+            log.info("%s attempt %d %s: %s", self.name, len(self.attempts), kind, detail)
+
+    def failed(self, exc: BaseException) -> None:
+        """Classify a backend exception; always raises."""
+        if isinstance(exc, TransientFailure):
+            self.counts["transient"] += 1
+            self.record("transient", str(exc))
+            raise _Retry("transient", exc.retry_after)
+        if isinstance(exc, BackendFailure):
+            self.record("fatal", str(exc))
+            raise _Fatal(str(exc))
+        raise exc
+
+    def judge(self, completion: Completion) -> None:
+        """Accept a completion (sets self.outcome) or raise _Retry for a re-ask / larger budget."""
+        for key, value in completion.usage.items():
+            self.usage[key] = self.usage.get(key, 0) + int(value)
+        self.notes.extend(n for n in completion.notes if n not in self.notes)
+        if completion.model:
+            self.model = completion.model
+        raw = completion.text
+        repairs: tuple[str, ...] = ()
+        text = raw
+        if self.repair:
+            fixed = repair_output(raw)
+            text, repairs = fixed.text, fixed.repairs
+        obj, violations = judge(text, self.request.chunks, self.guard_top_k, limits=self.limits)
+        if obj is not None and not violations:
+            detail = f"valid answer (finish_reason {completion.finish_reason}, max_tokens {self.max_tokens})"
+            if repairs:
+                detail += f"; repaired: {'; '.join(repairs)}"
+            self.record("ok", detail)
+            self.outcome = Outcome(obj=obj, attempts=(), repairs=repairs, usage={}, model=self.model,
+                                   text=text)
+            return
+        if completion.finish_reason == "length":
+            self.counts["truncated"] += 1
+            self.record("truncated", f"output cut off at max_tokens={self.max_tokens} "
+                                     f"({len(raw)} characters received)", tuple(violations))
+            bigger = int(self.max_tokens * self.policy.truncation_factor)
+            self.max_tokens = min(self.policy.max_tokens_cap, max(self.max_tokens + 1, bigger))
+            raise _Retry("truncated")
+        self.counts["invalid_output"] += 1
+        first = str(violations[0]) if violations else "no JSON object"
+        detail = f"{len(violations)} violation(s), first: {first}"[:300]
+        self.record("invalid_output", detail, tuple(violations))
+        self.feedback = tuple(violations)
+        self.previous = raw
+        raise _Retry("invalid_output")
+
+    # --- tenacity hooks ------------------------------------------------------------------
+    def wait(self, state: RetryCallState) -> float:
+        exc = state.outcome.exception() if state.outcome else None
+        if not isinstance(exc, _Retry) or exc.kind != "transient":
+            return 0.0
+        if exc.retry_after is not None:
+            return float(exc.retry_after)
+        return self.policy.backoff(self.counts["transient"])
+
+    def stop(self, state: RetryCallState) -> bool:
+        exc = state.outcome.exception() if state.outcome else None
+        kind = exc.kind if isinstance(exc, _Retry) else "transient"
+        p = self.policy
+        upcoming = float(state.upcoming_sleep or 0.0)
+        reason = ""
+        if kind == "invalid_output" and self.counts["invalid_output"] > p.max_reasks:
+            reason = f"the output was still invalid after {p.max_reasks} re-ask(s)"
+        elif kind == "truncated" and self.counts["truncated"] > p.max_truncation_retries:
+            reason = f"the output was still truncated at max_tokens={self.max_tokens}"
+        elif len(self.attempts) >= p.max_attempts:
+            reason = f"max_attempts={p.max_attempts} reached"
+        elif self.elapsed() + upcoming > p.deadline_s:
+            reason = (f"the deadline of {p.deadline_s:g}s would be crossed "
+                      f"(elapsed {self.elapsed():.2f}s, next wait {upcoming:.2f}s)")
+        if reason:
+            self.stop_reason = reason
+            return True
+        last = self.attempts[-1]
+        self.attempts[-1] = replace(last, wait_s=upcoming)
+        if upcoming:
+            log.info("%s: waiting %.2fs before attempt %d", self.name, upcoming, len(self.attempts) + 1)
+        return False
+
+    def retrying_kwargs(self) -> dict[str, Any]:
+        return {"retry": retry_if_exception_type(_Retry), "wait": self.wait, "stop": self.stop,
+                "reraise": True}
+
+    # --- results -------------------------------------------------------------------------
+    def success(self) -> Outcome:
+        assert self.outcome is not None
+        return replace(self.outcome, attempts=tuple(self.attempts), usage=dict(self.usage),
+                       notes=tuple(self.notes), model=self.model)
+
+    def failure(self, exc: BaseException) -> BackendError:
+        if isinstance(exc, _Fatal):
+            why = "fatal error, not retried"
+        else:
+            why = self.stop_reason or "retries exhausted"
+        n = len(self.attempts)
+        return BackendError(f"{self.name}: no valid answer after {n} attempt{'s' if n != 1 else ''} ({why})",
+                            self.attempts)
+
+
+def call_with_retries(
+    backend: Backend,
+    request: RerankRequest,
+    prompt: str,
+    *,
+    guard_top_k: int,
+    policy: RetryPolicy | None = None,
+    limits: Limits | None = None,
+    repair: bool = True,
+) -> Outcome:
+    """A guard-valid answer from `backend`, or BackendError carrying every attempt.
+
+    `guard_top_k` is how many ranked items the output guard allows (the pipeline may ask the model
+    for more candidates than the caller's top_k and let the post-pass choose).
+    """
+    run = _Run(backend, request, prompt, guard_top_k, policy or RetryPolicy(), limits, repair)
+    try:
+        for attempt in Retrying(sleep=run.policy.sleep, **run.retrying_kwargs()):
+            with attempt:
+                try:
+                    completion = backend.complete(prompt, request, **run.call_kwargs())
+                except BackendFailure as exc:
+                    run.failed(exc)
+                run.judge(completion)
+    except (_Retry, _Fatal) as exc:
+        raise run.failure(exc) from None
+    return run.success()
+
+
+async def acall_with_retries(
+    backend: Backend,
+    request: RerankRequest,
+    prompt: str,
+    *,
+    guard_top_k: int,
+    policy: RetryPolicy | None = None,
+    limits: Limits | None = None,
+    repair: bool = True,
+) -> Outcome:
+    """The asyncio variant; here the deadline also cuts a call that is still running."""
+    run = _Run(backend, request, prompt, guard_top_k, policy or RetryPolicy(), limits, repair)
+    try:
+        async for attempt in AsyncRetrying(sleep=run.policy.asleep, **run.retrying_kwargs()):
+            with attempt:
+                remaining = run.policy.deadline_s - run.elapsed()
+                try:
+                    completion = await asyncio.wait_for(
+                        backend.acomplete(prompt, request, **run.call_kwargs()),
+                        timeout=max(remaining, 0.001))
+                except asyncio.TimeoutError:
+                    run.failed(TransientFailure(f"{run.name}: call still running at the deadline "
+                                                f"of {run.policy.deadline_s:g}s"))
+                except BackendFailure as exc:
+                    run.failed(exc)
+                run.judge(completion)
+    except (_Retry, _Fatal) as exc:
+        raise run.failure(exc) from None
+    return run.success()
+
+
+__all__ = ["Outcome", "RetryPolicy", "acall_with_retries", "call_with_retries"]

@@ -1,0 +1,281 @@
+"""The skill as an LLM tool: OpenAI / Anthropic tool definitions and the function that runs a call.
+
+Everything a calling model sees (tool name, description, parameter descriptions, defaults,
+limits) is generated from the skill card and `guard/limits.json`, so the card stays the single
+source of truth. The generated definitions are also committed as data (`guard/tools/openai.json`,
+`guard/tools/anthropic.json`) for non-Python agents; `python -m rag_rerank.tools --write`
+regenerates them and a test fails when they drift from the card.
+
+Why the OpenAI definition looks the way it does: strict function calling (structured outputs)
+requires `additionalProperties: false` on every object and every property listed in `required`;
+optional parameters are therefore required-but-nullable (`["integer", "null"]`), and `null`
+means "use the card's default". Keywords strict mode may reject (minLength, minimum, maxItems
+...) are left out of that definition; the limits are stated in the descriptions and enforced by
+the input guard in `call_tool` anyway. The Anthropic `input_schema` carries them.
+
+`call_tool` never raises for bad arguments: a calling model gets back
+`{"error": {"type": "invalid_input", "violations": [{"path", "message"}, ...]}}`, naming each
+field at fault, so it can correct itself and call again.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from .errors import BackendError, InputError, MissingDependencyError, RerankError, Violation
+from .guard.limits import Limits, load_limits
+from .paths import guard_dir
+from .skill import SkillCard, load_skill
+
+# The card's input name -> the Python keyword of `rerank()` (`lambda` is a Python keyword).
+_PARAM = {"query": "query", "chunks": "chunks", "top_k": "top_k", "lambda": "lambda_"}
+_JSON_TYPE = {"string": "string", "integer": "integer", "number": "number"}
+
+
+def _limits(limits: Limits | None) -> Limits:
+    return limits or load_limits()
+
+
+def _describe(card: SkillCard, name: str, lim: Limits) -> str:
+    """The card's own description of an input, plus its default and limits in words."""
+    spec = card.input(name)
+    text = " ".join(spec.description.split())
+    if spec.default is not None:
+        text += f" Null means the default, {spec.default}."
+    if name == "chunks":
+        text += (
+            f" Through this tool each record is an object {{id, text}}; send between 1 and "
+            f"{min(card.max_chunks, lim.max_chunks)} records with unique ids."
+        )
+    if name == "top_k":
+        text += " A positive integer."
+    return text
+
+
+def _chunk_item_schema() -> dict[str, Any]:
+    return {
+        "type": "object",
+        "properties": {
+            "id": {"type": "string", "description": "The chunk's id; returned byte for byte."},
+            "text": {"type": "string", "description": "The chunk's text."},
+        },
+        "required": ["id", "text"],
+        "additionalProperties": False,
+    }
+
+
+def parameters_schema(
+    card: SkillCard | None = None, *, strict: bool = True, limits: Limits | None = None
+) -> dict[str, Any]:
+    """JSON Schema of the tool's arguments, from the card's `inputs`.
+
+    `strict=True` is the OpenAI strict-mode shape (all required, optional ones nullable, no
+    range keywords); `strict=False` is the conventional shape used for Anthropic and MCP:
+    optional parameters may be omitted and the ranges are spelled out.
+    """
+    card = card or load_skill()
+    lim = _limits(limits)
+    props: dict[str, Any] = {}
+    required: list[str] = []
+    for spec in card.inputs:
+        desc = _describe(card, spec.name, lim)
+        if spec.type == "chunks":
+            prop: dict[str, Any] = {"type": "array", "description": desc, "items": _chunk_item_schema()}
+            if not strict:
+                prop["minItems"] = 1
+                prop["maxItems"] = min(card.max_chunks, lim.max_chunks)
+                prop["items"]["properties"]["id"]["minLength"] = 1
+        else:
+            json_type = _JSON_TYPE.get(spec.type, "string")
+            prop = {
+                "type": json_type if (spec.required or not strict) else [json_type, "null"],
+                "description": desc,
+            }
+            if not strict:
+                if spec.name == "top_k":
+                    prop["minimum"] = 1
+                elif spec.name == "lambda":
+                    prop["minimum"], prop["maximum"] = 0, 1
+                elif spec.name == "query":
+                    prop["minLength"] = 1
+                    prop["maxLength"] = lim.max_query_chars
+                if spec.default is not None:
+                    prop["default"] = spec.default
+        props[spec.name] = prop
+        if spec.required or strict:
+            required.append(spec.name)
+    return {"type": "object", "properties": props, "required": required, "additionalProperties": False}
+
+
+def openai_tool(card: SkillCard | None = None, *, limits: Limits | None = None) -> dict[str, Any]:
+    """One entry of the Chat Completions `tools` list, strict-mode compatible."""
+    card = card or load_skill()
+    return {
+        "type": "function",
+        "function": {
+            "name": card.tool_name,
+            "description": card.description,
+            "strict": True,
+            "parameters": parameters_schema(card, strict=True, limits=limits),
+        },
+    }
+
+
+def anthropic_tool(card: SkillCard | None = None, *, limits: Limits | None = None) -> dict[str, Any]:
+    """One entry of the Messages API `tools` list: `{name, description, input_schema}`."""
+    card = card or load_skill()
+    return {
+        "name": card.tool_name,
+        "description": card.description,
+        "input_schema": parameters_schema(card, strict=False, limits=limits),
+    }
+
+
+def invalid_input(violations: list[Violation] | tuple[Violation, ...]) -> dict[str, Any]:
+    """The structured error a calling model receives for arguments it can fix."""
+    return {
+        "error": {
+            "type": "invalid_input",
+            "violations": [{"path": v.path, "message": v.message} for v in violations],
+        }
+    }
+
+
+def _error(kind: str, message: str) -> dict[str, Any]:
+    return {"error": {"type": kind, "message": message}}
+
+
+def parse_arguments(arguments: Any, card: SkillCard | None = None) -> tuple[dict[str, Any], list[Violation]]:
+    """Tool-call arguments (a dict, or the JSON string a model emitted) as `rerank()` keywords.
+
+    Only the shape is checked here (an object, known names, required ones present); values are
+    judged by the input guard inside `rerank`, which names the record and field at fault.
+    """
+    card = card or load_skill()
+    if isinstance(arguments, (bytes, bytearray)):
+        try:
+            arguments = arguments.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            return {}, [Violation(path="arguments", message=f"not UTF-8 text (byte {exc.start})")]
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments)
+        except ValueError as exc:
+            return {}, [Violation(path="arguments", message=f"not valid JSON: {exc}")]
+    if not isinstance(arguments, Mapping):
+        return {}, [
+            Violation(
+                path="arguments", message=f"arguments must be a JSON object, got {type(arguments).__name__}"
+            )
+        ]
+    problems: list[Violation] = []
+    known = {spec.name for spec in card.inputs}
+    for key in arguments:
+        if key not in known:
+            problems.append(
+                Violation(
+                    path=str(key) or "arguments",
+                    message=f"unknown argument {key!r}; expected one of {sorted(known)}",
+                )
+            )
+    kwargs: dict[str, Any] = {}
+    for spec in card.inputs:
+        value = arguments.get(spec.name)
+        if value is None:
+            if spec.required:
+                problems.append(Violation(path=spec.name, message=f"missing required argument '{spec.name}'"))
+            continue  # null or absent: rerank() applies the card's default
+        if spec.type == "chunks" and not isinstance(value, (list, str)):
+            problems.append(
+                Violation(path=spec.name, message="chunks must be an array of {id, text} objects")
+            )
+            continue
+        kwargs[_PARAM.get(spec.name, spec.name)] = value
+    return kwargs, problems
+
+
+def call_tool(arguments: Any, **options: Any) -> dict[str, Any]:
+    """Run one tool call: the result object, or `{"error": {...}}`; never raises for bad input.
+
+    `options` go to `rerank()` (backend, model, base_url, api_key, embedder, fallback, ...);
+    the default is the offline `local` backend. Error types: `invalid_input` (with violations),
+    `backend_failure`, `missing_dependency`, `error`.
+    """
+    from .rerank import rerank
+
+    kwargs, problems = parse_arguments(arguments)
+    if problems:
+        return invalid_input(problems)
+    try:
+        result = rerank(**kwargs, **options)
+    except InputError as exc:
+        return invalid_input(exc.violations)
+    except BackendError as exc:
+        return _error("backend_failure", str(exc))
+    except MissingDependencyError as exc:
+        return _error("missing_dependency", str(exc))
+    except RerankError as exc:
+        return _error("error", str(exc))
+    return result.to_dict()
+
+
+TOOL_FILES = {"openai": "openai.json", "anthropic": "anthropic.json"}
+
+
+def generated() -> dict[str, dict[str, Any]]:
+    """What the committed files under guard/tools/ must contain."""
+    return {"openai": openai_tool(), "anthropic": anthropic_tool()}
+
+
+def dumps(obj: Mapping[str, Any]) -> str:
+    """The canonical text of a committed definition (stable key order, trailing newline)."""
+    return json.dumps(obj, indent=2, ensure_ascii=False) + "\n"
+
+
+def write_tool_files(folder: Path | None = None) -> list[Path]:
+    """Regenerate guard/tools/*.json from the card; returns the paths written."""
+    out = folder or guard_dir() / "tools"
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    for kind, definition in generated().items():
+        path = out / TOOL_FILES[kind]
+        path.write_text(dumps(definition), encoding="utf-8")
+        written.append(path)
+    return written
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        prog="python -m rag_rerank.tools",
+        description="print or regenerate the tool definitions from the skill card",
+    )
+    ap.add_argument("--write", action="store_true", help="rewrite guard/tools/openai.json and anthropic.json")
+    ap.add_argument("--check", action="store_true", help="exit 1 if the committed files differ from the card")
+    args = ap.parse_args(argv)
+    if args.write:
+        for path in write_tool_files():
+            print(path)
+        return 0
+    if args.check:
+        stale = [
+            name
+            for kind, name in TOOL_FILES.items()
+            if not (guard_dir() / "tools" / name).is_file()
+            or (guard_dir() / "tools" / name).read_text(encoding="utf-8") != dumps(generated()[kind])
+        ]
+        for name in stale:
+            print(
+                f"guard/tools/{name} is out of date; run: python -m rag_rerank.tools --write", file=sys.stderr
+            )
+        return 1 if stale else 0
+    print(dumps(generated()), end="")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Test helpers that are real parts, not mocks: a local HTTP server speaking the LLM wire formats."""

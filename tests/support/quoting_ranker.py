@@ -1,0 +1,53 @@
+"""A fake-LLM handler whose answers always pass the output guard, for pipeline tests and benches.
+
+Why not `fake_llm.auto_ranker`: its reasons name the query words a chunk shares, which can be a
+stopword only ("mentions when") and is then, rightly, rejected by the guard's citation rule, so a
+throughput bench would measure re-asks. Here every ranked reason quotes the chunk's own opening
+words, and the score falls with the input position: what matters to these callers is that the
+answer is contract-valid and deterministic, not that it is a good ranking.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+
+from .fake_llm import RecordedRequest, Reply
+
+_CHUNKS = re.compile(r"<chunks>(.*?)</chunks>", re.DOTALL)
+_TOP_K = re.compile(r"<top_k>(\d+)</top_k>")
+
+
+def answer_for(prompt: str) -> dict:
+    """A valid output object for a rendered task: the first top_k chunks ranked, the rest dropped."""
+    top_k = int(m.group(1)) if (m := _TOP_K.search(prompt)) else 5
+    body = m.group(1) if (m := _CHUNKS.search(prompt)) else ""
+    records = [json.loads(line) for line in body.split("\n") if line.strip()]
+    ranked, dropped = [], []
+    for i, rec in enumerate(records):
+        if i < top_k:
+            words = " ".join(rec["text"].split()[:8])
+            ranked.append(
+                {
+                    "id": rec["id"],
+                    "score": round(0.95 - 0.7 * i / max(1, len(records)), 3),
+                    "reason": f"opens with {json.dumps(words, ensure_ascii=False)}",
+                }
+            )
+        else:
+            dropped.append({"id": rec["id"], "reason": "outside top_k"})
+    return {"ranked": ranked, "dropped": dropped}
+
+
+def quoting_ranker(latency: float = 0.0) -> Callable[[RecordedRequest], Reply]:
+    """A FakeLLM handler answering OpenAI or Anthropic requests with `answer_for` after `latency` s."""
+
+    def handle(req: RecordedRequest) -> Reply:
+        answer = answer_for(req.prompt)
+        if req.api == "anthropic":
+            tools = (req.body or {}).get("tools") or [{}]
+            return Reply.anthropic_tool(answer, name=tools[0].get("name", "submit_ranking"), delay=latency)
+        return Reply.openai_text(json.dumps(answer), delay=latency)
+
+    return handle

@@ -1,0 +1,208 @@
+"""OpenAIBackend with the real openai SDK over HTTP against the scripted server on 127.0.0.1."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from rag_rerank.backends.base import FatalFailure, TransientFailure
+from rag_rerank.backends.openai import OpenAIBackend, forget_modes, remembered_mode
+from rag_rerank.errors import BackendError, InputError, Violation
+from rag_rerank.guard import validate_request
+from rag_rerank.render import render
+from rag_rerank.skill import load_skill
+from tests.support.fake_llm import FakeLLM, Reply
+
+KEY = "sk-test-SECRET-0123456789"
+
+
+@pytest.fixture(autouse=True)
+def _clean(monkeypatch: pytest.MonkeyPatch) -> None:
+    for var in ("OPENAI_API_KEY", "OPENAI_BASE_URL"):
+        monkeypatch.delenv(var, raising=False)
+    forget_modes()
+
+
+@pytest.fixture()
+def request_():
+    ex = load_skill().example("happy-path")
+    return validate_request(ex.query, ex.chunks, ex.top_k, ex.lambda_)
+
+
+def _answer() -> str:
+    return json.dumps({"ranked": [{"id": "c3", "score": 0.9, "reason": "IVF when index memory is tight"}],
+                       "dropped": [{"id": "c5", "reason": "risotto is off topic"}]})
+
+
+def test_valid_answer_and_strict_schema_with_id_enum(request_) -> None:
+    with FakeLLM([Reply.openai_text(_answer(), usage={"prompt_tokens": 7, "completion_tokens": 3,
+                                                      "total_tokens": 10})]) as srv:
+        backend = OpenAIBackend(model="m1", base_url=srv.openai_url, api_key=KEY)
+        out = backend.complete(render(request_), request_, max_tokens=321)
+    assert out.text == _answer()
+    assert out.finish_reason == "stop"
+    assert dict(out.usage) == {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10}
+    (req,) = srv.requests
+    assert req.headers["authorization"] == f"Bearer {KEY}"
+    assert req.headers.get("x-stainless-retry-count") == "0"
+    body = req.body
+    assert body["model"] == "m1" and body["max_tokens"] == 321 and body["temperature"] == 0.0
+    assert body["messages"] == [{"role": "user", "content": render(request_)}]
+    fmt = body["response_format"]
+    assert fmt["type"] == "json_schema" and fmt["json_schema"]["strict"] is True
+    schema = fmt["json_schema"]["schema"]
+    item = schema["properties"]["ranked"]["items"]
+    assert item["properties"]["id"]["enum"] == ["c1", "c2", "c3", "c4", "c5"]
+    assert sorted(item["required"]) == sorted(item["properties"]) == ["id", "reason", "score"]
+    assert sorted(schema["required"]) == ["dropped", "ranked"]
+    assert schema["additionalProperties"] is False and item["additionalProperties"] is False
+    assert schema["properties"]["dropped"]["items"]["properties"]["id"]["enum"] == list(request_.ids)
+
+
+def test_reask_sends_previous_answer_and_quoted_violations_without_mutating(request_) -> None:
+    feedback = (Violation(path="$.ranked[0].id", message="'C3' is not an input id", id="C3"),
+                Violation(path="$.ranked[0].reason", message='reason "x" cites nothing'))
+    before = (request_, feedback)
+    with FakeLLM([Reply.openai_text(_answer())]) as srv:
+        backend = OpenAIBackend(base_url=srv.openai_url, api_key=KEY)
+        backend.complete("PROMPT", request_, max_tokens=100, feedback=feedback, previous='{"ranked": []}')
+    msgs = srv.requests[0].body["messages"]
+    assert [m["role"] for m in msgs] == ["user", "assistant", "user"]
+    assert msgs[1]["content"] == '{"ranked": []}'
+    lines = msgs[2]["content"].splitlines()
+    assert lines[1:3] == [f"- {json.dumps(str(v))}" for v in feedback]
+    assert (request_, feedback) == before
+
+
+def test_json_schema_rejected_falls_back_and_is_remembered(request_) -> None:
+    script = [
+        Reply.openai_error(500, "Unsupported response_format type: json_schema", type_="server_error"),
+        Reply.openai_text(_answer()),
+        Reply.openai_text(_answer()),
+    ]
+    with FakeLLM(script) as srv:
+        backend = OpenAIBackend(base_url=srv.openai_url, api_key=KEY)
+        first = backend.complete("P", request_, max_tokens=50)
+        assert remembered_mode(backend.base_url) == "json_object_schema"
+        second = OpenAIBackend(base_url=srv.openai_url, api_key=KEY).complete("P", request_, max_tokens=50)
+    formats = [r.body.get("response_format") for r in srv.requests]
+    assert formats[0]["type"] == "json_schema"
+    assert formats[1]["type"] == "json_object" and "enum" in json.dumps(formats[1]["schema"])
+    assert formats[2] == formats[1]  # remembered: no second negotiation
+    assert any("json_object_schema" in n for n in first.notes)
+    assert second.notes == ()
+
+
+def test_full_fallback_chain_down_to_plain_text(request_) -> None:
+    script = [
+        Reply.openai_error(400, "response_format json_schema is not supported"),
+        Reply.openai_error(422, "Unknown field: response_format.schema"),
+        Reply.openai_error(400, "'response_format' of type 'json_object' is not supported with this model."),
+        Reply.openai_text(_answer()),
+    ]
+    with FakeLLM(script) as srv:
+        backend = OpenAIBackend(base_url=srv.openai_url, api_key=KEY)
+        out = backend.complete("P", request_, max_tokens=50)
+    assert out.text == _answer()
+    sent = [r.body.get("response_format", {}).get("type") for r in srv.requests]
+    assert sent == ["json_schema", "json_object", "json_object", None]
+    assert "schema" not in srv.requests[2].body["response_format"]
+    assert remembered_mode(backend.base_url) == "text"
+
+
+def test_unrelated_400_is_not_a_format_rejection(request_) -> None:
+    with FakeLLM([Reply.openai_error(400, "model 'nope' does not exist")]) as srv:
+        backend = OpenAIBackend(base_url=srv.openai_url, api_key=KEY)
+        with pytest.raises(FatalFailure) as info:
+            backend.complete("P", request_, max_tokens=50)
+    assert info.value.status == 400 and len(srv.requests) == 1
+    assert remembered_mode(backend.base_url) is None
+
+
+def test_refusal_and_content_filter_are_fatal(request_) -> None:
+    with FakeLLM([Reply.openai_text(None, refusal="I can't help with that."),
+                  Reply.openai_text("", finish_reason="content_filter")]) as srv:
+        backend = OpenAIBackend(base_url=srv.openai_url, api_key=KEY)
+        with pytest.raises(FatalFailure, match="refused"):
+            backend.complete("P", request_, max_tokens=50)
+        with pytest.raises(FatalFailure, match="content filter"):
+            backend.complete("P", request_, max_tokens=50)
+
+
+def test_truncation_is_reported_as_length(request_) -> None:
+    with FakeLLM([Reply.openai_text('{"ranked": [{"id": "c3", "sc', finish_reason="length")]) as srv:
+        out = OpenAIBackend(base_url=srv.openai_url, api_key=KEY).complete("P", request_, max_tokens=5)
+    assert out.finish_reason == "length"
+
+
+def test_status_codes_are_classified_and_the_key_is_scrubbed(request_) -> None:
+    script = [
+        Reply.openai_error(429, "slow down", type_="rate_limit", headers={"Retry-After": "7"}),
+        Reply.openai_error(503, "busy", headers={"retry-after-ms": "1500"}),
+        # a misbehaving server echoing the key back must not put it into our errors
+        Reply.openai_error(401, f"Incorrect API key provided: {KEY}"),
+    ]
+    with FakeLLM(script) as srv:
+        backend = OpenAIBackend(base_url=srv.openai_url, api_key=KEY)
+        with pytest.raises(TransientFailure) as e429:
+            backend.complete("P", request_, max_tokens=50)
+        with pytest.raises(TransientFailure) as e503:
+            backend.complete("P", request_, max_tokens=50)
+        with pytest.raises(FatalFailure) as e401:
+            backend.complete("P", request_, max_tokens=50)
+    assert (e429.value.status, e429.value.retry_after) == (429, 7.0)
+    assert (e503.value.status, e503.value.retry_after) == (503, 1.5)
+    assert e401.value.status == 401
+    assert KEY not in str(e401.value) and "***" in str(e401.value)
+    assert KEY not in repr(backend)
+    assert len(srv.requests) == 3  # SDK max_retries=0: one request per call
+
+
+def test_timeout_and_connection_refused_are_transient(request_) -> None:
+    with FakeLLM([Reply.openai_text(_answer(), delay=2.0)]) as srv:
+        backend = OpenAIBackend(base_url=srv.openai_url, api_key=KEY, timeout=0.3)
+        with pytest.raises(TransientFailure, match="timed out"):
+            backend.complete("P", request_, max_tokens=50)
+        url = srv.openai_url
+    with pytest.raises(TransientFailure, match="connection"):
+        OpenAIBackend(base_url=url, api_key=KEY, timeout=2).complete("P", request_, max_tokens=50)
+
+
+def test_no_key_is_fine_for_a_local_server_but_not_for_a_remote_one(request_, monkeypatch) -> None:
+    with FakeLLM([Reply.openai_text(_answer())]) as srv:
+        monkeypatch.setenv("OPENAI_BASE_URL", srv.openai_url)
+        backend = OpenAIBackend()
+        assert backend.complete("P", request_, max_tokens=50).text == _answer()
+    assert srv.requests[0].headers["authorization"].startswith("Bearer ")
+    monkeypatch.delenv("OPENAI_BASE_URL")
+    with pytest.raises(BackendError, match="OPENAI_API_KEY"):
+        OpenAIBackend()
+    with pytest.raises(BackendError, match="no API key"):
+        OpenAIBackend(base_url="https://llm.example.com/v1")
+
+
+def test_official_api_gets_max_completion_tokens(request_, monkeypatch) -> None:
+    backend = OpenAIBackend(api_key=KEY)  # constructing makes no request
+    kwargs = backend._kwargs("json_schema", "P", request_, 99, (), None)
+    assert kwargs["max_completion_tokens"] == 99 and "max_tokens" not in kwargs
+
+
+def test_bad_response_format_option_is_an_input_error() -> None:
+    with pytest.raises(InputError, match="response_format"):
+        OpenAIBackend(base_url="http://127.0.0.1:9/v1", response_format="yaml")
+
+
+def test_async_complete_and_forced_mode(request_) -> None:
+    with FakeLLM([Reply.openai_text(_answer()), Reply.openai_text(_answer())]) as srv:
+        backend = OpenAIBackend(base_url=srv.openai_url, api_key=KEY, response_format="json_object")
+
+        async def both():
+            return await asyncio.gather(backend.acomplete("P", request_, max_tokens=50),
+                                        backend.acomplete("P", request_, max_tokens=50))
+
+        outs = asyncio.run(both())
+    assert [o.text for o in outs] == [_answer(), _answer()]
+    assert [r.body["response_format"] for r in srv.requests] == [{"type": "json_object"}] * 2
+    assert remembered_mode(backend.base_url) is None  # a forced mode is not "learned"

@@ -1,0 +1,278 @@
+"""Batch reranking: input order, bounded concurrency, per-line errors, resume without loss or repeats."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from rag_rerank import arerank_many
+from rag_rerank.batch import exit_code, parse_input, read_done
+from rag_rerank.cli import main
+from rag_rerank.errors import InputError
+from rag_rerank.models import RerankResult
+from rag_rerank.skill import load_skill
+from tests.support.fake_llm import FakeLLM, RecordedRequest, Reply
+from tests.support.quoting_ranker import quoting_ranker
+
+QUERY = "When should I prefer IVF over HNSW for vector search?"
+HAPPY = load_skill().example("happy-path").chunks
+ADVERSARIAL = load_skill().example("adversarial").chunks
+SECRET = "sk-batch-SECRET-0123456789abcdef"
+
+
+def _line(**kw: object) -> str:
+    return json.dumps(kw)
+
+
+def _queries(n: int) -> list[dict]:
+    """n distinct requests: the happy path with its chunks in a different order each time."""
+    rows = HAPPY.splitlines()
+    out = []
+    for i in range(n):
+        k = i % len(rows)
+        out.append(
+            {
+                "query": QUERY,
+                "chunks": "\n".join(rows[k:] + rows[:k]),
+                "top_k": 1 + i % 3,
+                "query_id": f"q{i}",
+            }
+        )
+    return out
+
+
+def test_arerank_many_keeps_input_order_and_isolates_failures() -> None:
+    reqs = _queries(5)
+    reqs.insert(2, {"query": "", "chunks": HAPPY})  # empty query: an InputError in its own slot
+    reqs.append(("not", "a mapping"))  # type: ignore[arg-type]
+    seen: list[tuple[int, int]] = []
+    out = asyncio.run(arerank_many(reqs, concurrency=2, progress=lambda d, t: seen.append((d, t))))
+    assert len(out) == 7
+    assert isinstance(out[2], InputError) and isinstance(out[6], InputError)
+    assert "mapping" in str(out[6])
+    for i, r in enumerate(out):
+        if i in (2, 6):
+            continue
+        assert isinstance(r, RerankResult)
+        assert len(r.ranked) <= reqs[i]["top_k"]
+        assert r.ranked[0].id == "c3"
+    assert seen[-1] == (7, 7) and [d for d, _ in seen] == list(range(1, 8))
+
+
+def test_arerank_many_bounds_concurrency_and_shares_one_backend() -> None:
+    lock, state = threading.Lock(), {"now": 0, "max": 0}
+    answer = quoting_ranker()
+
+    def slow(req: RecordedRequest) -> Reply:
+        with lock:
+            state["now"] += 1
+            state["max"] = max(state["max"], state["now"])
+        time.sleep(0.25)
+        with lock:
+            state["now"] -= 1
+        return answer(req)
+
+    with FakeLLM(handler=slow) as srv:
+        out = asyncio.run(
+            arerank_many(
+                _queries(9), concurrency=3, backend="openai", base_url=srv.openai_url, api_key="x", model="m"
+            )
+        )
+        assert len(srv.requests) == 9
+    assert all(isinstance(r, RerankResult) for r in out)
+    assert all(r.meta.backend == "openai" for r in out if isinstance(r, RerankResult))
+    assert 2 <= state["max"] <= 3
+
+
+def test_arerank_many_rejects_zero_concurrency() -> None:
+    with pytest.raises(InputError):
+        asyncio.run(arerank_many(_queries(1), concurrency=0))
+
+
+def test_parse_input_reports_bad_lines_by_number() -> None:
+    text = "\n".join(
+        [
+            _line(query=QUERY, chunks=HAPPY),
+            "{oops",
+            "[1, 2]",
+            _line(query=QUERY),
+            _line(query=QUERY, chunks=HAPPY, topk=3),
+            "",
+            _line(query=QUERY, chunks=HAPPY, qid="x"),
+        ]
+    )
+    lines = parse_input("\ufeff" + text.replace("\n", "\r\n"))  # a BOM and CRLF line ends are tolerated
+    assert [ln.number for ln in lines] == [1, 2, 3, 4, 5, 7]
+    assert isinstance(lines[0].item, dict) and isinstance(lines[5].item, dict) and lines[5].query_id == "x"
+    for ln in lines[1:5]:
+        assert isinstance(ln.item, InputError) and ln.item.violations[0].line == ln.number
+    assert "chunks" in str(lines[3].item) and "topk" in str(lines[4].item)
+
+
+def _write_input(path: Path, rows: list[str]) -> None:
+    path.write_text("\n".join(rows) + "\n", encoding="utf-8")
+
+
+def _read(path: Path) -> list[dict]:
+    return [json.loads(x) for x in path.read_text(encoding="utf-8").splitlines()]
+
+
+def test_batch_cli_writes_every_line_in_order_and_exits_2_on_bad_input(tmp_path: Path, capsys) -> None:
+    inp, out = tmp_path / "q.jsonl", tmp_path / "out.jsonl"
+    rows = [json.dumps(q) for q in _queries(4)]
+    rows.insert(1, '{"query": "x", "chunks": "{\\"id\\": \\"a\\"}"}')  # chunk without text
+    rows.insert(3, _line(query=QUERY, chunks=ADVERSARIAL, top_k=3))
+    _write_input(inp, rows)
+    code = main(["batch", "--input", str(inp), "--output", str(out), "--concurrency", "3", "--no-progress"])
+    assert code == 2
+    recs = _read(out)
+    assert [r["line"] for r in recs] == [1, 2, 3, 4, 5, 6]
+    assert recs[1]["error"]["kind"] == "input" and "text" in recs[1]["error"]["message"]
+    assert recs[0]["query_id"] == "q0" and recs[0]["result"]["ranked"][0]["id"] == "c3"
+    assert recs[3]["result"]["ranked"] == [] and len(recs[3]["result"]["dropped"]) == 3
+    assert set(recs[0]) == {"line", "query_id", "result", "meta"}
+    assert set(recs[0]["result"]) == {"ranked", "dropped"}
+    err = capsys.readouterr().err
+    assert "line 2: input error" in err and "5 ok, 1 failed" in err
+
+
+def test_batch_cli_resume_skips_done_lines_and_repairs_a_torn_last_line(tmp_path: Path, capsys) -> None:
+    inp, out = tmp_path / "q.jsonl", tmp_path / "out.jsonl"
+    _write_input(inp, [json.dumps(q) for q in _queries(6)])
+    assert main(["batch", "-i", str(inp), "-o", str(out), "--no-progress"]) == 0
+    full = out.read_text(encoding="utf-8").splitlines(keepends=True)
+    # a crash after line 3 was written and while line 4 was half written
+    out.write_text("".join(full[:3]) + full[3][: len(full[3]) // 2], encoding="utf-8")
+    done, valid_end = read_done(out)
+    assert sorted(done) == [1, 2, 3] and valid_end == len("".join(full[:3]).encode())
+    assert main(["batch", "-i", str(inp), "-o", str(out), "--resume", "--no-progress"]) == 0
+    recs = _read(out)
+    assert [r["line"] for r in recs] == [1, 2, 3, 4, 5, 6]
+    assert [r["result"] for r in recs] == [json.loads(x)["result"] for x in full]
+    assert "3 already done" in capsys.readouterr().err
+    # resuming a finished file does nothing and repeats nothing
+    before = out.read_bytes()
+    assert main(["batch", "-i", str(inp), "-o", str(out), "--resume", "--no-progress"]) == 0
+    assert out.read_bytes() == before
+
+
+def test_batch_cli_backend_failure_exits_3_without_leaking_the_key(
+    tmp_path: Path, capsys, monkeypatch
+) -> None:
+    inp, out = tmp_path / "q.jsonl", tmp_path / "out.jsonl"
+    _write_input(inp, [json.dumps(q) for q in _queries(2)])
+    monkeypatch.setenv("OPENAI_API_KEY", SECRET)
+    err = Reply.openai_error(401, f"Incorrect API key provided: {SECRET}", type_="authentication_error")
+    with FakeLLM([err, err]) as srv:
+        code = main(
+            [
+                "batch",
+                "-i",
+                str(inp),
+                "-o",
+                str(out),
+                "--backend",
+                "openai",
+                "--base-url",
+                srv.openai_url,
+                "--model",
+                "m",
+                "--no-progress",
+                "--concurrency",
+                "1",
+            ]
+        )
+    assert code == 3
+    recs = _read(out)
+    assert [r["error"]["kind"] for r in recs] == ["backend", "backend"]
+    assert recs[0]["error"]["attempts"][0]["kind"] == "fatal"
+    text = out.read_text(encoding="utf-8") + capsys.readouterr().err
+    assert SECRET not in text and "***" in text
+
+
+def test_batch_cli_usage_errors(tmp_path: Path, capsys) -> None:
+    inp = tmp_path / "q.jsonl"
+    _write_input(inp, [json.dumps(q) for q in _queries(1)])
+    assert main(["batch", "-i", str(inp), "--resume"]) == 2
+    assert "--resume needs --output" in capsys.readouterr().err
+    assert main(["batch", "-i", str(inp), "--concurrency", "0"]) == 2
+    assert main(["batch", "-i", str(tmp_path / "missing.jsonl")]) == 2
+    assert "no such file" in capsys.readouterr().err
+
+
+def test_batch_cli_to_stdout(tmp_path: Path, capsys) -> None:
+    inp = tmp_path / "q.jsonl"
+    _write_input(inp, [json.dumps(q) for q in _queries(3)])
+    assert main(["batch", "-i", str(inp), "--no-progress"]) == 0
+    recs = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+    assert [r["line"] for r in recs] == [1, 2, 3]
+
+
+def test_exit_code_precedence() -> None:
+    ok, bad, down = {"result": {}}, {"error": {"kind": "input"}}, {"error": {"kind": "backend"}}
+    assert exit_code([ok, ok]) == 0
+    assert exit_code([ok, bad]) == 2
+    assert exit_code([bad, down, ok]) == 3
+
+
+def test_resume_refuses_a_file_that_is_not_a_batch_output(tmp_path: Path, capsys) -> None:
+    inp, out = tmp_path / "q.jsonl", tmp_path / "notes.jsonl"
+    _write_input(inp, [json.dumps(q) for q in _queries(2)])
+    out.write_text(
+        '{"line": 1, "result": {"ranked": [], "dropped": []}}\n{"note": "mine"}\n', encoding="utf-8"
+    )
+    before = out.read_bytes()
+    assert main(["batch", "-i", str(inp), "-o", str(out), "--resume", "--no-progress"]) == 2
+    assert out.read_bytes() == before  # nothing truncated, nothing appended
+    assert "line 2" in capsys.readouterr().err
+
+
+def _run_batch_subprocess(inp: Path, out: Path, *, tty: bool, extra: tuple[str, ...] = ()) -> str:
+    """stderr of `rag-rerank batch` run with stderr on a pseudo-terminal (tty=True) or a pipe."""
+    import os
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parent.parent
+    cmd = [sys.executable, "-m", "rag_rerank.cli", "batch", "-i", str(inp), "-o", str(out), *extra]
+    if not tty:
+        return subprocess.run(cmd, cwd=root, capture_output=True, text=True, timeout=60).stderr
+    import fcntl
+    import struct
+    import termios
+
+    master, slave = os.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))  # a new pty is 0 x 0
+    try:
+        proc = subprocess.run(cmd, cwd=root, stdout=subprocess.DEVNULL, stderr=slave, timeout=60)
+        assert proc.returncode == 0
+        os.close(slave)
+        chunks = []
+        while True:
+            try:
+                data = os.read(master, 65536)
+            except OSError:  # EIO: the other end is closed and drained
+                break
+            if not data:
+                break
+            chunks.append(data)
+        return b"".join(chunks).decode("utf-8", "replace")
+    finally:
+        os.close(master)
+
+
+def test_progress_bar_only_on_a_terminal(tmp_path: Path) -> None:
+    pytest.importorskip("tqdm")
+    inp = tmp_path / "q.jsonl"
+    _write_input(inp, [json.dumps(q) for q in _queries(3)])
+    on_tty = _run_batch_subprocess(inp, tmp_path / "a.jsonl", tty=True)
+    assert "3/3" in on_tty and "query" in on_tty
+    piped = _run_batch_subprocess(inp, tmp_path / "b.jsonl", tty=False)
+    assert "3/3" not in piped and "3 ok, 0 failed" in piped
+    quiet = _run_batch_subprocess(inp, tmp_path / "c.jsonl", tty=True, extra=("--no-progress",))
+    assert "3/3" not in quiet and "3 ok, 0 failed" in quiet

