@@ -2,17 +2,19 @@
 
 An agent that holds a user's words (and maybe a number of chunks) asks `route()`; the answer is
 `{"skill": name | None, "score": float, "reason": str}`. Every decision comes from the skill cards
-under `skills/`: a card's `triggers` (plus the "use when" sentence of its description) pull an
-utterance towards it, its `not_for` items (plus the "do NOT use" sentence) push it away, and its
-`max_chunks` is a hard precondition no phrasing can override. Nothing here names a skill or lists
-the answers; adding a card adds a route.
+under `skills/`: a card's `triggers` and `route_examples` (example requests) pull an utterance
+towards it, its `not_for` items and `reject_examples` push it away, and its `max_chunks` is a hard
+precondition no phrasing can override. Nothing here names a skill or lists the answers; adding a
+card adds a route.
 
-Why two similarity layers: with the default `lexical` embedder there is no semantics, so the
-router compares word stems *and* in-word character n-grams ("rerank" ~ "re-rank" ~ "reranker",
-"relevance" ~ "relevant") weighted by how specific they are to the cards. With
-`sentence-transformers` the embedder's cosine is used directly. The threshold is chosen on the
-`tune` split of `golden/router/utterances.jsonl` by `bench/route.py` and stored per embedder
-below; `bench/route.py` reports precision / recall / FPR on the `heldout` split.
+Two embedders, two scores. The default `lexical` embedder has no semantics, so it compares word
+stems *and* in-word character n-grams ("rerank" ~ "re-rank" ~ "reranker", "relevance" ~
+"relevant") weighted by how specific they are to the cards; the score is the cosine to the card's
+profile, vetoed when a rejected phrase is nearer than every trigger. A semantic embedder
+(`sentence-transformers`) scores by a k-nearest-neighbour margin: how much nearer the card's
+triggers and examples the utterance is than its not-for items and rejects. The threshold is chosen
+on the `tune` split of `golden/router/utterances.jsonl` by `bench/route.py` and stored per
+embedder below; `bench/route.py` reports precision / recall / FPR on every split.
 """
 
 from __future__ import annotations
@@ -33,10 +35,13 @@ from .errors import InputError, Violation
 from .skill import SkillCard, load_all_skills
 
 # Chosen on the tune split by `python bench/route.py --write`; see the module docstring.
-THRESHOLDS: Mapping[str, float] = {"lexical": 0.1392, "sentence-transformers": 0.0}
+THRESHOLDS: Mapping[str, float] = {"lexical": 0.1368, "sentence-transformers": 0.0597}
 # Abstain when the best two skills score within this of each other: a coin toss is not a route.
 AMBIGUITY_GAP = 0.05
 ABOUT_WEIGHT = 0.5
+# Semantic embedders score by a k-nearest-neighbour margin (see `Router.scores`); k = 3 lets one
+# stray phrase of the card neither carry nor veto an utterance.
+KNN_K = 3
 MAX_UTTERANCE_CHARS = 4000
 
 # Function words carry no intent; a small generic English list, nothing skill-specific.
@@ -159,19 +164,6 @@ class CardLexicalEmbedder:
         return l2_normalise(rows)
 
 
-def _split_description(description: str) -> tuple[list[str], list[str]]:
-    """The card description's sentences: "Do NOT ..." ones are anti-routes, "Use when" ones routes."""
-    pos: list[str] = []
-    neg: list[str] = []
-    for sentence in re.split(r"(?<=[.!?])\s+", description):
-        low = sentence.lower()
-        if re.search(r"\b(do not|don't|never)\b", low):
-            neg.append(sentence)
-        elif low.startswith("use when"):
-            pos.append(sentence)
-    return pos, neg
-
-
 @dataclass(frozen=True)
 class _Prototypes:
     card: SkillCard
@@ -240,6 +232,11 @@ class Router:
             corpus += pos + about + neg
         self.embedder = _resolve_embedder(embedder, corpus)
         kind = "lexical" if isinstance(self.embedder, CardLexicalEmbedder) else _embedder_kind(self.embedder)
+        self.kind = kind
+        # The lexical embedder has no semantics, so its score is the profile cosine with a
+        # nearest-neighbour veto; a semantic embedder's cosines are meaningful one by one, so its
+        # score is the k-NN margin (see `scores`).
+        self.knn = kind != "lexical"
         self.threshold = THRESHOLDS.get(kind, THRESHOLDS["lexical"]) if threshold is None else threshold
         self.gap = gap
         protos = []
@@ -280,6 +277,12 @@ class Router:
         is nearest neighbour against nearest neighbour: a not-for phrase that matches better than
         every trigger and example ("summarise these passages") is a refusal, however many
         retrieval words the utterance shares with the profile.
+
+        With a semantic embedder (`sentence-transformers`, `openai`) the first number is instead
+        the k-NN margin: mean cosine to the k nearest triggers/examples minus mean cosine to the k
+        nearest not-for items/reject examples. A model's cosines are high for anything in the
+        same register, so an absolute level says little; being nearer the card's examples than
+        its rejects says more.
         """
         u = self._embed([utterance])[0]
         out = []
@@ -287,7 +290,11 @@ class Router:
             ps = proto.pos_vecs @ u if len(proto.positive) else np.zeros(1)
             ns = proto.neg_vecs @ u if len(proto.negative) else np.zeros(1)
             pi, ni = int(np.argmax(ps)), int(np.argmax(ns))
-            out.append((float(proto.profile @ u), float(ps[pi]), float(ns[ni]), pi, ni, proto))
+            if self.knn:
+                score = float(np.sort(ps)[::-1][:KNN_K].mean() - np.sort(ns)[::-1][:KNN_K].mean())
+            else:
+                score = float(proto.profile @ u)
+            out.append((score, float(ps[pi]), float(ns[ni]), pi, ni, proto))
         return out
 
     def decide(self, utterance: str, n_chunks: int | None = None) -> RouteDecision:
@@ -309,16 +316,21 @@ class Router:
                 )
                 reasons.append(f"{card.name}: {src} is over its max_chunks of {card.max_chunks}")
                 continue
-            if neg > near:
+            if not self.knn and neg > near:
                 reasons.append(
                     f"{card.name}: closer to not-for {proto.negative[ni]!r} ({neg:.2f}) "
                     f"than to any trigger ({proto.positive[pi]!r}, {near:.2f})"
                 )
                 continue
             if pos < self.threshold:
+                nearest = (
+                    f"nearest trigger {proto.positive[pi]!r}"
+                    if near >= neg
+                    else f"nearer not-for {proto.negative[ni]!r} ({neg:.2f}) than trigger "
+                    f"{proto.positive[pi]!r} ({near:.2f})"
+                )
                 reasons.append(
-                    f"{card.name}: scores {pos:.2f} (nearest trigger {proto.positive[pi]!r}), "
-                    f"below the threshold {self.threshold:.2f}"
+                    f"{card.name}: scores {pos:.2f} ({nearest}), below the threshold {self.threshold:.2f}"
                 )
                 continue
             eligible.append((pos, proto.positive[pi], card))

@@ -101,6 +101,18 @@ def test_deterministic_and_async_matches_sync(card):
     assert first == again == async_text
 
 
+def test_shared_function_words_alone_rank_nothing():
+    request = validate_request("How do I reset a forgotten PostgreSQL password?",
+                               [{"id": "g1", "text": "How do I plant tulip bulbs in the autumn?"},
+                                {"id": "g2", "text": "How do I fold a fitted sheet neatly?"},
+                                {"id": "g3", "text": "Reset a lost PostgreSQL password with ALTER USER."}],
+                               3, 0.7)
+    answer = _answer(LocalBackend(), request)
+    assert [r["id"] for r in answer["ranked"]] == ["g3"]
+    assert "PostgreSQL" in answer["ranked"][0]["reason"]
+    assert "How" not in answer["ranked"][0]["reason"].split("terms", 1)[1]
+
+
 def test_unrelated_text_scores_zero_lexically():
     scores, *_ = lexical_scores("vector index recall", ["risotto needs stirring", "the capital of France"])
     assert np.all(scores == 0.0)
@@ -108,10 +120,11 @@ def test_unrelated_text_scores_zero_lexically():
 
 def test_term_shared_by_every_candidate_weighs_less_than_a_rare_one():
     texts = ["alpha beta", "alpha gamma", "alpha delta", "alpha epsilon"]
-    scores, terms, weights = lexical_scores("alpha beta", texts)
+    scores, terms, weights, content = lexical_scores("alpha beta", texts)
     w = dict(zip(terms, weights, strict=True))
     assert w[stem("beta")] > w[stem("alpha")] > 0
     assert int(np.argmax(scores)) == 0
+    assert content.all()
 
 
 def test_stemmer_joins_surface_variants():

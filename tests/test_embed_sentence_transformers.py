@@ -83,3 +83,20 @@ def test_post_pass_drops_a_reworded_copy(embedder):
     result = postpass(request, scored, embedder=embedder)
     assert [r.id for r in result.ranked] == ["orig", "hnsw"]
     assert [(d.id, d.reason) for d in result.dropped] == [("copy", "redundant_with:orig")]
+
+
+@pytest.mark.st
+def test_cached_vectors_equal_fresh_ones_and_keep_row_order(embedder):
+    from rag_rerank.embed import sentence_transformers as st_module
+
+    texts = ["IVF partitions vectors into cells.", "HNSW is a proximity graph.", "Risotto needs stock."]
+    first = embedder.embed(texts[:2])
+    st_module._vector_cache.clear()
+    fresh_third = embedder.embed([texts[2]])
+    mixed = embedder.embed([texts[1], texts[2], texts[0], texts[1]])  # two cached, one new, one repeat
+    st_module._vector_cache.clear()
+    uncached = embedder.embed([texts[1], texts[2], texts[0], texts[1]])
+    np.testing.assert_allclose(mixed, uncached, atol=1e-5)
+    np.testing.assert_allclose(mixed[3], mixed[0])
+    np.testing.assert_allclose(mixed[1], fresh_third[0], atol=1e-5)
+    np.testing.assert_allclose(mixed[2], first[0], atol=1e-5)

