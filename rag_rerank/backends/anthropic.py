@@ -9,10 +9,7 @@ carrying the guard's violations.
 
 from __future__ import annotations
 
-import asyncio
 import json
-import threading
-import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -20,6 +17,7 @@ from ..errors import MissingDependencyError, Violation
 from ..models import RerankRequest
 from .base import Completion, FatalFailure
 from .common import (
+    SDKClients,
     classify_sdk_error,
     feedback_text,
     generation_schema,
@@ -92,10 +90,8 @@ class AnthropicBackend:
         self.timeout = float(timeout)
         self.temperature = temperature
         self._key = key
-        self._client: Any = None
-        self._aclients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Any] = \
-            weakref.WeakKeyDictionary()
-        self._lock = threading.Lock()
+        self._clients = SDKClients(lambda: _sdk().Anthropic(**self._client_kwargs()),
+                                   lambda: _sdk().AsyncAnthropic(**self._client_kwargs()))
 
     def __repr__(self) -> str:  # never show the key
         return f"AnthropicBackend(model={self.model!r}, base_url={self.base_url!r})"
@@ -105,20 +101,6 @@ class AnthropicBackend:
         if self.base_url:
             kw["base_url"] = self.base_url
         return kw
-
-    def _sync_client(self) -> Any:
-        with self._lock:
-            if self._client is None:
-                self._client = _sdk().Anthropic(**self._client_kwargs())
-            return self._client
-
-    def _async_client(self) -> Any:
-        loop = asyncio.get_running_loop()
-        client = self._aclients.get(loop)
-        if client is None:
-            client = _sdk().AsyncAnthropic(**self._client_kwargs())
-            self._aclients[loop] = client
-        return client
 
     def _kwargs(self, prompt: str, request: RerankRequest, max_tokens: int, feedback: Sequence[Violation],
                 previous: str | None) -> dict[str, Any]:
@@ -171,8 +153,8 @@ class AnthropicBackend:
     ) -> Completion:
         sdk = _sdk()
         try:
-            resp = self._sync_client().messages.create(**self._kwargs(prompt, request, max_tokens, feedback,
-                                                                       previous))
+            kwargs = self._kwargs(prompt, request, max_tokens, feedback, previous)
+            resp = self._clients.sync().messages.create(**kwargs)
         except sdk.AnthropicError as exc:
             raise classify_sdk_error(exc, sdk, self._key, "anthropic") from None
         return self._completion(resp)
@@ -188,8 +170,8 @@ class AnthropicBackend:
     ) -> Completion:
         sdk = _sdk()
         try:
-            resp = await self._async_client().messages.create(**self._kwargs(prompt, request, max_tokens,
-                                                                              feedback, previous))
+            kwargs = self._kwargs(prompt, request, max_tokens, feedback, previous)
+            resp = await self._clients.for_running_loop().messages.create(**kwargs)
         except sdk.AnthropicError as exc:
             raise classify_sdk_error(exc, sdk, self._key, "anthropic") from None
         return self._completion(resp)

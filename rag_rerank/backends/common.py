@@ -7,13 +7,16 @@ agree on which HTTP statuses are worth another try.
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import email.utils
 import ipaddress
 import json
 import os
+import threading
 import time
-from collections.abc import Mapping, Sequence
+import weakref
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 from urllib.parse import urlparse
 
@@ -220,3 +223,31 @@ def usage_dict(usage: Any, fields: Sequence[str]) -> dict[str, int]:
         if isinstance(value, int) and not isinstance(value, bool):
             out[f] = value
     return out
+
+
+class SDKClients:
+    """One sync SDK client, and one async client per event loop, made on first use.
+
+    An SDK's async client is bound to the loop that created it (its connection pool lives there),
+    so `arerank` calls from different loops must not share one; the sync client is shared by all
+    threads. Made lazily so constructing a backend never imports the SDK or opens a connection.
+    """
+
+    def __init__(self, make_sync: Callable[[], Any], make_async: Callable[[], Any]) -> None:
+        self._make_sync, self._make_async = make_sync, make_async
+        self._sync: Any = None
+        self._async: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Any] = weakref.WeakKeyDictionary()
+        self._lock = threading.Lock()
+
+    def sync(self) -> Any:
+        with self._lock:
+            if self._sync is None:
+                self._sync = self._make_sync()
+            return self._sync
+
+    def for_running_loop(self) -> Any:
+        loop = asyncio.get_running_loop()
+        client = self._async.get(loop)
+        if client is None:
+            client = self._async[loop] = self._make_async()
+        return client

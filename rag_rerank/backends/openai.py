@@ -12,9 +12,7 @@ Those downgrades are a capability probe inside one call, not retries: retries be
 
 from __future__ import annotations
 
-import asyncio
 import threading
-import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -22,6 +20,7 @@ from ..errors import InputError, MissingDependencyError, Violation
 from ..models import RerankRequest
 from .base import Completion, FatalFailure
 from .common import (
+    SDKClients,
     classify_sdk_error,
     error_message,
     feedback_text,
@@ -116,10 +115,8 @@ class OpenAIBackend:
         self.forced_mode = None if response_format == "auto" else response_format
         self._key = key
         self._official = self.base_url.startswith("https://api.openai.com")
-        self._client: Any = None
-        self._aclients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Any] = \
-            weakref.WeakKeyDictionary()
-        self._lock = threading.Lock()
+        self._clients = SDKClients(lambda: _sdk().OpenAI(**self._client_kwargs()),
+                                   lambda: _sdk().AsyncOpenAI(**self._client_kwargs()))
 
     def __repr__(self) -> str:  # never show the key
         return f"OpenAIBackend(model={self.model!r}, base_url={self.base_url!r})"
@@ -127,20 +124,6 @@ class OpenAIBackend:
     # --- clients -----------------------------------------------------------------------------
     def _client_kwargs(self) -> dict[str, Any]:
         return {"api_key": self._key, "base_url": self.base_url, "timeout": self.timeout, "max_retries": 0}
-
-    def _sync_client(self) -> Any:
-        with self._lock:
-            if self._client is None:
-                self._client = _sdk().OpenAI(**self._client_kwargs())
-            return self._client
-
-    def _async_client(self) -> Any:
-        loop = asyncio.get_running_loop()
-        client = self._aclients.get(loop)
-        if client is None:
-            client = _sdk().AsyncOpenAI(**self._client_kwargs())
-            self._aclients[loop] = client
-        return client
 
     # --- one call ----------------------------------------------------------------------------
     def _modes(self) -> tuple[str, ...]:
@@ -203,7 +186,7 @@ class OpenAIBackend:
         previous: str | None = None,
     ) -> Completion:
         sdk = _sdk()
-        client = self._sync_client()
+        client = self._clients.sync()
         modes = self._modes()
         downgraded: list[str] = []
         for i, mode in enumerate(modes):
@@ -232,7 +215,7 @@ class OpenAIBackend:
         previous: str | None = None,
     ) -> Completion:
         sdk = _sdk()
-        client = self._async_client()
+        client = self._clients.for_running_loop()
         modes = self._modes()
         downgraded: list[str] = []
         for i, mode in enumerate(modes):
