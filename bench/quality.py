@@ -223,6 +223,16 @@ def _cosine_only(emb: Any) -> Any:
     return LocalBackend(emb, weights=Weights(semantic=1.0, lexical=0.0))
 
 
+def _no_prior(emb: Any) -> Any:
+    """The ablation row: the local backend's own profile with the first-stage prior switched off."""
+    import dataclasses
+
+    from rag_rerank.backends.local import LocalBackend
+
+    backend = LocalBackend(emb)
+    return LocalBackend(emb, weights=dataclasses.replace(backend.weights, prior=0.0))
+
+
 def _relevance_rows(cands: Path, qrels: Path, depths: Sequence[int], embedders: dict[str, Any],
                     args: argparse.Namespace, input_label: str, rel_level: int = 1) -> list[Row]:
     """The relevance matrix shared by DL19 and SciFact: each embedder at each depth, lambda 1.0,
@@ -236,10 +246,16 @@ def _relevance_rows(cands: Path, qrels: Path, depths: Sequence[int], embedders: 
             if not rows:
                 rows.append(Row("ours", input_label, inp.metrics))
             rows.append(row)
-            if name == ST_SPEC:
-                label = f"local + {name}, top-{depth}, lambda 1.0, duplicate removal off"
-                rows.append(_run(label, cands, qrels, lambda_=1.0, depth=depth, embedder=emb,
-                                 duplicate_threshold=1.0, **run)[1])
+            label = f"local + {name}, top-{depth}, lambda 1.0, duplicate removal off"
+            rows.append(_run(label, cands, qrels, lambda_=1.0, depth=depth, embedder=emb,
+                             duplicate_threshold=1.0, **run)[1])
+        lex = embedders.get("lexical")
+        if lex is not None and depth == 50:
+            rows.append(_run("ablation: local + lexical, top-50, lambda 1.0, first-stage prior off",
+                             cands, qrels, lambda_=1.0, depth=50, embedder=lex, backend=_no_prior(lex),
+                             **run)[1])
+            rows.append(_run("local + lexical, top-50, lambda 0.7 (the default)", cands, qrels,
+                             lambda_=0.7, depth=50, embedder=lex, **run)[1])
         st = embedders.get(ST_SPEC)
         if st is not None and depth == 50:
             rows.append(_run("ablation: MiniLM cosine only (no lexical), top-50, duplicate removal off",

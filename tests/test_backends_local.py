@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import re
 
@@ -10,7 +11,14 @@ import numpy as np
 import pytest
 
 from rag_rerank.backends.base import Backend
-from rag_rerank.backends.local import Calibration, LocalBackend, lexical_scores, stem
+from rag_rerank.backends.local import (
+    PROFILES,
+    Calibration,
+    LocalBackend,
+    lexical_scores,
+    rank_prior,
+    stem,
+)
 from rag_rerank.guard import validate_request
 from rag_rerank.guard.output import judge
 from rag_rerank.render import render
@@ -147,6 +155,58 @@ def test_empty_and_punctuation_only_chunks_never_break_the_contract():
     assert [r["id"] for r in obj["ranked"]] == ["c"]
 
 
+# -- the first-stage (input-rank) prior --------------------------------------------------------
+
+_Q = "How does HNSW vector search compare with IVF?"
+_CLOSE = ("HNSW builds a graph for vector search.", "IVF builds clusters for vector search.")
+_CLEAR_WEAK = "HNSW is a graph index for fast vector search."
+_CLEAR_STRONG = "IVF clusters vectors into cells for vector search, unlike HNSW."
+_NO_PRIOR = LocalBackend(weights=dataclasses.replace(PROFILES["lexical"].weights, prior=0.0))
+
+
+def _ranked_ids(backend, texts, top_k=5):
+    request = validate_request(_Q, [{"id": f"t{i}", "text": t} for i, t in enumerate(texts)], top_k, 1.0)
+    return [r["id"] for r in _answer(backend, request)["ranked"]]
+
+
+def test_the_lexical_profile_uses_the_prior_and_minilm_does_not():
+    assert PROFILES["lexical"].weights.prior > 0
+    assert PROFILES["sentence-transformers"].weights.prior == 0
+
+
+def test_prior_is_one_first_and_decreasing():
+    p = rank_prior(50, 5.0)
+    assert p[0] == 1.0 and np.all(np.diff(p) < 0) and p[-1] > 0
+
+
+def test_close_evidence_follows_the_input_order_both_ways():
+    a, b = _CLOSE
+    assert _ranked_ids(LocalBackend(), [a, b]) == ["t0", "t1"]
+    assert _ranked_ids(LocalBackend(), [b, a]) == ["t0", "t1"]
+    # Without the prior the same pair is ordered by the text alone, whatever the input order.
+    by_text = _ranked_ids(_NO_PRIOR, [a, b])
+    assert _ranked_ids(_NO_PRIOR, [b, a]) == by_text[::-1]
+
+
+def test_a_clear_answer_further_down_still_wins():
+    assert _ranked_ids(LocalBackend(), [_CLEAR_WEAK, _CLEAR_STRONG])[0] == "t1"
+    assert _ranked_ids(LocalBackend(), [_CLEAR_STRONG, _CLEAR_WEAK])[0] == "t0"
+
+
+def test_unrelated_chunks_first_in_input_are_never_ranked(card):
+    adversarial = card.example("adversarial")
+    unrelated = [json.loads(line)["text"] for line in adversarial.chunks.splitlines() if line.strip()]
+    texts = [*unrelated, _CLEAR_STRONG]
+    request = validate_request(_Q, [{"id": f"t{i}", "text": t} for i, t in enumerate(texts)], 4, 1.0)
+    answer = _answer(LocalBackend(), request)
+    assert [r["id"] for r in answer["ranked"]] == [f"t{len(unrelated)}"]
+    assert all(d["reason"].startswith("below_min_score") for d in answer["dropped"])
+    # The card's adversarial query on its own chunks, each one moved to the front: still nothing.
+    for i in range(len(unrelated)):
+        order = [unrelated[i], *unrelated[:i], *unrelated[i + 1:]]
+        assert LocalBackend().scores(adversarial.query, order).relevance.max() <= 0.2
+
+
 @pytest.mark.st
 def test_sentence_transformers_examples(card):
     pytest.importorskip("sentence_transformers")
@@ -176,3 +236,16 @@ def test_any_input_gives_a_guard_valid_answer(query, texts, top_k):
     obj, violations = judge(text, request.chunks, top_k)
     assert violations == []
     assert sorted([r["id"] for r in obj["ranked"]] + [d["id"] for d in obj["dropped"]]) == sorted(request.ids)
+
+
+@hypothesis.given(query=st.lists(_words, min_size=1, max_size=6).map(" ".join),
+                  texts=st.lists(_texts, min_size=1, max_size=12), seed=st.integers(0, 2**16))
+def test_prior_only_lowers_scores_and_never_lifts_an_unrelated_chunk(query, texts, seed):
+    scores = _BACKEND.scores(query, texts)
+    assert np.all(scores.relevance <= scores.topical + 1e-12)
+    below = np.round(scores.topical, 3) <= 0.2
+    assert np.array_equal(scores.relevance[below], scores.topical[below])
+    # The text-only signal does not depend on the order; only the prior does.
+    perm = np.random.default_rng(seed).permutation(len(texts))
+    shuffled = _BACKEND.scores(query, [texts[i] for i in perm])
+    assert np.allclose(shuffled.topical, scores.topical[perm])

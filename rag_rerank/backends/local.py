@@ -10,19 +10,38 @@ It scores every chunk with two signals, each mapped to [0, 1] on an absolute sca
   every query term once would score. That is coverage of the query, not a per-query max, so a
   set of unrelated chunks stays near 0 instead of its best chunk being stretched to 1.
 
-relevance = w_sem * semantic + w_lex * lexical, with the calibration and weights of the embedder's
-`Profile` (MiniLM: 0.7 / 0.3, chosen on a dev split, see README "Quality"; lexical: 0.5 / 0.5, and
-its n-gram cosine only counts for chunks sharing a content word with the query). Chunks at or
-below the card's minimum score (0.2) go to `dropped`; the best `request.top_k` of the rest are
-`ranked` (the pipeline asks for candidate_k > top_k so the post-pass has room for MMR), each with
-a reason that quotes the chunk's own best-matching phrase. The answer is the card's JSON object as
-text, returned through the Backend protocol, so the output guard and the post-pass treat it
-exactly like an LLM's answer.
+topical = w_sem * semantic + w_lex * lexical, with the calibration and weights of the embedder's
+`Profile` (MiniLM: 0.7 / 0.3; lexical: 0.2 / 0.8, and its n-gram cosine only counts for chunks
+sharing a content word with the query; both chosen on a dev split, see README "Quality").
 
-The first-stage `score` of a chunk and its input position are deliberately not used: the ranking
-is a function of the query and the texts only. The minimum score is the packaged limit (0.2).
-`max_tokens`, `feedback` and `previous` are accepted for the protocol and ignored: the answer is
-deterministic, so a re-ask could not change it.
+**First-stage prior** (lexical profile only): the input order is the caller's retriever ranking,
+and a retriever with whole-corpus statistics (BM25's idf over millions of passages) knows things
+50 candidates cannot tell us. So, as in reciprocal-rank fusion, the chunk at input position i
+(0-based) gets the prior p = (c + 1) / (c + 1 + i), and a chunk's evidence above the card's
+minimum score (0.2) is discounted by its rank:
+
+    relevance = min + (topical - min) * ((1 - a) + a * p)      (only where topical > min)
+
+With the lexical profile's c = 5, a = 0.9 the first chunk keeps its topical score, the 6th keeps
+59% of its evidence above the minimum, the 50th 20%. The prior can only lower a score, never
+raise it, and a chunk at or below the minimum keeps its score and is dropped: the prior never
+creates relevance, so the card's adversarial example still ranks nothing however its chunks are
+ordered. It reorders only among chunks with topical evidence, as a blend of evidence and
+retriever rank; a clear answer further down still beats a weak early pick (the card's happy path
+keeps c3, third in input, first). The input position is used, not the chunk's `score`, because
+first-stage scores have no common scale or direction (BM25 is unbounded, distances are
+lower-is-better): pass chunks in your retriever's order. `Weights(prior=0)` turns it off. The
+MiniLM profile does not use it: on the held-out half it made both collections worse (README
+"Quality").
+
+Chunks at or below the card's minimum score go to `dropped`; the best `request.top_k` of the rest
+are `ranked` (the pipeline asks for candidate_k > top_k so the post-pass has room for MMR), each
+with a reason that quotes the chunk's own best-matching phrase. The answer is the card's JSON
+object as text, returned through the Backend protocol, so the output guard and the post-pass treat
+it exactly like an LLM's answer.
+
+The minimum score is the packaged limit (0.2). `max_tokens`, `feedback` and `previous` are
+accepted for the protocol and ignored: the answer is deterministic, so a re-ask could not change it.
 """
 
 from __future__ import annotations
@@ -88,13 +107,17 @@ class Calibration:
 
 @dataclass(frozen=True)
 class Weights:
-    """How the two signals combine, and the BM25 constants of the lexical one."""
+    """How the two signals combine, the BM25 constants of the lexical one, and the first-stage
+    prior: `prior` is a in [0, 1], the largest share of a chunk's evidence above the minimum that a
+    late input rank takes away (0 = off), `prior_c` the RRF-style c of p = (c + 1) / (c + 1 + i)."""
 
     semantic: float = 0.5
     lexical: float = 0.5
     k1: float = 1.2
     b: float = 0.75
     stopword_weight: float = 0.1
+    prior: float = 0.0
+    prior_c: float = 5.0
 
 
 @dataclass(frozen=True)
@@ -113,7 +136,8 @@ class Profile:
 # embedder puts unrelated text (lo) and a clear answer (hi); the weights were tuned on the
 # development split described in the README section "Quality" and then frozen.
 PROFILES: dict[str, Profile] = {
-    "lexical": Profile(Calibration(0.02, 0.3), Weights(semantic=0.5, lexical=0.5),
+    "lexical": Profile(Calibration(0.02, 0.3),
+                       Weights(semantic=0.2, lexical=0.8, prior=0.9, prior_c=5.0),
                        needs_content_match=True),
     "sentence-transformers": Profile(Calibration(0.15, 0.75), Weights(semantic=0.7, lexical=0.3)),
 }
@@ -130,10 +154,12 @@ def profile_for(embedder_name: str) -> Profile:
 
 @dataclass(frozen=True)
 class Scores:
-    """Per-chunk signals, in input order."""
+    """Per-chunk signals, in input order: `topical` is the text-only blend, `relevance` the final
+    score (topical fused with the first-stage prior, when the profile uses one)."""
 
     semantic: np.ndarray
     lexical: np.ndarray
+    topical: np.ndarray
     relevance: np.ndarray
 
 
@@ -200,6 +226,26 @@ def lexical_scores(
     return np.clip(scores, 0.0, 1.0), terms, term_w, content
 
 
+def rank_prior(n: int, c: float) -> np.ndarray:
+    """RRF-style prior of input positions 0..n-1: 1 for the first, (c + 1) / (c + 1 + i) after."""
+    return (c + 1.0) / (c + 1.0 + np.arange(n, dtype=np.float64))
+
+
+def fuse_prior(topical: np.ndarray, prior: np.ndarray, share: float, minimum: float) -> np.ndarray:
+    """Discount each chunk's evidence above `minimum` by its rank: times `(1 - share) + share * prior`.
+
+    The factor is in [1 - share, 1], so a score only ever goes down, and only where there is
+    evidence: scores are compared at the 3 decimals the answer carries, and a chunk at or below
+    the minimum there keeps its score. So the prior reorders topical chunks but can never lift an
+    unrelated one into `ranked`. (A chunk whose discounted evidence rounds to the minimum is then
+    dropped as below the minimum, like any other.)"""
+    if share <= 0.0 or topical.size == 0:
+        return topical
+    factor = (1.0 - share) + share * prior
+    fused = minimum + (topical - minimum) * factor
+    return np.where(np.round(topical, 3) > minimum, fused, topical)
+
+
 def best_phrase(text: str, term_weight: dict[str, float], window: int = 8) -> tuple[str, list[str]]:
     """The `window`-word span of the chunk holding the most query weight, and the chunk's words in
     it that match a query term. Without any shared term: the chunk's opening words."""
@@ -250,22 +296,24 @@ class LocalBackend:
     # -- scoring -------------------------------------------------------------------------------
 
     def scores(self, query: str, texts: Sequence[str]) -> Scores:
-        """Semantic, lexical and combined relevance of each text for `query`, all in [0, 1]."""
+        """Semantic, lexical, topical and final relevance of each text for `query`, all in [0, 1];
+        `texts` are taken to be in the first-stage order (see the module docstring)."""
         lex, _, _, content = lexical_scores(query, texts, self.weights)
         return self._combine(query, texts, lex, content)
 
     def _combine(self, query: str, texts: Sequence[str], lex: np.ndarray, content: np.ndarray) -> Scores:
         if not texts:
             z = np.zeros(0)
-            return Scores(z, z, z)
+            return Scores(z, z, z, z)
         vecs = np.asarray(self.embedder.embed([query, *texts]), dtype=np.float64)
         cos = vecs[1:] @ vecs[0]
         sem = self.calibration.apply(cos)
         if self.needs_content_match:
             sem = np.where(content, sem, 0.0)
         w = self.weights
-        rel = np.clip((w.semantic * sem + w.lexical * lex) / (w.semantic + w.lexical), 0.0, 1.0)
-        return Scores(sem, lex, rel)
+        topical = np.clip((w.semantic * sem + w.lexical * lex) / (w.semantic + w.lexical), 0.0, 1.0)
+        rel = fuse_prior(topical, rank_prior(len(texts), w.prior_c), w.prior, load_limits().min_score)
+        return Scores(sem, lex, topical, rel)
 
     def rank(self, request: RerankRequest) -> dict[str, Any]:
         """The card's output object for `request`: at most `request.top_k` ranked, the rest dropped."""
