@@ -176,6 +176,15 @@ class OpenAIBackend:
             notes=notes,
         )
 
+    def _downgrade_or_raise(
+        self, exc: Exception, sdk: Any, mode: str, last: bool, downgraded: list[str]
+    ) -> None:
+        """Note a response_format rejection (the caller moves to the next mode), else raise it classified."""
+        if not self._rejects_format(exc, mode, last):
+            raise classify_sdk_error(exc, sdk, self._key, "openai") from None
+        downgraded.append(f"openai: server rejected response_format {mode!r}: "
+                          f"{scrub(error_message(exc), self._key)[:120]}")
+
     def complete(
         self,
         prompt: str,
@@ -194,11 +203,8 @@ class OpenAIBackend:
                 resp = client.chat.completions.create(
                     **self._kwargs(mode, prompt, request, max_tokens, feedback, previous))
             except sdk.OpenAIError as exc:
-                if self._rejects_format(exc, mode, i == len(modes) - 1):
-                    downgraded.append(f"openai: server rejected response_format {mode!r}: "
-                                      f"{scrub(error_message(exc), self._key)[:120]}")
-                    continue
-                raise classify_sdk_error(exc, sdk, self._key, "openai") from None
+                self._downgrade_or_raise(exc, sdk, mode, i == len(modes) - 1, downgraded)
+                continue
             if not self.forced_mode:
                 _remember(self.base_url, mode)
             return self._completion(resp, mode, downgraded)
@@ -223,11 +229,8 @@ class OpenAIBackend:
                 resp = await client.chat.completions.create(
                     **self._kwargs(mode, prompt, request, max_tokens, feedback, previous))
             except sdk.OpenAIError as exc:
-                if self._rejects_format(exc, mode, i == len(modes) - 1):
-                    downgraded.append(f"openai: server rejected response_format {mode!r}: "
-                                      f"{scrub(error_message(exc), self._key)[:120]}")
-                    continue
-                raise classify_sdk_error(exc, sdk, self._key, "openai") from None
+                self._downgrade_or_raise(exc, sdk, mode, i == len(modes) - 1, downgraded)
+                continue
             if not self.forced_mode:
                 _remember(self.base_url, mode)
             return self._completion(resp, mode, downgraded)
