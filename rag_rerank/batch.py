@@ -20,6 +20,7 @@ Exit code: 0 every line ok, 3 some line had a backend failure, otherwise 2 some 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import sys
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
@@ -234,7 +235,12 @@ def read_done(path: Path) -> tuple[dict[int, dict[str, Any]], int]:
     done: dict[int, dict[str, Any]] = {}
     if not path.exists():
         return done, 0
-    data = path.read_bytes()
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise InputError(
+            [Violation(path=str(path), message=f"cannot read --output for --resume: {exc.strerror}")]
+        ) from None
     valid_end = data.rfind(b"\n") + 1
     for number, raw in enumerate(data[:valid_end].split(b"\n")[:-1], start=1):
         if not raw.strip():
@@ -311,6 +317,11 @@ def run_batch_cli(args: Any, backend_options: Mapping[str, Any]) -> int:
     lines = parse_input(read_text(args.input, what="input"))
     done: dict[int, dict[str, Any]] = {}
     out_path = None if to_stdout else Path(args.output)
+    if out_path is not None and out_path.is_dir():
+        raise UsageError(f"--output: {args.output} is a directory, not a file")
+    if out_path is not None and args.input != "-" and out_path.exists() and out_path.samefile(args.input):
+        # "w" would replace the requests with their results: the input is lost
+        raise UsageError(f"--output: {args.output} is the --input file; write the results to another file")
     if out_path is not None and args.resume:
         done, valid_end = read_done(out_path)
         if out_path.exists() and valid_end < out_path.stat().st_size:
@@ -326,7 +337,10 @@ def run_batch_cli(args: Any, backend_options: Mapping[str, Any]) -> int:
     else:
         if out_path.parent and not out_path.parent.exists():
             raise UsageError(f"--output: no such directory: {out_path.parent}")
-        stream = out_path.open("a" if args.resume else "w", encoding="utf-8")
+        try:
+            stream = out_path.open("a" if args.resume else "w", encoding="utf-8")
+        except OSError as exc:
+            raise UsageError(f"--output: cannot write {args.output}: {exc.strerror}") from None
     writer = _OrderedWriter(stream, [ln.number for ln in todo])
     try:
 
@@ -338,11 +352,14 @@ def run_batch_cli(args: Any, backend_options: Mapping[str, Any]) -> int:
         asyncio.run(
             _run([ln.item for ln in todo], concurrency=args.concurrency, on_done=on_done, options=options)
         )
+    except OSError as exc:  # only the writer does I/O here (disk full, a device that refuses writes)
+        raise UsageError(f"--output: cannot write {args.output}: {exc.strerror or exc}") from None
     finally:
         if bar is not None:
             bar.close()
         if stream is not sys.stdout:
-            stream.close()
+            with contextlib.suppress(OSError):  # the write error above is what gets reported
+                stream.close()
     records = [*done.values(), *writer.written]
     n_err = sum(1 for r in records if "error" in r)
     skipped = f", {len(done)} already done" if done else ""

@@ -41,6 +41,8 @@ def read_text(source: str, what: str = "chunks") -> str:
     positional argument and is shown as is (`OUTPUT_FILE`)."""
     label = what if what.isupper() else f"--{what}"
     if source == "-":
+        if sys.stdin is None:  # started with stdin closed (`<&-`)
+            raise UsageError(f"{label}: '-' reads stdin, but stdin is closed")
         data = sys.stdin.buffer.read()
         name = "<stdin>"
     else:
@@ -281,6 +283,12 @@ def _dispatch(func: Callable[[argparse.Namespace], int], args: argparse.Namespac
         return 130
     except BrokenPipeError:
         return EXIT_OK
+    except OSError as exc:  # the environment, not a bug: stdout on a full disk, an unreadable stdin
+        if os.environ.get("RAG_RERANK_DEBUG"):
+            raise
+        where = f": {exc.filename}" if exc.filename else ""
+        _err(f"error: I/O error: {exc.strerror or exc}{where}")
+        return EXIT_BAD_INPUT
     except Exception as exc:  # never a traceback for a user; RAG_RERANK_DEBUG=1 shows it
         if os.environ.get("RAG_RERANK_DEBUG"):
             raise

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -127,6 +128,8 @@ def read_candidates(path: str | Path) -> list[CandidateQuery]:
             continue
         seen.add(str(qid))
         out.append(CandidateQuery(str(qid), query, tuple({**c, "id": str(c["id"])} for c in chunks)))
+    if not out and not problems:
+        problems.append(Violation(path="candidates", message=f"{path} holds no queries"))
     if problems:
         raise InputError(problems, headline=f"invalid candidates file {path}")
     return out
@@ -226,10 +229,15 @@ def _config(k: int, lambda_: float | None, depth: int, options: Mapping[str, Any
 
 
 def _load_resume(path: Path, config: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    if path.is_dir():
+        raise InputError([Violation(path="resume", message=f"{path} is a directory, not a file")])
     if not path.is_file():
         return {}
     done: dict[str, dict[str, Any]] = {}
-    lines = path.read_text(encoding="utf-8").split("\n")
+    try:
+        lines = path.read_text(encoding="utf-8").split("\n")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError([Violation(path="resume", message=f"cannot read {path}: {exc}")]) from None
     for lineno, line in enumerate(lines, start=1):
         if not line.strip():
             continue
@@ -240,8 +248,11 @@ def _load_resume(path: Path, config: Mapping[str, Any]) -> dict[str, dict[str, A
                 break  # a half-written last line from an interrupted run
             raise InputError([Violation(path="resume", line=lineno, message=f"{path} is not a resume file")]
                              ) from None
+        is_result = isinstance(rec, dict) and "qid" in rec and ("ranked" in rec or "error" in rec)
+        if not (is_result or (isinstance(rec, dict) and "config" in rec)):
+            raise InputError([Violation(path="resume", line=lineno, message=f"{path} is not a resume file")])
         if "config" in rec:
-            if dict(rec["config"]) != dict(config):
+            if rec["config"] != dict(config):
                 raise InputError([Violation(path="resume", value=rec["config"],
                                             message=f"{path} was written for another configuration "
                                             f"{rec['config']}; use a new file")])
@@ -298,7 +309,9 @@ def rerank_queries(
         records = []
         for q, outcome in zip(part, outcomes, strict=True):
             if isinstance(outcome, Exception):
-                records.append({"qid": q.qid, "error": f"{type(outcome).__name__}: {outcome}"[:500]})
+                # one line: the CLI prints it as one stderr line per failed query
+                text = " ".join(part.strip() for part in str(outcome).splitlines())
+                records.append({"qid": q.qid, "error": f"{type(outcome).__name__}: {text}"[:500]})
             else:
                 records.append({"qid": q.qid, "ranked": outcome.ids})
         finished += len(part)
@@ -338,6 +351,16 @@ def evaluate(
     _ir_measures()
     if k < 1:
         raise InputError([Violation(path="k", value=k, message=f"k must be a positive integer, got {k}")])
+    # Options shared by every query are checked once: a bad one is bad input (exit 2), not one
+    # "failed" rerank per query (which the CLI reports as a backend failure, exit 3).
+    shared = [("lambda", lambda_, "a number in [0, 1]", 0.0, 1.0),
+              ("duplicate_threshold", options.get("duplicate_threshold"), "a finite number",
+               -math.inf, math.inf)]
+    for name, value, what, low, high in shared:
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                  or not math.isfinite(value) or not low <= value <= high):
+            raise InputError([Violation(path=name, value=value,
+                                        message=f"{name} must be {what}, got {value!r}")])
     queries = read_candidates(candidates) if isinstance(candidates, (str, Path)) else list(candidates)
     judgments = read_qrels(qrels) if isinstance(qrels, (str, Path)) else list(qrels)
     subs = read_subtopics(subtopics) if isinstance(subtopics, (str, Path)) else subtopics
@@ -346,6 +369,10 @@ def evaluate(
     depth_used = lim.max_chunks if depth is None else depth
     if depth_used < 1:
         raise InputError([Violation(path="depth", value=depth, message="depth must be a positive integer")])
+    if depth_used > lim.max_chunks:  # every query would fail the input guard (exit 3 per query)
+        raise InputError([Violation(path="depth", value=depth,
+                                    message=f"depth {depth_used} is over the limit of {lim.max_chunks} "
+                                    "chunks per rerank (max_chunks)")])
     yardstick = embedder if distance_embedder is None else get_embedder(distance_embedder)
     started = time.perf_counter()
     ranked, failed = rerank_queries(queries, k=k, lambda_=lambda_, depth=depth_used, concurrency=concurrency,

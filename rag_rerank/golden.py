@@ -79,6 +79,10 @@ class CaseResult:
         return not self.failures
 
 
+_STRING_LIST_KEYS = frozenset(
+    {"expect_contains", "expect_not_contains", "expect_error", "expect_violations", "expect_repairs"})
+
+
 def load_case(path: Path, kind: str) -> GoldenCase:
     """Read and shape-check one case file; `CaseFormatError` says what is wrong with it."""
     try:
@@ -93,6 +97,11 @@ def load_case(path: Path, kind: str) -> GoldenCase:
     missing = _REQUIRED_KEYS[kind] - set(data)
     if missing:
         raise CaseFormatError(f"missing key(s) for a {kind} case: {sorted(missing)}")
+    for key in _STRING_LIST_KEYS & set(data):
+        # a bare string would be checked character by character: "score" would pass on any 's'
+        value = data[key]
+        if not isinstance(value, list) or not all(isinstance(x, str) for x in value):
+            raise CaseFormatError(f"{key!r} must be a list of strings, got {json.dumps(value)[:60]}")
     return GoldenCase(kind=kind, name=path.stem, path=path, data=data)
 
 

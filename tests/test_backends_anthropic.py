@@ -134,3 +134,13 @@ def test_async_complete(request_) -> None:
         out = asyncio.run(backend.acomplete("P", request_, max_tokens=10))
     assert json.loads(out.text) == ANSWER
     assert srv.requests[0].headers.get("x-stainless-async", "").startswith("async")
+
+
+def test_malformed_json_body_is_a_fatal_failure_not_a_crash(request_) -> None:
+    """Regression: a 200 JSON content-type body that is not JSON escaped as JSONDecodeError (exit 4)."""
+    with FakeLLM([Reply(200, "{not json"), Reply(200, "{not json")]) as srv:
+        backend = AnthropicBackend(model="claude-x", base_url=srv.anthropic_url, api_key=KEY)
+        with pytest.raises(FatalFailure, match="not valid JSON"):
+            backend.complete("P", request_, max_tokens=50)
+        with pytest.raises(FatalFailure, match="not valid JSON"):
+            asyncio.run(backend.acomplete("P", request_, max_tokens=50))

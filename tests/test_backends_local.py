@@ -19,6 +19,7 @@ from rag_rerank.backends.local import (
     rank_prior,
     stem,
 )
+from rag_rerank.errors import InputError
 from rag_rerank.guard import validate_request
 from rag_rerank.guard.output import judge
 from rag_rerank.render import render
@@ -249,3 +250,17 @@ def test_prior_only_lowers_scores_and_never_lifts_an_unrelated_chunk(query, text
     perm = np.random.default_rng(seed).permutation(len(texts))
     shuffled = _BACKEND.scores(query, [texts[i] for i in perm])
     assert np.allclose(shuffled.topical, scores.topical[perm])
+
+
+def test_caller_embedder_ranks_with_the_callers_vectors_in_the_post_pass(card):
+    """Regression: `embedder="caller"` (CLI `-e caller`) failed with "some are missing" even when
+    every chunk carried a vector: the local backend tried to embed the query with it."""
+    ex = card.example("happy-path")
+    records = [json.loads(line) for line in ex.chunks.splitlines()]
+    for i, r in enumerate(records):
+        r["embedding"] = [1.0, float(i), 0.5]
+    result = rerank(ex.query, records, ex.top_k, ex.lambda_, embedder="caller")
+    assert result.meta.embedder == "caller"
+    assert sorted([*result.ids, *(d.id for d in result.dropped)]) == sorted(r["id"] for r in records)
+    with pytest.raises(InputError, match="needs an 'embedding' in every chunk"):
+        rerank(ex.query, ex.chunks, ex.top_k, ex.lambda_, embedder="caller")  # no vectors: still refused

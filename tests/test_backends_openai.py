@@ -206,3 +206,14 @@ def test_async_complete_and_forced_mode(request_) -> None:
     assert [o.text for o in outs] == [_answer(), _answer()]
     assert [r.body["response_format"] for r in srv.requests] == [{"type": "json_object"}] * 2
     assert remembered_mode(backend.base_url) is None  # a forced mode is not "learned"
+
+
+def test_malformed_json_body_is_a_fatal_failure_not_a_crash(request_) -> None:
+    """Regression: a 200 with `Content-Type: application/json` and a body that is not JSON made the
+    SDK raise JSONDecodeError straight through (CLI: internal error, exit 4)."""
+    with FakeLLM([Reply(200, "{not json"), Reply(200, "{not json")]) as srv:
+        backend = OpenAIBackend(base_url=srv.openai_url, api_key=KEY, response_format="json_object")
+        with pytest.raises(FatalFailure, match="not valid JSON"):
+            backend.complete("P", request_, max_tokens=50)
+        with pytest.raises(FatalFailure, match="not valid JSON"):
+            asyncio.run(backend.acomplete("P", request_, max_tokens=50))

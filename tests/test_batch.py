@@ -276,3 +276,29 @@ def test_progress_bar_only_on_a_terminal(tmp_path: Path) -> None:
     assert "3/3" not in piped and "3 ok, 0 failed" in piped
     quiet = _run_batch_subprocess(inp, tmp_path / "c.jsonl", tty=True, extra=("--no-progress",))
     assert "3/3" not in quiet and "3 ok, 0 failed" in quiet
+
+
+def test_batch_cli_unwritable_output_is_one_line_exit_2(tmp_path: Path, capsys) -> None:
+    """Regression: `-o DIR`, `--resume -o DIR` and a device that refuses writes were internal
+    errors (exit 4)."""
+    inp = tmp_path / "q.jsonl"
+    _write_input(inp, [json.dumps(q) for q in _queries(2)])
+    for extra in ([], ["--resume"]):
+        assert main(["batch", "-i", str(inp), "-o", str(tmp_path), "--no-progress", *extra]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "--output" in err and "is a directory" in err
+    if Path("/dev/full").exists():  # every write fails with ENOSPC: a full disk
+        assert main(["batch", "-i", str(inp), "-o", "/dev/full", "--no-progress"]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "cannot write /dev/full" in err and "internal" not in err
+
+
+def test_batch_cli_refuses_to_overwrite_its_input(tmp_path: Path, capsys) -> None:
+    """Regression: `batch -i F -o F` replaced the requests in F with their results (input lost)."""
+    inp = tmp_path / "q.jsonl"
+    _write_input(inp, [json.dumps(q) for q in _queries(2)])
+    before = inp.read_bytes()
+    assert main(["batch", "-i", str(inp), "-o", str(tmp_path / "." / "q.jsonl"), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "is the --input file" in err
+    assert inp.read_bytes() == before

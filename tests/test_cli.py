@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -256,3 +257,19 @@ def test_help_exits_0(capsys: pytest.CaptureFixture[str]) -> None:
 def test_every_subcommand_is_declared() -> None:
     sub = next(a for a in build_parser()._actions if a.dest == "command")
     assert set(sub.choices) == {"rerank", "render", "check", "route", "golden", "batch", "eval", "mcp"}
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")
+def test_output_on_a_full_disk_and_a_closed_stdin_are_one_line_exit_2() -> None:
+    """Regression: `render ... > /dev/full` and `-c - <&-` were internal errors (exit 4)."""
+    argv = [sys.executable, "-m", "rag_rerank.cli", "render", "-q", QUERY, "-k", "3"]
+    with open("/dev/full", "wb") as full:
+        proc = subprocess.run([*argv, "-c", str(EXAMPLES / "adversarial.jsonl")], stdout=full,
+                              stderr=subprocess.PIPE, cwd=ROOT, timeout=60, check=False)
+    assert proc.returncode == EXIT_BAD_INPUT
+    assert proc.stderr.decode().splitlines() == ["rag-rerank: error: I/O error: No space left on device"]
+    proc = subprocess.run([*argv, "-c", "-"], stdin=None, capture_output=True, cwd=ROOT, timeout=60,
+                          check=False, preexec_fn=lambda: os.close(0))  # as `<&-` does
+    assert proc.returncode == EXIT_BAD_INPUT
+    assert proc.stderr.decode().splitlines() == [
+        "rag-rerank: error: --chunks: '-' reads stdin, but stdin is closed"]

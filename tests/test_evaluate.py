@@ -180,3 +180,55 @@ def test_subtopic_metrics(tmp_path):
     # input order's top 2 covers one subtopic of three
     assert report.input["St-recall@2"] == pytest.approx(1 / 3)
     assert 0.0 <= report.reranked["alpha-nDCG@2"] <= 1.0
+
+
+def _tiny(tmp_path):
+    cands = tmp_path / "c.jsonl"
+    cands.write_text(json.dumps({"qid": "1", "query": "ivf memory", "chunks": [
+        {"id": "a", "text": "IVF saves memory"}, {"id": "b", "text": "HNSW is a graph"}]}) + "\n",
+        encoding="utf-8")
+    qrels = tmp_path / "q.txt"
+    qrels.write_text("1 0 a 1\n", encoding="utf-8")
+    return ["eval", "--candidates", str(cands), "--qrels", str(qrels), "--no-progress"]
+
+
+@pytest.mark.parametrize("junk", [b"[1]\n{}\n", b"\x85\xff not utf-8\n", "dir"])
+def test_unusable_resume_file_is_bad_input_not_an_internal_error(tmp_path, capsys, junk):
+    """Regression: a directory, a non-record line or non-UTF-8 bytes as --resume crashed with exit 4."""
+    resume = tmp_path / "r.jsonl"
+    if junk == "dir":
+        resume.mkdir()
+    else:
+        resume.write_bytes(junk)
+    assert main([*_tiny(tmp_path), "--resume", str(resume)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "resume" in err and "internal" not in err
+
+
+@pytest.mark.parametrize(
+    ("flag", "value"), [("--lambda", "5"), ("--duplicate-threshold", "nan"), ("--depth", "60")]
+)
+def test_bad_shared_option_is_exit_2_once_not_a_failure_per_query(tmp_path, capsys, flag, value):
+    """Regression: --lambda 5 (or a --depth over max_chunks) failed every query separately and
+    exited 3 (backend failure) with a multi-line message per query."""
+    assert main([*_tiny(tmp_path), flag, value]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and flag.lstrip("-").replace("-", "_") in err
+
+
+def test_empty_candidates_file_is_bad_input(tmp_path, capsys):
+    """Regression: an empty candidates file printed a table of NaN and exited 0."""
+    argv = _tiny(tmp_path)
+    Path(argv[2]).write_text("\n", encoding="utf-8")
+    assert main(argv) == 2
+    assert "holds no queries" in capsys.readouterr().err
+
+
+def test_a_failed_query_is_reported_on_one_line(tmp_path, capsys):
+    """A per-query failure (here a lone surrogate in one chunk) is one stderr line, not one per violation."""
+    argv = _tiny(tmp_path)
+    row = {"qid": "1", "query": "q", "chunks": [{"id": "a", "text": "x\ud800"}]}
+    Path(argv[2]).write_text(json.dumps(row) + "\n", encoding="utf-8")
+    main(argv)
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "query 1 kept its input order" in err and "surrogate" in err

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from rag_rerank.golden import KINDS, discover, load_case, run_all, run_case, run_golden
+from rag_rerank.golden import KINDS, CaseFormatError, discover, load_case, run_all, run_case, run_golden
 from rag_rerank.paths import golden_dir
 
 CASES = discover(golden_dir())
@@ -168,3 +168,17 @@ def test_verbose_lists_every_case(capsys: pytest.CaptureFixture[str], tmp_path: 
     assert run_golden(tmp_path, verbose=True) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[:2] == ["ok   render/defaults", "ok   check/minted-id"]
+
+
+@pytest.mark.parametrize(("kind", "key"), [("render", "expect_contains"), ("check", "expect_violations")])
+def test_a_bare_string_where_a_list_is_expected_is_a_bad_case(tmp_path: Path, kind: str, key: str) -> None:
+    """Regression: `"expect_contains": "abc"` was checked letter by letter, so it passed on almost
+    any prompt; such a case is now a bad case file."""
+    case = {"description": "d", "query": "q", "chunks": '{"id": "a", "text": "b"}', key: "abc"}
+    if kind == "check":
+        del case["query"]
+        case.update(top_k=1, raw="{}", expect="invalid")
+    path = tmp_path / f"{kind}.json"
+    path.write_text(json.dumps(case), encoding="utf-8")
+    with pytest.raises(CaseFormatError, match=f"'{key}' must be a list of strings"):
+        load_case(path, kind)

@@ -413,3 +413,18 @@ def test_property_arbitrary_records_only_raise_input_error(chunks: list[object])
 def test_property_arbitrary_jsonl_only_raises_input_error(chunks: list[object]) -> None:
     text = "\n".join(json.dumps(r) for r in chunks)
     _only_input_error("q", text, 3, 0.5)
+
+
+def test_tuple_and_numpy_embeddings_from_python_are_accepted_and_not_modified() -> None:
+    """Regression: a tuple or numpy vector (what a vector store returns) was refused with
+    "field 'embedding' must be an array, got array" / "got ndarray"."""
+    np = pytest.importorskip("numpy")
+    vectors = [(1.0, 0.0, 0.5), np.array([0.0, 1.0, 0.5]), np.array([0.5, 0.5, 0.5], dtype=np.float32)]
+    records = [{"id": f"c{i}", "text": f"text {i}", "embedding": v} for i, v in enumerate(vectors)]
+    chunks = parse_chunks(records)
+    assert [c.embedding for c in chunks] == [(1.0, 0.0, 0.5), (0.0, 1.0, 0.5), (0.5, 0.5, 0.5)]
+    assert records[1]["embedding"] is vectors[1]  # the caller's dict still holds its own array
+    chunk_objects = parse_chunks([Chunk(id="a", text="t", embedding=np.array([1.0, 2.0]))])
+    assert chunk_objects[0].embedding == (1.0, 2.0)
+    with pytest.raises(InputError, match="NaN"):
+        parse_chunks([{"id": "a", "text": "t", "embedding": np.array([np.nan, 1.0])}])

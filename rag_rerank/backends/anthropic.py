@@ -157,6 +157,8 @@ class AnthropicBackend:
             resp = self._clients.sync().messages.create(**kwargs)
         except sdk.AnthropicError as exc:
             raise classify_sdk_error(exc, sdk, self._key, "anthropic") from None
+        except json.JSONDecodeError as exc:  # the SDK parses a JSON content-type body itself
+            raise FatalFailure(f"anthropic: the server's answer is not valid JSON ({exc})") from None
         return self._completion(resp)
 
     async def acomplete(
@@ -174,4 +176,6 @@ class AnthropicBackend:
             resp = await self._clients.for_running_loop().messages.create(**kwargs)
         except sdk.AnthropicError as exc:
             raise classify_sdk_error(exc, sdk, self._key, "anthropic") from None
+        except json.JSONDecodeError as exc:  # the SDK parses a JSON content-type body itself
+            raise FatalFailure(f"anthropic: the server's answer is not valid JSON ({exc})") from None
         return self._completion(resp)

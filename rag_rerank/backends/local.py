@@ -284,9 +284,13 @@ class LocalBackend:
 
     def __init__(self, embedder: Any = "lexical", *, weights: Weights | None = None,
                  calibration: Calibration | None = None) -> None:
-        from ..embed import get_embedder
+        from ..embed import CallerVectors, get_embedder
 
         self.embedder = get_embedder(embedder)
+        if isinstance(self.embedder, CallerVectors):
+            # Scoring needs the query's vector too, and the caller gives chunk vectors only: score
+            # with the default embedder; the post-pass still uses (and insists on) the caller's vectors.
+            self.embedder = get_embedder("lexical")
         prof = profile_for(str(getattr(self.embedder, "name", "")))
         self.weights = weights or prof.weights
         self.calibration = calibration or prof.calibration

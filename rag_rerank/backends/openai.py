@@ -12,6 +12,7 @@ Those downgrades are a capability probe inside one call, not retries: retries be
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -205,6 +206,8 @@ class OpenAIBackend:
             except sdk.OpenAIError as exc:
                 self._downgrade_or_raise(exc, sdk, mode, i == len(modes) - 1, downgraded)
                 continue
+            except json.JSONDecodeError as exc:  # the SDK parses a JSON content-type body itself
+                raise FatalFailure(f"openai: the server's answer is not valid JSON ({exc})") from None
             if not self.forced_mode:
                 _remember(self.base_url, mode)
             return self._completion(resp, mode, downgraded)
@@ -231,6 +234,8 @@ class OpenAIBackend:
             except sdk.OpenAIError as exc:
                 self._downgrade_or_raise(exc, sdk, mode, i == len(modes) - 1, downgraded)
                 continue
+            except json.JSONDecodeError as exc:  # the SDK parses a JSON content-type body itself
+                raise FatalFailure(f"openai: the server's answer is not valid JSON ({exc})") from None
             if not self.forced_mode:
                 _remember(self.base_url, mode)
             return self._completion(resp, mode, downgraded)

@@ -8,6 +8,7 @@ number of vectors, mixed lengths or NaN is refused rather than passed on to MMR.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 from dataclasses import dataclass, field
@@ -100,8 +101,22 @@ class OpenAIEmbedder:
             raise BackendError(
                 f"{self.name} embeddings failed", [Attempt(1, kind, f"{type(exc).__name__}: {exc}")]
             ) from None
-        data = sorted(response.data, key=lambda d: d.index)
+        except json.JSONDecodeError as exc:  # a JSON content-type body the SDK could not parse
+            raise BackendError(f"{self.name} embeddings: the answer is not valid JSON",
+                               [Attempt(1, "fatal", str(exc))]) from None
+        # A server that is not an embeddings endpoint (an HTML page, `{}`, a list) gives the SDK
+        # no `data` list of `{index, embedding}`: refuse it like any other unusable answer.
+        raw = getattr(response, "data", None)
         problem = None
+        if not isinstance(raw, list) or not all(
+            isinstance(getattr(d, "index", None), int) and isinstance(getattr(d, "embedding", None), list)
+            for d in raw
+        ):
+            problem = "no 'data' list of {index, embedding} objects (is base_url an embeddings endpoint?)"
+            raise BackendError(
+                f"{self.name} embeddings: unusable answer ({problem})", [Attempt(1, "fatal", problem)]
+            )
+        data = sorted(raw, key=lambda d: d.index)
         if len(data) != len(texts):
             problem = f"{len(data)} vectors for {len(texts)} texts"
         elif len({len(d.embedding) for d in data}) != 1 or not data[0].embedding:

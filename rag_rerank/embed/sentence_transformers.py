@@ -8,15 +8,17 @@ Loaded models are cached per process: loading costs seconds, encoding 50 chunks 
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections import OrderedDict
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from ..errors import MissingDependencyError
+from ..errors import InputError, MissingDependencyError, Violation
 from . import l2_normalise
 
 DEFAULT_MODEL = "all-MiniLM-L6-v2"
@@ -54,6 +56,24 @@ def resolve_model(model: str | None) -> str:
     return model
 
 
+@contextlib.contextmanager
+def _quiet_loading() -> Iterator[None]:
+    """No "Loading weights" progress bar from transformers while the model loads: stderr carries
+    our one-line errors and `rerank --meta`'s JSON, which a bar would corrupt. Restored afterwards."""
+    try:
+        from transformers.utils import logging as hf_logging
+    except ImportError:  # an older sentence-transformers stack without this switch
+        yield
+        return
+    was_enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            hf_logging.enable_progress_bar()
+
+
 def load_model(model: str | None = None, device: str | None = "cpu") -> Any:
     """A cached `SentenceTransformer` (one per model and device per process)."""
     target = resolve_model(model)
@@ -66,7 +86,14 @@ def load_model(model: str | None = None, device: str | None = "cpu") -> Any:
                 raise MissingDependencyError(
                     "the sentence-transformers embedder", "st", "sentence-transformers"
                 ) from None
-            _models[key] = SentenceTransformer(target, device=device)
+            try:
+                with _quiet_loading():
+                    _models[key] = SentenceTransformer(target, device=device)
+            except (OSError, ValueError) as exc:  # no such folder or hub model, not a model folder
+                detail = " ".join(str(exc).split())[:300]
+                raise InputError([Violation(path="embedder", value=model,
+                                            message=f"cannot load sentence-transformers model {target!r}: "
+                                            f"{type(exc).__name__}: {detail}")]) from None
         return _models[key]
 
 

@@ -216,8 +216,19 @@ def _records_from(source: Any) -> tuple[list[tuple[Any, int | None, int]], list[
     return [(item, None, i) for i, item in enumerate(items)], [], len(items)
 
 
+def _as_list(emb: Any) -> Any:
+    """A Python caller's vector as the JSON array it stands for: a tuple or a numpy array (what a
+    vector store hands back) becomes a list; anything else is left for the schema to judge."""
+    if isinstance(emb, tuple):
+        return list(emb)
+    if type(emb).__module__ == "numpy" and hasattr(emb, "tolist"):
+        return emb.tolist()
+    return emb
+
+
 def _as_record(item: Any) -> Any:
-    """A `Chunk` back as the plain record it stands for; anything else unchanged."""
+    """A `Chunk` back as the plain record it stands for; anything else unchanged (a mapping whose
+    embedding is a tuple or numpy array is copied with a list, never modified)."""
     if isinstance(item, Chunk):
         rec: dict[str, Any] = {"id": item.id, "text": item.text}
         if item.score is not None:
@@ -225,11 +236,14 @@ def _as_record(item: Any) -> Any:
         if item.meta is not None:
             rec["meta"] = dict(item.meta) if isinstance(item.meta, Mapping) else item.meta
         if item.embedding is not None:
-            emb = item.embedding
-            rec["embedding"] = list(emb) if isinstance(emb, (list, tuple)) else emb
+            rec["embedding"] = _as_list(item.embedding)
         return rec
-    if isinstance(item, Mapping) and not isinstance(item, dict):
-        return dict(item)
+    if isinstance(item, Mapping):
+        emb = item.get("embedding")
+        if _as_list(emb) is not emb:
+            return {**item, "embedding": _as_list(emb)}
+        if not isinstance(item, dict):
+            return dict(item)
     return item
 
 
