@@ -57,7 +57,7 @@ def read_text(source: str, what: str = "chunks") -> str:
             raise UsageError(f"{label}: cannot read {source}: {exc.strerror}") from None
         name = source
     try:
-        return data.decode("utf-8")
+        return data.decode("utf-8-sig")  # a BOM (Windows editors) is not part of the content
     except UnicodeDecodeError as exc:
         line = data[: exc.start].count(b"\n") + 1
         raise UsageError(f"{name}: line {line}: not UTF-8 text (byte {exc.start})") from None

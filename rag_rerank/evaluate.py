@@ -87,7 +87,7 @@ def _ir_measures() -> Any:
 def read_candidates(path: str | Path) -> list[CandidateQuery]:
     """Every line of a candidates file, or an `InputError` naming each bad line."""
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        text = Path(path).read_text(encoding="utf-8-sig")
     except (OSError, UnicodeDecodeError) as exc:
         raise InputError([Violation(path="candidates", message=f"cannot read {path}: {exc}")]) from None
     out: list[CandidateQuery] = []
@@ -149,7 +149,7 @@ def read_subtopics(path: str | Path) -> list[Any]:
     irm = _ir_measures()
     out = []
     try:
-        lines = Path(path).read_text(encoding="utf-8").splitlines()
+        lines = Path(path).read_text(encoding="utf-8-sig").splitlines()
     except (OSError, UnicodeDecodeError) as exc:
         raise InputError([Violation(path="subtopics", message=f"cannot read {path}: {exc}")]) from None
     for lineno, line in enumerate(lines, start=1):

@@ -273,3 +273,12 @@ def test_output_on_a_full_disk_and_a_closed_stdin_are_one_line_exit_2() -> None:
     assert proc.returncode == EXIT_BAD_INPUT
     assert proc.stderr.decode().splitlines() == [
         "rag-rerank: error: --chunks: '-' reads stdin, but stdin is closed"]
+
+
+def test_files_saved_with_a_utf8_bom_are_read(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    chunks = tmp_path / "chunks.jsonl"
+    chunks.write_bytes(b'\xef\xbb\xbf{"id": "c1", "text": "IVF partitions vectors into cells."}\n')
+    answer = tmp_path / "answer.json"
+    answer.write_bytes(b'\xef\xbb\xbf{"ranked": [{"id": "c1", "score": 0.9, "reason": "IVF partitions"}]}')
+    assert main(["check", "-c", str(chunks), "-k", "1", str(answer)]) == EXIT_OK
+    assert capsys.readouterr().out.strip() == "valid"

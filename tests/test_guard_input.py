@@ -428,3 +428,17 @@ def test_tuple_and_numpy_embeddings_from_python_are_accepted_and_not_modified() 
     assert chunk_objects[0].embedding == (1.0, 2.0)
     with pytest.raises(InputError, match="NaN"):
         parse_chunks([{"id": "a", "text": "t", "embedding": np.array([np.nan, 1.0])}])
+
+
+def test_a_utf8_bom_before_the_first_record_is_not_part_of_it() -> None:
+    chunks = parse_chunks('\ufeff{"id": "a", "text": "x"}\n{"id": "b", "text": "y"}\n')
+    assert [c.id for c in chunks] == ["a", "b"]
+
+
+def test_a_file_name_passed_as_str_gets_a_hint(tmp_path: Path) -> None:
+    path = tmp_path / "chunks.jsonl"
+    path.write_text('{"id": "a", "text": "x"}\n', encoding="utf-8")
+    with pytest.raises(InputError) as err:
+        parse_chunks(str(path))
+    assert "pass pathlib.Path(...) to read it" in str(err.value)
+    assert [c.id for c in parse_chunks(path)] == ["a"]

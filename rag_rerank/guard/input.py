@@ -187,6 +187,7 @@ def _records_from(source: Any) -> tuple[list[tuple[Any, int | None, int]], list[
     if isinstance(source, (bytes, bytearray)):
         source = _decode(bytes(source), "chunks")
     if isinstance(source, str):
+        source = source.removeprefix("\ufeff")  # a BOM (Windows editors) is not part of line 1's JSON
         records: list[tuple[Any, int | None, int]] = []
         bad: list[Violation] = []
         index = 0
@@ -203,6 +204,8 @@ def _records_from(source: Any) -> tuple[list[tuple[Any, int | None, int]], list[
                 shown = line if len(line) <= 60 else line[:57] + "..."
                 shown = shown.encode("utf-8", "backslashreplace").decode("utf-8")
                 msg = f"not valid JSON ({reason}): {shown!r}"
+                if lineno == 1 and "\n" not in source.strip() and os.path.isfile(line.strip()):
+                    msg += "; that is a file name: pass pathlib.Path(...) to read it (a str is JSONL text)"
                 bad.append(Violation(path=f"chunks[{index - 1}]", message=msg, line=lineno))
         return records, bad, index
     if isinstance(source, Mapping):
