@@ -249,7 +249,7 @@ def test_no_chunks_is_an_error() -> None:
 # --- parameters ----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("top_k", [0, -1, 2.0, "3", True, None.__class__, 1.5])
+@pytest.mark.parametrize("top_k", [0, -1, 0.0, "3", True, None.__class__, 1.5, float("inf"), float("nan")])
 def test_bad_top_k(top_k: object) -> None:
     out = reject(top_k=top_k)
     assert len(out) == 1 and out[0].startswith("top_k: top_k must be a positive integer, got ")
@@ -258,6 +258,12 @@ def test_bad_top_k(top_k: object) -> None:
 @pytest.mark.parametrize("top_k", [1, 5, 50, 10**6])
 def test_good_top_k(top_k: int) -> None:
     assert validate_request("q", OK, top_k).top_k == top_k
+
+
+def test_integral_float_top_k_is_an_integer_as_in_json_schema() -> None:
+    # The tool schema says "integer", which JSON Schema (and so the calling model) satisfies with 3.0.
+    req = validate_request("q", OK, 3.0)
+    assert req.top_k == 3 and type(req.top_k) is int
 
 
 def test_numpy_scalars_are_accepted() -> None:

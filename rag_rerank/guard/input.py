@@ -365,6 +365,8 @@ def validate_request(
     """Check everything about a request at once; raise one `InputError` naming every problem."""
     lim = limits or load_limits()
     top_k = lim.default_top_k if top_k is None else top_k
+    if isinstance(top_k, float) and top_k.is_integer():
+        top_k = int(top_k)  # JSON Schema's integer: tool-calling models often send 3.0
     lambda_ = lim.default_lambda if lambda_ is None else lambda_
     violations = _param_violations(query, top_k, lambda_, lim)
     parsed: list[Chunk] = []
