@@ -80,13 +80,13 @@ async def _run(
 ) -> None:
     """Run every item (an Exception item is already a failure), calling `on_done(index, outcome)`
     as each finishes, in completion order."""
-    if concurrency < 1:
+    if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
         raise InputError(
             [
                 Violation(
                     path="concurrency",
                     value=concurrency,
-                    message=f"concurrency must be at least 1, got {concurrency}",
+                    message=f"concurrency must be an integer of at least 1, got {concurrency!r}",
                 )
             ]
         )

@@ -116,6 +116,10 @@ def read_candidates(path: str | Path) -> list[CandidateQuery]:
         if bad:
             problems += [Violation(path="candidates", line=lineno, message=m) for m in bad]
             continue
+        if not chunks:  # nothing to rerank: bad input (exit 2), not a failed rerank (exit 3)
+            problems.append(Violation(path="candidates.chunks", line=lineno, id=str(qid),
+                                      message="'chunks' is empty; give at least one {id, text} candidate"))
+            continue
         ids = [str(c["id"]) for c in chunks]
         if len(set(ids)) != len(ids):
             dupes = sorted({i for i in ids if ids.count(i) > 1})
@@ -136,12 +140,33 @@ def read_candidates(path: str | Path) -> list[CandidateQuery]:
 
 
 def read_qrels(path: str | Path) -> list[Any]:
-    """TREC qrels (`qid iter docid rel`) as ir-measures Qrel tuples."""
+    """TREC qrels (`qid iter docid rel`) as ir-measures Qrel tuples.
+
+    Parsed here rather than by `ir_measures.read_trec_qrels` so that a bad line is named by its
+    number, and a UTF-8 BOM (Windows editors) does not silently become part of the first qid,
+    whose judgments would then never match a candidate query.
+    """
     irm = _ir_measures()
     try:
-        return list(irm.read_trec_qrels(str(path)))
-    except (OSError, ValueError, IndexError) as exc:
+        data = Path(path).read_bytes()
+        if str(path).endswith(".gz"):
+            import gzip
+
+            data = gzip.decompress(data)
+        text = data.decode("utf-8-sig")
+    except (OSError, EOFError, UnicodeDecodeError) as exc:
         raise InputError([Violation(path="qrels", message=f"cannot read TREC qrels {path}: {exc}")]) from None
+    out = []
+    for lineno, line in enumerate(text.splitlines(), start=1):
+        parts = line.split()
+        if not parts:
+            continue
+        if len(parts) != 4 or not parts[3].lstrip("-").isdigit():
+            shown = line if len(line) <= 60 else line[:57] + "..."
+            raise InputError([Violation(path="qrels", line=lineno, message="expected 'qid iter docid rel' "
+                                        f"with an integer rel, got {shown!r}")])
+        out.append(irm.Qrel(parts[0], parts[2], int(parts[3]), parts[1]))
+    return out
 
 
 def read_subtopics(path: str | Path) -> list[Any]:
@@ -188,6 +213,10 @@ def measure(qrels: Sequence[Any], orders: Mapping[str, Sequence[str]], *, k: int
 
     judged = {q.query_id for q in qrels}
     orders = {q: ids for q, ids in orders.items() if q in judged}
+    # Judgments of queries that were not run would count as zeros in ir-measures' mean.
+    qrels = [q for q in qrels if q.query_id in orders]
+    if subtopics:
+        subtopics = [q for q in subtopics if q.query_id in orders]
     recall = R(rel=rel_level) @ k if rel_level != 1 else R @ k
     rr = RR(rel=rel_level) @ 10 if rel_level != 1 else RR @ 10
     agg = irm.calc_aggregate([nDCG @ 10, recall, rr], qrels, _run(orders))
@@ -373,6 +402,11 @@ def evaluate(
         raise InputError([Violation(path="depth", value=depth,
                                     message=f"depth {depth_used} is over the limit of {lim.max_chunks} "
                                     "chunks per rerank (max_chunks)")])
+    if not {j.query_id for j in judgments} & {q.qid for q in queries}:
+        # Every metric would be NaN (and `--json` would print invalid JSON): a mismatch of files.
+        where = qrels if isinstance(qrels, (str, Path)) else "the qrels"
+        raise InputError([Violation(path="qrels", message=f"{where} judges none of the "
+                                    f"{len(queries)} candidate queries (check the qid columns)")])
     yardstick = embedder if distance_embedder is None else get_embedder(distance_embedder)
     started = time.perf_counter()
     ranked, failed = rerank_queries(queries, k=k, lambda_=lambda_, depth=depth_used, concurrency=concurrency,

@@ -86,7 +86,7 @@ _STRING_LIST_KEYS = frozenset(
 def load_case(path: Path, kind: str) -> GoldenCase:
     """Read and shape-check one case file; `CaseFormatError` says what is wrong with it."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(path.read_text(encoding="utf-8-sig"))  # a BOM from a Windows editor is fine
     except (OSError, UnicodeDecodeError, ValueError) as exc:
         raise CaseFormatError(f"cannot read case: {exc}") from None
     if not isinstance(data, dict):
@@ -208,6 +208,8 @@ def _run_check(case: GoldenCase) -> list[str]:
     d = case.data
     if d["expect"] not in ("valid", "invalid"):
         raise CaseFormatError("'expect' must be \"valid\" or \"invalid\"")
+    if isinstance(d["top_k"], bool) or not isinstance(d["top_k"], int):
+        raise CaseFormatError(f"'top_k' must be an integer, got {json.dumps(d['top_k'])[:40]}")
     chunks = parse_chunks(_chunks_source(d["chunks"]))
     raw = d["raw"]
     failures: list[str] = []
@@ -243,6 +245,8 @@ def _run_rerank(case: GoldenCase) -> list[str]:
     from .rerank import rerank
 
     d = case.data
+    if not isinstance(d.get("options", {}), dict):
+        raise CaseFormatError("'options' must be an object of rerank() keywords")
     options = dict(d.get("options", {}))
     options.setdefault("backend", d.get("backend", "local"))
     options.setdefault("embedder", d.get("embedder", "lexical"))
@@ -251,6 +255,7 @@ def _run_rerank(case: GoldenCase) -> list[str]:
         return _expect_input_error(case, lambda: rerank(*args, **options))
     if not isinstance(d.get("expect"), dict):
         raise CaseFormatError("a rerank case needs 'expect': {\"ranked_ids\": [...], \"dropped\": {...}}")
+    _check_rerank_expect(d["expect"])
     try:
         result = rerank(*args, **options)
     except InputError as exc:
@@ -273,6 +278,19 @@ def _run_rerank(case: GoldenCase) -> list[str]:
     if sorted(accounted) != sorted(input_ids):
         failures.append(f"ids not accounted for exactly once: input {input_ids}, output {accounted}")
     return failures
+
+
+def _check_rerank_expect(expect: Mapping[str, Any]) -> None:
+    """A misspelt or empty `expect` would leave a case that checks nothing and can never fail."""
+    unknown = set(expect) - {"ranked_ids", "dropped"}
+    if unknown or not expect:
+        raise CaseFormatError(f"'expect' takes 'ranked_ids' and/or 'dropped', got {sorted(expect)}")
+    ids = expect.get("ranked_ids", [])
+    if not isinstance(ids, list) or not all(isinstance(x, str) for x in ids):
+        raise CaseFormatError("'expect.ranked_ids' must be a list of id strings")
+    dropped = expect.get("dropped", {})
+    if not isinstance(dropped, dict) or not all(isinstance(x, str) for x in dropped.values()):
+        raise CaseFormatError("'expect.dropped' must be an object {id: reason prefix}")
 
 
 def _records(chunks: Any) -> list[dict[str, Any]]:

@@ -57,7 +57,12 @@ def make_backend(
     Build one and pass it to many `rerank` calls to reuse its HTTP connection pool.
     """
     if not isinstance(name, str):
-        return name
+        if callable(getattr(name, "complete", None)) and callable(getattr(name, "acomplete", None)):
+            return name
+        # Anything else would fail later with an AttributeError deep inside the retry loop.
+        msg = (f"backend must be a name ({', '.join(BACKENDS)}) or a Backend instance, "
+               f"got {type(name).__name__}")
+        raise InputError([Violation(path="backend", message=msg, value=name)])
     if name == "local":
         from .backends.local import LocalBackend
 
@@ -286,6 +291,7 @@ def rerank(
     fails and there is no fallback.
     """
     _check_fallback(fallback)
+    _check_policy(policy)
     plan = _plan(
         query,
         chunks,
@@ -338,6 +344,7 @@ async def arerank(
     """`rerank` for asyncio: the backend call is awaited (the backend's `acomplete`), so many
     requests share one event loop. Arguments, result and errors are those of `rerank`."""
     _check_fallback(fallback)
+    _check_policy(policy)
     plan = _plan(
         query,
         chunks,
@@ -377,6 +384,15 @@ async def _offload(plan: _Plan, func: Any, *args: Any) -> RerankResult:
     if name.startswith("lexical") or name == "caller":
         return func(*args)
     return await asyncio.to_thread(func, *args)
+
+
+def _check_policy(policy: Any) -> None:
+    """A wrong `policy` would otherwise surface as an AttributeError inside the retry loop."""
+    from .retry import RetryPolicy
+
+    if policy is not None and not isinstance(policy, RetryPolicy):
+        msg = f"policy must be None or a RetryPolicy, got {type(policy).__name__}"
+        raise InputError([Violation(path="policy", message=msg)])
 
 
 def _check_fallback(fallback: str | None) -> None:

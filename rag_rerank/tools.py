@@ -136,12 +136,26 @@ def anthropic_tool(card: SkillCard | None = None, *, limits: Limits | None = Non
     }
 
 
+MAX_VIOLATIONS = 20  # a tool result is read by a model: 40,000 violations would flood its context
+
+
 def invalid_input(violations: list[Violation] | tuple[Violation, ...]) -> dict[str, Any]:
-    """The structured error a calling model receives for arguments it can fix."""
+    """The structured error a calling model receives for arguments it can fix.
+
+    At most `MAX_VIOLATIONS` are listed, whole-argument ones (a limit, duplicate ids, a bad
+    `top_k`) first, since fixing those usually fixes the rest; a last entry counts the others.
+    """
+    shown = list(violations)
+    if len(shown) > MAX_VIOLATIONS:
+        top = [v for v in shown if "[" not in v.path]
+        rest = [v for v in shown if "[" in v.path]
+        shown = (top + rest)[: MAX_VIOLATIONS - 1]
+        more = len(violations) - len(shown)
+        shown.append(Violation(path="arguments", message=f"... and {more} more problems not listed"))
     return {
         "error": {
             "type": "invalid_input",
-            "violations": [{"path": v.path, "message": v.message} for v in violations],
+            "violations": [{"path": v.path, "message": v.message} for v in shown],
         }
     }
 
@@ -165,8 +179,9 @@ def parse_arguments(arguments: Any, card: SkillCard | None = None) -> tuple[dict
     if isinstance(arguments, str):
         try:
             arguments = json.loads(arguments)
-        except ValueError as exc:
-            return {}, [Violation(path="arguments", message=f"not valid JSON: {exc}")]
+        except (ValueError, RecursionError) as exc:
+            reason = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
+            return {}, [Violation(path="arguments", message=f"not valid JSON: {reason}")]
     if not isinstance(arguments, Mapping):
         return {}, [
             Violation(

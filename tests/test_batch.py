@@ -94,6 +94,14 @@ def test_arerank_many_rejects_zero_concurrency() -> None:
         asyncio.run(arerank_many(_queries(1), concurrency=0))
 
 
+@pytest.mark.parametrize("concurrency", ["2", 1.5, True])
+def test_arerank_many_rejects_a_non_integer_concurrency(concurrency: object) -> None:
+    """Regression: concurrency="2" raised a bare TypeError from the comparison."""
+    with pytest.raises(InputError) as info:
+        asyncio.run(arerank_many(_queries(1), concurrency=concurrency))
+    assert info.value.violations[0].path == "concurrency"
+
+
 def test_parse_input_reports_bad_lines_by_number() -> None:
     text = "\n".join(
         [

@@ -232,3 +232,51 @@ def test_a_failed_query_is_reported_on_one_line(tmp_path, capsys):
     main(argv)
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "query 1 kept its input order" in err and "surrogate" in err
+
+
+@pytest.mark.parametrize("line", ["1 0 a high", "1 0 a 1.5", "1 0 a", "1 0 a 1 extra"])
+def test_bad_qrels_line_is_named_by_its_number(tmp_path, capsys, line):
+    """Regression: a malformed qrels line was reported as a bare Python message
+    ("invalid literal for int()", "not enough values to unpack") with no line number."""
+    argv = _tiny(tmp_path)
+    Path(argv[4]).write_text(f"1 0 b 0\n{line}\n", encoding="utf-8")
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "line 2" in err and "qrels" in err
+
+
+def test_qrels_with_a_bom_and_crlf_still_judge_the_first_query(tmp_path, capsys):
+    """Regression: a BOM became part of the first qid, so its judgments silently matched nothing."""
+    argv = _tiny(tmp_path)
+    Path(argv[4]).write_bytes(b"\xef\xbb\xbf1 0 b 1\r\n")
+    assert main([*argv, "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["input"]["Recall@10"] == 1.0  # b is judged relevant for qid 1 and is in the list
+
+
+def test_qrels_of_queries_not_in_the_candidates_do_not_count_as_zeros(tmp_path, capsys):
+    """Regression: judgments for a qid absent from the candidates entered the mean as a zero."""
+    argv = _tiny(tmp_path)
+    Path(argv[4]).write_text("1 0 a 1\nnot-run 0 a 1\n", encoding="utf-8")
+    assert main([*argv, "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["input"]["nDCG@10"] == 1.0 and report["input"]["MRR@10"] == 1.0
+
+
+def test_qrels_that_judge_no_candidate_query_are_bad_input(tmp_path, capsys):
+    """Regression: empty or mismatched qrels printed NaN metrics (invalid JSON with --json), exit 0."""
+    argv = _tiny(tmp_path)
+    Path(argv[4]).write_text("other 0 a 1\n", encoding="utf-8")
+    assert main([*argv, "--json"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.count("\n") == 1 and "judges none" in captured.err
+
+
+def test_a_query_with_no_candidates_is_bad_input_not_a_backend_failure(tmp_path, capsys):
+    """Regression: `"chunks": []` passed the candidates check, failed in the reranker and made
+    eval exit 3 (backend failure) instead of 2 (bad input)."""
+    argv = _tiny(tmp_path)
+    Path(argv[2]).write_text('{"qid": "1", "query": "ivf", "chunks": []}\n', encoding="utf-8")
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "line 1" in err and "chunks" in err and "empty" in err

@@ -107,6 +107,13 @@ def test_byte_for_byte_render_regression_is_caught(tmp_path: Path) -> None:
             "bad case file: unknown key(s) for a check case: ['surprise']",
         ),
         ("check", "minted-id", {"expect": "maybe"}, "bad case file: 'expect' must be"),
+        # Regressions: these crashed inside the runner ("crashed: TypeError ...") or, for a
+        # misspelt or empty `expect`, passed while checking nothing.
+        ("check", "minted-id", {"top_k": "3"}, "bad case file: 'top_k' must be an integer"),
+        ("rerank", "odd-ids", {"expect": {"ranked": ["a"]}}, "bad case file: 'expect' takes"),
+        ("rerank", "odd-ids", {"expect": {}}, "bad case file: 'expect' takes"),
+        ("rerank", "odd-ids", {"expect": {"dropped": ["a"]}}, "bad case file: 'expect.dropped' must be"),
+        ("rerank", "odd-ids", {"options": "x"}, "bad case file: 'options' must be an object"),
     ],
 )
 def test_regressions_and_broken_cases_are_reported(
@@ -182,3 +189,11 @@ def test_a_bare_string_where_a_list_is_expected_is_a_bad_case(tmp_path: Path, ki
     path.write_text(json.dumps(case), encoding="utf-8")
     with pytest.raises(CaseFormatError, match=f"'{key}' must be a list of strings"):
         load_case(path, kind)
+
+
+def test_a_case_file_with_a_utf8_bom_is_read(tmp_path: Path) -> None:
+    """Regression: a case saved by a Windows editor (UTF-8 with BOM) was a bad case file."""
+    data = copy_case(tmp_path, "check", "minted-id")
+    path = tmp_path / "check" / "minted-id.json"
+    path.write_bytes(b"\xef\xbb\xbf" + json.dumps(data).encode("utf-8"))
+    assert load_case(path, "check").data == data

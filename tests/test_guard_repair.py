@@ -18,6 +18,9 @@ OBJ = json.dumps({"ranked": [{"id": "c3", "score": 0.9, "reason": "IVF {memory} 
         ("  \n" + OBJ + "\n", ()),
         ("```json\n" + OBJ + "\n```", ("removed a Markdown code fence",)),
         ("```\n" + OBJ + "```", ("removed a Markdown code fence",)),
+        # Regression: a CRLF fence (a Windows file) was logged as "a fence inside prose" plus
+        # 7 and 3 characters of removed text.
+        ("```json\r\n" + OBJ + "\r\n```\r\n", ("removed a Markdown code fence",)),
         ("<think>plan: c3 first</think>\n" + OBJ, ("removed a <think> block",)),
         (
             "<THINK>x</THINK>```json\n" + OBJ + "\n```",

@@ -114,6 +114,10 @@ def test_bad_input_never_reaches_the_backend() -> None:
         ({"lambda_": 1.5}, "lambda"),
         ({"backend": "cohere"}, "backend"),
         ({"fallback": "openai"}, "fallback"),
+        # Regression: a non-backend object or a wrong policy raised AttributeError from the retry loop.
+        ({"backend": None}, "backend"),
+        ({"backend": 3}, "backend"),
+        ({"policy": "fast"}, "policy"),
     ],
 )
 def test_bad_arguments_raise_input_error_naming_the_field(kwargs: dict, field: str) -> None:

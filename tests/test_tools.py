@@ -20,6 +20,7 @@ from rag_rerank.guard.limits import load_limits
 from rag_rerank.paths import guard_dir
 from rag_rerank.skill import SkillCard
 from rag_rerank.tools import (
+    MAX_VIOLATIONS,
     TOOL_FILES,
     anthropic_tool,
     call_tool,
@@ -324,3 +325,21 @@ def test_property_call_tool_never_raises_for_any_json_arguments() -> None:
             assert all(v["path"] and v["message"] for v in result["error"]["violations"])
 
     check()
+
+
+def test_call_tool_deeply_nested_json_string_is_an_error_not_a_crash() -> None:
+    # A model (or an attacker) can emit a JSON string nested deeper than Python's recursion limit.
+    deep = "[" * 100_000 + "]" * 100_000
+    (v,) = _violations(call_tool(deep))
+    assert v["path"] == "arguments" and "nested too deeply" in v["message"]
+
+
+def test_call_tool_caps_the_violation_list_and_keeps_the_limit_first() -> None:
+    """Regression: 20,000 bad records came back as 40,001 violations (megabytes a calling model
+    would have to read), with the one that matters, the chunk limit, last."""
+    chunks = [{"id": i} for i in range(20_000)]
+    got = _violations(call_tool({"query": "q", "chunks": chunks}))
+    assert len(got) == MAX_VIOLATIONS
+    assert "max_chunks" in got[0]["message"]
+    assert got[-1]["path"] == "arguments" and str(40_001 - (MAX_VIOLATIONS - 1)) in got[-1]["message"]
+    assert any(v["path"] == "chunks[0].id" for v in got)

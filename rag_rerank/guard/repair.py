@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass
 
 _THINK = re.compile(r"\A<think>.*?</think>", re.DOTALL | re.IGNORECASE)
-_FENCE = re.compile(r"\A```[A-Za-z0-9_-]*[ \t]*\n(.*?)\n?```\Z", re.DOTALL)
+_FENCE = re.compile(r"\A```[A-Za-z0-9_-]*[ \t]*\r?\n(.*?)\n?```\Z", re.DOTALL)  # \r\n: Windows files
 
 
 @dataclass(frozen=True)
