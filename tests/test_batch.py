@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -16,7 +14,7 @@ from rag_rerank.cli import main
 from rag_rerank.errors import InputError
 from rag_rerank.models import RerankResult
 from rag_rerank.skill import load_skill
-from tests.support.fake_llm import FakeLLM, RecordedRequest, Reply
+from tests.support.fake_llm import FakeLLM, InFlight, Reply
 from tests.support.quoting_ranker import quoting_ranker
 
 QUERY = "When should I prefer IVF over HNSW for vector search?"
@@ -65,17 +63,7 @@ def test_arerank_many_keeps_input_order_and_isolates_failures() -> None:
 
 
 def test_arerank_many_bounds_concurrency_and_shares_one_backend() -> None:
-    lock, state = threading.Lock(), {"now": 0, "max": 0}
-    answer = quoting_ranker()
-
-    def slow(req: RecordedRequest) -> Reply:
-        with lock:
-            state["now"] += 1
-            state["max"] = max(state["max"], state["now"])
-        time.sleep(0.25)
-        with lock:
-            state["now"] -= 1
-        return answer(req)
+    slow = InFlight(quoting_ranker(), delay=0.25)
 
     with FakeLLM(handler=slow) as srv:
         out = asyncio.run(
@@ -86,7 +74,7 @@ def test_arerank_many_bounds_concurrency_and_shares_one_backend() -> None:
         assert len(srv.requests) == 9
     assert all(isinstance(r, RerankResult) for r in out)
     assert all(r.meta.backend == "openai" for r in out if isinstance(r, RerankResult))
-    assert 2 <= state["max"] <= 3
+    assert 2 <= slow.max <= 3
 
 
 def test_arerank_many_rejects_zero_concurrency() -> None:

@@ -6,8 +6,6 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
-import threading
-import time
 
 import pytest
 
@@ -16,7 +14,7 @@ from rag_rerank.errors import BackendError, InputError
 from rag_rerank.models import Chunk, RerankResult
 from rag_rerank.rerank import candidate_k, make_backend
 from rag_rerank.retry import RetryPolicy
-from tests.support.fake_llm import FakeLLM, RecordedRequest, Reply
+from tests.support.fake_llm import FakeLLM, InFlight, Reply
 from tests.support.quoting_ranker import quoting_ranker
 
 QUERY = "When should I prefer IVF over HNSW for vector search?"
@@ -284,17 +282,7 @@ def test_arerank_really_overlaps_backend_calls() -> None:
     """Four arerank calls on one loop must be in flight at the same time at the server (the async
     path awaits the SDK; a blocking call inside it would serialise them)."""
     chunks = _examples("happy-path")
-    lock, state = threading.Lock(), {"now": 0, "max": 0}
-    answer = quoting_ranker()
-
-    def slow(req: RecordedRequest) -> Reply:
-        with lock:
-            state["now"] += 1
-            state["max"] = max(state["max"], state["now"])
-        time.sleep(0.4)
-        with lock:
-            state["now"] -= 1
-        return answer(req)
+    slow = InFlight(quoting_ranker(), delay=0.4)
 
     with FakeLLM(handler=slow) as srv:
         backend = make_backend("openai", base_url=srv.openai_url, api_key="x", model="m")
@@ -305,7 +293,7 @@ def test_arerank_really_overlaps_backend_calls() -> None:
             )
 
         results = asyncio.run(main())
-    assert state["max"] >= 2
+    assert slow.max >= 2
     for r in results:
         _assert_contract(r, _ids(chunks), 3)
 

@@ -366,3 +366,22 @@ def auto_ranker(latency: float = 0.0) -> Callable[[RecordedRequest], Reply]:
         return Reply.openai_text(json.dumps(answer), delay=latency)
 
     return handle
+
+
+class InFlight:
+    """A handler wrapper that holds each call for `delay` seconds and records the most calls the
+    server had in flight at once: the observable proof that a client overlaps (or bounds) them."""
+
+    def __init__(self, answer: Callable[[RecordedRequest], Reply], delay: float) -> None:
+        self.answer, self.delay = answer, delay
+        self.now = self.max = 0
+        self._lock = threading.Lock()
+
+    def __call__(self, req: RecordedRequest) -> Reply:
+        with self._lock:
+            self.now += 1
+            self.max = max(self.max, self.now)
+        time.sleep(self.delay)
+        with self._lock:
+            self.now -= 1
+        return self.answer(req)
