@@ -130,7 +130,12 @@ def _plan(
     api_key: str | None,
     embedder: Any,
     limits: Limits | None,
+    fallback: str | None,
+    policy: Any,
 ) -> _Plan:
+    """Every check and decision shared by `rerank` and `arerank`, before the backend is called."""
+    _check_fallback(fallback)
+    _check_policy(policy)
     started = time.perf_counter()
     lim = limits or load_limits()
     request = validate_request(query, chunks, top_k, lambda_, limits=lim)
@@ -290,8 +295,6 @@ def rerank(
     Raises `InputError` for bad input and `BackendError` (every attempt attached) when the backend
     fails and there is no fallback.
     """
-    _check_fallback(fallback)
-    _check_policy(policy)
     plan = _plan(
         query,
         chunks,
@@ -303,6 +306,8 @@ def rerank(
         api_key=api_key,
         embedder=embedder,
         limits=limits,
+        fallback=fallback,
+        policy=policy,
     )
     from .retry import call_with_retries
 
@@ -343,8 +348,6 @@ async def arerank(
 ) -> RerankResult:
     """`rerank` for asyncio: the backend call is awaited (the backend's `acomplete`), so many
     requests share one event loop. Arguments, result and errors are those of `rerank`."""
-    _check_fallback(fallback)
-    _check_policy(policy)
     plan = _plan(
         query,
         chunks,
@@ -356,6 +359,8 @@ async def arerank(
         api_key=api_key,
         embedder=embedder,
         limits=limits,
+        fallback=fallback,
+        policy=policy,
     )
     from .retry import acall_with_retries
 
