@@ -1,36 +1,30 @@
-"""Routing quality: choose the threshold on the `tune` split, report every split.
+"""Routing quality: the threshold from cross-validation on the card's examples, figures on held-out data.
 
     python bench/route.py                                  # lexical embedder (default)
     python bench/route.py --embedder sentence-transformers
-    python bench/route.py --splits tune,dev2,dev3          # only these splits
-    python bench/route.py --errors                         # misrouted (not of blind, heldout2, heldout3)
+    python bench/route.py --errors                         # misrouted development utterances
+    python bench/route.py --write                          # also print the THRESHOLDS entry
 
-The evaluation set is golden/router/utterances.jsonl (one JSON object per line: utterance,
-n_chunks, expect = skill name or null, category, split). The threshold is the one that maximises
-recall - FPR (Youden's J) on `tune`; among equally good thresholds the middle of the widest
-interval is taken, so the choice does not sit on the edge of a tune example. Nothing but `tune`
-chooses a threshold.
-
-The splits, in the order they were written (each one before the router saw it):
-  tune      64  written first; the router was designed and the threshold chosen on it
-  heldout   64  written with tune; its misrouted items were looked at by the first router's author
-  fresh     71  written after that look; later used for development (errors looked at)
-  blind     71  written last by the first author; nobody has looked at its errors
-  heldout2  80  written by the second author BEFORE any change to the card or the router; only
-                its aggregate figures were ever printed (never with --errors): the headline split
-  dev2      70  written after the first heldout2 measurement; development set (errors looked at)
-  dev3      60  written after the second; development set, used to compare scoring rules
-  heldout3  80  written by the third author BEFORE the classifier router and its card additions;
-                measured only at the end, aggregate figures only: the headline split
-`--write` prints the THRESHOLDS line to paste into router.py. `--errors` skips blind, heldout2 and
-heldout3 (`--errors-blind` would print them and spend them as held-out measurements).
+Two data sets, never mixed:
+  development  skills/rag-chunk-reranker/routing-examples.jsonl, the labelled requests the router
+               learns from (each with the `source` it was written in). The threshold is chosen on
+               out-of-fold scores: for each source, a router fitted without it scores its
+               utterances; the pooled scores pick the threshold that maximises recall - 2 * FPR
+               (a false route costs two misses), the middle of the widest optimal interval.
+  held-out     golden/router/heldout.jsonl, written by authors who never saw the router, the
+               card's examples or the development set. The shipped router (fitted on all the
+               development data) is measured on it once; only aggregates are printed unless
+               --errors-heldout is given, which spends it.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
+import time
+from collections.abc import Iterable
 from itertools import pairwise
 from pathlib import Path
 
@@ -38,75 +32,111 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from rag_rerank.paths import golden_dir
 from rag_rerank.router import Router
+from rag_rerank.skill import SkillCard, load_skill
 
-# Splits whose misrouted items are never printed unless asked for: they stay held-out measurements.
-UNTOUCHED = ("blind", "heldout2", "heldout3")
+HELD_OUT = golden_dir() / "router" / "heldout.jsonl"
 
 
-def load(path: Path) -> list[dict]:
+@dataclasses.dataclass(frozen=True)
+class Scored:
+    """One utterance, its label, and the router's best score (None when a precondition refused)."""
+
+    split: str
+    utterance: str
+    n_chunks: int | None
+    positive: bool
+    category: str
+    score: float | None
+
+
+def load_heldout(path: Path = HELD_OUT) -> list[dict]:
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
-def metrics(rows: list[dict], router: Router) -> dict:
-    tp = fp = fn = tn = 0
-    wrong = []
-    for r in rows:
-        got = router.decide(r["utterance"], r.get("n_chunks")).skill
-        want = r["expect"]
-        if want is not None:
-            if got == want:
-                tp += 1
-            else:
-                fn += 1
-                wrong.append(("missed", r, got))
-        elif got is None:
-            tn += 1
-        else:
-            fp += 1
-            wrong.append(("false route", r, got))
-    precision = tp / (tp + fp) if tp + fp else 1.0
-    recall = tp / (tp + fn) if tp + fn else 1.0
-    fpr = fp / (fp + tn) if fp + tn else 0.0
+def score_rows(router: Router, rows: Iterable[dict], split_key: str = "split") -> list[Scored]:
+    """Scores with the threshold disabled, so any threshold can be applied afterwards."""
+    saved, router.threshold = router.threshold, float("-inf")
+    try:
+        out = []
+        for r in rows:
+            d = router.decide(r["utterance"], r.get("n_chunks"))
+            out.append(
+                Scored(
+                    r[split_key],
+                    r["utterance"],
+                    r.get("n_chunks"),
+                    r["expect"] is not None,
+                    r.get("category", ""),
+                    d.score if d.skill is not None else None,
+                )
+            )
+        return out
+    finally:
+        router.threshold = saved
+
+
+def out_of_fold(card: SkillCard, embedder: str) -> list[Scored]:
+    """Each development source scored by a router fitted on the card without that source."""
+    sources = list(dict.fromkeys(e.source for e in card.routing_examples))
+    out: list[Scored] = []
+    for source in sources:
+        fold = dataclasses.replace(
+            card, routing_examples=tuple(e for e in card.routing_examples if e.source != source)
+        )
+        rows = [
+            {
+                "split": e.source,
+                "utterance": e.utterance,
+                "n_chunks": e.n_chunks,
+                "expect": card.name if e.route else None,
+                "category": e.category,
+            }
+            for e in card.routing_examples
+            if e.source == source
+        ]
+        out += score_rows(Router([fold], embedder), rows)
+    return out
+
+
+def metrics(scored: list[Scored], threshold: float) -> dict:
+    tp = sum(1 for s in scored if s.positive and s.score is not None and s.score >= threshold)
+    fp = sum(1 for s in scored if not s.positive and s.score is not None and s.score >= threshold)
+    pos = sum(1 for s in scored if s.positive)
+    neg = len(scored) - pos
+    fn, tn = pos - tp, neg - fp
     return {
-        "n": len(rows),
-        "positives": tp + fn,
-        "negatives": fp + tn,
+        "n": len(scored),
+        "positives": pos,
+        "negatives": neg,
         "tp": tp,
         "fp": fp,
         "fn": fn,
         "tn": tn,
-        "precision": precision,
-        "recall": recall,
-        "fpr": fpr,
-        "wrong": wrong,
+        "precision": tp / (tp + fp) if tp + fp else 1.0,
+        "recall": tp / pos if pos else 1.0,
+        "fpr": fp / neg if neg else 0.0,
     }
 
 
-def choose_threshold(rows: list[dict], router: Router) -> float:
-    """Youden's J over every candidate cut between observed scores; ties -> widest interval's middle."""
-    # A router decision depends on the threshold only through `pos >= threshold`; collect the
-    # best trigger score of each utterance once, with the threshold disabled.
-    router.threshold = float("-inf")
-    scored = []
-    for r in rows:
-        d = router.decide(r["utterance"], r.get("n_chunks"))
-        routed = d.skill is not None
-        scored.append((d.score if routed else None, r["expect"] is not None, d.skill == r["expect"]))
-    cuts = sorted({s for s, _, _ in scored if s is not None})
-    # Below every score (route all), between neighbours, above every score (route none).
-    low = min(cuts[0] - 1e-6, 0.0) if cuts else 0.0
-    candidates = [low] + [(a + b) / 2 for a, b in pairwise(cuts)] + [cuts[-1] + 1e-6 if cuts else 1.0]
-    best: list[tuple[float, float]] = []
+# A false route runs the reranker on a request that is not for it (the agent acts on a wrong tool
+# call); a miss only sends the request to the agent's general handler. So a false route is
+# weighed as two misses when the threshold is chosen.
+FALSE_ROUTE_COST = 2.0
+
+
+def choose_threshold(scored: list[Scored], fp_cost: float = FALSE_ROUTE_COST) -> float:
+    """Maximise recall - fp_cost * FPR over every cut between observed scores; among equally good
+    cuts take the middle of the widest run, so the choice does not sit on one utterance's score."""
+    cuts = sorted({s.score for s in scored if s.score is not None})
+    if not cuts:
+        return 0.5
+    candidates = [min(cuts[0] - 1e-6, 0.0)] + [(a + b) / 2 for a, b in pairwise(cuts)] + [cuts[-1] + 1e-6]
+    js = []
     for t in candidates:
-        tp = sum(1 for s, pos, ok in scored if pos and ok and s is not None and s >= t)
-        fp = sum(1 for s, pos, _ in scored if not pos and s is not None and s >= t)
-        npos = sum(1 for _, pos, _ in scored if pos) or 1
-        nneg = sum(1 for _, pos, _ in scored if not pos) or 1
-        best.append((tp / npos - fp / nneg, t))
-    top = max(j for j, _ in best)
-    good = [t for j, t in best if j == top]
-    # The widest run of consecutive optimal cut points, and its middle.
-    idx = [candidates.index(t) for t in good]
+        m = metrics(scored, t)
+        js.append(m["recall"] - fp_cost * m["fpr"])
+    top = max(js)
+    idx = [i for i, j in enumerate(js) if j == top]
     runs: list[list[int]] = [[idx[0]]]
     for i in idx[1:]:
         if i == runs[-1][-1] + 1:
@@ -114,42 +144,56 @@ def choose_threshold(rows: list[dict], router: Router) -> float:
         else:
             runs.append([i])
     run = max(runs, key=len)
-    lo, hi = candidates[run[0]], candidates[run[-1]]
-    return round((lo + hi) / 2, 4)
+    return round((candidates[run[0]] + candidates[run[-1]]) / 2, 4)
+
+
+def line(name: str, m: dict) -> str:
+    return (
+        f"{name:18s} n={m['n']:4d} (pos {m['positives']}, neg {m['negatives']})  "
+        f"precision={m['precision']:.3f}  recall={m['recall']:.3f}  FPR={m['fpr']:.3f}  "
+        f"tp={m['tp']} fp={m['fp']} fn={m['fn']} tn={m['tn']}"
+    )
+
+
+def print_errors(scored: list[Scored], threshold: float) -> None:
+    for s in scored:
+        routed = s.score is not None and s.score >= threshold
+        if routed != s.positive:
+            kind = "missed" if s.positive else "false route"
+            shown = "refused" if s.score is None else f"{s.score:.2f}"
+            print(f"    {kind}: {s.split} [{s.category}] {s.utterance!r} n_chunks={s.n_chunks} score={shown}")
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--embedder", default="lexical")
-    ap.add_argument("--data", default=str(golden_dir() / "router" / "utterances.jsonl"))
-    ap.add_argument(
-        "--errors", action="store_true", help="list misrouted utterances (not of blind / heldout2 / heldout3)"
-    )
-    ap.add_argument(
-        "--errors-blind", action="store_true", help="also list the untouched splits' misrouted utterances"
-    )
+    ap.add_argument("--errors", action="store_true", help="list misrouted development utterances (out of fold)")
+    ap.add_argument("--errors-heldout", action="store_true", help="also list held-out errors (spends the split)")
+    ap.add_argument("--no-heldout", action="store_true", help="development figures only")
     ap.add_argument("--write", action="store_true", help="print the THRESHOLDS entry for router.py")
-    ap.add_argument("--splits", help="comma-separated splits to report (default: all)")
     args = ap.parse_args()
-    rows = load(Path(args.data))
-    tune = [r for r in rows if r["split"] == "tune"]
-    splits = args.splits.split(",") if args.splits else list(dict.fromkeys(r["split"] for r in rows))
-    router = Router(embedder=args.embedder)
-    threshold = choose_threshold(tune, router)
-    router.threshold = threshold
-    print(f"embedder={args.embedder}  threshold chosen on tune ({len(tune)} utterances): {threshold}")
-    for name in splits:
-        m = metrics([r for r in rows if r["split"] == name], router)
-        print(
-            f"{name:8s} n={m['n']:3d} (pos {m['positives']}, neg {m['negatives']})  "
-            f"precision={m['precision']:.3f}  recall={m['recall']:.3f}  FPR={m['fpr']:.3f}  "
-            f"tp={m['tp']} fp={m['fp']} fn={m['fn']} tn={m['tn']}"
-        )
-        if args.errors and (name not in UNTOUCHED or args.errors_blind):
-            for kind, r, got in m["wrong"]:
-                print(
-                    f"    {kind}: [{r['category']}] {r['utterance']!r} n_chunks={r.get('n_chunks')} -> {got}"
-                )
+    card = load_skill()
+    t0 = time.perf_counter()
+    oof = out_of_fold(card, args.embedder)
+    threshold = choose_threshold(oof)
+    sources = list(dict.fromkeys(s.split for s in oof))
+    print(
+        f"embedder={args.embedder}  threshold {threshold} chosen on out-of-fold scores of "
+        f"{len(oof)} development utterances ({len(sources)} sources, {time.perf_counter() - t0:.1f} s)"
+    )
+    print(line("development (CV)", metrics(oof, threshold)))
+    for source in sources:
+        print("  " + line(source, metrics([s for s in oof if s.split == source], threshold)))
+    if args.errors:
+        print_errors(oof, threshold)
+    if not args.no_heldout:
+        router = Router([card], args.embedder, threshold=threshold)
+        held = score_rows(router, load_heldout())
+        print(line("HELD-OUT", metrics(held, threshold)))
+        for split in dict.fromkeys(s.split for s in held):
+            print("  " + line(split, metrics([s for s in held if s.split == split], threshold)))
+        if args.errors_heldout:
+            print_errors(held, threshold)
     if args.write:
         print(f'THRESHOLDS["{args.embedder.split(":")[0]}"] = {threshold}')
     return 0

@@ -11,6 +11,7 @@ still get typed inputs and triggers from one file.
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 from functools import cache
@@ -55,6 +56,22 @@ class Example:
 
 
 @dataclass(frozen=True)
+class RoutingExample:
+    """One labelled request from the card's routing examples file: should it route to this card?
+
+    `n_chunks` is the candidate count the request came with (a request over the card's
+    `max_chunks` is refused by the size precondition, whatever its words); `source` names the
+    set it was written in, so a benchmark can hold one set out at a time.
+    """
+
+    utterance: str
+    route: bool
+    n_chunks: int | None = None
+    category: str = ""
+    source: str = ""
+
+
+@dataclass(frozen=True)
 class SkillCard:
     name: str
     description: str
@@ -72,6 +89,10 @@ class SkillCard:
     # the four seed triggers (route_examples) and the four not-for items (reject_examples).
     route_examples: tuple[str, ...] = ()
     reject_examples: tuple[str, ...] = ()
+    # Nouns a count in a request may refer to ("rerank these 200 hits"), for the size precondition.
+    count_nouns: tuple[str, ...] = ()
+    # Labelled requests from the file named by `routing.examples_file` (JSON Lines, next to the card).
+    routing_examples: tuple[RoutingExample, ...] = ()
 
     def input(self, name: str) -> InputSpec:
         for spec in self.inputs:
@@ -195,7 +216,46 @@ def _build(front: dict[str, Any], body: str, path: Path) -> SkillCard:
         path=path,
         route_examples=_strings(routing, "route_examples", path),
         reject_examples=_strings(routing, "reject_examples", path),
+        count_nouns=_strings(routing, "count_nouns", path),
+        routing_examples=_routing_examples(routing, path),
     )
+
+
+def _routing_examples(routing: dict[str, Any], path: Path) -> tuple[RoutingExample, ...]:
+    """The labelled requests of `routing.examples_file`; a bad line is a card error naming it."""
+    name = routing.get("examples_file")
+    if name is None:
+        return ()
+    if not isinstance(name, str) or not name.strip() or Path(name).is_absolute() or ".." in Path(name).parts:
+        raise SkillCardError(f"{path}: metadata.routing.examples_file must be a file name inside the skill folder")
+    file = path.parent / name
+    try:
+        lines = file.read_text(encoding="utf-8-sig").splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SkillCardError(f"{file}: cannot read the routing examples: {exc}") from None
+    out = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        where = f"{file}:{number}"
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise SkillCardError(f"{where}: not JSON ({exc.msg})") from None
+        if not isinstance(row, dict):
+            raise SkillCardError(f"{where}: must be a JSON object")
+        utterance, route, n_chunks = row.get("utterance"), row.get("route"), row.get("n_chunks")
+        if not isinstance(utterance, str) or not utterance.strip():
+            raise SkillCardError(f"{where}: utterance must be a non-empty string")
+        if not isinstance(route, bool):
+            raise SkillCardError(f"{where}: route must be true or false, got {route!r}")
+        if n_chunks is not None and (isinstance(n_chunks, bool) or not isinstance(n_chunks, int) or n_chunks < 0):
+            raise SkillCardError(f"{where}: n_chunks must be a non-negative integer or null, got {n_chunks!r}")
+        category, source = row.get("category", ""), row.get("source", "")
+        if not isinstance(category, str) or not isinstance(source, str):
+            raise SkillCardError(f"{where}: category and source must be strings")
+        out.append(RoutingExample(" ".join(utterance.split()), route, n_chunks, category, source))
+    return tuple(out)
 
 
 def _strings(routing: dict[str, Any], key: str, path: Path) -> tuple[str, ...]:

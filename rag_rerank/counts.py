@@ -1,0 +1,125 @@
+"""Counts people write in a request: "rerank these 1,000 hits", "ninety passages", "a few hundred".
+
+The router's size precondition (never route more than a card's `max_chunks`) is only as good as
+its reading of the number, and users write numbers every way: digits with thousands separators
+("1,000", "1 000", "1_000"), a k suffix ("2k"), English words ("ninety", "five hundred and
+twelve", "a thousand") and vague quantities ("a few hundred", "hundreds of", "thousands of").
+A vague quantity becomes the smallest value it can mean (a few hundred -> 200), which is all a
+"more than N?" check needs. Nothing here knows about chunks; `counts_before` pairs each number
+with the words that follow it and the caller decides which nouns count.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+
+_UNITS = {
+    w: i
+    for i, w in enumerate(
+        "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen "
+        "fifteen sixteen seventeen eighteen nineteen".split()
+    )
+}
+_TENS = {w: 10 * (i + 2) for i, w in enumerate("twenty thirty forty fifty sixty seventy eighty ninety".split())}
+_SCALES = {"hundred": 100, "thousand": 1000, "million": 1_000_000, "dozen": 12}
+# "hundreds of", "thousands of", "dozens of": at least two of the unit.
+_PLURAL_SCALES = {"hundreds": 200, "thousands": 2000, "millions": 2_000_000, "dozens": 24}
+# Words that make the next scale vague but at least this many of it ("a few hundred" >= 200).
+_VAGUE = {"few": 2, "couple": 2, "several": 3, "many": 2}
+_ONE = {"a", "an", "one"}
+
+# A token is a number in digits, a word, or a comparison sign. Digits may be grouped in threes
+# by ",", "_", "." or a space ("1,000", "1 000"); a space group followed by a hyphen is two
+# numbers ("40 200-token chunks"). A k suffix multiplies by a thousand ("2k", "1.5k").
+_TOKEN = re.compile(
+    r"\d{1,3}(?:[,_.]\d{3})+(?![\d.,])"
+    r"|\d{1,3}(?: \d{3})+(?![\d-])"
+    r"|\d+(?:\.\d+)?k(?![a-z])"
+    r"|\d+(?:\.\d+)?"
+    r"|[a-z]+|[<>]"
+)
+
+
+def _digit_value(token: str) -> int:
+    if token.endswith("k"):
+        return round(float(token[:-1]) * 1000)
+    if re.fullmatch(r"\d{1,3}(?:[,_. ]\d{3})+", token):
+        return int(re.sub(r"[,_. ]", "", token))
+    return int(float(token))
+
+
+def tokenize(text: str) -> list[str]:
+    """Lower-cased words, numbers in digits ("1,000", "1 000", "2k") and comparison signs, in order."""
+    tokens = []
+    for tok in _TOKEN.findall(text.lower()):
+        tokens.append(tok)
+    return tokens
+
+
+def _word_number(tokens: list[str], i: int) -> tuple[int, int] | None:
+    """(value, tokens consumed) of an English number starting at `tokens[i]`, or None."""
+    total = current = 0
+    j = i
+    seen = False
+    while j < len(tokens):
+        t = tokens[j]
+        nxt = tokens[j + 1] if j + 1 < len(tokens) else ""
+        if t in _UNITS:
+            current += _UNITS[t]
+        elif t in _TENS:
+            current += _TENS[t]
+        elif t in _SCALES and (seen or t == "dozen"):
+            scale = _SCALES[t]
+            if scale == 100:
+                current = max(current, 1) * 100
+            else:
+                total += max(current, 1) * scale
+                current = 0
+        elif t in _ONE and nxt in _SCALES and not seen:
+            current = 1
+        elif t in _VAGUE and not seen and (nxt in _SCALES or (nxt == "of" and j + 2 < len(tokens))):
+            k = j + 1 if nxt in _SCALES else j + 2
+            if k < len(tokens) and tokens[k] in _SCALES:
+                current = _VAGUE[t]
+            else:
+                break
+            if nxt == "of":
+                j += 1
+        elif t == "and" and seen and (nxt in _UNITS or nxt in _TENS):
+            j += 1
+            continue
+        elif t in _PLURAL_SCALES and not seen:
+            return _PLURAL_SCALES[t], j - i + 1
+        else:
+            break
+        seen = True
+        j += 1
+    if not seen:
+        return None
+    return total + current, j - i
+
+
+def counts_before(text: str, window: int = 3) -> Iterator[tuple[int, list[str], str]]:
+    """Each number in `text` with up to `window` following words and the two words before it.
+
+    For "more than 50 chunks" yields (50, ["chunks"], "more than"). Numbers written in words are
+    read whole ("five hundred and twelve" is one number, 512), and a number's own words are not
+    offered as the words that follow it.
+    """
+    toks = tokenize(text)
+    i = 0
+    while i < len(toks):
+        tok = toks[i]
+        value: int | None
+        used = 1
+        if tok[0].isdigit():
+            value = _digit_value(tok)
+        else:
+            parsed = _word_number(toks, i)
+            value, used = parsed if parsed else (None, 1)
+        if value is not None:
+            after = toks[i + used : i + used + window]
+            before = " ".join(toks[max(0, i - 2) : i])
+            yield value, after, before
+        i += used
