@@ -167,8 +167,8 @@ def print_errors(scored: list[Scored], threshold: float) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--embedder", default="lexical")
-    ap.add_argument("--errors", action="store_true", help="list misrouted development utterances (out of fold)")
-    ap.add_argument("--errors-heldout", action="store_true", help="also list held-out errors (spends the split)")
+    ap.add_argument("--errors", action="store_true", help="list misrouted development utterances")
+    ap.add_argument("--errors-heldout", action="store_true", help="list held-out errors (spends the set)")
     ap.add_argument("--no-heldout", action="store_true", help="development figures only")
     ap.add_argument("--write", action="store_true", help="print the THRESHOLDS entry for router.py")
     args = ap.parse_args()

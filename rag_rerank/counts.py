@@ -14,14 +14,11 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 
-_UNITS = {
-    w: i
-    for i, w in enumerate(
-        "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen "
-        "fifteen sixteen seventeen eighteen nineteen".split()
-    )
-}
-_TENS = {w: 10 * (i + 2) for i, w in enumerate("twenty thirty forty fifty sixty seventy eighty ninety".split())}
+_UNIT_WORDS = """zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen
+    fifteen sixteen seventeen eighteen nineteen"""
+_TEN_WORDS = "twenty thirty forty fifty sixty seventy eighty ninety"
+_UNITS = {w: i for i, w in enumerate(_UNIT_WORDS.split())}
+_TENS = {w: 10 * (i + 2) for i, w in enumerate(_TEN_WORDS.split())}
 _SCALES = {"hundred": 100, "thousand": 1000, "million": 1_000_000, "dozen": 12}
 # "hundreds of", "thousands of", "dozens of": at least two of the unit.
 _PLURAL_SCALES = {"hundreds": 200, "thousands": 2000, "millions": 2_000_000, "dozens": 24}

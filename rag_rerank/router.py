@@ -205,8 +205,17 @@ def _classifier_tokens(text: str) -> list[str]:
     return out
 
 
+def _ending(text: str) -> str:
+    """The end marker of a bigram sequence: a question ends differently from a request."""
+    return "?" if text.rstrip().endswith("?") else "$"
+
+
+@lru_cache(maxsize=16384)
 def _classifier_features(text: str) -> dict[str, float]:
     """Stems, stem bigrams and in-word character 3-5-grams; each group L2-normalised, then weighted.
+
+    Cached (callers only read the dict): every router built in a process, and every fold of the
+    threshold's cross-validation, featurises the same 1,400 examples.
 
     Normalising over *all* of an utterance's features, known or not, means words the cards never
     use dilute the ones they do: a long off-topic request drifts towards the intercept.
@@ -219,7 +228,7 @@ def _classifier_features(text: str) -> dict[str, float]:
             grams.update(padded[i : i + n] for i in range(len(padded) - n + 1))
     groups = {
         "w": Counter(toks),
-        "b": Counter(f"{a}_{b}" for a, b in pairwise(["^", *toks, "?" if text.rstrip().endswith("?") else "$"])),
+        "b": Counter(f"{a}_{b}" for a, b in pairwise(["^", *toks, _ending(text)])),
         "c": grams,
     }
     out: dict[str, float] = {}
@@ -407,26 +416,8 @@ class Router:
         texts: list[tuple[SkillCard, list[str], list[str], list[str], list[str]]] = []
         corpus: list[str] = []
         for card in self.cards:
-            # The seed triggers plus the card's example utterances: four short phrases cannot
-            # cover how people ask ("re-order these hits", "which snippets should the LLM read").
-            pos = list(card.triggers) + list(card.route_examples)
-            # A not-for item that states a size ("larger than ~50 chunks") is the max_chunks
-            # precondition, checked exactly below; as a negative example it would only teach
-            # that "chunks" and "candidates" are not the card's job. A parenthesis gives the
-            # alternative ("use a retriever"), not the thing to avoid.
-            neg = [re.sub(r"\s*\([^)]*\)", "", n) for n in card.not_for if not re.search(r"\d", n)]
-            # Example requests the card rejects (other rankings, summaries, retrieval, small talk).
-            neg += list(card.reject_examples)
-            # The routing file's labelled requests train the classifier too, but a reason only
-            # ever quotes the card's own phrases. One refused only for its size ("rerank these
-            # 500 chunks") teaches nothing about wording: the precondition handles it exactly.
-            words = _item_words(card)
-            train_pos, train_neg = list(pos), list(neg)
-            for ex in card.routing_examples:
-                if ex.route:
-                    train_pos.append(ex.utterance)
-                elif not _over_limit(card, ex.utterance, ex.n_chunks, words):
-                    train_neg.append(ex.utterance)
+            pos, neg = _phrases(card)
+            train_pos, train_neg = training_examples(card)
             texts.append((card, pos, neg, train_pos, train_neg))
             corpus += pos + neg
         self.embedder = _resolve_embedder(embedder, corpus)
@@ -487,6 +478,9 @@ class Router:
         reasons = []
         for prob, near, neg, pi, ni, proto in scored:
             card = proto.card
+            if n_chunks == 0:
+                reasons.append(f"{card.name}: n_chunks=0, there is nothing to rank")
+                continue
             stated = _stated_count(utterance, proto.item_words)
             count = max(x for x in (n_chunks, stated, 0) if x is not None)
             if count > card.max_chunks:
@@ -548,11 +542,41 @@ def _resolve_embedder(spec: str | Embedder | None, corpus: Sequence[str]) -> Emb
 
 # A number directly followed by one of these measures the items ("40 200-token chunks"), it
 # does not count them.
-_MEASURES = frozenset(
-    "token tokens word words char chars character characters byte bytes kb mb gb line lines "
-    "sentence sentences dim dims dimension dimensions ms millisecond milliseconds second seconds "
-    "sec secs minute minutes percent".split()
-)
+_MEASURE_TEXT = """token tokens word words char chars character characters byte bytes kb mb gb line lines
+    sentence sentences dim dims dimension dimensions ms millisecond milliseconds second seconds sec
+    secs minute minutes percent"""
+_MEASURES = frozenset(_MEASURE_TEXT.split())
+
+
+def _phrases(card: SkillCard) -> tuple[list[str], list[str]]:
+    """The card's own phrases, which a reason may quote: (triggers and route examples, not-for
+    items and reject examples)."""
+    # The seed triggers plus the card's example utterances: four short phrases cannot cover how
+    # people ask ("re-order these hits", "which snippets should the LLM read").
+    pos = list(card.triggers) + list(card.route_examples)
+    # A not-for item that states a size ("larger than ~50 chunks") is the max_chunks
+    # precondition, checked exactly in `decide`; as a negative example it would only teach that
+    # "chunks" and "candidates" are not the card's job. A parenthesis gives the alternative ("use
+    # a retriever"), not the thing to avoid.
+    neg = [re.sub(r"\s*\([^)]*\)", "", n) for n in card.not_for if not re.search(r"\d", n)]
+    return pos, neg + list(card.reject_examples)
+
+
+def training_examples(card: SkillCard) -> tuple[list[str], list[str]]:
+    """What the card's classifier learns from: its phrases plus the routing examples file.
+
+    A request refused only for its size ("rerank these 500 chunks") teaches nothing about
+    wording, and as a negative it would teach that rerank requests are not the card's job; the
+    size precondition handles it exactly, so it is left out.
+    """
+    pos, neg = _phrases(card)
+    words = _item_words(card)
+    for ex in card.routing_examples:
+        if ex.route:
+            pos.append(ex.utterance)
+        elif not _over_limit(card, ex.utterance, ex.n_chunks, words):
+            neg.append(ex.utterance)
+    return pos, neg
 
 
 def _over_limit(card: SkillCard, utterance: str, n_chunks: int | None, words: frozenset[str]) -> bool:

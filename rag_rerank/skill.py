@@ -227,7 +227,9 @@ def _routing_examples(routing: dict[str, Any], path: Path) -> tuple[RoutingExamp
     if name is None:
         return ()
     if not isinstance(name, str) or not name.strip() or Path(name).is_absolute() or ".." in Path(name).parts:
-        raise SkillCardError(f"{path}: metadata.routing.examples_file must be a file name inside the skill folder")
+        raise SkillCardError(
+            f"{path}: metadata.routing.examples_file must be a file name inside the skill folder"
+        )
     file = path.parent / name
     try:
         lines = file.read_text(encoding="utf-8-sig").splitlines()
@@ -249,8 +251,11 @@ def _routing_examples(routing: dict[str, Any], path: Path) -> tuple[RoutingExamp
             raise SkillCardError(f"{where}: utterance must be a non-empty string")
         if not isinstance(route, bool):
             raise SkillCardError(f"{where}: route must be true or false, got {route!r}")
-        if n_chunks is not None and (isinstance(n_chunks, bool) or not isinstance(n_chunks, int) or n_chunks < 0):
-            raise SkillCardError(f"{where}: n_chunks must be a non-negative integer or null, got {n_chunks!r}")
+        bad_count = isinstance(n_chunks, bool) or not isinstance(n_chunks, int) or n_chunks < 0
+        if n_chunks is not None and bad_count:
+            raise SkillCardError(
+                f"{where}: n_chunks must be a non-negative integer or null, got {n_chunks!r}"
+            )
         category, source = row.get("category", ""), row.get("source", "")
         if not isinstance(category, str) or not isinstance(source, str):
             raise SkillCardError(f"{where}: category and source must be strings")

@@ -11,6 +11,7 @@ import yaml
 from rag_rerank.guard import load_limits, validate_request
 from rag_rerank.skill import (
     ALLOWED_TOP_LEVEL,
+    RoutingExample,
     SkillCard,
     SkillCardError,
     load_all_skills,
@@ -200,3 +201,62 @@ def test_routing_example_utterances_parse(tmp_path: Path, card: SkillCard) -> No
 def test_bad_cards_raise_skill_card_error(tmp_path: Path, text: str, folder: str, expected: str) -> None:
     with pytest.raises(SkillCardError, match=expected.replace("[", r"\[").replace(".", r"\.")):
         parse_skill(write_card(tmp_path, text, folder))
+
+
+# --- the routing examples file ----------------------------------------------------------------
+
+WITH_FILE = GOOD.replace(
+    "{triggers: [do it], not_for: [other]}",
+    "{triggers: [do it], not_for: [other], count_nouns: [rows], examples_file: ex.jsonl}",
+)
+
+
+def test_routing_examples_file_parses(tmp_path: Path, card: SkillCard) -> None:
+    path = write_card(tmp_path, WITH_FILE)
+    (path.parent / "ex.jsonl").write_text(
+        '{"utterance": "please  do it", "route": true, "n_chunks": 3, "category": "p", "source": "a"}\n'
+        "\n"
+        '{"utterance": "something else", "route": false}\n',
+        encoding="utf-8",
+    )
+    demo = parse_skill(path)
+    assert demo.count_nouns == ("rows",)
+    assert demo.routing_examples == (
+        RoutingExample("please do it", True, 3, "p", "a"),
+        RoutingExample("something else", False, None, "", ""),
+    )
+    # The packaged card has its labelled requests, from several sources.
+    assert len({e.source for e in card.routing_examples}) >= 5
+
+
+@pytest.mark.parametrize(
+    ("line", "expected"),
+    [
+        ("not json", "ex.jsonl:2: not JSON"),
+        ("[1, 2]", "ex.jsonl:2: must be a JSON object"),
+        ('{"utterance": "", "route": true}', "ex.jsonl:2: utterance must be a non-empty string"),
+        ('{"utterance": "x", "route": "yes"}', "ex.jsonl:2: route must be true or false, got 'yes'"),
+        ('{"utterance": "x", "route": true, "n_chunks": -1}', "ex.jsonl:2: n_chunks must be a non-negative"),
+        ('{"utterance": "x", "route": true, "n_chunks": true}', "ex.jsonl:2: n_chunks must be"),
+        ('{"utterance": "x", "route": true, "source": 3}', "ex.jsonl:2: category and source must be strings"),
+    ],
+)
+def test_a_bad_routing_example_line_is_a_card_error_naming_it(
+    tmp_path: Path, line: str, expected: str
+) -> None:
+    path = write_card(tmp_path, WITH_FILE)
+    good = '{"utterance": "ok", "route": true}\n'
+    (path.parent / "ex.jsonl").write_text(good + line + "\n", encoding="utf-8")
+    with pytest.raises(SkillCardError) as info:
+        parse_skill(path)
+    assert expected in str(info.value)
+
+
+@pytest.mark.parametrize("name", ["../outside.jsonl", "/etc/passwd", "", "missing.jsonl"])
+def test_the_examples_file_must_be_a_readable_file_in_the_skill_folder(tmp_path: Path, name: str) -> None:
+    path = write_card(tmp_path, WITH_FILE.replace("examples_file: ex.jsonl", f"examples_file: '{name}'"))
+    with pytest.raises(SkillCardError) as info:
+        parse_skill(path)
+    assert "examples_file must be a file name inside the skill folder" in str(info.value) or (
+        "cannot read the routing examples" in str(info.value)
+    )
