@@ -34,6 +34,7 @@ from .rerank import arerank, make_backend, redact
 
 EXIT_OK, EXIT_BAD_INPUT, EXIT_BACKEND, EXIT_INTERNAL = 0, 2, 3, 4
 _LINE_KEYS = frozenset({"query", "chunks", "top_k", "lambda", "query_id", "qid"})
+MAX_MESSAGE_VIOLATIONS = 10  # violations quoted in one error record's one-line `message`
 
 Outcome = RerankResult | Exception
 
@@ -196,9 +197,14 @@ def parse_input(text: str) -> list[_Line]:
 
 def _error_record(exc: Exception, secrets: Sequence[str | None]) -> dict[str, Any]:
     if isinstance(exc, InputError):
+        from .cli import violation_lines
+
+        # `message` becomes one stderr line, so it is capped harder than the CLI's line-per-violation
+        # lists (a request of 10,000 bad chunks must not print a megabyte on one line); the count
+        # of the rest is kept, and `violations` keeps every one for programs.
         return {
             "kind": "input",
-            "message": "; ".join(str(v) for v in exc.violations) or exc.headline,
+            "message": "; ".join(violation_lines(exc.violations, MAX_MESSAGE_VIOLATIONS)) or exc.headline,
             "violations": [v.to_dict() for v in exc.violations],
         }
     if isinstance(exc, BackendError):

@@ -1,7 +1,8 @@
 """`rag-rerank`: argument parsing, input reading and exit codes; the work happens elsewhere.
 
 Exit codes: 0 ok · 1 invalid LLM output (`check`) · 2 bad input or usage · 3 backend failure.
-Errors go to stderr, one line each, naming the line / id / field / limit at fault.
+Errors go to stderr, one line each, naming the line / id / field / limit at fault; a long list is
+cut after `MAX_SHOWN_VIOLATIONS` lines plus one line with the total.
 """
 
 from __future__ import annotations
@@ -14,7 +15,15 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-from .errors import BackendError, InputError, MissingDependencyError, OutputError, RerankError, Violation
+from .errors import (
+    BackendError,
+    InputError,
+    MissingDependencyError,
+    OutputError,
+    RerankError,
+    Violation,
+    whole_argument_first,
+)
 
 EXIT_OK, EXIT_INVALID_OUTPUT, EXIT_BAD_INPUT, EXIT_BACKEND = 0, 1, 2, 3
 
@@ -29,9 +38,28 @@ def _err(line: str) -> None:
     print(f"rag-rerank: {flat}", file=sys.stderr)
 
 
+# A junk file can break the contract on every one of its lines; past this many, more lines only
+# bury the first ones (usually the same mistake repeated) and make a terminal or a CI log unreadable.
+MAX_SHOWN_VIOLATIONS = 50
+
+
+def violation_lines(violations: Sequence[Violation], limit: int = MAX_SHOWN_VIOLATIONS) -> list[str]:
+    """The first `limit` violations as text, then one line with how many were left out and the total,
+    so a capped list still tells the user how much is wrong. A list that is cut shows the
+    whole-argument problems (the size limit) first."""
+    if len(violations) > limit:
+        violations = whole_argument_first(violations)
+    shown = [str(v) for v in violations[:limit]]
+    hidden = len(violations) - len(shown)
+    if hidden > 0:
+        shown.append(f"... and {hidden} more violation{'s' if hidden != 1 else ''} "
+                     f"({len(violations)} total)")
+    return shown
+
+
 def _print_violations(violations: Sequence[Violation], prefix: str = "error") -> None:
-    for v in violations:
-        _err(f"{prefix}: {v}")
+    for line in violation_lines(violations):
+        _err(f"{prefix}: {line}")
 
 
 def read_text(source: str, what: str = "chunks") -> str:
@@ -77,10 +105,15 @@ def _add_backend_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backend", "-b", default="local", choices=["local", "openai", "anthropic"],
                    help="who scores the chunks (default: local, offline and deterministic)")
     p.add_argument("--model", "-m", default=None, help="model name for openai / anthropic backends")
-    p.add_argument("--base-url", default=None, help="OpenAI-compatible server URL, e.g. http://127.0.0.1:8000/v1")
+    p.add_argument("--base-url", default=None,
+                   help="backend server URL, e.g. http://127.0.0.1:8000/v1 (with --backend openai, also "
+                   "the openai embedder's; see --embed-base-url)")
     p.add_argument("--embedder", "-e", default="lexical",
                    help="post-pass embedder: lexical (default), sentence-transformers[:MODEL], "
                    "openai[:MODEL]")
+    p.add_argument("--embed-base-url", default=None, metavar="URL",
+                   help="OpenAI-compatible embeddings server for --embedder openai[:MODEL] (default: "
+                   "--base-url when --backend is openai, otherwise OPENAI_BASE_URL or api.openai.com)")
     p.add_argument("--fallback", choices=["local"], default=None,
                    help="if the backend fails after all attempts, return the local ranking (flagged in meta)")
 
@@ -132,9 +165,33 @@ def cmd_golden(args: argparse.Namespace) -> int:
     return run_golden(Path(args.dir) if args.dir else None, verbose=args.verbose)
 
 
+def _embedder_option(args: argparse.Namespace) -> Any:
+    """The `--embedder` spec, or an `openai` embedder bound to its server.
+
+    `--base-url` is the backend's server; with `--backend openai` that server usually serves
+    embeddings too (vLLM, llama.cpp, Ollama), so an `openai` embedder follows it unless
+    `--embed-base-url` names another one. An Anthropic or local `--base-url` is never an
+    embeddings endpoint, so it is not borrowed. A URL for an embedder that makes no HTTP calls
+    would be silently ignored, so it is a usage error instead.
+    """
+    from .embed import get_embedder, parse_embedder_spec
+
+    spec: str = args.embedder
+    url: str | None = args.embed_base_url
+    if parse_embedder_spec(spec)[0] != "openai":
+        if url is not None:
+            raise UsageError(f"--embed-base-url applies only to --embedder openai[:MODEL], not {spec!r}")
+        return spec
+    if url is None and args.backend == "openai":
+        url = args.base_url
+    if url is None:
+        return spec  # the embedder's own default: OPENAI_BASE_URL, then api.openai.com
+    return get_embedder(spec, base_url=url)
+
+
 def _backend_options(args: argparse.Namespace) -> dict[str, Any]:
     return {"backend": args.backend, "model": args.model, "base_url": args.base_url,
-            "embedder": args.embedder, "fallback": args.fallback}
+            "embedder": _embedder_option(args), "fallback": args.fallback}
 
 
 def cmd_rerank(args: argparse.Namespace) -> int:

@@ -41,6 +41,13 @@ class Violation:
         return out
 
 
+def whole_argument_first(violations: Sequence[Violation]) -> list[Violation]:
+    """Problems with a whole argument (a size limit, duplicate ids, a bad `top_k`) before
+    per-record ones, each group in its original order: fixing those usually fixes the rest, so a
+    list cut short for a terminal or a model's context must not hide them."""
+    return sorted(violations, key=lambda v: "[" in v.path)
+
+
 class RerankError(Exception):
     """Base class of every error rag-rerank raises on purpose."""
 

@@ -13,7 +13,9 @@ errors. The SDK is an optional extra: without it `serve()` raises `MissingDepend
 Backend options for the tool calls come from the environment, so an MCP client config can pick
 them without code: RAG_RERANK_BACKEND (default local), RAG_RERANK_MODEL, RAG_RERANK_BASE_URL,
 RAG_RERANK_EMBEDDER (default lexical), RAG_RERANK_FALLBACK. API keys are read by the backends
-from their usual variables (OPENAI_API_KEY, ANTHROPIC_API_KEY).
+from their usual variables (OPENAI_API_KEY, ANTHROPIC_API_KEY). A misspelt value is refused when
+the server starts (`InputError` naming the variable, CLI exit 2), not reported on every tool call
+of a session that can never succeed; the check is offline and loads no model.
 """
 
 from __future__ import annotations
@@ -22,8 +24,9 @@ import json
 import os
 from collections.abc import Mapping
 from typing import Any
+from urllib.parse import urlsplit
 
-from .errors import MissingDependencyError
+from .errors import InputError, MissingDependencyError, Violation
 from .skill import SkillCard, load_skill
 from .tools import anthropic_tool, call_tool
 
@@ -37,9 +40,47 @@ _ENV_OPTIONS = {
 
 
 def options_from_env(env: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """The `rerank()` options an MCP client chose through environment variables."""
+    """The `rerank()` options an MCP client chose through environment variables.
+
+    Raises `InputError` with one violation per bad variable (its name as the path, the allowed
+    values in the message). An empty variable counts as unset.
+    """
     env = os.environ if env is None else env
-    return {key: env[var] for key, var in _ENV_OPTIONS.items() if env.get(var)}
+    options = {key: env[var] for key, var in _ENV_OPTIONS.items() if env.get(var)}
+    problems = _check_options(options)
+    if problems:
+        raise InputError(problems, headline="invalid MCP server configuration")
+    return options
+
+
+def _check_options(options: Mapping[str, str]) -> list[Violation]:
+    """Names and shapes only: no model is loaded and no server contacted (an MCP host waits on start-up)."""
+    from .embed import parse_embedder_spec
+    from .rerank import BACKENDS
+
+    problems: list[Violation] = []
+    backend = options.get("backend")
+    if backend is not None and backend not in BACKENDS:
+        message = f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}"
+        problems.append(Violation(path=_ENV_OPTIONS["backend"], value=backend, message=message))
+    embedder = options.get("embedder")
+    if embedder is not None:
+        try:
+            parse_embedder_spec(embedder, path=_ENV_OPTIONS["embedder"])
+        except InputError as exc:
+            problems.extend(exc.violations)
+    fallback = options.get("fallback")
+    if fallback is not None and fallback != "local":
+        problems.append(Violation(path=_ENV_OPTIONS["fallback"], value=fallback,
+                                  message=f"unknown fallback {fallback!r}; choose local (or leave it unset)"))
+    base_url = options.get("base_url")
+    if base_url is not None:
+        parts = urlsplit(base_url)
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            problems.append(Violation(path=_ENV_OPTIONS["base_url"], value=base_url,
+                                      message=f"{base_url!r} is not a URL; give an http:// or https:// "
+                                      "URL, e.g. http://127.0.0.1:8000/v1"))
+    return problems
 
 
 def _import_mcp() -> tuple[Any, Any, Any]:
@@ -111,11 +152,16 @@ def _version() -> str:
 
 
 def serve(card: SkillCard | None = None) -> None:
-    """Serve over stdio until the client closes stdin."""
+    """Serve over stdio until the client closes stdin.
+
+    The environment is checked first (`InputError`), before the SDK is imported or anything is
+    read from stdin, so a bad configuration ends the process instead of failing every call.
+    """
+    options = options_from_env()
     _, _, stdio_server = _import_mcp()
     import anyio
 
-    server = build_server(card)
+    server = build_server(card, options)
 
     async def _run() -> None:
         async with stdio_server() as (read_stream, write_stream):

@@ -6,7 +6,8 @@
 This module only wires stages together; each stage is owned elsewhere. Two decisions live here:
 
 * **candidate_k.** The model is asked for more than `top_k` candidates,
-  `candidate_k = min(n, max(2 * top_k, top_k + 5))`, and the output guard judges it against
+  `candidate_k = min(n, max(2 * top_k, top_k + 5) + copies)` (copies: chunks whose text repeats
+  an earlier one exactly), and the output guard judges it against
   that number. The post-pass then picks the final `top_k`: if the model only returned `top_k`,
   removing one near-duplicate would leave MMR nothing to promote in its place.
 * **fallback.** With `fallback="local"`, a `BackendError` (every attempt failed) is answered with
@@ -38,9 +39,13 @@ BACKENDS = ("local", "openai", "anthropic")
 _KEY_ENV = ("OPENAI_API_KEY", "ANTHROPIC_API_KEY")
 
 
-def candidate_k(n_chunks: int, top_k: int) -> int:
-    """How many ranked candidates to ask the model for (see the module docstring)."""
-    return max(1, min(n_chunks, max(2 * top_k, top_k + 5)))
+def candidate_k(n_chunks: int, top_k: int, copies: int = 0) -> int:
+    """How many ranked candidates to ask the model for (see the module docstring).
+
+    `copies` is how many chunks repeat an earlier chunk's text exactly: they score alike, the
+    post-pass drops all but one, so each gets a slot of its own instead of crowding out a
+    distinct chunk (ten copies of the answer would otherwise fill the candidate list)."""
+    return max(1, min(n_chunks, max(2 * top_k, top_k + 5) + max(copies, 0)))
 
 
 def make_backend(
@@ -141,7 +146,8 @@ def _plan(
     request = validate_request(query, chunks, top_k, lambda_, limits=lim)
     emb = _resolve_embedder(embedder)
     be = make_backend(backend, model=model, base_url=base_url, api_key=api_key, embedder=emb)
-    ask = replace(request, top_k=candidate_k(len(request.chunks), request.top_k))
+    copies = len(request.chunks) - len({c.text for c in request.chunks})
+    ask = replace(request, top_k=candidate_k(len(request.chunks), request.top_k, copies))
     name = backend if isinstance(backend, str) else str(getattr(be, "name", type(be).__name__))
     return _Plan(request, ask, render(ask), be, name, emb, lim, started)
 

@@ -27,7 +27,14 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from .errors import BackendError, InputError, MissingDependencyError, RerankError, Violation
+from .errors import (
+    BackendError,
+    InputError,
+    MissingDependencyError,
+    RerankError,
+    Violation,
+    whole_argument_first,
+)
 from .guard.limits import Limits, load_limits
 from .paths import guard_dir
 from .skill import SkillCard, load_skill
@@ -147,9 +154,7 @@ def invalid_input(violations: list[Violation] | tuple[Violation, ...]) -> dict[s
     """
     shown = list(violations)
     if len(shown) > MAX_VIOLATIONS:
-        top = [v for v in shown if "[" not in v.path]
-        rest = [v for v in shown if "[" in v.path]
-        shown = (top + rest)[: MAX_VIOLATIONS - 1]
+        shown = whole_argument_first(shown)[: MAX_VIOLATIONS - 1]
         more = len(violations) - len(shown)
         shown.append(Violation(path="arguments", message=f"... and {more} more problems not listed"))
     return {

@@ -264,3 +264,16 @@ def test_caller_embedder_ranks_with_the_callers_vectors_in_the_post_pass(card):
     assert sorted([*result.ids, *(d.id for d in result.dropped)]) == sorted(r["id"] for r in records)
     with pytest.raises(InputError, match="needs an 'embedding' in every chunk"):
         rerank(ex.query, ex.chunks, ex.top_k, ex.lambda_, embedder="caller")  # no vectors: still refused
+
+
+def test_identical_copies_of_the_answer_keep_its_score(card):
+    """Document frequency counts distinct texts: ten copies of c3 are one document, so the terms
+    they share do not look common and c3 still clears the minimum score."""
+    ex = card.example("happy-path")
+    texts = [json.loads(line)["text"] for line in ex.chunks.splitlines()]
+    c3 = texts[2]
+    once, _, _, _ = lexical_scores(ex.query, texts)
+    copied, _, _, _ = lexical_scores(ex.query, [*texts, *[c3] * 10])
+    # (Not equal: the copies change the average chunk length BM25 normalises by.)
+    assert copied[2] >= once[2] > 0.2
+    assert (copied[len(texts):] == copied[2]).all()

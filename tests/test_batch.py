@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from rag_rerank import arerank_many
-from rag_rerank.batch import exit_code, parse_input, read_done
+from rag_rerank.batch import MAX_MESSAGE_VIOLATIONS, exit_code, parse_input, read_done
 from rag_rerank.cli import main
 from rag_rerank.errors import InputError
 from rag_rerank.models import RerankResult
@@ -135,6 +135,30 @@ def test_batch_cli_writes_every_line_in_order_and_exits_2_on_bad_input(tmp_path:
     assert set(recs[0]["result"]) == {"ranked", "dropped"}
     err = capsys.readouterr().err
     assert "line 2: input error" in err and "5 ok, 1 failed" in err
+
+
+def test_batch_cli_caps_one_requests_violations_in_its_error_line(tmp_path: Path, capsys) -> None:
+    """One stderr line per bad request stays one readable line however many chunks it breaks;
+    the output record still carries every violation."""
+    inp, out = tmp_path / "q.jsonl", tmp_path / "out.jsonl"
+    bad_lines = ["not json"] * 3
+    _write_input(inp, [_line(query=QUERY, chunks=list(range(300))), json.dumps(_queries(1)[0]), *bad_lines])
+    assert main(["batch", "-i", str(inp), "-o", str(out), "--no-progress"]) == 2
+    recs = _read(out)
+    assert "result" in recs[1]
+    error = recs[0]["error"]
+    total = len(error["violations"])
+    assert total >= 300
+    parts = error["message"].split("; ")
+    assert len(parts) == MAX_MESSAGE_VIOLATIONS + 1
+    assert parts[0] == "chunks[0]: a chunk must be a JSON object, got number"
+    assert parts[-1] == f"... and {total - MAX_MESSAGE_VIOLATIONS} more violations ({total} total)"
+    err = capsys.readouterr().err.splitlines()
+    # per input line, one error line: the long request's is capped, the junk lines each get theirs
+    assert err[1:] == [
+        f"rag-rerank: line 1: input error: {error['message']}",
+        *(f"rag-rerank: line {n}: input error: {recs[n - 1]['error']['message']}" for n in (3, 4, 5)),
+    ]
 
 
 def test_batch_cli_resume_skips_done_lines_and_repairs_a_torn_last_line(tmp_path: Path, capsys) -> None:

@@ -9,13 +9,21 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from rag_rerank.cli import EXIT_BAD_INPUT, EXIT_INVALID_OUTPUT, EXIT_OK, build_parser, main
+from rag_rerank.cli import (
+    EXIT_BAD_INPUT,
+    EXIT_INVALID_OUTPUT,
+    EXIT_OK,
+    MAX_SHOWN_VIOLATIONS,
+    build_parser,
+    main,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
@@ -90,6 +98,69 @@ def test_render_bad_input_lists_every_problem(capsys: pytest.CaptureFixture[str]
         "rag-rerank: error: line 4: chunks[3].text: missing required field 'text'",
         "rag-rerank: error: chunks: duplicate ids (ids must be unique): 'a' at line 1, line 2",
     ]
+
+
+# --- long violation lists -----------------------------------------------------------------------
+
+SUMMARY = re.compile(r"rag-rerank: (error|invalid): \.\.\. and (\d+) more violations? \((\d+) total\)")
+
+
+def junk_file(tmp_path: Path, n: int) -> str:
+    return write(tmp_path, f"junk{n}.jsonl", "".join(f"junk {i}\n" for i in range(n)))
+
+
+@pytest.mark.parametrize("command", ["render", "check"])
+def test_a_100000_line_junk_file_prints_the_first_violations_and_the_total(
+    command: str, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """Regression: every violation got its own stderr line, 100,001 lines for this file."""
+    junk = junk_file(tmp_path, 100_000)
+    if command == "render":
+        argv = ["render", "-q", QUERY, "-c", junk]
+    else:
+        argv = ["check", "-c", junk, "-k", "3", write(tmp_path, "out.json", VALID)]
+    code, out, err = run(capsys, *argv)
+    assert code == EXIT_BAD_INPUT and out == ""
+    assert len(err) == MAX_SHOWN_VIOLATIONS + 1
+    # The one line that explains them all comes first when the list is cut, then the records.
+    assert "100000 chunks is over the limit of 50 (max_chunks)" in err[0]
+    assert err[1].startswith("rag-rerank: error: line 1: chunks[0]: not valid JSON")
+    last = MAX_SHOWN_VIOLATIONS - 1
+    assert err[last].startswith(f"rag-rerank: error: line {last}: chunks[{last - 1}]: not valid JSON")
+    summary = SUMMARY.fullmatch(err[-1])
+    assert summary, err[-1]
+    hidden, total = int(summary.group(2)), int(summary.group(3))
+    assert total >= 100_000 and hidden == total - MAX_SHOWN_VIOLATIONS
+
+
+def test_a_list_at_the_cap_is_printed_whole_and_one_over_says_violation(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    junk = junk_file(tmp_path, MAX_SHOWN_VIOLATIONS)
+    code, _, err = run(capsys, "render", "-q", QUERY, "-c", junk)
+    assert code == EXIT_BAD_INPUT
+    assert len(err) == MAX_SHOWN_VIOLATIONS
+    assert [line.split(": ")[2] for line in err] == [f"line {i}" for i in range(1, MAX_SHOWN_VIOLATIONS + 1)]
+    code, _, err = run(capsys, "render", "-q", " ", "-c", junk)  # the empty query is one more
+    assert code == EXIT_BAD_INPUT
+    assert err[0] == "rag-rerank: error: query: query is empty"
+    assert err[-1] == f"rag-rerank: error: ... and 1 more violation ({MAX_SHOWN_VIOLATIONS + 1} total)"
+    assert len(err) == MAX_SHOWN_VIOLATIONS + 1
+
+
+def test_check_caps_the_violations_of_a_huge_llm_output(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    ranked = [{"id": f"x{i}", "score": 0.9, "reason": "IVF"} for i in range(500)]
+    o = write(tmp_path, "out.json", json.dumps({"ranked": ranked, "dropped": []}))
+    code, out, err = run(capsys, "check", "-c", str(EXAMPLES / "happy-path.jsonl"), "-k", "3", o)
+    assert code == EXIT_INVALID_OUTPUT and out == ""
+    assert len(err) == MAX_SHOWN_VIOLATIONS + 1
+    assert all(line.startswith("rag-rerank: invalid: $") for line in err[:-1])
+    summary = SUMMARY.fullmatch(err[-1])
+    assert summary and summary.group(1) == "invalid", err[-1]
+    hidden, total = int(summary.group(2)), int(summary.group(3))
+    assert total >= 500 and hidden == total - MAX_SHOWN_VIOLATIONS
 
 
 # --- check ---------------------------------------------------------------------------------------
@@ -282,3 +353,4 @@ def test_files_saved_with_a_utf8_bom_are_read(capsys: pytest.CaptureFixture[str]
     answer.write_bytes(b'\xef\xbb\xbf{"ranked": [{"id": "c1", "score": 0.9, "reason": "IVF partitions"}]}')
     assert main(["check", "-c", str(chunks), "-k", "1", str(answer)]) == EXIT_OK
     assert capsys.readouterr().out.strip() == "valid"
+

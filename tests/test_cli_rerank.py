@@ -7,9 +7,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from rag_rerank.cli import main
 from rag_rerank.skill import load_skill
-from tests.support.fake_llm import FakeLLM, Reply
+from tests.support.fake_llm import FakeLLM, RecordedRequest, Reply, auto_ranker
 from tests.support.quoting_ranker import quoting_ranker
 
 QUERY = "When should I prefer IVF over HNSW for vector search?"
@@ -126,3 +128,93 @@ def test_openai_compatible_server_through_the_cli(tmp_path: Path, capsys, monkey
     assert sorted(r["id"] for r in obj["ranked"] + obj["dropped"]) == ["c1", "c2", "c3", "c4", "c5"]
     meta = json.loads(cap.err)
     assert meta["backend"] == "openai" and meta["attempts"] == 1 and meta["fallback"] is None
+
+
+# --- where an `openai` embedder sends its requests -----------------------------------------------
+
+
+def _ranks_and_embeds(req: RecordedRequest) -> Reply:
+    """Valid rankings for chat / messages calls, hashed vectors for embeddings calls."""
+    return (auto_ranker() if req.api == "embeddings" else quoting_ranker())(req)
+
+
+def _apis(srv: FakeLLM) -> set[str]:
+    return {r.api for r in srv.requests}
+
+
+def _command(command: str, tmp_path: Path, backend_args: list[str]) -> list[str]:
+    chunks = load_skill().example("happy-path").chunks
+    if command == "rerank":
+        return ["rerank", "-q", QUERY, "-c", str(_happy(tmp_path)), *backend_args]
+    if command == "batch":
+        inp = tmp_path / "q.jsonl"
+        inp.write_text(json.dumps({"query": QUERY, "chunks": chunks, "top_k": 2}) + "\n", encoding="utf-8")
+        return ["batch", "-i", str(inp), "-o", str(tmp_path / "out.jsonl"), "--no-progress", *backend_args]
+    cands, qrels = tmp_path / "c.jsonl", tmp_path / "q.txt"
+    records = [json.loads(line) for line in chunks.splitlines() if line.strip()]
+    cands.write_text(json.dumps({"qid": "1", "query": QUERY, "chunks": records}) + "\n", encoding="utf-8")
+    qrels.write_text("1 0 c3 1\n", encoding="utf-8")
+    return ["eval", "--candidates", str(cands), "--qrels", str(qrels), "--k", "3", "--no-progress",
+            *backend_args]
+
+
+@pytest.fixture
+def decoy(monkeypatch: pytest.MonkeyPatch):
+    """A second server named by OPENAI_BASE_URL: where the embedder went before --base-url reached it
+    (and a stand-in for api.openai.com, so a regression fails here instead of going online)."""
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    with FakeLLM(handler=_ranks_and_embeds) as srv:
+        monkeypatch.setenv("OPENAI_BASE_URL", srv.openai_url)
+        yield srv
+
+
+@pytest.mark.parametrize("command", ["rerank", "batch", "eval"])
+def test_openai_embedder_follows_base_url_of_an_openai_backend(
+    command: str, tmp_path: Path, capsys, decoy: FakeLLM
+) -> None:
+    with FakeLLM(handler=_ranks_and_embeds) as srv:
+        argv = _command(command, tmp_path, ["--backend", "openai", "--base-url", srv.openai_url,
+                                            "-m", "m", "-e", "openai:fake-embed"])
+        assert main(argv) == 0, capsys.readouterr().err
+    embeds = [r for r in srv.requests if r.api == "embeddings"]
+    assert embeds and all(r.path == "/v1/embeddings" and r.body["model"] == "fake-embed" for r in embeds)
+    assert "openai" in _apis(srv)
+    assert decoy.requests == []
+
+
+def test_embed_base_url_sends_embeddings_to_their_own_server(tmp_path: Path, capsys, decoy: FakeLLM) -> None:
+    with FakeLLM(handler=_ranks_and_embeds) as llm, FakeLLM(handler=_ranks_and_embeds) as embeddings:
+        argv = _command("rerank", tmp_path, ["--backend", "openai", "--base-url", llm.openai_url, "-m", "m",
+                                             "-e", "openai", "--embed-base-url", embeddings.openai_url,
+                                             "--meta"])
+        assert main(argv) == 0
+    assert _apis(llm) == {"openai"} and _apis(embeddings) == {"embeddings"}
+    assert json.loads(capsys.readouterr().err)["embedder"] == "openai:text-embedding-3-small"
+    assert decoy.requests == []
+
+
+def test_embed_base_url_with_the_local_backend(tmp_path: Path, capsys, decoy: FakeLLM) -> None:
+    with FakeLLM(handler=_ranks_and_embeds) as embeddings:
+        argv = _command("rerank", tmp_path,
+                        ["-e", "openai:fake-embed", "--embed-base-url", embeddings.openai_url])
+        assert main(argv) == 0
+    assert _apis(embeddings) == {"embeddings"} and decoy.requests == []
+
+
+def test_an_anthropic_base_url_is_not_an_embeddings_server(tmp_path: Path, capsys, decoy: FakeLLM) -> None:
+    """Only an openai backend's server is borrowed; otherwise the embedder keeps OPENAI_BASE_URL."""
+    with FakeLLM(handler=_ranks_and_embeds) as claude:
+        argv = _command("rerank", tmp_path, ["--backend", "anthropic", "--base-url", claude.anthropic_url,
+                                             "-m", "m", "-e", "openai:fake-embed"])
+        assert main(argv) == 0, capsys.readouterr().err
+    assert _apis(claude) == {"anthropic"} and _apis(decoy) == {"embeddings"}
+
+
+def test_embed_base_url_without_an_openai_embedder_is_a_usage_error(tmp_path: Path, capsys) -> None:
+    argv = _command("rerank", tmp_path, ["--embed-base-url", "http://127.0.0.1:1/v1"])
+    assert main(argv) == 2
+    cap = capsys.readouterr()
+    assert cap.out == ""
+    assert cap.err.splitlines() == [
+        "rag-rerank: error: --embed-base-url applies only to --embedder openai[:MODEL], not 'lexical'"
+    ]

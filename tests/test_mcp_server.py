@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,7 @@ from mcp.client.session import ClientSession  # noqa: E402
 from mcp.client.stdio import StdioServerParameters, stdio_client  # noqa: E402
 from mcp.shared.exceptions import MCPError  # noqa: E402
 
-from rag_rerank.errors import MissingDependencyError  # noqa: E402
+from rag_rerank.errors import InputError, MissingDependencyError  # noqa: E402
 from rag_rerank.mcp_server import options_from_env  # noqa: E402
 from rag_rerank.skill import load_skill  # noqa: E402
 from rag_rerank.tools import anthropic_tool  # noqa: E402
@@ -133,3 +134,65 @@ def test_missing_sdk_raises_missing_dependency(monkeypatch: pytest.MonkeyPatch) 
     )  # makes `import` fail like an absent package
     with pytest.raises(MissingDependencyError, match=r"rag-rerank\[mcp\]"):
         srv.build_server()
+
+
+# --- configuration errors stop the server at start-up ---------------------------------------------
+
+EMBEDDERS = "lexical, sentence-transformers[:MODEL_OR_PATH], openai[:MODEL], caller"
+
+
+def _start(settings: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """`rag-rerank mcp` as a host starts it, with stdin at end of file: a server that got past its
+    configuration check would serve, see the client go away, and exit 0."""
+    env = {**_params().env, **settings}  # type: ignore[dict-item]
+    return subprocess.run([sys.executable, "-m", "rag_rerank.cli", "mcp"], env=env, cwd=ROOT, input="",
+                          capture_output=True, text=True, timeout=60, check=False)
+
+
+@pytest.mark.parametrize(
+    "variable, value, allowed",
+    [
+        ("RAG_RERANK_BACKEND", "nonsense", "choose one of local, openai, anthropic"),
+        ("RAG_RERANK_EMBEDDER", "bogus", f"choose one of {EMBEDDERS}"),
+    ],
+)
+def test_a_bad_setting_exits_2_at_start_up_naming_the_variable(
+    variable: str, value: str, allowed: str
+) -> None:
+    proc = _start({variable: value})
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stdout == ""  # nothing was served
+    [line] = proc.stderr.splitlines()
+    assert line.startswith(f"rag-rerank: error: {variable}: ") and repr(value) in line and allowed in line
+
+
+def test_valid_settings_start_without_loading_a_model_or_calling_a_server() -> None:
+    """Names are checked, nothing more: a model path that does not exist and a closed port are only
+    a problem when a tool call uses them."""
+    proc = _start({"RAG_RERANK_BACKEND": "openai", "RAG_RERANK_BASE_URL": "http://127.0.0.1:1/v1",
+                   "RAG_RERANK_EMBEDDER": "sentence-transformers:/no/such/model",
+                   "RAG_RERANK_FALLBACK": "local"})
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr == ""
+
+
+@pytest.mark.parametrize(
+    "variable, value, fragment",
+    [
+        ("RAG_RERANK_BACKEND", "OpenAI", "choose one of local, openai, anthropic"),
+        ("RAG_RERANK_EMBEDDER", "lexical:big", f"choose one of {EMBEDDERS}"),
+        ("RAG_RERANK_FALLBACK", "remote", "choose local (or leave it unset)"),
+        ("RAG_RERANK_BASE_URL", "127.0.0.1:8000/v1", "give an http:// or https:// URL"),
+    ],
+)
+def test_options_from_env_names_each_bad_variable(variable: str, value: str, fragment: str) -> None:
+    with pytest.raises(InputError) as exc:
+        options_from_env({variable: value})
+    [violation] = exc.value.violations
+    assert violation.path == variable and violation.value == value and fragment in violation.message
+
+
+def test_options_from_env_reports_every_bad_variable_at_once() -> None:
+    with pytest.raises(InputError) as exc:
+        options_from_env({"RAG_RERANK_BACKEND": "x", "RAG_RERANK_EMBEDDER": "y", "RAG_RERANK_MODEL": "any"})
+    assert [v.path for v in exc.value.violations] == ["RAG_RERANK_BACKEND", "RAG_RERANK_EMBEDDER"]

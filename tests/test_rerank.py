@@ -330,3 +330,22 @@ def test_candidates_beyond_top_k_let_the_postpass_replace_a_duplicate() -> None:
     _assert_contract(result, _ids(chunks), 2)
     assert result.ids == ["c3", "c2"]
     assert dict((d.id, d.reason) for d in result.dropped)["c6"] == "redundant_with:c3"
+
+
+def test_candidate_k_gives_each_exact_copy_a_slot() -> None:
+    assert candidate_k(50, 5, copies=3) == 13
+    assert candidate_k(8, 3, copies=10) == 8  # never more than the chunks there are
+
+
+def test_copies_of_the_answer_neither_sink_it_nor_crowd_out_the_rest() -> None:
+    """Ten identical copies of c3: c3 still ranks first, every copy is dropped as redundant with
+    it, and the distinct chunks still compete for the other places."""
+    chunks = [json.loads(line) for line in _examples("happy-path").splitlines()]
+    c3 = next(c for c in chunks if c["id"] == "c3")
+    copies = [{"id": f"copy{i}", "text": c3["text"]} for i in range(10)]
+    once = rerank(QUERY, chunks, 3, 0.7)
+    result = rerank(QUERY, [*chunks, *copies], 3, 0.7)
+    # The copies lengthen the average chunk, which lifts c4 just over the minimum score.
+    assert [r.id for r in result.ranked][:2] == [r.id for r in once.ranked] == ["c3", "c2"]
+    reasons = {d.id: d.reason for d in result.dropped}
+    assert all(reasons[c["id"]] == "redundant_with:c3" for c in copies)

@@ -214,8 +214,12 @@ def lexical_scores(
         for w in matching & c.keys():
             tf[i, word_term[w]] += c[w]
     lengths = np.array([max(c.total(), 1) for c in counts], dtype=np.float64)
-    df = (tf > 0).sum(axis=0)
-    idf = np.log1p((n - df + 0.5) / (df + 0.5))
+    # Document frequency over distinct texts: five identical copies of the one chunk that answers
+    # are one document, not five, or their shared terms would look common and the copies would
+    # all fall below the minimum score (removing copies is the post-pass's job, not scoring's).
+    distinct = list({t: i for i, t in reversed(list(enumerate(texts)))}.values())
+    df = (tf[distinct] > 0).sum(axis=0)
+    idf = np.log1p((len(distinct) - df + 0.5) / (df + 0.5))
     term_w = idf * np.where(is_stop, weights.stopword_weight, 1.0)
     norm = weights.k1 * (1.0 - weights.b + weights.b * lengths / lengths.mean())
     sat = tf * (weights.k1 + 1.0) / (tf + norm[:, None])

@@ -94,14 +94,12 @@ def get_embedder(spec: str | Embedder | None = "lexical", **kw: Any) -> Embedder
                 )
             ]
         )
-    kind, _, arg = spec.strip().partition(":")
-    kind = kind.strip().lower()
-    arg = arg.strip()
-    if kind == "lexical" and not arg:
+    kind, arg = parse_embedder_spec(spec)
+    if kind == "lexical":
         from .lexical import LexicalEmbedder
 
         return LexicalEmbedder(**kw)
-    if kind in ("sentence-transformers", "st", "sentence_transformers"):
+    if kind == "sentence-transformers":
         from .sentence_transformers import SentenceTransformerEmbedder
 
         return SentenceTransformerEmbedder(model=arg or None, **kw)
@@ -109,12 +107,26 @@ def get_embedder(spec: str | Embedder | None = "lexical", **kw: Any) -> Embedder
         from .openai import OpenAIEmbedder
 
         return OpenAIEmbedder(model=arg or None, **kw)
-    if kind == "caller" and not arg:
-        return CallerVectors(**kw)
+    return CallerVectors(**kw)
+
+
+def parse_embedder_spec(spec: str, path: str = "embedder") -> tuple[str, str]:
+    """(kind, argument) of a spec string, or an `InputError` naming `path` and the allowed specs.
+
+    Separate from `get_embedder` so a long-running server can reject a misspelt spec at start-up
+    without importing torch or loading a model; `path` lets it name its own setting.
+    """
+    kind, _, arg = spec.strip().partition(":")
+    kind = kind.strip().lower()
+    arg = arg.strip()
+    if kind in ("sentence-transformers", "st", "sentence_transformers"):
+        return "sentence-transformers", arg
+    if kind == "openai" or (kind in ("lexical", "caller") and not arg):
+        return kind, arg
     raise InputError(
         [
             Violation(
-                path="embedder",
+                path=path,
                 value=spec,
                 message=f"unknown embedder {spec!r}; choose one of {', '.join(EMBEDDER_SPECS)}",
             )
