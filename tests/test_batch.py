@@ -149,10 +149,12 @@ def test_batch_cli_caps_one_requests_violations_in_its_error_line(tmp_path: Path
     error = recs[0]["error"]
     total = len(error["violations"])
     assert total >= 300
-    parts = error["message"].split("; ")
-    assert len(parts) == MAX_MESSAGE_VIOLATIONS + 1
-    assert parts[0] == "chunks[0]: a chunk must be a JSON object, got number"
-    assert parts[-1] == f"... and {total - MAX_MESSAGE_VIOLATIONS} more violations ({total} total)"
+    message = error["message"]
+    # The size limit, which explains the rest, comes first; then the first records; then the count.
+    assert message.startswith("chunks: 300 chunks is over the limit of 50 (max_chunks)")
+    assert message.count("chunks[") == MAX_MESSAGE_VIOLATIONS - 1
+    assert "chunks[0]: a chunk must be a JSON object, got number" in message
+    assert message.endswith(f"; ... and {total - MAX_MESSAGE_VIOLATIONS} more violations ({total} total)")
     err = capsys.readouterr().err.splitlines()
     # per input line, one error line: the long request's is capped, the junk lines each get theirs
     assert err[1:] == [
