@@ -48,10 +48,7 @@ def _digit_value(token: str) -> int:
 
 def tokenize(text: str) -> list[str]:
     """Lower-cased words, numbers in digits ("1,000", "1 000", "2k") and comparison signs, in order."""
-    tokens = []
-    for tok in _TOKEN.findall(text.lower()):
-        tokens.append(tok)
-    return tokens
+    return _TOKEN.findall(text.lower())
 
 
 def _word_number(tokens: list[str], i: int) -> tuple[int, int] | None:
@@ -75,14 +72,13 @@ def _word_number(tokens: list[str], i: int) -> tuple[int, int] | None:
                 current = 0
         elif t in _ONE and nxt in _SCALES and not seen:
             current = 1
-        elif t in _VAGUE and not seen and (nxt in _SCALES or (nxt == "of" and j + 2 < len(tokens))):
-            k = j + 1 if nxt in _SCALES else j + 2
-            if k < len(tokens) and tokens[k] in _SCALES:
-                current = _VAGUE[t]
-            else:
+        elif t in _VAGUE and not seen:
+            # "a few hundred", "a couple of hundred": only with a scale after it.
+            scale_at = j + 2 if nxt == "of" else j + 1
+            if scale_at >= len(tokens) or tokens[scale_at] not in _SCALES:
                 break
-            if nxt == "of":
-                j += 1
+            current = _VAGUE[t]
+            j = scale_at - 1
         elif t == "and" and seen and (nxt in _UNITS or nxt in _TENS):
             j += 1
             continue
