@@ -30,7 +30,7 @@ from typing import IO, Any
 
 from .errors import BackendError, InputError, RerankError, Violation
 from .models import RerankResult
-from .rerank import arerank, make_backend, redact
+from .rerank import arerank, make_backend, redact, resolve_embedder
 
 EXIT_OK, EXIT_BAD_INPUT, EXIT_BACKEND, EXIT_INTERNAL = 0, 2, 3, 4
 _LINE_KEYS = frozenset({"query", "chunks", "top_k", "lambda", "query_id", "qid"})
@@ -41,10 +41,10 @@ Outcome = RerankResult | Exception
 
 def _shared_options(options: dict[str, Any]) -> dict[str, Any]:
     """Resolve the embedder and backend once, so every request reuses them (and their pools)."""
-    from .embed import get_embedder
-
     opts = dict(options)
-    opts["embedder"] = get_embedder(opts.get("embedder", "lexical"))
+    opts["embedder"] = resolve_embedder(
+        opts.get("embedder", "lexical"), opts.get("backend", "local"), opts.get("base_url")
+    )
     opts["backend"] = make_backend(
         opts.get("backend", "local"),
         model=opts.get("model"),

@@ -166,13 +166,11 @@ def cmd_golden(args: argparse.Namespace) -> int:
 
 
 def _embedder_option(args: argparse.Namespace) -> Any:
-    """The `--embedder` spec, or an `openai` embedder bound to its server.
+    """The `--embedder` spec, or an `openai` embedder bound to `--embed-base-url`.
 
-    `--base-url` is the backend's server; with `--backend openai` that server usually serves
-    embeddings too (vLLM, llama.cpp, Ollama), so an `openai` embedder follows it unless
-    `--embed-base-url` names another one. An Anthropic or local `--base-url` is never an
-    embeddings endpoint, so it is not borrowed. A URL for an embedder that makes no HTTP calls
-    would be silently ignored, so it is a usage error instead.
+    Without `--embed-base-url`, `rerank()` decides (an openai backend's `--base-url` is followed,
+    see `rerank.resolve_embedder`). A URL for an embedder that makes no HTTP calls would be
+    silently ignored, so it is a usage error instead.
     """
     from .embed import get_embedder, parse_embedder_spec
 
@@ -182,10 +180,8 @@ def _embedder_option(args: argparse.Namespace) -> Any:
         if url is not None:
             raise UsageError(f"--embed-base-url applies only to --embedder openai[:MODEL], not {spec!r}")
         return spec
-    if url is None and args.backend == "openai":
-        url = args.base_url
     if url is None:
-        return spec  # the embedder's own default: OPENAI_BASE_URL, then api.openai.com
+        return spec  # resolved with the backend's options by rerank.resolve_embedder
     return get_embedder(spec, base_url=url)
 
 

@@ -303,12 +303,14 @@ def rerank_queries(
 ) -> tuple[dict[str, list[str]], dict[str, str]]:
     """Ranked ids per qid (failed queries absent) and the error message per failed qid."""
     from .batch import arerank_many
-    from .embed import get_embedder
+    from .rerank import resolve_embedder
 
     lim = options.get("limits") or load_limits()
     depth = lim.max_chunks if depth is None else depth
     opts = dict(options)
-    opts["embedder"] = get_embedder(opts.get("embedder", "lexical"))
+    opts["embedder"] = resolve_embedder(
+        opts.get("embedder", "lexical"), opts.get("backend", "local"), opts.get("base_url")
+    )
     config = _config(k, lambda_, depth, opts, opts["embedder"])
     path = Path(resume) if resume else None
     done = _load_resume(path, config) if path else {}
@@ -376,6 +378,7 @@ def evaluate(
     pairwise distance, so tables comparing several embedders can share one yardstick.
     """
     from .embed import get_embedder
+    from .rerank import resolve_embedder
 
     _ir_measures()
     if k < 1:
@@ -393,7 +396,9 @@ def evaluate(
     queries = read_candidates(candidates) if isinstance(candidates, (str, Path)) else list(candidates)
     judgments = read_qrels(qrels) if isinstance(qrels, (str, Path)) else list(qrels)
     subs = read_subtopics(subtopics) if isinstance(subtopics, (str, Path)) else subtopics
-    embedder = get_embedder(options.pop("embedder", "lexical"))
+    embedder = resolve_embedder(
+        options.pop("embedder", "lexical"), options.get("backend", "local"), options.get("base_url")
+    )
     lim = options.get("limits") or load_limits()
     depth_used = lim.max_chunks if depth is None else depth
     if depth_used < 1:

@@ -91,9 +91,16 @@ def make_backend(
     )
 
 
-def _resolve_embedder(spec: Any) -> Any:
-    from .embed import get_embedder
+def resolve_embedder(spec: Any, backend: Any = "local", base_url: str | None = None) -> Any:
+    """The embedder for `spec`; an `openai` embedder named by string follows an openai backend's
+    `base_url`, since the server that chats (vLLM, llama.cpp, Ollama) usually serves embeddings
+    too. An Anthropic `base_url` is never an embeddings endpoint, so it is not borrowed; to embed
+    elsewhere, pass `get_embedder("openai", base_url=...)`."""
+    from .embed import get_embedder, parse_embedder_spec
 
+    follows = isinstance(spec, str) and backend == "openai" and bool(base_url)
+    if follows and parse_embedder_spec(spec)[0] == "openai":
+        return get_embedder(spec, base_url=base_url)
     return get_embedder(spec)
 
 
@@ -144,7 +151,7 @@ def _plan(
     started = time.perf_counter()
     lim = limits or load_limits()
     request = validate_request(query, chunks, top_k, lambda_, limits=lim)
-    emb = _resolve_embedder(embedder)
+    emb = resolve_embedder(embedder, backend, base_url)
     be = make_backend(backend, model=model, base_url=base_url, api_key=api_key, embedder=emb)
     copies = len(request.chunks) - len({c.text for c in request.chunks})
     ask = replace(request, top_k=candidate_k(len(request.chunks), request.top_k, copies))

@@ -218,3 +218,20 @@ def test_embed_base_url_without_an_openai_embedder_is_a_usage_error(tmp_path: Pa
     assert cap.err.splitlines() == [
         "rag-rerank: error: --embed-base-url applies only to --embedder openai[:MODEL], not 'lexical'"
     ]
+
+
+def test_the_library_follows_an_openai_backends_base_url_too(decoy: FakeLLM) -> None:
+    """The rule lives in `rerank()`, so Python callers, the MCP server and `call_tool` get it as
+    well as the CLI."""
+    from rag_rerank import rerank
+    from rag_rerank.tools import call_tool
+
+    chunks = load_skill().example("happy-path").chunks
+    with FakeLLM(handler=_ranks_and_embeds) as srv:
+        rerank(QUERY, chunks, 2, backend="openai", base_url=srv.openai_url, model="m", embedder="openai")
+        records = [json.loads(line) for line in chunks.splitlines() if line.strip()]
+        out = call_tool({"query": QUERY, "chunks": records, "top_k": 2, "lambda": None},
+                        backend="openai", base_url=srv.openai_url, model="m", embedder="openai")
+        assert "ranked" in out, out
+    assert [r.api for r in srv.requests].count("embeddings") >= 2
+    assert decoy.requests == []
