@@ -195,6 +195,13 @@ def parse_input(text: str) -> list[_Line]:
     return out
 
 
+def error_kind(exc: Exception) -> str:
+    """"input" (the caller can fix it), "backend" (every attempt failed) or "internal" (a bug)."""
+    if isinstance(exc, BackendError):
+        return "backend"
+    return "input" if isinstance(exc, RerankError) else "internal"
+
+
 def _error_record(exc: Exception, secrets: Sequence[str | None]) -> dict[str, Any]:
     if isinstance(exc, InputError):
         from .cli import violation_lines
@@ -273,7 +280,11 @@ def read_done(path: Path) -> tuple[dict[int, dict[str, Any]], int]:
 
 
 def exit_code(records: Iterable[Mapping[str, Any]]) -> int:
-    kinds = {r["error"].get("kind") for r in records if isinstance(r.get("error"), Mapping)}
+    return exit_code_for({r["error"].get("kind") for r in records if isinstance(r.get("error"), Mapping)})
+
+
+def exit_code_for(kinds: set[Any]) -> int:
+    """The CLI exit code for a run whose failures were of these kinds: the worst one decides."""
     if "internal" in kinds:
         return EXIT_INTERNAL
     if "backend" in kinds:

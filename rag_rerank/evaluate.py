@@ -39,7 +39,6 @@ import numpy as np
 from .errors import InputError, MissingDependencyError, RerankError, Violation
 from .guard.limits import load_limits
 
-EXIT_OK, EXIT_BAD_INPUT, EXIT_BACKEND = 0, 2, 3
 SLICE = 16  # queries per resume checkpoint
 
 
@@ -66,9 +65,12 @@ class EvalReport:
     failed: Mapping[str, str] = field(default_factory=dict)
     wall_s: float = 0.0
     config: Mapping[str, Any] = field(default_factory=dict)
+    # Per failed qid: "input", "backend" or "internal"; the CLI's exit code follows the worst.
+    failure_kinds: Mapping[str, str] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        info = {"queries": self.n_queries, "failed": dict(self.failed), "wall_s": round(self.wall_s, 3)}
+        info = {"queries": self.n_queries, "failed": dict(self.failed),
+                "failure_kinds": dict(self.failure_kinds), "wall_s": round(self.wall_s, 3)}
         return {"input": dict(self.input), "reranked": dict(self.reranked),
                 "info": {**info, **dict(self.config)}}
 
@@ -301,8 +303,9 @@ def rerank_queries(
     resume: str | Path | None = None,
     **options: Any,
 ) -> tuple[dict[str, list[str]], dict[str, str]]:
-    """Ranked ids per qid (failed queries absent) and the error message per failed qid."""
-    from .batch import arerank_many
+    """Ranked ids per qid (failed queries absent), and per failed qid its error message and kind
+    ("input", "backend" or "internal", as in `batch`)."""
+    from .batch import arerank_many, error_kind
     from .rerank import resolve_embedder
 
     lim = options.get("limits") or load_limits()
@@ -342,7 +345,8 @@ def rerank_queries(
             if isinstance(outcome, Exception):
                 # one line: the CLI prints it as one stderr line per failed query
                 text = " ".join(part.strip() for part in str(outcome).splitlines())
-                records.append({"qid": q.qid, "error": f"{type(outcome).__name__}: {text}"[:500]})
+                records.append({"qid": q.qid, "error": f"{type(outcome).__name__}: {text}"[:500],
+                                "kind": error_kind(outcome)})
             else:
                 records.append({"qid": q.qid, "ranked": outcome.ids})
         finished += len(part)
@@ -353,7 +357,9 @@ def rerank_queries(
                 fh.write("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
     ranked = {q: list(r["ranked"]) for q, r in done.items() if "ranked" in r}
     failed = {q: str(r["error"]) for q, r in done.items() if "error" in r}
-    return ranked, failed
+    # A resume file from before kinds were recorded: such a failure was reported as a backend one.
+    kinds = {q: str(r.get("kind", "backend")) for q, r in done.items() if "error" in r}
+    return ranked, failed, kinds
 
 
 def evaluate(
@@ -414,8 +420,9 @@ def evaluate(
                                     f"{len(queries)} candidate queries (check the qid columns)")])
     yardstick = embedder if distance_embedder is None else get_embedder(distance_embedder)
     started = time.perf_counter()
-    ranked, failed = rerank_queries(queries, k=k, lambda_=lambda_, depth=depth_used, concurrency=concurrency,
-                                    progress=progress, resume=resume, embedder=embedder, **options)
+    ranked, failed, kinds = rerank_queries(queries, k=k, lambda_=lambda_, depth=depth_used,
+                                           concurrency=concurrency, progress=progress, resume=resume,
+                                           embedder=embedder, **options)
     wall = time.perf_counter() - started
     input_orders = {q.qid: q.ids for q in queries}
     reranked_orders = {q.qid: reranked_order(q.ids, ranked.get(q.qid, [])) for q in queries}
@@ -427,7 +434,7 @@ def evaluate(
             yardstick, [[text_of[q][i] for i in ids[:k]] for q, ids in orders.items()])
         result[label] = metrics
     config = _config(k, lambda_, depth_used, options, embedder)
-    return EvalReport(result["input"], result["reranked"], len(queries), failed, wall, config)
+    return EvalReport(result["input"], result["reranked"], len(queries), failed, wall, config, kinds)
 
 
 # ----------------------------------------------------------------------------------------- CLI
@@ -464,7 +471,8 @@ def _progress_printer(enabled: bool) -> tuple[Callable[[int, int], None] | None,
 
 
 def run_eval_cli(args: Any, backend_options: Mapping[str, Any]) -> int:
-    """`rag-rerank eval`: exit 0, or 3 when some query's rerank failed (it still prints metrics)."""
+    """`rag-rerank eval`: metrics, then one stderr line per failed query; exit 0, or as `batch`
+    does, by the worst failure: 2 bad input only, 3 a backend failure, 4 an internal error."""
     for name in ("candidates", "qrels", "subtopics"):
         value = getattr(args, name, None)
         if value is not None and not Path(value).is_file():
@@ -486,7 +494,9 @@ def run_eval_cli(args: Any, backend_options: Mapping[str, Any]) -> int:
     print(json.dumps(report.to_dict(), ensure_ascii=False) if args.json else format_table(report))
     for qid, message in report.failed.items():
         print(f"rag-rerank: query {qid} kept its input order: {message}", file=sys.stderr)
-    return EXIT_BACKEND if report.failed else EXIT_OK
+    from .batch import exit_code_for
+
+    return exit_code_for(set(report.failure_kinds.values()))
 
 
 __all__ = ["CandidateQuery", "EvalReport", "RerankError", "evaluate", "measure", "read_candidates",

@@ -103,8 +103,8 @@ def test_reranked_order_keeps_every_candidate_once():
 def test_depth_limits_what_is_reranked(dl19_slice):
     _, cands, _, _ = dl19_slice
     queries = read_candidates(cands)
-    ranked, failed = rerank_queries(queries, k=3, lambda_=1.0, depth=4)
-    assert failed == {}
+    ranked, failed, kinds = rerank_queries(queries, k=3, lambda_=1.0, depth=4)
+    assert failed == {} and kinds == {}
     for q in queries:
         assert set(ranked[q.qid]) <= set(q.ids[:4])
         assert reranked_order(q.ids, ranked[q.qid])[4:] == q.ids[4:]
@@ -280,3 +280,27 @@ def test_a_query_with_no_candidates_is_bad_input_not_a_backend_failure(tmp_path,
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "line 1" in err and "chunks" in err and "empty" in err
+
+
+def test_a_query_failing_only_on_bad_input_exits_2_and_the_rest_is_measured(tmp_path, capsys):
+    """Regression: a per-query input error (here one chunk over the token budget) made eval exit 3,
+    the code for a backend failure; now the exit code follows the worst failure, as in `batch`."""
+    argv = _tiny(tmp_path)
+    huge = {"qid": "2", "query": "ivf", "chunks": [{"id": "x", "text": "word " * 40_000}]}
+    with open(argv[2], "a", encoding="utf-8") as fh:
+        fh.write(json.dumps(huge) + "\n")
+    assert main([*argv, "--json"]) == 2
+    captured = capsys.readouterr()
+    report = json.loads(captured.out)
+    assert set(report["info"]["failed"]) == {"2"} and report["info"]["failure_kinds"] == {"2": "input"}
+    assert "query 2 kept its input order: InputError" in captured.err
+
+
+def test_a_backend_failure_still_exits_3(tmp_path, capsys, monkeypatch):
+    from tests.support.fake_llm import FakeLLM, Reply
+
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    with FakeLLM([Reply.openai_error(401, "no key")] * 4) as srv:
+        code = main([*_tiny(tmp_path), "--backend", "openai", "--base-url", srv.openai_url, "-m", "m"])
+    assert code == 3
+    assert "query 1 kept its input order: BackendError" in capsys.readouterr().err
