@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import gzip
-import hashlib
 import json
 import os
 import sys
@@ -26,10 +25,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from rag_rerank.embed.disk_cache import DiskCachedEmbedder  # noqa: E402
 
 DATA = Path(os.environ.get("RAG_RERANK_DATA", "/work/shared/data"))
 OUT = ROOT / "bench" / "out"
@@ -112,45 +111,19 @@ def build_ambient() -> tuple[Path, Path, Path]:
 # --------------------------------------------------------------------------- embedding cache
 
 
-class CachedEmbedder:
-    """Wraps an embedder with an on-disk cache keyed by the text's SHA-1, so repeated bench runs
-    (and the post-pass re-embedding what the backend already embedded) cost nothing."""
+class CachedEmbedder(DiskCachedEmbedder):
+    """The library's on-disk vector cache in bench/out/emb-cache/, so repeated bench runs (and the
+    post-pass re-embedding what the backend already embedded) cost nothing."""
 
     def __init__(self, spec: str) -> None:
         from rag_rerank.embed import get_embedder
 
-        self._inner = get_embedder(spec)
-        self.name = self._inner.name
-        self.duplicate_threshold = float(getattr(self._inner, "duplicate_threshold", 0.95))
-        self._dir = OUT / "emb-cache"
-        self._dir.mkdir(parents=True, exist_ok=True)
-        self._file = self._dir / (hashlib.sha1(self.name.encode()).hexdigest()[:12] + ".npz")
-        self._cache: dict[str, np.ndarray] = {}
-        if self._file.is_file():
-            with np.load(self._file) as z:
-                self._cache = dict(zip(z["keys"].tolist(), z["vecs"], strict=True))
-        self._dirty = False
-
-    def embed(self, texts: list[str]) -> np.ndarray:
-        keys = [hashlib.sha1(t.encode("utf-8")).hexdigest() for t in texts]
-        missing = sorted({k: t for k, t in zip(keys, texts, strict=True) if k not in self._cache}.items())
-        if missing:
-            vecs = self._inner.embed([t for _, t in missing])
-            for (k, _), v in zip(missing, vecs, strict=True):
-                self._cache[k] = np.asarray(v, dtype=np.float32)
-            self._dirty = True
-        return np.stack([self._cache[k] for k in keys]) if keys else np.zeros((0, 1), np.float32)
+        super().__init__(get_embedder(spec), OUT / "emb-cache")
 
     def warm(self, texts: list[str], batch: int = 512) -> None:
         for i in range(0, len(texts), batch):
             self.embed(texts[i : i + batch])
         self.save()
-
-    def save(self) -> None:
-        if self._dirty:
-            keys = np.array(list(self._cache))
-            np.savez(self._file, keys=keys, vecs=np.stack(list(self._cache.values())))
-            self._dirty = False
 
 
 def _all_texts(candidates: Path, depth: int | None) -> list[str]:

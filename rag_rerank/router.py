@@ -430,19 +430,39 @@ class Router:
         self.gap = gap
         protos = []
         for card, pos, neg, train_pos, train_neg in texts:
-            dense = self._embed([*train_pos, *train_neg]).astype(np.float64) if self.semantic else None
+            if self.semantic:
+                vecs = self._example_vectors([*pos, *neg, *train_pos, *train_neg])
+                a, b = len(pos), len(pos) + len(neg)
+                pos_vecs, neg_vecs = vecs[:a].astype(np.float32), vecs[a:b].astype(np.float32)
+                dense: np.ndarray | None = vecs[b:]
+            else:
+                pos_vecs, neg_vecs, dense = self._embed(pos), self._embed(neg), None
             protos.append(
                 _Prototypes(
                     card=card,
                     positive=tuple(pos),
                     negative=tuple(neg),
-                    pos_vecs=self._embed(pos),
-                    neg_vecs=self._embed(neg),
+                    pos_vecs=pos_vecs,
+                    neg_vecs=neg_vecs,
                     classifier=CardClassifier(train_pos, train_neg, c=REGULARISATION_C, dense=dense),
                     item_words=_item_words(card),
                 )
             )
         self.prototypes = tuple(protos)
+
+    def _example_vectors(self, texts: list[str]) -> np.ndarray:
+        """Sentence vectors of a card's phrases and training examples, kept on disk between
+        processes (see `embed.disk_cache`): embedding 1,500 examples is most of a semantic
+        router's build."""
+        from .embed.disk_cache import DiskCachedEmbedder, default_cache_dir
+
+        directory = default_cache_dir()
+        if directory is None:
+            return self._embed(texts).astype(np.float64)
+        cached = DiskCachedEmbedder(self.embedder, directory / "vectors")
+        vecs = np.asarray(cached.embed(texts), dtype=np.float64)
+        cached.save()
+        return vecs
 
     def _embed(self, texts: Sequence[str]) -> np.ndarray:
         if not texts:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import sys
+import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -24,6 +25,8 @@ if str(ROOT) not in sys.path:
 # No test may reach the internet or download a model.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+# Nor write into the user's ~/.cache: on-disk vector caches go to a fresh folder per run.
+os.environ.setdefault("RAG_RERANK_CACHE_DIR", tempfile.mkdtemp(prefix="rag-rerank-test-cache-"))
 
 try:
     from hypothesis import HealthCheck, settings

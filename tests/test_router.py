@@ -371,3 +371,11 @@ def test_sentence_transformers_embedder_routes_triggers(card: SkillCard) -> None
     assert all(r.decide(t).skill is None for t in (*card.not_for, *card.reject_examples))
     assert r.decide("what's the weather like in Lisbon tomorrow?").skill is None
     assert r.decide(card.triggers[0], n_chunks=card.max_chunks + 1).skill is None
+    # The examples' vectors were kept on disk: a second router reads them back, same model.
+    import os
+
+    import numpy as np
+
+    assert list((Path(os.environ["RAG_RERANK_CACHE_DIR"]) / "vectors").glob("*.npz"))
+    again = Router(embedder="sentence-transformers")
+    assert np.allclose(again.prototypes[0].classifier.weights, r.prototypes[0].classifier.weights, atol=1e-6)
