@@ -28,17 +28,23 @@ _ONE = {"a", "an", "one"}
 
 # A token is a number in digits, a word, or a comparison sign. Digits may be grouped in threes
 # by ",", "_", "." or a space ("1,000", "1 000"); a space group followed by a hyphen is two
-# numbers ("40 200-token chunks"). A k suffix multiplies by a thousand ("2k", "1.5k").
+# numbers ("40 200-token chunks"). A k suffix multiplies by a thousand ("2k", "1.5k"); "1e3" is
+# a thousand too.
 _TOKEN = re.compile(
     r"\d{1,3}(?:[,_.]\d{3})+(?![\d.,])"
     r"|\d{1,3}(?: \d{3})+(?![\d-])"
     r"|\d+(?:\.\d+)?k(?![a-z])"
+    r"|\d+(?:\.\d+)?e\d{1,3}(?![a-z])"
     r"|\d+(?:\.\d+)?"
     r"|[a-z]+|[<>]"
 )
 
 
 def _digit_value(token: str) -> int:
+    if token.isdigit():
+        return int(token)  # exactly, however long
+    if "e" in token:  # 1e3
+        return round(float(token))
     if token.endswith("k"):
         return round(float(token[:-1]) * 1000)
     if re.fullmatch(r"\d{1,3}(?:[,_. ]\d{3})+", token):

@@ -21,6 +21,8 @@ def first(text: str) -> tuple[int, list[str], str]:
         ("12,345,678 rows", 12345678),
         ("2k docs", 2000),
         ("1.5k docs", 1500),
+        ("1e3 docs", 1000),
+        ("99999999999999999999999 docs", 99999999999999999999999),
         ("ninety passages", 90),
         ("twenty-five chunks", 25),
         ("five hundred and twelve chunks", 512),
@@ -65,3 +67,19 @@ def test_vague_words_without_a_scale_are_not_large_counts(text: str) -> None:
 def test_decimals_are_not_thousands() -> None:
     assert first("lambda 0.75 please")[0] == 0
     assert tokenize("lambda 0.75, 30 chunks") == ["lambda", "0.75", "30", "chunks"]
+
+
+def test_property_any_text_reads_without_error() -> None:
+    hypothesis = pytest.importorskip("hypothesis")
+    st = pytest.importorskip("hypothesis.strategies")
+
+    @hypothesis.given(st.text(alphabet=st.characters(), max_size=80)
+                      | st.lists(st.sampled_from(["1,000", "1 000", "2.5k", "a", "few", "hundred", "of",
+                                                  "and", "twenty", "five", "chunks", "-", "0.7", "١٢٣"]))
+                      .map(" ".join))
+    def check(text: str) -> None:
+        for value, after, before in counts_before(text):
+            assert isinstance(value, int) and value >= 0
+            assert isinstance(after, list) and isinstance(before, str)
+
+    check()
