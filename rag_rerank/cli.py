@@ -173,9 +173,12 @@ def _embedder_option(args: argparse.Namespace) -> Any:
     silently ignored, so it is a usage error instead.
     """
     from .embed import get_embedder, parse_embedder_spec
+    from .rerank import base_url_problem
 
     spec: str = args.embedder
     url: str | None = args.embed_base_url
+    if url is not None and (problem := base_url_problem(url)):
+        raise UsageError(f"--embed-base-url: {problem}")
     if parse_embedder_spec(spec)[0] != "openai":
         if url is not None:
             raise UsageError(f"--embed-base-url applies only to --embedder openai[:MODEL], not {spec!r}")
@@ -186,6 +189,10 @@ def _embedder_option(args: argparse.Namespace) -> Any:
 
 
 def _backend_options(args: argparse.Namespace) -> dict[str, Any]:
+    from .rerank import base_url_problem
+
+    if args.base_url is not None and (problem := base_url_problem(args.base_url)):
+        raise UsageError(f"--base-url: {problem}")
     return {"backend": args.backend, "model": args.model, "base_url": args.base_url,
             "embedder": _embedder_option(args), "fallback": args.fallback}
 

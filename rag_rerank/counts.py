@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
+from decimal import Decimal
 
 _UNIT_WORDS = """zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen
     fifteen sixteen seventeen eighteen nineteen"""
@@ -25,6 +26,10 @@ _PLURAL_SCALES = {"hundreds": 200, "thousands": 2000, "millions": 2_000_000, "do
 # Words that make the next scale vague but at least this many of it ("a few hundred" >= 200).
 _VAGUE = {"few": 2, "couple": 2, "several": 3, "many": 2}
 _ONE = {"a", "an", "one"}
+# Larger counts are read as this: for a "more than N?" check they are all the same, and the cap
+# keeps "1e999", a 5,000-digit number or "hundred hundred ... hundred" from overflowing a float,
+# passing Python's int-to-text digit limit or filling a message with a thousand digits.
+MAX_COUNT = 10**30
 
 # A token is a number in digits, a word, or a comparison sign. Digits may be grouped in threes
 # by ",", "_", "." or a space ("1,000", "1 000"); a space group followed by a hyphen is two
@@ -41,15 +46,18 @@ _TOKEN = re.compile(
 
 
 def _digit_value(token: str) -> int:
-    if token.isdigit():
-        return int(token)  # exactly, however long
-    if "e" in token:  # 1e3
-        return round(float(token))
-    if token.endswith("k"):
-        return round(float(token[:-1]) * 1000)
+    """Exact (Decimal, not float: 23 nines stay 23 nines), capped at `MAX_COUNT`."""
     if re.fullmatch(r"\d{1,3}(?:[,_. ]\d{3})+", token):
-        return int(re.sub(r"[,_. ]", "", token))
-    return int(float(token))
+        token = re.sub(r"[,_. ]", "", token)
+    if token.isdigit():
+        # Compared by length first: int() of over 4,300 digits is an error in Python.
+        digits = token.lstrip("0") or "0"
+        return MAX_COUNT if len(digits) > len(str(MAX_COUNT)) else min(int(digits), MAX_COUNT)
+    if "e" in token:  # 1e3
+        return round(min(Decimal(token), Decimal(MAX_COUNT)))
+    if token.endswith("k"):
+        return round(min(Decimal(token[:-1]) * 1000, Decimal(MAX_COUNT)))
+    return int(min(Decimal(token), Decimal(MAX_COUNT)))  # a decimal: its whole part ("0.7" -> 0)
 
 
 def tokenize(text: str) -> list[str]:
@@ -118,6 +126,7 @@ def counts_before(text: str, window: int = 3) -> Iterator[tuple[int, list[str], 
             parsed = _word_number(toks, i)
             value, used = parsed if parsed else (None, 1)
         if value is not None:
+            value = min(value, MAX_COUNT)
             after = toks[i + used : i + used + window]
             before = " ".join(toks[max(0, i - 2) : i])
             yield value, after, before

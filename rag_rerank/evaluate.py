@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import os
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -254,17 +255,69 @@ def pairwise_distance(embedder: Any, texts_by_query: Sequence[Sequence[str]]) ->
 def _config(k: int, lambda_: float | None, depth: int, options: Mapping[str, Any], embedder: Any
             ) -> dict[str, Any]:
     backend = options.get("backend", "local")
-    return {"backend": backend if isinstance(backend, str) else str(getattr(backend, "model", backend)),
-            "model": options.get("model"), "embedder": str(getattr(embedder, "name", embedder)), "k": k,
-            "lambda": lambda_, "depth": depth, "duplicate_threshold": options.get("duplicate_threshold")}
+    config = {"backend": backend if isinstance(backend, str) else str(getattr(backend, "model", backend)),
+              "model": options.get("model"), "embedder": str(getattr(embedder, "name", embedder)), "k": k,
+              "lambda": lambda_, "depth": depth, "duplicate_threshold": options.get("duplicate_threshold")}
+    config.update(_embedder_server(embedder))
+    return config
 
 
-def _load_resume(path: Path, config: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+_EMBED_URL = "embed_base_url"
+_KINDS = ("input", "backend", "internal")
+
+
+def _embedder_server(embedder: Any) -> dict[str, Any]:
+    """Where an embeddings-server embedder sends its texts: the same model name on another server
+    (an openai backend's --base-url, --embed-base-url, OPENAI_BASE_URL) gives other vectors, so
+    other post-pass decisions, and a resume file must not mix the two."""
+    if not hasattr(embedder, "base_url"):
+        return {}
+    return {_EMBED_URL: getattr(embedder, "base_url", None) or os.environ.get("OPENAI_BASE_URL") or None}
+
+
+def _same_config(written: Any, config: Mapping[str, Any]) -> bool:
+    """A header from before `embed_base_url` was recorded: such an embedder used OPENAI_BASE_URL."""
+    if isinstance(written, dict) and _EMBED_URL in config and _EMBED_URL not in written:
+        written = {**written, _EMBED_URL: os.environ.get("OPENAI_BASE_URL") or None}
+    return bool(written == dict(config))
+
+
+def _error_kind_of(record: Mapping[str, Any]) -> str:
+    """The record's kind; a record from before kinds were written is classified by the exception
+    name its message starts with, as `batch.error_kind` would have classified the exception."""
+    kind = record.get("kind")
+    if kind in _KINDS:
+        return str(kind)
+    name = str(record["error"]).split(":", 1)[0].strip()
+    if name == "BackendError":
+        return "backend"
+    ours, todo = {"RerankError"}, list(RerankError.__subclasses__())
+    while todo:
+        cls = todo.pop()
+        ours.add(cls.__name__)
+        todo += cls.__subclasses__()
+    return "input" if name in ours else "internal"
+
+
+def _resume_record_problem(rec: Mapping[str, Any]) -> str | None:
+    if not isinstance(rec.get("qid"), (str, int)) or isinstance(rec.get("qid"), bool):
+        return "'qid' must be a string or an integer"
+    ranked = rec.get("ranked", [])
+    if not (isinstance(ranked, list) and all(isinstance(i, str) for i in ranked)):
+        return "'ranked' must be a list of id strings"
+    if "error" in rec and not isinstance(rec["error"], str):
+        return "'error' must be a string"
+    return None
+
+
+def _load_resume(path: Path, config: Mapping[str, Any]) -> tuple[dict[str, dict[str, Any]], dict[str, int]]:
+    """The finished records by qid, and the line each came from."""
     if path.is_dir():
         raise InputError([Violation(path="resume", message=f"{path} is a directory, not a file")])
     if not path.is_file():
-        return {}
+        return {}, {}
     done: dict[str, dict[str, Any]] = {}
+    where: dict[str, int] = {}
     try:
         lines = path.read_text(encoding="utf-8").split("\n")
     except (OSError, UnicodeDecodeError) as exc:
@@ -283,13 +336,34 @@ def _load_resume(path: Path, config: Mapping[str, Any]) -> dict[str, dict[str, A
         if not (is_result or (isinstance(rec, dict) and "config" in rec)):
             raise InputError([Violation(path="resume", line=lineno, message=f"{path} is not a resume file")])
         if "config" in rec:
-            if rec["config"] != dict(config):
+            if not _same_config(rec["config"], config):
                 raise InputError([Violation(path="resume", value=rec["config"],
                                             message=f"{path} was written for another configuration "
                                             f"{rec['config']}; use a new file")])
             continue
+        problem = _resume_record_problem(rec)
+        if problem:
+            raise InputError([Violation(path="resume", line=lineno, message=f"{path}: {problem}")])
         done[str(rec["qid"])] = rec
-    return done
+        where[str(rec["qid"])] = lineno
+    return done, where
+
+
+def _check_resumed(done: Mapping[str, Mapping[str, Any]], where: Mapping[str, int],
+                   queries: Sequence[CandidateQuery], depth: int, path: Path) -> None:
+    """Ranked ids a query does not have mean the file was written for other candidates (same
+    configuration, another candidates file): its rankings would be scored against the wrong docs."""
+    for q in queries:
+        rec = done.get(q.qid)
+        if rec is None or "ranked" not in rec:
+            continue
+        sent = set(q.ids[:depth])
+        foreign = [i for i in rec["ranked"] if i not in sent]
+        if foreign:
+            raise InputError([Violation(path="resume", line=where.get(q.qid), id=q.qid,
+                                        message=f"{path}: query {q.qid}'s ranked ids {foreign[:3]} are not "
+                                        "among its candidates; the file was written for another "
+                                        "candidates file, use a new one")])
 
 
 def rerank_queries(
@@ -302,7 +376,7 @@ def rerank_queries(
     progress: Callable[[int, int], None] | None = None,
     resume: str | Path | None = None,
     **options: Any,
-) -> tuple[dict[str, list[str]], dict[str, str]]:
+) -> tuple[dict[str, list[str]], dict[str, str], dict[str, str]]:
     """Ranked ids per qid (failed queries absent), and per failed qid its error message and kind
     ("input", "backend" or "internal", as in `batch`)."""
     from .batch import arerank_many, error_kind
@@ -316,7 +390,9 @@ def rerank_queries(
     )
     config = _config(k, lambda_, depth, opts, opts["embedder"])
     path = Path(resume) if resume else None
-    done = _load_resume(path, config) if path else {}
+    done, where = _load_resume(path, config) if path else ({}, {})
+    if path:
+        _check_resumed(done, where, queries, depth, path)
     if path and not path.is_file():
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps({"config": config}) + "\n", encoding="utf-8")
@@ -355,10 +431,11 @@ def rerank_queries(
         if path:
             with path.open("a", encoding="utf-8") as fh:
                 fh.write("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
-    ranked = {q: list(r["ranked"]) for q, r in done.items() if "ranked" in r}
-    failed = {q: str(r["error"]) for q, r in done.items() if "error" in r}
-    # A resume file from before kinds were recorded: such a failure was reported as a backend one.
-    kinds = {q: str(r.get("kind", "backend")) for q, r in done.items() if "error" in r}
+    # Only this run's queries: a resume file may hold others (a larger candidates file).
+    ours = {q.qid for q in queries}
+    ranked = {q: list(r["ranked"]) for q, r in done.items() if "ranked" in r and q in ours}
+    failed = {q: str(r["error"]) for q, r in done.items() if "error" in r and q in ours}
+    kinds = {q: _error_kind_of(r) for q, r in done.items() if "error" in r and q in ours}
     return ranked, failed, kinds
 
 

@@ -20,11 +20,11 @@ of a session that can never succeed; the check is offline and loads no model.
 
 from __future__ import annotations
 
+import difflib
 import json
 import os
 from collections.abc import Mapping
 from typing import Any
-from urllib.parse import urlsplit
 
 from .errors import InputError, MissingDependencyError, Violation
 from .skill import SkillCard, load_skill
@@ -47,16 +47,37 @@ def options_from_env(env: Mapping[str, str] | None = None) -> dict[str, Any]:
     """
     env = os.environ if env is None else env
     options = {key: env[var] for key, var in _ENV_OPTIONS.items() if env.get(var)}
-    problems = _check_options(options)
+    problems = [*_misspelt_names(env), *_check_options(options)]
     if problems:
         raise InputError(problems, headline="invalid MCP server configuration")
     return options
 
 
+# Variables of the same prefix read elsewhere (the vector cache, tracebacks, benches and tests).
+_OTHER_VARIABLES = frozenset({"RAG_RERANK_CACHE_DIR", "RAG_RERANK_DEBUG", "RAG_RERANK_DATA",
+                              "RAG_RERANK_LLM_TESTS"})
+
+
+def _misspelt_names(env: Mapping[str, str]) -> list[Violation]:
+    """A variable that is nearly one of ours (RAG_RERANK_EMBEDER, rag_rerank_backend) would be
+    ignored and the server would run on defaults the user meant to change; name it instead."""
+    prefix = "RAG_RERANK_"
+    ours = {var.removeprefix(prefix): var for var in _ENV_OPTIONS.values()}
+    problems = []
+    for name in env:
+        if not name.upper().startswith(prefix) or name in _OTHER_VARIABLES or name in _ENV_OPTIONS.values():
+            continue
+        close = difflib.get_close_matches(name.upper().removeprefix(prefix), list(ours), n=1, cutoff=0.75)
+        if close:
+            problems.append(Violation(path=name, value=env[name], message="not a setting of the MCP server; "
+                                      f"did you mean {ours[close[0]]}?"))
+    return problems
+
+
 def _check_options(options: Mapping[str, str]) -> list[Violation]:
     """Names and shapes only: no model is loaded and no server contacted (an MCP host waits on start-up)."""
     from .embed import parse_embedder_spec
-    from .rerank import BACKENDS
+    from .rerank import BACKENDS, base_url_problem
 
     problems: list[Violation] = []
     backend = options.get("backend")
@@ -74,12 +95,8 @@ def _check_options(options: Mapping[str, str]) -> list[Violation]:
         problems.append(Violation(path=_ENV_OPTIONS["fallback"], value=fallback,
                                   message=f"unknown fallback {fallback!r}; choose local (or leave it unset)"))
     base_url = options.get("base_url")
-    if base_url is not None:
-        parts = urlsplit(base_url)
-        if parts.scheme not in ("http", "https") or not parts.netloc:
-            problems.append(Violation(path=_ENV_OPTIONS["base_url"], value=base_url,
-                                      message=f"{base_url!r} is not a URL; give an http:// or https:// "
-                                      "URL, e.g. http://127.0.0.1:8000/v1"))
+    if base_url is not None and (problem := base_url_problem(base_url)):
+        problems.append(Violation(path=_ENV_OPTIONS["base_url"], value=base_url, message=problem))
     return problems
 
 

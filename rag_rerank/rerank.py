@@ -26,6 +26,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
+from urllib.parse import urlsplit
 
 from .backends.base import Backend
 from .errors import BackendError, InputError, Violation
@@ -48,6 +49,26 @@ def candidate_k(n_chunks: int, top_k: int, copies: int = 0) -> int:
     return max(1, min(n_chunks, max(2 * top_k, top_k + 5) + max(copies, 0)))
 
 
+def base_url_problem(url: Any) -> str | None:
+    """Why `url` cannot be a server address, or None when it can.
+
+    Checked before any request: the SDKs report a malformed URL as a ValueError from deep inside
+    (an internal error, exit 4) or as a connection failure (a backend error, exit 3), and treat an
+    empty one as "no base URL", sending the request to the public API instead of a local server.
+    """
+    if not isinstance(url, str):
+        return f"must be a URL string, got {type(url).__name__}"
+    hint = "give an http:// or https:// URL, e.g. http://127.0.0.1:8000/v1"
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 -- raises ValueError for a port that is not a number in 0-65535
+    except ValueError as exc:
+        return f"{url!r} is not a URL ({exc}); {hint}"
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return f"{url!r} is not a URL; {hint}"
+    return None
+
+
 def make_backend(
     name: str | Backend,
     *,
@@ -68,6 +89,8 @@ def make_backend(
         msg = (f"backend must be a name ({', '.join(BACKENDS)}) or a Backend instance, "
                f"got {type(name).__name__}")
         raise InputError([Violation(path="backend", message=msg, value=name)])
+    if name in ("openai", "anthropic") and base_url is not None and (problem := base_url_problem(base_url)):
+        raise InputError([Violation(path="base_url", message=problem, value=base_url)])
     if name == "local":
         from .backends.local import LocalBackend
 

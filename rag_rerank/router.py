@@ -43,7 +43,7 @@ import numpy as np
 from .counts import counts_before
 from .embed import Embedder, l2_normalise
 from .errors import InputError, Violation
-from .skill import SkillCard, load_all_skills
+from .skill import SkillCard, SkillCardError, load_all_skills
 
 # Chosen on out-of-fold development scores by `python bench/route.py --write`; see the docstring.
 THRESHOLDS: Mapping[str, float] = {"lexical": 0.6695, "sentence-transformers": 0.7052}
@@ -418,6 +418,7 @@ class Router:
         for card in self.cards:
             pos, neg = _phrases(card)
             train_pos, train_neg = training_examples(card)
+            _check_both_sides(card, train_pos, train_neg)
             texts.append((card, pos, neg, train_pos, train_neg))
             corpus += pos + neg
         self.embedder = _resolve_embedder(embedder, corpus)
@@ -544,6 +545,19 @@ class Router:
         )
 
 
+def _check_both_sides(card: SkillCard, positive: Sequence[str], negative: Sequence[str]) -> None:
+    """A classifier needs examples of both answers. With no request to refuse it scores every
+    utterance 1.0, so a card of triggers alone would take all traffic and leave every other card
+    "ambiguous"; with no request to route there is no trigger a reason could name."""
+    if positive and negative:
+        return
+    raise SkillCardError(
+        f"{card.path}: metadata.routing gives the router {len(positive)} example(s) to route and "
+        f"{len(negative)} to refuse; it needs at least one of each (triggers, route_examples or "
+        "`route: true` lines; not_for, reject_examples or `route: false` lines)"
+    )
+
+
 def _embedder_kind(embedder: Embedder) -> str:
     name = getattr(embedder, "name", "")
     return name.split(":")[0] if name else "lexical"
@@ -554,8 +568,13 @@ def _resolve_embedder(spec: str | Embedder | None, corpus: Sequence[str]) -> Emb
     if spec is None or spec == "lexical":
         return CardLexicalEmbedder(corpus)
     if isinstance(spec, str):
-        from .embed import get_embedder  # engineer A's factory; lazy so lexical routing needs nothing
+        from .embed import get_embedder, parse_embedder_spec  # lazy so lexical routing needs nothing
 
+        if parse_embedder_spec(spec)[0] == "caller":
+            # `caller` means "vectors in the chunk records": an utterance has none.
+            raise InputError([Violation(path="embedder", value=spec, message="the router embeds the "
+                                        "utterance itself; choose lexical, sentence-transformers[:MODEL] "
+                                        "or openai[:MODEL], not 'caller'")])
         return get_embedder(spec)
     return spec
 
@@ -670,7 +689,7 @@ def route(
     n_chunks: int | None = None,
     embedder: str | Embedder | None = "lexical",
     *,
-    skills_root: Path | None = None,
+    skills_root: str | Path | None = None,
 ) -> dict[str, Any]:
     """`{"skill": name | None, "score": float, "reason": str}` for one utterance.
 

@@ -184,6 +184,9 @@ def _build(front: dict[str, Any], body: str, path: Path) -> SkillCard:
         raise SkillCardError(f"{path}: compatibility must be a string of 1-500 characters")
     meta = _metadata(_need(front, "metadata", path), path)
     routing = _need(meta, "routing", path, "metadata.")
+    if not isinstance(routing, dict):
+        raise SkillCardError(f"{path}: metadata.routing must be a YAML mapping (triggers:, not_for:, ...), "
+                             f"got {type(routing).__name__}")
     inputs = tuple(
         InputSpec(
             name=i["name"],
@@ -208,9 +211,9 @@ def _build(front: dict[str, Any], body: str, path: Path) -> SkillCard:
         summary=" ".join(str(meta.get("summary", "")).split()),
         tool_name=meta.get("tool_name", name.replace("-", "_")),
         inputs=inputs,
-        triggers=tuple(routing.get("triggers", [])),
-        not_for=tuple(routing.get("not_for", [])),
-        max_chunks=int(routing.get("max_chunks", 50)),
+        triggers=_strings(routing, "triggers", path),
+        not_for=_strings(routing, "not_for", path),
+        max_chunks=_max_chunks(routing, path),
         examples=examples,
         body=body,
         path=path,
@@ -219,6 +222,31 @@ def _build(front: dict[str, Any], body: str, path: Path) -> SkillCard:
         count_nouns=_strings(routing, "count_nouns", path),
         routing_examples=_routing_examples(routing, path),
     )
+
+
+def _max_chunks(routing: dict[str, Any], path: Path) -> int:
+    """The size precondition; `int()` would quietly turn `true` into 1 and `50.9` into 50, and a
+    negative limit would refuse every request with a message about "0 stated"."""
+    value = routing.get("max_chunks", 50)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise SkillCardError(f"{path}: metadata.routing.max_chunks must be a positive integer, got {value!r}")
+    return value
+
+
+def _examples_lines(file: Path) -> list[str]:
+    """The file's lines, split on "\n" only: JSON may hold U+2028, U+0085 or U+001E raw inside a
+    string, which `str.splitlines` would also split on (and so misnumber every later line)."""
+    try:
+        data = file.read_bytes()
+    except OSError as exc:
+        raise SkillCardError(f"{file}: cannot read the routing examples: {exc.strerror or exc}") from None
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = data[: exc.start].count(b"\n") + 1
+        hint = " (it looks like UTF-16; save it as UTF-8)" if data[:2] in (b"\xff\xfe", b"\xfe\xff") else ""
+        raise SkillCardError(f"{file}:{line}: not UTF-8 text (byte {exc.start}){hint}") from None
+    return [line.removesuffix("\r") for line in text.split("\n")]
 
 
 def _routing_examples(routing: dict[str, Any], path: Path) -> tuple[RoutingExample, ...]:
@@ -231,12 +259,8 @@ def _routing_examples(routing: dict[str, Any], path: Path) -> tuple[RoutingExamp
             f"{path}: metadata.routing.examples_file must be a file name inside the skill folder"
         )
     file = path.parent / name
-    try:
-        lines = file.read_text(encoding="utf-8-sig").splitlines()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise SkillCardError(f"{file}: cannot read the routing examples: {exc}") from None
     out = []
-    for number, line in enumerate(lines, 1):
+    for number, line in enumerate(_examples_lines(file), 1):
         if not line.strip():
             continue
         where = f"{file}:{number}"
@@ -244,6 +268,10 @@ def _routing_examples(routing: dict[str, Any], path: Path) -> tuple[RoutingExamp
             row = json.loads(line)
         except json.JSONDecodeError as exc:
             raise SkillCardError(f"{where}: not JSON ({exc.msg})") from None
+        except ValueError as exc:  # an integer of over 4,300 digits (the rest is Python advice)
+            raise SkillCardError(f"{where}: not JSON ({str(exc).split(';')[0]})") from None
+        except RecursionError:
+            raise SkillCardError(f"{where}: not JSON (nested too deeply)") from None
         if not isinstance(row, dict):
             raise SkillCardError(f"{where}: must be a JSON object")
         utterance, route, n_chunks = row.get("utterance"), row.get("route"), row.get("n_chunks")
@@ -280,7 +308,12 @@ def load_skill(name: str = DEFAULT_SKILL) -> SkillCard:
     return parse_skill(path)
 
 
-def load_all_skills(root: Path | None = None) -> list[SkillCard]:
-    """Every card under `skills/`, sorted by name; the router chooses among these."""
-    base = root or skills_dir()
+def load_all_skills(root: str | Path | None = None) -> list[SkillCard]:
+    """Every card under `skills/`, sorted by name; the router chooses among these.
+
+    A `root` that is not a folder is an error: a mistyped path would otherwise look like a
+    folder without cards, and every utterance would quietly route nowhere."""
+    base = skills_dir() if root is None else Path(root)
+    if not base.is_dir():
+        raise SkillCardError(f"{base}: no such skills folder (it should hold <name>/SKILL.md cards)")
     return [parse_skill(p) for p in sorted(base.glob("*/SKILL.md"))]

@@ -109,6 +109,20 @@ def junk_file(tmp_path: Path, n: int) -> str:
     return write(tmp_path, f"junk{n}.jsonl", "".join(f"junk {i}\n" for i in range(n)))
 
 
+def test_many_copies_of_a_few_ids_make_a_short_duplicate_line(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """Regression: the list was capped at 50 lines, but one of them named every line of every
+    copy: 5,000 copies of three ids printed a 54,000-character line."""
+    records = "".join(json.dumps({"id": f"d{i % 12}", "text": "x"}) + "\n" for i in range(5000))
+    code, _, err = run(capsys, "render", "-q", QUERY, "-c", write(tmp_path, "dups.jsonl", records))
+    assert code == EXIT_BAD_INPUT
+    [dupes] = [line for line in err if "duplicate ids" in line]
+    assert len(dupes) < 500
+    assert "'d0' at line 1, line 13, line 25, line 37, line 49 and 412 more;" in dupes
+    assert dupes.endswith("; and 7 more duplicated ids") and "'d5'" not in dupes
+
+
 @pytest.mark.parametrize("command", ["render", "check"])
 def test_a_100000_line_junk_file_prints_the_first_violations_and_the_total(
     command: str, capsys: pytest.CaptureFixture[str], tmp_path: Path

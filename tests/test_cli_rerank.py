@@ -235,3 +235,39 @@ def test_the_library_follows_an_openai_backends_base_url_too(decoy: FakeLLM) -> 
         assert "ranked" in out, out
     assert [r.api for r in srv.requests].count("embeddings") >= 2
     assert decoy.requests == []
+
+
+@pytest.mark.parametrize("command", ["rerank", "batch", "eval"])
+@pytest.mark.parametrize(
+    ("flags", "option"),
+    [
+        (["--backend", "openai", "-m", "m", "--base-url", "http://[::1"], "--base-url"),
+        (["--backend", "openai", "-m", "m", "--base-url", "http://127.0.0.1:99999/v1"], "--base-url"),
+        (["--backend", "openai", "-m", "m", "--base-url", ""], "--base-url"),
+        (["-e", "openai", "--embed-base-url", "http://[::1"], "--embed-base-url"),
+        (["-e", "openai", "--embed-base-url", "127.0.0.1:8000/v1"], "--embed-base-url"),
+        (["-e", "openai", "--embed-base-url", ""], "--embed-base-url"),
+    ],
+    ids=["ipv6 unclosed", "port out of range", "empty", "embed ipv6 unclosed", "no scheme", "embed empty"],
+)
+def test_a_url_no_request_could_use_is_a_usage_error(
+    command: str, flags: list[str], option: str, tmp_path: Path, capsys, decoy: FakeLLM
+) -> None:
+    """Was exit 4 (ValueError / InvalidURL from inside the SDK), exit 3 ("connection error", an
+    API-key complaint), or for an empty URL (an unset shell variable) a request to
+    OPENAI_BASE_URL / api.openai.com instead of the local server meant."""
+    assert main(_command(command, tmp_path, flags)) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith(f"rag-rerank: error: {option}: ") and "not a URL" in err[0]
+    assert decoy.requests == []
+    if command == "batch":
+        assert not (tmp_path / "out.jsonl").exists() or (tmp_path / "out.jsonl").read_text() == ""
+
+
+def test_the_library_refuses_a_malformed_base_url_as_input() -> None:
+    from rag_rerank import rerank
+    from rag_rerank.errors import InputError
+
+    with pytest.raises(InputError) as info:
+        rerank(QUERY, load_skill().example("happy-path").chunks, 2, backend="openai", base_url="http://[::1")
+    assert [v.path for v in info.value.violations] == ["base_url"]

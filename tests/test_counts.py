@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from rag_rerank.counts import counts_before, tokenize
+from rag_rerank.counts import MAX_COUNT, counts_before, tokenize
 
 
 def first(text: str) -> tuple[int, list[str], str]:
@@ -83,3 +83,19 @@ def test_property_any_text_reads_without_error() -> None:
             assert isinstance(after, list) and isinstance(before, str)
 
     check()
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [
+        ("rerank these 1e999 chunks", MAX_COUNT),  # a float overflow before
+        ("rerank these " + "9" * 400 + ".5k chunks", MAX_COUNT),
+        ("rerank " + "9" * 5000 + " chunks", MAX_COUNT),  # over Python's 4,300-digit int limit
+        ("rerank " + "0" * 5000 + "7 chunks", 7),
+        ("rerank 1e29 chunks", 10**29),
+        ("rerank 99999999999999999999999 chunks", 99999999999999999999999),  # still exact below the cap
+    ],
+)
+def test_absurdly_large_counts_are_capped_not_an_error(text: str, value: int) -> None:
+    """An utterance is user input: "1e999" or a pasted 5,000-digit number must not crash the router."""
+    assert [v for v, _, _ in counts_before(text)] == [value]

@@ -304,3 +304,87 @@ def test_a_backend_failure_still_exits_3(tmp_path, capsys, monkeypatch):
         code = main([*_tiny(tmp_path), "--backend", "openai", "--base-url", srv.openai_url, "-m", "m"])
     assert code == 3
     assert "query 1 kept its input order: BackendError" in capsys.readouterr().err
+
+
+# --- resume files written before failure kinds were recorded -------------------------------------
+
+_HEADER = {"config": {"backend": "local", "model": None, "embedder": "lexical", "k": 10, "lambda": None,
+                      "depth": 50, "duplicate_threshold": None}}
+
+
+def _resume_file(tmp_path: Path, *records: dict) -> Path:
+    resume = tmp_path / "old.jsonl"
+    resume.write_text("".join(json.dumps(r) + "\n" for r in (_HEADER, *records)), encoding="utf-8")
+    return resume
+
+
+@pytest.mark.parametrize(
+    ("error", "code", "kind"),
+    [
+        ("InputError: invalid input (1 problem) - chunks: 51 chunks is over the limit of 50", 2, "input"),
+        ("MissingDependencyError: sentence-transformers needs the optional package", 2, "input"),
+        ("BackendError: openai: no valid answer after 3 attempts", 3, "backend"),
+        ("ValueError: operands could not be broadcast together", 4, "internal"),
+    ],
+)
+def test_a_failure_from_an_old_resume_file_exits_by_its_exception_name(
+    tmp_path: Path, capsys, error: str, code: int, kind: str
+) -> None:
+    """Records written before kinds existed ({"qid", "error": "<Exception>: ..."}) were all taken for
+    backend failures (exit 3), so resuming gave another exit code than the run that wrote them."""
+    resume = _resume_file(tmp_path, {"qid": "1", "error": error})
+    assert main([*_tiny(tmp_path), "--json", "--resume", str(resume)]) == code
+    report = json.loads(capsys.readouterr().out)
+    assert report["info"]["failure_kinds"] == {"1": kind}
+
+
+@pytest.mark.parametrize(
+    ("record", "fragment"),
+    [
+        ({"qid": "1", "ranked": "a"}, "'ranked' must be a list of id strings"),
+        ({"qid": "1", "ranked": 5}, "'ranked' must be a list of id strings"),
+        ({"qid": "1", "error": {"detail": "x"}}, "'error' must be a string"),
+        ({"qid": None, "ranked": []}, "'qid' must be a string or an integer"),
+        ({"qid": "1", "ranked": ["a", "zz"]}, "query 1's ranked ids ['zz'] are not among its candidates"),
+    ],
+)
+def test_a_resume_record_that_cannot_be_ours_is_bad_input_naming_the_line(
+    tmp_path: Path, capsys, record: dict, fragment: str
+) -> None:
+    """Was exit 4 (KeyError, TypeError), or for "ranked": "a" a run scored with the ids 'a'..."""
+    resume = _resume_file(tmp_path, record)
+    assert main([*_tiny(tmp_path), "--resume", str(resume)]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and "line 2" in err[0] and fragment in err[0]
+
+
+def test_failures_of_queries_not_in_the_candidates_file_are_not_reported(tmp_path: Path, capsys) -> None:
+    resume = _resume_file(tmp_path, {"qid": "other", "error": "BackendError: x", "kind": "backend"})
+    assert main([*_tiny(tmp_path), "--json", "--resume", str(resume)]) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["info"]["failed"] == {} and captured.err == ""
+
+
+def test_a_resume_file_does_not_mix_embeddings_servers(tmp_path: Path, capsys, monkeypatch) -> None:
+    """The embedder's server is part of the configuration: before today an openai embedder ignored
+    an openai backend's --base-url, so an old file's rankings came from other vectors."""
+    from tests.support.fake_llm import FakeLLM, auto_ranker
+
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    with FakeLLM(handler=auto_ranker()) as old, FakeLLM(handler=auto_ranker()) as new:
+        monkeypatch.setenv("OPENAI_BASE_URL", old.openai_url)
+        resume = tmp_path / "r.jsonl"
+        first = [*_tiny(tmp_path), "-e", "openai:e", "--resume", str(resume)]
+        assert main(first) == 0
+        header = json.loads(resume.read_text(encoding="utf-8").splitlines()[0])
+        assert header["config"]["embed_base_url"] == old.openai_url
+        # The same file as an older version wrote it (no embed_base_url): still the same server.
+        del header["config"]["embed_base_url"]
+        lines = resume.read_text(encoding="utf-8").splitlines()
+        resume.write_text("\n".join([json.dumps(header), *lines[1:]]) + "\n", encoding="utf-8")
+        assert main(first) == 0
+        capsys.readouterr()
+        # Everything else equal, another embeddings server: refused, not mixed in.
+        assert main([*first, "--embed-base-url", new.openai_url]) == 2
+        assert "another configuration" in capsys.readouterr().err
+        assert new.requests == []

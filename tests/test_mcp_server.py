@@ -196,3 +196,46 @@ def test_options_from_env_reports_every_bad_variable_at_once() -> None:
     with pytest.raises(InputError) as exc:
         options_from_env({"RAG_RERANK_BACKEND": "x", "RAG_RERANK_EMBEDDER": "y", "RAG_RERANK_MODEL": "any"})
     assert [v.path for v in exc.value.violations] == ["RAG_RERANK_BACKEND", "RAG_RERANK_EMBEDDER"]
+
+
+def test_a_malformed_base_url_exits_2_not_4() -> None:
+    """Was `internal error: ValueError: Invalid IPv6 URL` and exit 4, from urlsplit itself."""
+    proc = _start({"RAG_RERANK_BASE_URL": "http://[::1"})
+    assert proc.returncode == 2, proc.stderr
+    [line] = proc.stderr.splitlines()
+    assert line.startswith("rag-rerank: error: RAG_RERANK_BASE_URL: ") and "not a URL" in line
+
+
+@pytest.mark.parametrize("value", ["http://[::1", "http://127.0.0.1:99999/v1", "http://:8000/v1", ""])
+def test_options_from_env_refuses_urls_no_call_could_use(value: str) -> None:
+    env = {"RAG_RERANK_BASE_URL": value, "RAG_RERANK_BACKEND": "openai"}
+    if not value:  # empty counts as unset, as documented
+        assert options_from_env(env) == {"backend": "openai"}
+        return
+    with pytest.raises(InputError) as exc:
+        options_from_env(env)
+    [violation] = exc.value.violations
+    assert violation.path == "RAG_RERANK_BASE_URL" and "not a URL" in violation.message
+
+
+@pytest.mark.parametrize(
+    ("variable", "meant"),
+    [
+        ("RAG_RERANK_EMBEDER", "RAG_RERANK_EMBEDDER"),
+        ("RAG_RERANK_BASEURL", "RAG_RERANK_BASE_URL"),
+        ("rag_rerank_backend", "RAG_RERANK_BACKEND"),
+        ("RAG_RERANK_FALLBAK", "RAG_RERANK_FALLBACK"),
+    ],
+)
+def test_a_misspelt_variable_name_is_refused_with_the_name_meant(variable: str, meant: str) -> None:
+    """Was silently ignored: the server ran on the defaults the user had meant to change."""
+    with pytest.raises(InputError) as exc:
+        options_from_env({variable: "sentence-transformers"})
+    [violation] = exc.value.violations
+    assert violation.path == variable and violation.message.endswith(f"did you mean {meant}?")
+
+
+def test_the_prefixs_other_variables_are_not_taken_for_typos() -> None:
+    env = {"RAG_RERANK_CACHE_DIR": "off", "RAG_RERANK_DEBUG": "1", "RAG_RERANK_DATA": "/data",
+           "RAG_RERANK_LLM_TESTS": "1", "RAG_RERANK_EMBEDDER": "lexical"}
+    assert options_from_env(env) == {"embedder": "lexical"}

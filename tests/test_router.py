@@ -25,7 +25,7 @@ from rag_rerank.router import (
     tokens,
     training_examples,
 )
-from rag_rerank.skill import SkillCard
+from rag_rerank.skill import SkillCard, SkillCardError
 
 HELD_OUT = golden_dir() / "router" / "heldout.jsonl"
 
@@ -238,6 +238,48 @@ def test_two_cards_route_apart_and_abstain_when_too_close(tmp_path: Path, card: 
     _write_card(clash, template, "chunk-reranker-copy", list(card.triggers), examples=False)
     d = Router(load_all_skills(clash)).decide("rerank these chunks")
     assert d.skill is None and d.reason.startswith("ambiguous")
+
+
+@pytest.mark.parametrize(
+    ("strip", "counts"),
+    [(r"    not_for:\n(?:      - .*\n)+", "2 example(s) to route and 0 to refuse"),
+     (r"    triggers:\n(?:      - .*\n)+", "0 example(s) to route and 3 to refuse")],
+    ids=["triggers only", "not_for only"],
+)
+def test_a_card_the_classifier_cannot_learn_from_is_a_card_error(
+    tmp_path: Path, card: SkillCard, strip: str, counts: str
+) -> None:
+    """Was: a card of triggers alone scored 1.0 on every utterance ("what's the weather" routed to
+    it, and every request to the reranker became "ambiguous"); a card without any route example
+    raised IndexError."""
+    template = card.path.read_text(encoding="utf-8")
+    _write_card(tmp_path, template, "rag-chunk-reranker", list(card.triggers))
+    invoices = ["sort these invoices by due date", "order my invoices"]
+    _write_card(tmp_path, template, "invoice-sorter", invoices, examples=False)
+    other = tmp_path / "invoice-sorter" / "SKILL.md"
+    other.write_text(re.sub(strip, "", other.read_text(encoding="utf-8"), count=1), encoding="utf-8")
+    with pytest.raises(SkillCardError) as info:
+        route("rerank these chunks", skills_root=tmp_path)
+    assert str(other) in str(info.value) and counts in str(info.value)
+
+
+def test_route_refuses_the_caller_embedder_by_name(capsys: pytest.CaptureFixture[str]) -> None:
+    """`caller` means vectors in chunk records; the old message asked for 'an embedding in every
+    chunk record', which a route has none of."""
+    assert main(["route", "rerank these chunks", "--embedder", "caller"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "embedder" in err[0] and "not 'caller'" in err[0]
+    assert "chunk record" not in err[0]
+
+
+@pytest.mark.parametrize("count", ["1e999", "9" * 400 + ".5k", "9" * 3000])
+def test_an_absurd_stated_count_is_over_the_limit_not_a_crash(
+    capsys: pytest.CaptureFixture[str], count: str
+) -> None:
+    """Was exit 4 (OverflowError: cannot convert float infinity to integer)."""
+    assert main(["route", f"rerank these {count} chunks"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["skill"] is None and "stated is over its max_chunks" in out["reason"]
 
 
 @pytest.mark.parametrize(

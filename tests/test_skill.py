@@ -260,3 +260,81 @@ def test_the_examples_file_must_be_a_readable_file_in_the_skill_folder(tmp_path:
     assert "examples_file must be a file name inside the skill folder" in str(info.value) or (
         "cannot read the routing examples" in str(info.value)
     )
+
+
+def test_examples_file_lines_are_split_on_newlines_only(tmp_path: Path) -> None:
+    """JSON may hold U+2028, U+0085 or U+001E raw inside a string; `str.splitlines` split on them,
+    so a valid file was refused, and every error after such a line named the wrong line."""
+    path = write_card(tmp_path, WITH_FILE)
+    odd = '{"utterance": "rank\\u2028these\\u0085hits\\u001e now", "route": true}'
+    (path.parent / "ex.jsonl").write_text(
+        json.dumps({"utterance": "rank\u2028these\u0085hits\u001e now", "route": True}, ensure_ascii=False)
+        + "\r\n" + odd + "\r\n", encoding="utf-8"
+    )
+    assert [e.utterance for e in parse_skill(path).routing_examples] == ["rank these hits now"] * 2
+    (path.parent / "ex.jsonl").write_text(
+        json.dumps({"utterance": "a\u2028b", "route": True}, ensure_ascii=False) + "\n\nnot json\n",
+        encoding="utf-8",
+    )
+    with pytest.raises(SkillCardError, match=r"ex\.jsonl:3: not JSON"):
+        parse_skill(path)
+
+
+OK_LINE = b'{"utterance": "ok", "route": true}\n'
+
+
+@pytest.mark.parametrize(
+    ("data", "expected"),
+    [
+        ('{"utterance": "do it", "route": true}\n'.encode("utf-16"),
+         "ex.jsonl:1: not UTF-8 text (byte 0) (it looks like UTF-16; save it as UTF-8)"),
+        (b'{"utterance": "ok", "route": true}\n{"utterance": "caf\xe9", "route": true}\n',
+         "ex.jsonl:2: not UTF-8 text (byte 53)"),
+        (OK_LINE + b"[" * 100_000 + b"\n", "ex.jsonl:2: not JSON (nested too deeply)"),
+        (OK_LINE + b'{"utterance": "x", "route": true, "n_chunks": ' + b"9" * 5000 + b"}\n",
+         "ex.jsonl:2: not JSON (Exceeds the limit"),
+    ],
+    ids=["utf-16", "latin-1", "deep nesting", "a 5,000-digit number"],
+)
+def test_an_unreadable_examples_file_names_the_line(tmp_path: Path, data: bytes, expected: str) -> None:
+    """Was: a RecursionError escaping the loader, a card error naming SKILL.md for the 5,000-digit
+    number, and a codec message with a byte offset but no line."""
+    path = write_card(tmp_path, WITH_FILE)
+    (path.parent / "ex.jsonl").write_bytes(data)
+    with pytest.raises(SkillCardError) as info:
+        parse_skill(path)
+    assert expected in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("routing", "expected"),
+    [
+        ("{triggers: [[do it]], not_for: [other]}", "routing.triggers must be a list of non-empty strings"),
+        ("{triggers: do it, not_for: [other]}", "routing.triggers must be a list of non-empty strings"),
+        ("{triggers: [do it], not_for: [{a: 1}]}", "routing.not_for must be a list of non-empty strings"),
+        ("[do it]", "metadata.routing must be a YAML mapping (triggers:, not_for:, ...), got list"),
+        ("{triggers: [do it], max_chunks: -5}", "routing.max_chunks must be a positive integer, got -5"),
+        ("{triggers: [do it], max_chunks: 0}", "max_chunks must be a positive integer, got 0"),
+        ("{triggers: [do it], max_chunks: true}", "max_chunks must be a positive integer, got True"),
+        ("{triggers: [do it], max_chunks: 50.5}", "max_chunks must be a positive integer, got 50.5"),
+        ("{triggers: [do it], max_chunks: lots}", "max_chunks must be a positive integer, got 'lots'"),
+    ],
+)
+def test_bad_routing_fields_are_card_errors_naming_the_key(
+    tmp_path: Path, routing: str, expected: str
+) -> None:
+    """Was: a string of triggers read as one trigger per character, an AttributeError from the
+    router for a nested list, `true` read as a limit of 1 and -5 as a limit that refuses all."""
+    text = GOOD.replace("{triggers: [do it], not_for: [other]}", routing)
+    with pytest.raises(SkillCardError) as info:
+        parse_skill(write_card(tmp_path, text))
+    assert expected in str(info.value)
+
+
+def test_a_skills_root_that_is_not_a_folder_is_an_error(tmp_path: Path) -> None:
+    """A mistyped `skills_root` used to look like a folder without cards: every route abstained."""
+    with pytest.raises(SkillCardError, match="no such skills folder"):
+        load_all_skills(tmp_path / "skils")
+    assert load_all_skills(tmp_path) == []
+    write_card(tmp_path, GOOD)
+    assert [c.name for c in load_all_skills(str(tmp_path))] == ["demo"]  # a str too, not only a Path

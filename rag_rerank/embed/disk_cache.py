@@ -5,8 +5,12 @@ with MiniLM on a CPU); a benchmark embeds the same passages on every run. Both w
 embedder in `DiskCachedEmbedder`, which keeps one file per embedder name, keyed by each text's
 SHA-1, so the second process pays only for the model load.
 
-The cache is a cache: a file that cannot be read is ignored (and rewritten), a directory that
-cannot be written is skipped silently, and `RAG_RERANK_CACHE_DIR=off` turns it off.
+The cache is a cache: a file that cannot be read, or holds anything but one finite vector per
+key, is ignored (and rewritten); a directory that cannot be written is skipped silently; and
+`RAG_RERANK_CACHE_DIR=off` turns it off. A name does not pin a model (a re-trained model folder,
+another server behind `openai:MODEL`, other `dimensions`), so before the first cached vector is
+used, one cached text is embedded again and compared: a file written by another model is
+dropped, never mixed with this one's vectors.
 """
 
 from __future__ import annotations
@@ -21,16 +25,43 @@ import numpy as np
 from . import Embedder
 
 CACHE_ENV = "RAG_RERANK_CACHE_DIR"
+# Two embeddings of one text by one model differ by float noise (batching, GPU kernels, an API's
+# nondeterminism: cosine above 0.999); another model's vector is far away (unit vectors: distance
+# about 1 or more).
+SAME_MODEL_DISTANCE = 0.05
 
 
 def default_cache_dir() -> Path | None:
     """`$RAG_RERANK_CACHE_DIR`, else `$XDG_CACHE_HOME/rag-rerank`, else `~/.cache/rag-rerank`;
-    None when the variable is `off` (or empty)."""
+    None when the variable is `off` (or empty), or when there is no home folder to put it in."""
     value = os.environ.get(CACHE_ENV)
     if value is not None:
-        return None if value.strip().lower() in ("", "off", "0", "none") else Path(value)
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+        return None if value.strip().lower() in ("", "off", "0", "none") else Path(value).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME")
+    if not base:
+        try:
+            base = str(Path.home() / ".cache")
+        except RuntimeError:  # no HOME and no passwd entry (some containers): run without a cache
+            return None
     return Path(base) / "rag-rerank"
+
+
+def _read(file: Path) -> dict[str, np.ndarray]:
+    """The file's vectors by key, or {} for a file that is absent or not exactly what `save` writes."""
+    try:
+        with np.load(file) as z:
+            keys, vecs = z["keys"], z["vecs"]
+    except Exception:  # absent, truncated, not a zip (BadZipFile), bad CRC, a plain .npy: start again
+        return {}
+    ok = (
+        keys.ndim == 1
+        and keys.dtype.kind == "U"
+        and vecs.ndim == 2
+        and vecs.dtype.kind == "f"
+        and len(keys) == len(vecs)
+        and bool(np.isfinite(vecs).all())
+    )
+    return dict(zip(keys.tolist(), vecs.astype(np.float32), strict=True)) if ok else {}
 
 
 class DiskCachedEmbedder:
@@ -41,25 +72,45 @@ class DiskCachedEmbedder:
         self.name = inner.name
         self.duplicate_threshold = float(getattr(inner, "duplicate_threshold", 0.95))
         self._file = Path(directory) / (hashlib.sha1(self.name.encode()).hexdigest()[:12] + ".npz")
-        self._cache: dict[str, np.ndarray] = {}
+        self._cache = _read(self._file)
         self._dirty = False
-        try:
-            with np.load(self._file) as z:
-                self._cache = dict(zip(z["keys"].tolist(), z["vecs"], strict=True))
-        except (OSError, ValueError, KeyError, EOFError):
-            self._cache = {}  # absent or unreadable: start again
+        # Keys read from the file and not yet checked against `inner` (see the module docstring).
+        self._unchecked = set(self._cache)
 
     def embed(self, texts: list[str]) -> np.ndarray:
         keys = [hashlib.sha1(t.encode("utf-8", "surrogatepass")).hexdigest() for t in texts]
+        if self._unchecked:
+            self._verify(keys, texts)
         missing = {k: t for k, t in zip(keys, texts, strict=True) if k not in self._cache}
         if missing:
-            vecs = self._inner.embed(list(missing.values()))
+            vecs = np.asarray(self._inner.embed(list(missing.values())), dtype=np.float32)
+            if self._cache and vecs.shape[1:] != next(iter(self._cache.values())).shape:
+                # another model's dimension: none of the file's vectors fits
+                self._cache, self._unchecked = {}, set()
             for k, v in zip(missing, vecs, strict=True):
-                self._cache[k] = np.asarray(v, dtype=np.float32)
+                self._cache[k] = v
             self._dirty = True
         if not keys:
             return self._inner.embed([])
         return np.stack([self._cache[k] for k in keys])
+
+    def _verify(self, keys: list[str], texts: list[str]) -> None:
+        """Embed one of `texts` that the file holds again; drop all of the file's vectors if the
+        answer differs. Nothing to check until a call asks for a text the file holds."""
+        for key, text in zip(keys, texts, strict=True):
+            if key not in self._unchecked:
+                continue
+            cached = self._cache[key]
+            fresh = np.asarray(self._inner.embed([text]), dtype=np.float32)
+            same = fresh.shape == (1, cached.shape[0]) and float(np.linalg.norm(fresh[0] - cached)) <= (
+                SAME_MODEL_DISTANCE * max(float(np.linalg.norm(cached)), 1e-12)
+            )
+            if not same:
+                for stale in self._unchecked:
+                    del self._cache[stale]
+                self._dirty = True
+            self._unchecked = set()
+            return
 
     def save(self) -> None:
         """Write the file if anything was added (atomically: a crash leaves the old file)."""

@@ -285,6 +285,15 @@ def parse_chunks(source: ChunkSource, *, limits: Limits | None = None, query: st
     return chunks
 
 
+# One violation is one stderr line: 5,000 copies of three ids once made a 54,000-character line.
+_SHOWN = 5
+
+
+def _first(items: list[str], what: str) -> str:
+    shown = ", ".join(items[:_SHOWN])
+    return shown + (f" and {len(items) - _SHOWN} {what}" if len(items) > _SHOWN else "")
+
+
 def _collection_violations(
     chunks: list[Chunk], where: list[str], n_records: int, lim: Limits, query: str
 ) -> list[Violation]:
@@ -294,8 +303,9 @@ def _collection_violations(
         places[chunk.id].append(place)
     dupes = {cid: at for cid, at in places.items() if len(at) > 1}
     if dupes:
-        named = "; ".join(f"{cid!r} at {', '.join(at)}" for cid, at in dupes.items())
-        out.append(Violation(path="chunks", message=f"duplicate ids (ids must be unique): {named}",
+        named = "; ".join(f"{cid!r} at {_first(at, 'more')}" for cid, at in list(dupes.items())[:_SHOWN])
+        more = f"; and {len(dupes) - _SHOWN} more duplicated ids" if len(dupes) > _SHOWN else ""
+        out.append(Violation(path="chunks", message=f"duplicate ids (ids must be unique): {named}{more}",
                              value=list(dupes)))
     if n_records > lim.max_chunks:
         out.append(
