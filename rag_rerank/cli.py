@@ -193,6 +193,10 @@ def _backend_options(args: argparse.Namespace) -> dict[str, Any]:
 
     if args.base_url is not None and (problem := base_url_problem(args.base_url)):
         raise UsageError(f"--base-url: {problem}")
+    if args.base_url is not None and args.backend == "local":
+        # The local backend calls no server; a URL given to it would be silently ignored.
+        raise UsageError("--base-url names the server of --backend openai or anthropic; the local "
+                         "backend calls none (for an openai embedder's server, use --embed-base-url)")
     return {"backend": args.backend, "model": args.model, "base_url": args.base_url,
             "embedder": _embedder_option(args), "fallback": args.fallback}
 

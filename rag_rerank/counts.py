@@ -122,6 +122,10 @@ def counts_before(text: str, window: int = 3) -> Iterator[tuple[int, list[str], 
         used = 1
         if tok[0].isdigit():
             value = _digit_value(tok)
+            # "5 dozen", "2 thousand", "1.5 thousand": digits times a scale word.
+            if i + 1 < len(toks) and toks[i + 1] in _SCALES and re.fullmatch(r"\d+(?:\.\d+)?", tok):
+                value = round(min(Decimal(tok) * _SCALES[toks[i + 1]], Decimal(MAX_COUNT)))
+                used = 2
         else:
             parsed = _word_number(toks, i)
             value, used = parsed if parsed else (None, 1)

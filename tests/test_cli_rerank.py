@@ -271,3 +271,11 @@ def test_the_library_refuses_a_malformed_base_url_as_input() -> None:
     with pytest.raises(InputError) as info:
         rerank(QUERY, load_skill().example("happy-path").chunks, 2, backend="openai", base_url="http://[::1")
     assert [v.path for v in info.value.violations] == ["base_url"]
+
+
+def test_a_base_url_for_the_local_backend_is_a_usage_error(tmp_path: Path, capsys) -> None:
+    """The local backend calls no server: a --base-url given to it used to be silently ignored."""
+    argv = _command("rerank", tmp_path, ["--base-url", "http://127.0.0.1:1/v1"])
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--base-url" in err[0] and "local backend calls none" in err[0]
