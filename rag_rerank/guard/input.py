@@ -364,6 +364,29 @@ def _short(value: Any) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
+def _defaults(query: Any, top_k: Any, lambda_: Any, lim: Limits) -> tuple[Any, Any, Any]:
+    top_k = lim.default_top_k if top_k is None else top_k
+    if isinstance(top_k, float) and top_k.is_integer():
+        top_k = int(top_k)  # JSON Schema's integer: tool-calling models often send 3.0
+    lambda_ = lim.default_lambda if lambda_ is None else lambda_
+    return query, top_k, lambda_
+
+
+def validate_params(
+    query: Any, top_k: Any = None, lambda_: Any = None, *, limits: Limits | None = None
+) -> None:
+    """The query / top_k / lambda checks of `validate_request` without any chunks.
+
+    For callers that answer an empty candidate list with an empty result (the framework
+    components: a retriever may find nothing) yet must reject a missing query or a bad `top_k`
+    exactly as `rerank()` would, so the error does not depend on whether anything was retrieved.
+    """
+    lim = limits or load_limits()
+    violations = _param_violations(*_defaults(query, top_k, lambda_, lim), lim)
+    if violations:
+        raise InputError(violations)
+
+
 def validate_request(
     query: Any,
     chunks: ChunkSource,
@@ -374,10 +397,7 @@ def validate_request(
 ) -> RerankRequest:
     """Check everything about a request at once; raise one `InputError` naming every problem."""
     lim = limits or load_limits()
-    top_k = lim.default_top_k if top_k is None else top_k
-    if isinstance(top_k, float) and top_k.is_integer():
-        top_k = int(top_k)  # JSON Schema's integer: tool-calling models often send 3.0
-    lambda_ = lim.default_lambda if lambda_ is None else lambda_
+    query, top_k, lambda_ = _defaults(query, top_k, lambda_, lim)
     violations = _param_violations(query, top_k, lambda_, lim)
     parsed: list[Chunk] = []
     try:

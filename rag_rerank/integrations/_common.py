@@ -1,0 +1,126 @@
+"""What the three framework components share, so they behave alike and none re-implements `rerank`.
+
+* **Options.** Every component takes `rerank()`'s options under `rerank()`'s names. The names are
+  read from `rerank`'s signature, so an option added to `rerank()` later (say `window_size`) is
+  accepted by every component without a change here, while a misspelt one is refused when the
+  component is built instead of on the first query.
+* **Ids.** Only an id and the text of each item go to the reranker; the result names ids, and
+  `placed` maps them back to the caller's items by position, so metadata of any type (datetimes,
+  objects) never passes through JSON and comes back untouched.
+* **Empty input.** A retriever may find nothing: an empty list gives an empty result, after the
+  query and count are checked exactly as `rerank()` checks them.
+* **Keys.** The same metadata keys in all three frameworks (below).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+from ..errors import InputError, Violation
+from ..guard.input import validate_params
+from ..models import Dropped, Ranked, RerankResult, RunMeta
+from ..rerank import arerank, rerank
+
+# Metadata keys written on the returned copies (LangChain metadata, LlamaIndex node metadata,
+# Haystack meta). Prefixed so they never overwrite a caller's own "reason" or "note".
+SCORE_KEY = "relevance_score"  # LangChain's convention for rerankers; the others have a score field
+REASON_KEY = "rerank_reason"
+NOTE_KEY = "rerank_diversity_note"
+DROPPED_KEY = "rerank_dropped_reason"
+
+# Arguments of rerank() a component supplies itself: the query and items come with each call, and
+# the count has the framework's own name (top_n in LangChain and LlamaIndex, top_k in Haystack).
+_SUPPLIED = ("query", "chunks", "top_k")
+
+T = TypeVar("T")
+
+
+def rerank_option_names() -> tuple[str, ...]:
+    """The keyword options of `rerank()` a component may pass through, in signature order."""
+    return tuple(name for name in inspect.signature(rerank).parameters if name not in _SUPPLIED)
+
+
+def check_options(options: Mapping[str, Any], *, component: str, count_name: str) -> dict[str, Any]:
+    """`options` as a dict when every name is a `rerank()` option; else one `InputError` naming all."""
+    known = rerank_option_names()
+    bad: list[Violation] = []
+    for name in options:
+        if name == "top_k" and count_name != "top_k":
+            msg = f"{component} takes the count as {count_name!r} (the framework's name), not 'top_k'"
+            bad.append(Violation(path=name, message=msg))
+        elif name not in known:
+            msg = f"{component} got an unknown option {name!r}; rerank() options are: {', '.join(known)}"
+            bad.append(Violation(path=name, message=msg))
+    if bad:
+        raise InputError(bad)
+    return dict(options)
+
+
+@dataclass(frozen=True)
+class Reranked(Generic[T]):
+    """Everything one call produced, for callers that need more than the kept items.
+
+    `items` are copies of the kept items in ranked order (score, reason and note set); `dropped`
+    are copies of every other item with `rerank_dropped_reason` in their metadata, in the order
+    of `result.dropped`; `result` is the `RerankResult` itself (ids, reasons, and `result.meta`,
+    the `RunMeta`: backend, model, attempts, repairs, usage, latency, fallback).
+    """
+
+    items: tuple[T, ...]
+    dropped: tuple[T, ...]
+    result: RerankResult
+
+    @property
+    def meta(self) -> RunMeta:
+        return self.result.meta
+
+
+def records(ids: Sequence[str], texts: Sequence[Any]) -> list[dict[str, Any]]:
+    """The only fields that go to the reranker: id and text. Metadata stays with the caller."""
+    return [{"id": i, "text": t} for i, t in zip(ids, texts, strict=True)]
+
+
+def _empty(query: Any, top_k: Any, options: Mapping[str, Any]) -> RerankResult:
+    validate_params(query, top_k, options.get("lambda_"), limits=options.get("limits"))
+    backend = options.get("backend", "local")
+    name = backend if isinstance(backend, str) else str(getattr(backend, "name", type(backend).__name__))
+    return RerankResult(ranked=(), dropped=(), meta=RunMeta(backend=name, attempts=0,
+                                                            notes=("no candidates: nothing to rerank",)))
+
+
+def run(query: Any, ids: Sequence[str], texts: Sequence[Any], top_k: Any,
+        options: Mapping[str, Any]) -> RerankResult:
+    """`rerank()` over the items' ids and texts; an empty list gives an empty result."""
+    if not ids:
+        return _empty(query, top_k, options)
+    return rerank(query, records(ids, texts), top_k, **options)
+
+
+async def arun(query: Any, ids: Sequence[str], texts: Sequence[Any], top_k: Any,
+               options: Mapping[str, Any]) -> RerankResult:
+    """`arerank()` over the items' ids and texts: the backend call is awaited, not run in a thread."""
+    if not ids:
+        return _empty(query, top_k, options)
+    return await arerank(query, records(ids, texts), top_k, **options)
+
+
+def placed(result: RerankResult, ids: Sequence[str]) -> tuple[list[tuple[int, Ranked]],
+                                                              list[tuple[int, Dropped]]]:
+    """Each ranked and dropped entry with the position of the caller's item it names.
+
+    The result's ids are byte-for-byte input ids and unique (the input guard refuses duplicates),
+    so a dict from id to position is exact.
+    """
+    where = {cid: i for i, cid in enumerate(ids)}
+    return ([(where[r.id], r) for r in result.ranked], [(where[d.id], d) for d in result.dropped])
+
+
+def ranked_meta(entry: Ranked) -> dict[str, Any]:
+    """The keys a kept item gets: the reason always, the diversity note when the model gave one."""
+    out: dict[str, Any] = {REASON_KEY: entry.reason}
+    if entry.diversity_note:
+        out[NOTE_KEY] = entry.diversity_note
+    return out
