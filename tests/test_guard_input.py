@@ -448,3 +448,18 @@ def test_a_file_name_passed_as_str_gets_a_hint(tmp_path: Path) -> None:
         parse_chunks(str(path))
     assert "pass pathlib.Path(...) to read it" in str(err.value)
     assert [c.id for c in parse_chunks(path)] == ["a"]
+
+
+def test_validate_params_checks_query_and_counts_without_chunks() -> None:
+    from rag_rerank.guard.input import validate_params
+
+    validate_params("a question")  # defaults from the limits
+    validate_params("a question", 3, 0.5)
+    with pytest.raises(InputError) as err:
+        validate_params("  ", 0, 2.0)
+    assert [v.path for v in err.value.violations] == ["query", "top_k", "lambda"]
+    with pytest.raises(InputError) as direct:
+        validate_request(None, [{"id": "a", "text": "x"}])
+    with pytest.raises(InputError) as alone:
+        validate_params(None)
+    assert str(alone.value) == str(direct.value)

@@ -13,15 +13,15 @@ import pytest
 
 pytest.importorskip("langchain_core")
 
-from langchain_core.documents import Document  # noqa: E402
-from langchain_core.embeddings import DeterministicFakeEmbedding  # noqa: E402
-from langchain_core.runnables import RunnableLambda, RunnablePassthrough  # noqa: E402
-from langchain_core.vectorstores import InMemoryVectorStore  # noqa: E402
+from langchain_core.documents import Document
+from langchain_core.embeddings import DeterministicFakeEmbedding
+from langchain_core.runnables import RunnableLambda, RunnablePassthrough
+from langchain_core.vectorstores import InMemoryVectorStore
 
-from rag_rerank import InputError, rerank  # noqa: E402
-from rag_rerank.integrations.langchain import RagRerankCompressor  # noqa: E402
-from tests.support.corpus import MARKER, PASSAGES, QUERY, metadata, openai_options  # noqa: E402
-from tests.support.fake_llm import FakeLLM, auto_ranker  # noqa: E402
+from rag_rerank import InputError, rerank
+from rag_rerank.integrations.langchain import RagRerankCompressor
+from tests.support.corpus import MARKER, PASSAGES, QUERY, metadata, openai_options
+from tests.support.fake_llm import FakeLLM, auto_ranker
 
 
 def _docs() -> list[Document]:

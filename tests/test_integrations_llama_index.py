@@ -14,25 +14,26 @@ import pytest
 
 pytest.importorskip("llama_index.core")
 
-from llama_index.core import Settings, VectorStoreIndex  # noqa: E402
-from llama_index.core.embeddings import MockEmbedding  # noqa: E402
-from llama_index.core.instrumentation import get_dispatcher  # noqa: E402
-from llama_index.core.instrumentation.event_handlers import BaseEventHandler  # noqa: E402
-from llama_index.core.instrumentation.events import BaseEvent  # noqa: E402
-from llama_index.core.instrumentation.events.rerank import ReRankEndEvent, ReRankStartEvent  # noqa: E402
-from llama_index.core.llms import MockLLM  # noqa: E402
-from llama_index.core.schema import MetadataMode, NodeWithScore, QueryBundle, TextNode  # noqa: E402
+from llama_index.core import Settings, VectorStoreIndex
+from llama_index.core.bridge.pydantic import Field
+from llama_index.core.embeddings import MockEmbedding
+from llama_index.core.instrumentation import get_dispatcher
+from llama_index.core.instrumentation.event_handlers import BaseEventHandler
+from llama_index.core.instrumentation.events import BaseEvent
+from llama_index.core.instrumentation.events.rerank import ReRankEndEvent, ReRankStartEvent
+from llama_index.core.llms import MockLLM
+from llama_index.core.schema import MetadataMode, NodeWithScore, QueryBundle, TextNode
 
-from rag_rerank import InputError, rerank  # noqa: E402
-from rag_rerank.integrations.llama_index import RagRerankPostprocessor  # noqa: E402
-from tests.support.corpus import MARKER, PASSAGES, QUERY, metadata, openai_options  # noqa: E402
-from tests.support.fake_llm import FakeLLM, auto_ranker  # noqa: E402
+from rag_rerank import InputError, rerank
+from rag_rerank.integrations.llama_index import RagRerankPostprocessor
+from tests.support.corpus import MARKER, PASSAGES, QUERY, metadata, openai_options
+from tests.support.fake_llm import FakeLLM, auto_ranker
 
 
 class Recorder(BaseEventHandler):
     """Collects the instrumentation events a run emits (LlamaIndex's own handler interface)."""
 
-    events: list[Any] = []
+    events: list[Any] = Field(default_factory=list)
 
     @classmethod
     def class_name(cls) -> str:

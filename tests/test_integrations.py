@@ -1,0 +1,81 @@
+"""What the framework components share (`rag_rerank/integrations/_common.py`) and their import
+behaviour: each module needs its extra, and without it says which extra to install."""
+
+from __future__ import annotations
+
+import inspect
+import os
+import subprocess
+import sys
+
+import pytest
+
+from rag_rerank import InputError, rerank
+from rag_rerank.integrations import _common
+from tests.conftest import ROOT
+
+MODULES = [
+    ("langchain", "langchain_core", "langchain"),
+    ("llama_index", "llama_index", "llama-index"),
+    ("haystack", "haystack", "haystack"),
+]
+
+
+@pytest.mark.parametrize(("module", "framework", "extra"), MODULES)
+def test_without_the_framework_the_error_names_the_extra(module: str, framework: str, extra: str) -> None:
+    # A fresh interpreter in which the framework cannot be imported (None in sys.modules makes
+    # `import` fail exactly as for a package that is not installed).
+    code = (
+        "import sys\n"
+        f"sys.modules[{framework!r}] = None\n"
+        "from rag_rerank import MissingDependencyError\n"
+        "import rag_rerank, rag_rerank.integrations\n"  # the package itself never needs the framework
+        "try:\n"
+        f"    import rag_rerank.integrations.{module}\n"
+        "except MissingDependencyError as exc:\n"
+        "    print(exc.extra, '|', exc)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 0, done.stderr
+    extra_seen, message = done.stdout.split("|", 1)
+    assert extra_seen.strip() == extra
+    assert f"pip install 'rag-rerank[{extra}]'" in message
+
+
+def test_importing_rag_rerank_does_not_import_any_framework() -> None:
+    code = ("import sys, rag_rerank, rag_rerank.integrations, rag_rerank.integrations._common\n"
+            "print(sorted(m for m in ('langchain_core', 'llama_index', 'haystack') if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
+
+
+def test_option_names_follow_rerank_signature() -> None:
+    params = [p for p in inspect.signature(rerank).parameters if p not in ("query", "chunks", "top_k")]
+    assert list(_common.rerank_option_names()) == params
+    for name in ("lambda_", "backend", "model", "base_url", "api_key", "embedder", "fallback", "policy",
+                 "layout", "strict"):
+        assert name in params
+
+
+def test_check_options_names_every_bad_option_at_once() -> None:
+    with pytest.raises(InputError) as err:
+        _common.check_options({"lamda_": 1, "top_k": 3, "duplicate_threshold": 0.9},
+                              component="X", count_name="top_n")
+    paths = [v.path for v in err.value.violations]
+    assert paths == ["lamda_", "top_k"]
+    assert "'top_n'" in str(err.value)
+    assert _common.check_options({"duplicate_threshold": 0.9}, component="X", count_name="top_n") == {
+        "duplicate_threshold": 0.9}
+
+
+def test_placed_maps_ids_back_to_positions() -> None:
+    ids = ["b", "a", "c"]
+    result = rerank("capital of France", [{"id": "b", "text": "Paris is the capital of France"},
+                                          {"id": "a", "text": "bananas are yellow"},
+                                          {"id": "c", "text": "France has Paris as capital"}], 1)
+    ranked, dropped = _common.placed(result, ids)
+    assert [ids[i] for i, _ in ranked] == result.ids
+    assert sorted(i for i, _ in ranked + dropped) == [0, 1, 2]
