@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import inspect
 import os
+import re
 import subprocess
 import sys
 
@@ -79,3 +80,21 @@ def test_placed_maps_ids_back_to_positions() -> None:
     ranked, dropped = _common.placed(result, ids)
     assert [ids[i] for i, _ in ranked] == result.ids
     assert sorted(i for i, _ in ranked + dropped) == [0, 1, 2]
+
+
+def _doc_examples() -> list[tuple[str, str]]:
+    text = (ROOT / "docs" / "integrations.md").read_text(encoding="utf-8")
+    return re.findall(r"<!-- example: (\w+) -->\n```python\n(.*?)\n```", text, re.DOTALL)
+
+
+def test_every_framework_has_a_runnable_example() -> None:
+    assert sorted(name for name, _ in _doc_examples()) == ["haystack", "langchain", "llama_index"]
+
+
+@pytest.mark.parametrize(("name", "code"), _doc_examples(), ids=[n for n, _ in _doc_examples()])
+def test_docs_examples_run(name: str, code: str, capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip({"langchain": "langchain_classic", "llama_index": "llama_index.core",
+                         "haystack": "haystack"}[name])
+    exec(compile(code, f"docs/integrations.md:{name}", "exec"), {})
+    printed = capsys.readouterr().out.splitlines()
+    assert printed and printed[0].startswith("paris ")  # the capital passage ranks first
