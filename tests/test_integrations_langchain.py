@@ -203,3 +203,21 @@ def test_construction_checks_option_names_and_hides_the_key() -> None:
 def test_runnable_input_must_name_query_and_documents() -> None:
     with pytest.raises(InputError, match="documents"):
         RagRerankCompressor().invoke({"query": QUERY})
+
+
+def test_backend_failure_raises_or_falls_back_to_local() -> None:
+    from rag_rerank import BackendError
+    from tests.support.fake_llm import Reply
+
+    docs = _docs()
+    with FakeLLM(handler=lambda req: Reply.openai_error(400, "model 'fake-gpt' does not exist")) as srv:
+        failing = RagRerankCompressor(top_n=2, **openai_options(srv.openai_url))
+        with pytest.raises(BackendError, match="does not exist"):
+            failing.compress_documents(docs, QUERY)
+        with pytest.raises(BackendError):
+            asyncio.run(failing.acompress_documents(docs, QUERY))
+        rescued = RagRerankCompressor(top_n=2, fallback="local", **openai_options(srv.openai_url))
+        out = asyncio.run(rescued.acompress_documents(docs, QUERY))
+    assert out and out[0].id in {"paris", "louvre"}
+    assert rescued.last_result.meta.fallback == "local"
+    assert "sk-test-0000" not in " ".join(rescued.last_result.meta.notes)
