@@ -12,11 +12,14 @@ from .errors import (
     RerankError,
     Violation,
 )
-from .guard import check_output, parse_chunks, repair_output, validate_request
+from .guard import Limits, check_output, parse_chunks, repair_output, validate_request
 from .models import Chunk, Dropped, Ranked, RerankRequest, RerankResult, RunMeta
 from .render import render
 from .rerank import arerank, make_backend, rerank
+from .retry import RetryPolicy
+from .router import Router, route
 from .skill import SkillCard, load_skill
+from .tools import anthropic_tool, call_tool, openai_tool
 
 __version__ = "0.1.0"
 
@@ -26,24 +29,31 @@ __all__ = [
     "Chunk",
     "Dropped",
     "InputError",
+    "Limits",
     "MissingDependencyError",
     "OutputError",
     "Ranked",
     "RerankError",
     "RerankRequest",
     "RerankResult",
+    "RetryPolicy",
+    "Router",
     "RunMeta",
     "SkillCard",
     "Violation",
     "__version__",
+    "anthropic_tool",
     "arerank",
     "arerank_many",
+    "call_tool",
     "check_output",
     "load_skill",
     "make_backend",
+    "openai_tool",
     "parse_chunks",
     "render",
     "repair_output",
     "rerank",
+    "route",
     "validate_request",
 ]

@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 
 from .errors import InputError, MissingDependencyError, RerankError, Violation
-from .guard.limits import load_limits
+from .guard.limits import as_limits
 
 SLICE = 16  # queries per resume checkpoint
 
@@ -382,7 +382,7 @@ def rerank_queries(
     from .batch import arerank_many, error_kind
     from .rerank import resolve_embedder
 
-    lim = options.get("limits") or load_limits()
+    lim = as_limits(options.get("limits"))
     depth = lim.max_chunks if depth is None else depth
     opts = dict(options)
     opts["embedder"] = resolve_embedder(
@@ -482,7 +482,7 @@ def evaluate(
     embedder = resolve_embedder(
         options.pop("embedder", "lexical"), options.get("backend", "local"), options.get("base_url")
     )
-    lim = options.get("limits") or load_limits()
+    lim = as_limits(options.get("limits"))
     depth_used = lim.max_chunks if depth is None else depth
     if depth_used < 1:
         raise InputError([Violation(path="depth", value=depth, message="depth must be a positive integer")])

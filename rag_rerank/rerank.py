@@ -32,7 +32,7 @@ from .backends.base import Backend
 from .errors import BackendError, InputError, Violation
 from .guard import validate_request
 from .guard.input import ChunkSource
-from .guard.limits import Limits, load_limits
+from .guard.limits import Limits, as_limits
 from .models import Dropped, Ranked, RerankRequest, RerankResult, RunMeta
 from .render import render
 
@@ -164,7 +164,7 @@ def _plan(
     base_url: str | None,
     api_key: str | None,
     embedder: Any,
-    limits: Limits | None,
+    limits: Limits | Mapping[str, Any] | None,
     fallback: str | None,
     policy: Any,
 ) -> _Plan:
@@ -172,7 +172,7 @@ def _plan(
     _check_fallback(fallback)
     _check_policy(policy)
     started = time.perf_counter()
-    lim = limits or load_limits()
+    lim = as_limits(limits)
     request = validate_request(query, chunks, top_k, lambda_, limits=lim)
     emb = resolve_embedder(embedder, backend, base_url)
     be = make_backend(backend, model=model, base_url=base_url, api_key=api_key, embedder=emb)
@@ -314,7 +314,7 @@ def rerank(
     embedder: Any = "lexical",
     fallback: str | None = None,
     policy: Any = None,
-    limits: Limits | None = None,
+    limits: Limits | Mapping[str, Any] | None = None,
     layout: str = "mmr",
     duplicate_threshold: float | None = None,
     strict: bool = False,
@@ -377,7 +377,7 @@ async def arerank(
     embedder: Any = "lexical",
     fallback: str | None = None,
     policy: Any = None,
-    limits: Limits | None = None,
+    limits: Limits | Mapping[str, Any] | None = None,
     layout: str = "mmr",
     duplicate_threshold: float | None = None,
     strict: bool = False,

@@ -35,7 +35,7 @@ from .errors import (
     Violation,
     whole_argument_first,
 )
-from .guard.limits import Limits, load_limits
+from .guard.limits import Limits, as_limits
 from .paths import guard_dir
 from .skill import SkillCard, load_skill
 
@@ -45,7 +45,7 @@ _JSON_TYPE = {"string": "string", "integer": "integer", "number": "number"}
 
 
 def _limits(limits: Limits | None) -> Limits:
-    return limits or load_limits()
+    return as_limits(limits)
 
 
 def _describe(card: SkillCard, name: str, lim: Limits) -> str:

@@ -15,25 +15,32 @@ PUBLIC = [
     "Chunk",
     "Dropped",
     "InputError",
+    "Limits",
     "MissingDependencyError",
     "OutputError",
     "Ranked",
     "RerankError",
     "RerankRequest",
     "RerankResult",
+    "RetryPolicy",
+    "Router",
     "RunMeta",
     "SkillCard",
     "Violation",
     "__version__",
+    "anthropic_tool",
     "arerank",
     "arerank_many",
+    "call_tool",
     "check_output",
     "load_skill",
     "make_backend",
+    "openai_tool",
     "parse_chunks",
     "render",
     "repair_output",
     "rerank",
+    "route",
     "validate_request",
 ]
 
@@ -83,3 +90,29 @@ def test_version_matches_the_distribution() -> None:
             tomllib.loads(pyproject.read_text(encoding="utf-8"))["project"]["version"]
             == rag_rerank.__version__
         )
+
+
+def test_the_option_types_of_rerank_are_exported() -> None:
+    """`policy=RetryPolicy(...)` and `limits=Limits(...)` are documented options of `rerank`: a user
+    must not have to know which submodule defines them (issue 15)."""
+    from rag_rerank import Limits, RetryPolicy
+    from rag_rerank.guard.limits import Limits as GuardLimits
+    from rag_rerank.retry import RetryPolicy as RetryRetryPolicy
+
+    assert RetryPolicy is RetryRetryPolicy and Limits is GuardLimits
+
+
+def test_every_top_level_import_in_the_docs_resolves() -> None:
+    """Each `from rag_rerank import a, b` in README.md or docs/*.md names an exported object."""
+    import re
+
+    root = Path(rag_rerank.__file__).resolve().parent.parent
+    pages = [root / "README.md", *sorted((root / "docs").glob("**/*.md"))]
+    named: set[str] = set()
+    for page in (p for p in pages if p.is_file()):
+        text = page.read_text(encoding="utf-8")
+        for found in re.finditer(r"from rag_rerank import (\([^)]*\)|[^\n#]+)", text):
+            names = found.group(1).strip("()").replace("\n", ",").split(",")
+            named |= {n.split(" as ")[0].strip() for n in names if n.strip()}
+    assert named, "no top-level import found in the docs"
+    assert named <= set(rag_rerank.__all__), sorted(named - set(rag_rerank.__all__))

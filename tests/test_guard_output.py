@@ -405,3 +405,59 @@ def test_property_fast_schema_path_matches_on_near_valid_objects(
 
     obj = {"ranked": items, "dropped": dropped}
     assert _plainly_conformant(obj) == (not list(_output_validator().iter_errors(obj)))
+
+
+# --- issue 15: check_output takes rerank()'s chunk forms; messages read as sentences -------------------
+
+
+def test_check_output_takes_every_chunk_form_rerank_takes(happy_jsonl: str, tmp_path: Any) -> None:
+    from pathlib import Path
+
+    raw = out([R3], [{"id": "c5", "reason": "below_min_score"}])
+    records = [json.loads(line) for line in happy_jsonl.splitlines() if line.strip()]
+    path = Path(tmp_path) / "chunks.jsonl"
+    path.write_text(happy_jsonl, encoding="utf-8")
+    for form in (records, happy_jsonl, path, parse_chunks(happy_jsonl), tuple(parse_chunks(happy_jsonl))):
+        assert check_output(raw, form, 3) == json.loads(raw)
+
+
+@pytest.mark.parametrize("top_k", ["3", 0, -1, True, 2.5, None, [3]])
+def test_check_output_bad_top_k_is_an_input_error(top_k: Any, happy_chunks: list[Chunk]) -> None:
+    from rag_rerank.errors import InputError
+
+    with pytest.raises(InputError) as exc:
+        check_output(out([R3]), happy_chunks, top_k)
+    assert [v.path for v in exc.value.violations] == ["top_k"]
+
+
+def test_check_output_accepts_an_integral_float_top_k(happy_chunks: list[Chunk]) -> None:
+    assert check_output(out([R3]), happy_chunks, 3.0)["ranked"] == [R3]
+
+
+def test_check_output_bad_chunks_are_an_input_error_not_an_output_error() -> None:
+    from rag_rerank.errors import InputError
+
+    with pytest.raises(InputError) as exc:
+        check_output(out([R3]), [{"id": "c3"}], 3)
+    assert "missing required field 'text'" in str(exc.value)
+
+
+def test_unterminated_string_message_says_at_once(happy_chunks: list[Chunk]) -> None:
+    found = problems('{"ranked": [{"id": "c3", "reason": "unterminated', happy_chunks)
+    assert len(found) == 1 and "at at" not in found[0]
+    assert "Unterminated string starting at char" in found[0]
+
+
+def test_unknown_key_message_names_keys_without_jsonschema_wording(happy_chunks: list[Chunk]) -> None:
+    found = problems(json.dumps({"ranked": [{**R3, "confidence": 1, "why": 2}]}), happy_chunks)
+    assert found == ["$.ranked[0]: unknown key(s): 'confidence', 'why' (allowed: id, score, reason, "
+                     "diversity_note)"]
+
+
+def test_a_five_thousand_digit_score_is_not_told_to_raise_the_interpreter_limit(
+    happy_chunks: list[Chunk],
+) -> None:
+    raw = '{"ranked": [{"id": "c3", "score": 1' + "0" * 5000 + ', "reason": "IVF"}]}'
+    found = problems(raw, happy_chunks)
+    assert found == ["$: a number in the output has 5001 digits; scores must be numbers in [0, 1]"]
+    assert not any("sys.set_int_max_str_digits" in p for p in found)

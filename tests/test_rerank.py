@@ -349,3 +349,25 @@ def test_copies_of_the_answer_neither_sink_it_nor_crowd_out_the_rest() -> None:
     assert [r.id for r in result.ranked][:2] == [r.id for r in once.ranked] == ["c3", "c2"]
     reasons = {d.id: d.reason for d in result.dropped}
     assert all(reasons[c["id"]] == "redundant_with:c3" for c in copies)
+
+
+# --- issue 15: limits as a mapping -------------------------------------------------------------------
+
+
+def test_limits_mapping_is_read_through_limits() -> None:
+    many = "\n".join(json.dumps({"id": f"c{i}", "text": f"IVF clusters vectors, {i}"}) for i in range(60))
+    with pytest.raises(InputError, match="over the limit of 50"):
+        rerank(QUERY, many, 3)
+    result = rerank(QUERY, many, 3, limits={"max_chunks": 100})
+    assert len(result.ranked) + len(result.dropped) == 60
+
+
+@pytest.mark.parametrize(
+    ("limits", "path"),
+    [({"max_chunk": 100}, "limits.max_chunk"), ({"max_chunks": "100"}, "limits.max_chunks"),
+     ({"min_score": 2}, "limits.min_score"), ({"max_chunks": True}, "limits.max_chunks"), ([1], "limits")],
+)
+def test_bad_limits_are_an_input_error(limits: object, path: str) -> None:
+    with pytest.raises(InputError) as exc:
+        rerank(QUERY, _examples("happy-path"), 3, limits=limits)  # type: ignore[arg-type]
+    assert [v.path for v in exc.value.violations] == [path]

@@ -22,7 +22,7 @@ from jsonschema import Draft202012Validator
 
 from ..errors import InputError, Violation
 from ..models import Chunk, RerankRequest
-from .limits import Limits, load_limits, load_schema
+from .limits import Limits, as_limits, load_schema
 
 ChunkSource = str | bytes | os.PathLike[str] | Iterable[Mapping[str, Any] | Chunk]
 
@@ -252,7 +252,7 @@ def _as_record(item: Any) -> Any:
 
 def parse_chunks(source: ChunkSource, *, limits: Limits | None = None, query: str = "") -> list[Chunk]:
     """Every chunk, or an `InputError` listing every problem found."""
-    lim = limits or load_limits()
+    lim = as_limits(limits)
     records, violations, n_records = _records_from(source)
     chunks: list[Chunk] = []
     where: list[str] = []
@@ -345,13 +345,27 @@ def _param_violations(query: Any, top_k: Any, lambda_: Any, lim: Limits) -> list
                              f"{lim.max_query_chars} (max_query_chars)", value=len(query)))
     elif (at := _surrogate_at(query)) is not None:
         out.append(Violation(path="query", message=_surrogate_message("query", at)))
-    if isinstance(top_k, bool) or not isinstance(top_k, numbers.Integral) or top_k < 1:
-        out.append(Violation(path="top_k", message=f"top_k must be a positive integer, got {_short(top_k)}",
-                             value=top_k))
+    out.extend(top_k_violations(top_k))
     if not _finite_real(lambda_) or not 0.0 <= lambda_ <= 1.0:
         out.append(Violation(path="lambda", value=lambda_,
                              message=f"lambda must be a number in [0, 1], got {_short(lambda_)}"))
     return out
+
+
+def normal_top_k(top_k: Any) -> Any:
+    """An integral float (3.0, what tool-calling models and JSON Schema's integer often send) as an
+    int; anything else unchanged, for `top_k_violations` to judge."""
+    if isinstance(top_k, float) and top_k.is_integer():
+        return int(top_k)
+    return top_k
+
+
+def top_k_violations(top_k: Any) -> list[Violation]:
+    """Why `top_k` (after `normal_top_k`) is not a positive integer; empty when it is."""
+    if isinstance(top_k, bool) or not isinstance(top_k, numbers.Integral) or top_k < 1:
+        return [Violation(path="top_k", message=f"top_k must be a positive integer, got {_short(top_k)}",
+                          value=top_k)]
+    return []
 
 
 def _short(value: Any) -> str:
@@ -365,9 +379,7 @@ def _short(value: Any) -> str:
 
 
 def _defaults(query: Any, top_k: Any, lambda_: Any, lim: Limits) -> tuple[Any, Any, Any]:
-    top_k = lim.default_top_k if top_k is None else top_k
-    if isinstance(top_k, float) and top_k.is_integer():
-        top_k = int(top_k)  # JSON Schema's integer: tool-calling models often send 3.0
+    top_k = normal_top_k(lim.default_top_k if top_k is None else top_k)
     lambda_ = lim.default_lambda if lambda_ is None else lambda_
     return query, top_k, lambda_
 
@@ -381,7 +393,7 @@ def validate_params(
     components: a retriever may find nothing) yet must reject a missing query or a bad `top_k`
     exactly as `rerank()` would, so the error does not depend on whether anything was retrieved.
     """
-    lim = limits or load_limits()
+    lim = as_limits(limits)
     violations = _param_violations(*_defaults(query, top_k, lambda_, lim), lim)
     if violations:
         raise InputError(violations)
@@ -396,7 +408,7 @@ def validate_request(
     limits: Limits | None = None,
 ) -> RerankRequest:
     """Check everything about a request at once; raise one `InputError` naming every problem."""
-    lim = limits or load_limits()
+    lim = as_limits(limits)
     query, top_k, lambda_ = _defaults(query, top_k, lambda_, lim)
     violations = _param_violations(query, top_k, lambda_, lim)
     parsed: list[Chunk] = []

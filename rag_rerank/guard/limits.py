@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, replace
+import math
+import numbers
+from collections.abc import Mapping
+from dataclasses import dataclass, fields, replace
 from functools import cache
 from typing import Any
 
+from ..errors import InputError, Violation
 from ..paths import guard_dir
 
 
@@ -38,3 +42,39 @@ def load_limits() -> Limits:
 def load_schema(name: str) -> dict[str, Any]:
     """`name` is `chunk` or `output`."""
     return json.loads((guard_dir() / f"{name}.schema.json").read_text(encoding="utf-8"))
+
+
+_FRACTIONS = frozenset({"min_score", "default_lambda"})
+
+
+def as_limits(limits: Any) -> Limits:
+    """`limits` as a `Limits`: None is the contract's own (`guard/limits.json`), a `Limits` is used
+    as is, and a mapping overrides the named fields of the contract's, e.g. `{"max_chunks": 100}`.
+
+    Anything else, an unknown key or a value of the wrong kind is an `InputError` naming each
+    one, as a bad `policy` is, rather than an AttributeError deep inside a guard.
+    """
+    if limits is None:
+        return load_limits()
+    if isinstance(limits, Limits):
+        return limits
+    if not isinstance(limits, Mapping):
+        msg = f"limits must be None, a Limits or a mapping of its fields, got {type(limits).__name__}"
+        raise InputError([Violation(path="limits", message=msg)])
+    names = [f.name for f in fields(Limits)]
+    problems: list[Violation] = []
+    for key, value in limits.items():
+        path = f"limits.{key}"
+        if key not in names:
+            problems.append(Violation(path=path, message=f"unknown limit {key!r}; known: {', '.join(names)}"))
+        elif key in _FRACTIONS:
+            ok = (isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+                  and 0 <= value <= 1)
+            if not ok:
+                msg = f"{key} must be a number in [0, 1]"
+                problems.append(Violation(path=path, value=value, message=msg))
+        elif isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+            problems.append(Violation(path=path, value=value, message=f"{key} must be a positive integer"))
+    if problems:
+        raise InputError(problems, headline="invalid limits")
+    return replace(load_limits(), **{k: (float(v) if k in _FRACTIONS else int(v)) for k, v in limits.items()})

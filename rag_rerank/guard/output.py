@@ -17,9 +17,10 @@ from typing import Any
 
 from jsonschema import Draft202012Validator
 
-from ..errors import OutputError, Violation
+from ..errors import InputError, OutputError, Violation
 from ..models import Chunk
-from .limits import Limits, load_limits, load_schema
+from .input import ChunkSource, normal_top_k, parse_chunks, top_k_violations
+from .limits import Limits, as_limits, load_schema
 
 REDUNDANT_PREFIX = "redundant_with:"
 
@@ -115,6 +116,21 @@ def _leading_problem(text: str) -> str:
     return "output holds no JSON object"
 
 
+_DIGITS = re.compile(r"value has (\d+) digits")
+
+
+def _value_message(exc: ValueError) -> str:
+    """The decoder's refusal in the output contract's terms. Python refuses to read an integer
+    literal of more than 4300 digits and says to raise an interpreter-wide limit; for a model's
+    answer that advice is wrong: no score has that many digits, the answer is what is wrong."""
+    text = str(exc)
+    if "integer string conversion" in text:
+        found = _DIGITS.search(text)
+        size = f"{found.group(1)} digits" if found else "thousands of digits"
+        return f"a number in the output has {size}; scores must be numbers in [0, 1]"
+    return text
+
+
 def parse_output(raw: str) -> tuple[dict[str, Any] | None, list[Violation]]:
     """Strict parse: one JSON object, nothing before or after it (surrounding whitespace aside)."""
     if not isinstance(raw, str):
@@ -129,13 +145,14 @@ def parse_output(raw: str) -> tuple[dict[str, Any] | None, list[Violation]]:
     try:
         obj, end = decoder.raw_decode(text)
     except json.JSONDecodeError as exc:
+        what = exc.msg.removesuffix(" at")  # "Unterminated string starting at" + " at char N"
         if exc.pos >= len(text) - 1 or "Unterminated" in exc.msg:
-            msg = f"output is truncated or unterminated JSON ({exc.msg} at char {exc.pos})"
+            msg = f"output is truncated or unterminated JSON ({what} at char {exc.pos})"
         else:
-            msg = f"not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
+            msg = f"not valid JSON: {what} at line {exc.lineno} column {exc.colno}"
         return None, [Violation(path="$", message=msg)]
     except ValueError as exc:  # NaN / Infinity, or an integer with thousands of digits
-        return None, [Violation(path="$", message=str(exc))]
+        return None, [Violation(path="$", message=_value_message(exc))]
     except RecursionError:
         return None, [Violation(path="$", message="JSON nested too deeply")]
     violations: list[Violation] = []
@@ -165,8 +182,11 @@ def _json_path(parts: Sequence[Any]) -> str:
 
 
 def _schema_message(err: Any) -> str:
-    if err.validator == "additionalProperties":
-        return f"unknown key(s): {err.message.split('(')[-1].rstrip(')')}"
+    if err.validator == "additionalProperties" and isinstance(err.instance, Mapping):
+        allowed = list(err.schema.get("properties", {}))
+        extra = [k for k in err.instance if k not in allowed]
+        named = ", ".join(repr(k) for k in extra)
+        return f"unknown key(s): {named} (allowed: {', '.join(allowed)})"
     if err.validator == "type":
         try:
             shown = json.dumps(err.instance)[:40]
@@ -252,7 +272,7 @@ def output_violations(
     limits: Limits | None = None,
 ) -> list[Violation]:
     """Every way a parsed output object breaks the contract for these chunks."""
-    lim = limits or load_limits()
+    lim = as_limits(limits)
     out = [] if _plainly_conformant(obj) else [
         Violation(path=_json_path(err.absolute_path), message=_schema_message(err), value=err.instance)
         for err in _output_validator().iter_errors(obj)
@@ -300,10 +320,29 @@ def judge(
 
 
 def check_output(
-    raw: str, chunks: Sequence[Chunk], top_k: int, limits: Limits | None = None
+    raw: str, chunks: ChunkSource, top_k: int, limits: Limits | Mapping[str, Any] | None = None
 ) -> dict[str, Any]:
-    """The validated object, or an `OutputError` carrying every violation."""
-    obj, violations = judge(raw, chunks, top_k, limits=limits)
+    """The validated object, or an `OutputError` carrying every violation.
+
+    `chunks` takes every form `rerank()` takes (JSONL text, a path, a list of dicts or `Chunk`s),
+    through the input guard, so a caller checking an answer needs no extra parsing step. Bad
+    chunks or a bad `top_k` (a string, 0, a bool) are the caller's mistake, not the model's: an
+    `InputError`, raised before the output is judged.
+    """
+    lim = as_limits(limits)
+    top_k = normal_top_k(top_k)
+    problems = top_k_violations(top_k)
+    parsed: list[Chunk] = []
+    if isinstance(chunks, (list, tuple)) and chunks and all(isinstance(c, Chunk) for c in chunks):
+        parsed = list(chunks)  # already through the guard (parse_chunks / validate_request)
+    else:
+        try:
+            parsed = parse_chunks(chunks, limits=lim)
+        except InputError as exc:
+            problems.extend(exc.violations)
+    if problems:
+        raise InputError(problems)
+    obj, violations = judge(raw, parsed, top_k, limits=lim)
     if violations or obj is None:
         raise OutputError(violations, raw=raw)
     return obj
