@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -116,6 +117,9 @@ def _add_backend_args(p: argparse.ArgumentParser) -> None:
                    "--base-url when --backend is openai, otherwise OPENAI_BASE_URL or api.openai.com)")
     p.add_argument("--fallback", choices=["local"], default=None,
                    help="if the backend fails after all attempts, return the local ranking (flagged in meta)")
+    p.add_argument("--deadline", type=float, default=None, metavar="SECONDS",
+                   help="wall-clock bound on one rerank's backend calls and retries, a call still "
+                   "running is cut (default 120)")
 
 
 def _add_pipeline_args(p: argparse.ArgumentParser) -> None:
@@ -198,7 +202,19 @@ def _backend_options(args: argparse.Namespace) -> dict[str, Any]:
         raise UsageError("--base-url names the server of --backend openai or anthropic; the local "
                          "backend calls none (for an openai embedder's server, use --embed-base-url)")
     return {"backend": args.backend, "model": args.model, "base_url": args.base_url,
-            "embedder": _embedder_option(args), "fallback": args.fallback}
+            "embedder": _embedder_option(args), "fallback": args.fallback, "policy": _policy(args)}
+
+
+def _policy(args: argparse.Namespace) -> Any:
+    """A RetryPolicy carrying `--deadline`, or None for the default policy."""
+    deadline = getattr(args, "deadline", None)
+    if deadline is None:
+        return None
+    if not math.isfinite(deadline) or deadline <= 0:
+        raise UsageError(f"--deadline must be a positive number of seconds, got {deadline:g}")
+    from .retry import RetryPolicy
+
+    return RetryPolicy(deadline_s=deadline)
 
 
 def cmd_rerank(args: argparse.Namespace) -> int:

@@ -10,7 +10,9 @@
              -> fail fast
 
 Everything is bounded three ways: attempts in total, attempts per kind, and a wall-clock
-deadline (a wait that would cross the deadline is not started). tenacity drives the loop; the SDKs
+deadline: a wait that would cross the deadline is not started, and a call that is still running
+when it comes is cut (async: cancelled; sync: the backend is given what is left of the deadline
+as its request timeout, for backends whose `complete` takes `timeout`). tenacity drives the loop; the SDKs
 run with max_retries=0 so no hidden second retry layer multiplies the attempts. Every attempt is
 recorded as an `Attempt`, returned in `Outcome` or carried by the final `BackendError`;
 `Attempt.wait_s` is the wait taken *after* that attempt, before the next one (0 for the last).
@@ -19,6 +21,7 @@ recorded as an `Attempt`, returned in `Outcome` or carried by the final `Backend
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import random
 import time
@@ -120,6 +123,18 @@ class Outcome:
     text: str = ""  # the accepted raw text after repairs
 
 
+def accepts_timeout(backend: Any) -> bool:
+    """True when `backend.complete` takes a `timeout` keyword (seconds for this one call).
+
+    The HTTP backends do, and `call_with_retries` passes what is left of the deadline; a backend
+    written before that keyword existed is called as before (it cannot be cut in a sync call)."""
+    try:
+        params = inspect.signature(backend.complete).parameters
+    except (TypeError, ValueError):
+        return False
+    return "timeout" in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+
+
 # --- internal control flow -----------------------------------------------------------------
 
 class _Retry(Exception):
@@ -147,10 +162,12 @@ class _Run:
         self.feedback: tuple[Violation, ...] = ()
         self.previous: str | None = None
         self.max_tokens = policy.output_budget(request, guard_top_k)
+        self.truncated_at: list[int] = []  # the max_tokens of each truncated attempt, in order
         self.usage: dict[str, int] = {}
         self.notes: list[str] = []
         self.model: str | None = getattr(backend, "model", None)
         self.started = policy.clock()
+        self.bounded = accepts_timeout(backend)
         self.stop_reason = ""
         self.outcome: Outcome | None = None
 
@@ -161,8 +178,17 @@ class _Run:
     def elapsed(self) -> float:
         return self.policy.clock() - self.started
 
-    def call_kwargs(self) -> dict[str, Any]:
-        return {"max_tokens": self.max_tokens, "feedback": self.feedback, "previous": self.previous}
+    def remaining(self) -> float:
+        return self.policy.deadline_s - self.elapsed()
+
+    def call_kwargs(self, sync: bool = True) -> dict[str, Any]:
+        kwargs: dict[str, Any] = {"max_tokens": self.max_tokens, "feedback": self.feedback,
+                                  "previous": self.previous}
+        if sync and self.bounded:
+            # A blocking call cannot be cancelled from outside: the HTTP client itself must give up
+            # when the deadline comes, not after its own (60 s) timeout.
+            kwargs["timeout"] = max(self.remaining(), 0.001)
+        return kwargs
 
     def record(self, kind: str, detail: str, violations: tuple[Violation, ...] = ()) -> None:
         self.attempts.append(Attempt(number=len(self.attempts) + 1, kind=kind, detail=detail,
@@ -174,7 +200,10 @@ class _Run:
         """Classify a backend exception; always raises."""
         if isinstance(exc, TransientFailure):
             self.counts["transient"] += 1
-            self.record("transient", str(exc))
+            detail = str(exc)
+            if self.remaining() <= 0 and "deadline" not in detail:
+                detail += f" (cut when the deadline of {self.policy.deadline_s:g}s was crossed)"
+            self.record("transient", detail)
             raise _Retry("transient", exc.retry_after)
         if isinstance(exc, BackendFailure):
             self.record("fatal", str(exc))
@@ -205,6 +234,7 @@ class _Run:
             return
         if completion.finish_reason == "length":
             self.counts["truncated"] += 1
+            self.truncated_at.append(self.max_tokens)
             self.record("truncated", f"output cut off at max_tokens={self.max_tokens} "
                                      f"({len(raw)} characters received)", tuple(violations))
             bigger = int(self.max_tokens * self.policy.truncation_factor)
@@ -236,11 +266,14 @@ class _Run:
         if kind == "invalid_output" and self.counts["invalid_output"] > p.max_reasks:
             reason = f"the output was still invalid after {p.max_reasks} re-ask(s)"
         elif kind == "truncated" and self.counts["truncated"] > p.max_truncation_retries:
-            reason = f"the output was still truncated at max_tokens={self.max_tokens}"
+            used = ", ".join(str(n) for n in dict.fromkeys(self.truncated_at))
+            reason = f"the output was still truncated at max_tokens={used}"
         elif len(self.attempts) >= p.max_attempts:
             reason = f"max_attempts={p.max_attempts} reached"
+        elif self.elapsed() >= p.deadline_s:
+            reason = f"the deadline of {p.deadline_s:g}s was crossed (elapsed {self.elapsed():.2f}s)"
         elif self.elapsed() + upcoming > p.deadline_s:
-            reason = (f"the deadline of {p.deadline_s:g}s would be crossed "
+            reason = (f"the deadline of {p.deadline_s:g}s would be crossed by the next wait "
                       f"(elapsed {self.elapsed():.2f}s, next wait {upcoming:.2f}s)")
         if reason:
             self.stop_reason = reason
@@ -318,11 +351,11 @@ async def acall_with_retries(
                 remaining = run.policy.deadline_s - run.elapsed()
                 try:
                     completion = await asyncio.wait_for(
-                        backend.acomplete(prompt, request, **run.call_kwargs()),
+                        backend.acomplete(prompt, request, **run.call_kwargs(sync=False)),
                         timeout=max(remaining, 0.001))
                 except asyncio.TimeoutError:
-                    run.failed(TransientFailure(f"{run.name}: call still running at the deadline "
-                                                f"of {run.policy.deadline_s:g}s"))
+                    run.failed(TransientFailure(f"{run.name}: call still running when the deadline "
+                                                f"of {run.policy.deadline_s:g}s was crossed"))
                 except BackendFailure as exc:
                     run.failed(exc)
                 run.judge(completion)

@@ -279,3 +279,28 @@ def test_a_base_url_for_the_local_backend_is_a_usage_error(tmp_path: Path, capsy
     assert main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--base-url" in err[0] and "local backend calls none" in err[0]
+
+
+# --- issue 15: --deadline ------------------------------------------------------------------------------
+
+
+def test_deadline_option_bounds_a_server_that_never_answers(tmp_path: Path, capsys, monkeypatch) -> None:
+    import time
+
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    with FakeLLM([Reply.openai_text("{}", delay=90.0)]) as srv:
+        start = time.monotonic()
+        code = main(["rerank", "-q", QUERY, "-c", str(_happy(tmp_path)), "--backend", "openai",
+                     "--base-url", srv.openai_url, "--deadline", "1.5"])
+        took = time.monotonic() - start
+        cap = capsys.readouterr()
+    assert code == 3, cap.err
+    assert "the deadline of 1.5s was crossed" in cap.err and len(srv.requests) == 1
+    assert took < 30.0  # loose: without the bound this is the client's 60 s timeout
+
+
+@pytest.mark.parametrize("value", ["0", "-3", "nan", "inf", "soon"])
+def test_a_bad_deadline_is_a_usage_error(tmp_path: Path, capsys, value: str) -> None:
+    assert main(["rerank", "-q", QUERY, "-c", str(_happy(tmp_path)), "--deadline", value]) == 2
+    err = capsys.readouterr().err
+    assert "--deadline" in err and "Traceback" not in err

@@ -303,3 +303,55 @@ def test_output_budget_grows_with_the_request(request_) -> None:
     big = pol.output_budget(validate_request("q", big_chunks, 10, 0.7), 10)
     assert 512 <= small < big <= pol.max_tokens_cap
     assert RetryPolicy(max_tokens=100).output_budget(request_, 3) == 100
+
+
+# --- issue 15: the deadline bounds a blocking call too ----------------------------------------------
+
+
+def test_sync_call_is_given_what_is_left_of_the_deadline_as_its_timeout(request_, sleeps) -> None:
+    """A server that never answers: the client (timeout 20 s) is told to give up at the deadline."""
+    with FakeLLM([Reply.openai_text(json.dumps(GOOD), delay=30.0)]) as srv:
+        backend = OpenAIBackend(base_url=srv.openai_url, api_key=KEY, timeout=20.0)
+        start = time.monotonic()
+        with pytest.raises(BackendError) as info:
+            call_with_retries(backend, request_, render(request_), guard_top_k=3,
+                              policy=policy(sleeps, deadline_s=1.0))
+        took = time.monotonic() - start
+    assert "the deadline of 1s was crossed" in str(info.value)
+    assert kinds(info.value.attempts) == ["transient"] and len(srv.requests) == 1
+    assert "timed out (cut when the deadline of 1s was crossed)" in info.value.attempts[0].detail
+    assert took < 15.0  # loose: the bug took the client's 20 s
+
+
+def test_the_deadline_is_passed_to_a_backend_that_takes_a_timeout(request_, sleeps) -> None:
+    """The bound itself, without timing: every call gets timeout <= deadline, shrinking as time passes."""
+    seen: list[float] = []
+
+    class Recorder:
+        name, model = "recorder", None
+
+        def complete(self, prompt, request, *, max_tokens, feedback=(), previous=None, timeout=None):
+            seen.append(timeout)
+            from rag_rerank.backends.base import TransientFailure
+
+            raise TransientFailure("recorder: busy")
+
+    now = [0.0]
+
+    def clock() -> float:  # every reading of the clock is half a second later
+        now[0] += 0.5
+        return now[0]
+
+    pol = policy(sleeps, deadline_s=5.0, initial_wait_s=0.0, jitter_s=0.0, clock=clock)
+    with pytest.raises(BackendError, match=r"(was|would be) crossed"):
+        call_with_retries(Recorder(), request_, render(request_), guard_top_k=3, policy=pol)
+    assert len(seen) >= 2 and all(0 < t < 5.0 for t in seen) and seen == sorted(seen, reverse=True)
+
+
+def test_truncation_error_names_every_max_tokens_used(request_, sleeps) -> None:
+    cut = Reply.openai_text('{"ranked": [', finish_reason="length")
+    with FakeLLM([cut, cut]) as srv, pytest.raises(BackendError) as info:
+        run(srv, request_, policy(sleeps, max_tokens=512))
+    assert [r.body["max_tokens"] for r in srv.requests] == [512, 1024]
+    assert "still truncated at max_tokens=512, 1024" in str(info.value)
+    assert "2048" not in str(info.value).split(" [#")[0]

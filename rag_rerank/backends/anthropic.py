@@ -21,6 +21,7 @@ from .common import (
     classify_sdk_error,
     feedback_text,
     generation_schema,
+    request_timeout,
     resolve_credentials,
     scrub,
     usage_dict,
@@ -150,10 +151,12 @@ class AnthropicBackend:
         max_tokens: int,
         feedback: Sequence[Violation] = (),
         previous: str | None = None,
+        timeout: float | None = None,
     ) -> Completion:
         sdk = _sdk()
         try:
             kwargs = self._kwargs(prompt, request, max_tokens, feedback, previous)
+            kwargs.update(request_timeout(self.timeout, timeout))
             resp = self._clients.sync().messages.create(**kwargs)
         except sdk.AnthropicError as exc:
             raise classify_sdk_error(exc, sdk, self._key, "anthropic") from None

@@ -65,8 +65,12 @@ class Backend(Protocol):
         max_tokens: int,
         feedback: Sequence[Violation] = (),
         previous: str | None = None,
+        timeout: float | None = None,
     ) -> Completion:
-        """One call. `feedback` and `previous` are set on a re-ask after the guard rejected `previous`."""
+        """One call. `feedback` and `previous` are set on a re-ask after the guard rejected `previous`.
+
+        `timeout` (optional for a backend to accept) is what is left of the caller's deadline: a
+        blocking call must give up by then. The HTTP backends pass it to their SDK request."""
         ...
 
     async def acomplete(

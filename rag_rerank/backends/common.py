@@ -251,3 +251,11 @@ class SDKClients:
         if client is None:
             client = self._async[loop] = self._make_async()
         return client
+
+
+def request_timeout(client_timeout: float, remaining: float | None) -> dict[str, Any]:
+    """The per-request `timeout=` keyword for an SDK call: what is left of the caller's deadline
+    when that comes before the client's own timeout, else nothing (the client's applies)."""
+    if remaining is None or remaining >= client_timeout:
+        return {}
+    return {"timeout": max(remaining, 0.001)}

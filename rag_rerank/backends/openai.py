@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -25,6 +26,7 @@ from .common import (
     classify_sdk_error,
     error_message,
     feedback_text,
+    request_timeout,
     resolve_credentials,
     scrub,
     strict_schema,
@@ -194,15 +196,19 @@ class OpenAIBackend:
         max_tokens: int,
         feedback: Sequence[Violation] = (),
         previous: str | None = None,
+        timeout: float | None = None,
     ) -> Completion:
         sdk = _sdk()
         client = self._clients.sync()
+        ends = None if timeout is None else time.monotonic() + timeout
         modes = self._modes()
         downgraded: list[str] = []
         for i, mode in enumerate(modes):
+            left = None if ends is None else ends - time.monotonic()
             try:
                 resp = client.chat.completions.create(
-                    **self._kwargs(mode, prompt, request, max_tokens, feedback, previous))
+                    **self._kwargs(mode, prompt, request, max_tokens, feedback, previous),
+                    **request_timeout(self.timeout, left))
             except sdk.OpenAIError as exc:
                 self._downgrade_or_raise(exc, sdk, mode, i == len(modes) - 1, downgraded)
                 continue
