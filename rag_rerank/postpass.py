@@ -15,9 +15,11 @@ stage recomputes the final selection from the (guarded) scores and real embeddin
    `redundant_with:<kept id>`. So no two ranked chunks are near-duplicates, and a
    `redundant_with:` reason always names a ranked id;
 4. accounting: every input id exactly once, in `ranked` or in `dropped` with a machine-readable
-   reason (`redundant_with:<id>`, `below_min_score`, `not_selected`, `over_word_budget`) or the
-   LLM's own reason for a chunk it dropped itself (an LLM `redundant_with:` that no longer names a
-   ranked id is re-pointed at the kept chunk of its group, or becomes `not_selected`);
+   reason in the grammar of `reasons.py` (`redundant_with:<id>`, `below_min_score: 0.150`,
+   `not_selected: 0.410`, `over_word_budget`) or the LLM's own reason for a chunk it dropped
+   itself (kept as is when it follows the grammar, else as `dropped_by_model: <its words>`; an
+   LLM `redundant_with:` that no longer names a ranked id is re-pointed at the kept chunk of its
+   group, or becomes `not_selected`);
 5. a `diversity_note` on each ranked chunk whose place differs from plain relevance order.
 
 Layouts: `mmr` (default), `diversity` (Haystack's greedy order: the chunk closest to the query
@@ -39,6 +41,7 @@ from typing import Any
 
 import numpy as np
 
+from . import reasons
 from .embed import (
     CALLER_DUPLICATE_THRESHOLD,
     Embedder,
@@ -52,10 +55,10 @@ from .guard.limits import load_limits
 from .models import Dropped, Ranked, RerankRequest, RerankResult, RunMeta
 
 LAYOUTS = ("mmr", "diversity", "lost_in_the_middle")
-REDUNDANT = "redundant_with:"
-BELOW_MIN = "below_min_score"
-NOT_SELECTED = "not_selected"
-OVER_BUDGET = "over_word_budget"
+REDUNDANT = reasons.REDUNDANT_WITH + ":"
+BELOW_MIN = reasons.BELOW_MIN_SCORE
+NOT_SELECTED = reasons.NOT_SELECTED
+OVER_BUDGET = reasons.OVER_WORD_BUDGET
 DUPLICATES_BY = ("text", "embedding")
 LEXICAL_NAME = "lexical"
 
@@ -355,7 +358,7 @@ def postpass(
     )
 
     picked = list(sel.picked)
-    reasons: dict[int, str] = {}  # global chunk index -> dropped reason
+    why: dict[int, str] = {}  # global chunk index -> dropped reason (rag_rerank/reasons.py grammar)
     if word_budget is not None:
         used, cut = 0, len(picked)
         for pos, local in enumerate(picked):
@@ -364,7 +367,7 @@ def postpass(
                 cut = pos + 1
                 break
         for local in picked[cut:]:
-            reasons[int(cand[local])] = OVER_BUDGET
+            why[int(cand[local])] = OVER_BUDGET
         picked = picked[:cut]
     final = lost_in_the_middle(picked) if layout == "lost_in_the_middle" else picked
     ranked_global = [int(cand[j]) for j in final]
@@ -376,20 +379,21 @@ def postpass(
     ranked = [_ranked_item(chunks, score_of, cand, sel, picked, final, j, rel, layout) for j in final]
 
     for i, chunk in enumerate(chunks):
-        if i in ranked_set or i in reasons:
+        if i in ranked_set or i in why:
             continue
-        if chunk.id in score_of and score_of[chunk.id].score <= floor:
-            reasons[i] = BELOW_MIN
+        score = score_of[chunk.id].score if chunk.id in score_of else None
+        if score is not None and score <= floor:
+            why[i] = reasons.reason(BELOW_MIN, reasons.score_detail(score))
         elif i in kept_of:
-            reasons[i] = (REDUNDANT + chunks[kept_of[i]].id) if kept_of[i] in ranked_set else NOT_SELECTED
-        elif chunk.id in score_of:
-            reasons[i] = NOT_SELECTED
+            why[i] = (REDUNDANT + chunks[kept_of[i]].id) if kept_of[i] in ranked_set else NOT_SELECTED
+        elif score is not None:
+            why[i] = reasons.reason(NOT_SELECTED, reasons.score_detail(score))
         else:
-            reasons[i] = _unscored_reason(
+            why[i] = _unscored_reason(
                 i, llm_reason.get(chunk.id), chunks, index, kept_of, ranked_set, dup_all, threshold
             )
     dropped = tuple(
-        Dropped(id=chunks[i].id, reason=reasons[i]) for i in range(len(chunks)) if i not in ranked_set
+        Dropped(id=chunks[i].id, reason=why[i]) for i in range(len(chunks)) if i not in ranked_set
     )
     return RerankResult(
         ranked=tuple(ranked), dropped=dropped, meta=RunMeta(embedder=emb_name, notes=tuple(notes))
@@ -448,7 +452,7 @@ def _unscored_reason(
 ) -> str:
     """The LLM's own reason when it still holds; otherwise a duplicate of a ranked chunk, or not selected."""
     if llm is not None and not llm.startswith(REDUNDANT):
-        return llm
+        return reasons.normalise(llm)  # the model's own words, filed under a listed token if need be
     if llm is not None:
         target = index.get(llm[len(REDUNDANT) :])
         if target in ranked_set:

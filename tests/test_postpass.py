@@ -111,7 +111,7 @@ def test_postpass_properties(case):
         if d.reason.startswith("redundant_with:"):
             assert d.reason.removeprefix("redundant_with:") in ranked_ids
         if d.id in score_of and score_of[d.id] <= MIN_SCORE:
-            assert d.reason == "below_min_score"
+            assert d.reason == f"below_min_score: {score_of[d.id]:.3f}"
 
     cand = [k for k, i in enumerate(ids) if i in score_of and score_of[i] > MIN_SCORE]
     expected = reference_selection(
@@ -174,7 +174,7 @@ def test_all_scores_at_or_below_minimum():
     request = _request([[1, 0], [0, 1]], ["a", "b"], 3, 0.7)
     result = postpass(request, [Ranked("id-0", 0.2, "a"), Ranked("id-1", 0.05, "b")])
     assert result.ranked == ()
-    assert {d.reason for d in result.dropped} == {"below_min_score"}
+    assert [d.reason for d in result.dropped] == ["below_min_score: 0.200", "below_min_score: 0.050"]
 
 
 def test_identical_texts_keep_one_and_name_it():
@@ -254,7 +254,7 @@ def test_mmr_note_names_the_demoted_chunk():
     result = postpass(request, scored, duplicate_threshold=2.0)
     assert [r.id for r in result.ranked] == ["id-0", "id-2"]
     assert "id-1" in (result.ranked[1].diversity_note or "")
-    assert ("id-1", "not_selected") in [(d.id, d.reason) for d in result.dropped]
+    assert ("id-1", "not_selected: 0.850") in [(d.id, d.reason) for d in result.dropped]
 
 
 def test_llm_redundant_with_is_repointed_or_downgraded():
@@ -275,7 +275,7 @@ def test_llm_redundant_with_is_repointed_or_downgraded():
     result = postpass(request, scored, dropped)
     assert [r.id for r in result.ranked] == ["a"]
     reasons = {d.id: d.reason for d in result.dropped}
-    assert reasons == {"b": "redundant_with:a", "c": "redundant_with:a", "d": "not_selected"}
+    assert reasons == {"b": "redundant_with:a", "c": "redundant_with:a", "d": "not_selected: 0.700"}
     dropped = [Dropped("c", "redundant_with:d")]
     assert {d.id: d.reason for d in postpass(request, scored, dropped).dropped}["c"] == "not_selected"
 

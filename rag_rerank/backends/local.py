@@ -338,10 +338,10 @@ class LocalBackend:
             chunk = request.chunks[i]
             score = float(rounded[i])
             if score <= min_score:
-                dropped.append({"id": chunk.id, "reason": f"below_min_score ({score:.3f})"})
+                dropped.append({"id": chunk.id, "reason": f"below_min_score: {score:.3f}"})
                 continue
             if len(ranked) >= request.top_k:
-                dropped.append({"id": chunk.id, "reason": f"not_selected ({score:.3f})"})
+                dropped.append({"id": chunk.id, "reason": f"not_selected: {score:.3f}"})
                 continue
             phrase, matched = best_phrase(chunk.text, weight_of)
             matched = [m for m in matched if m.lower() not in _STOPWORDS] or matched

@@ -17,6 +17,7 @@ from typing import Any
 
 from jsonschema import Draft202012Validator
 
+from .. import reasons
 from ..errors import InputError, OutputError, Violation
 from ..models import Chunk
 from .input import ChunkSource, normal_top_k, parse_chunks, top_k_violations
@@ -224,10 +225,14 @@ def _item_violations(
             msg = (f"reason {reason[:60]!r} cites nothing concrete from the chunk's text "
                    "(name a phrase, entity or claim)")
             out.append(Violation(path=f"{path}.reason", message=msg, value=reason, id=cid))
-    elif (isinstance(reason, str) and reason.startswith(REDUNDANT_PREFIX)
-          and reason[len(REDUNDANT_PREFIX):] not in ranked_ids):
-        msg = f"{reason!r} must name a ranked id"
-        out.append(Violation(path=f"{path}.reason", message=msg, value=reason, id=cid))
+    elif isinstance(reason, str) and reason.startswith(REDUNDANT_PREFIX):
+        if reason[len(REDUNDANT_PREFIX):] not in ranked_ids:
+            msg = f"{reason!r} must name a ranked id"
+            out.append(Violation(path=f"{path}.reason", message=msg, value=reason, id=cid))
+    elif isinstance(reason, str) and (bad := reasons.problem(reason)) is not None:
+        # Free text is the model's to write; a listed token written another way is not
+        # machine-readable any more (`below_min_score (0.1)`), so it is worth a re-ask.
+        out.append(Violation(path=f"{path}.reason", message=bad, value=reason, id=cid))
     return out
 
 

@@ -1,0 +1,98 @@
+"""The machine-readable `dropped` reasons: one grammar, one list of tokens, used by every writer.
+
+A reason is `token` or `token: detail`. A program reads the token (the part before the first
+`:`) to know why a chunk was left out; the detail is for people. The one exception to the
+space after the colon is `redundant_with:<id>`, spelled the way the skill card spells it: the
+detail is an input id, byte for byte, and an id may itself begin with a space.
+
+The local backend, the post-pass and the LLM path all write through `reason()`; a model's own
+reason that does not start with one of these tokens is kept word for word as the detail of
+`dropped_by_model`, so nothing the model said is lost and every token a program meets is listed
+here (and in docs/dropped-reasons.md, which a test keeps in step with `TOKENS`).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+
+REDUNDANT_WITH = "redundant_with"
+BELOW_MIN_SCORE = "below_min_score"
+NOT_SELECTED = "not_selected"
+OVER_WORD_BUDGET = "over_word_budget"
+NO_CITABLE_PHRASE = "no_citable_phrase"
+DROPPED_BY_MODEL = "dropped_by_model"
+
+TOKENS: Mapping[str, str] = {
+    REDUNDANT_WITH: "a near-duplicate of the ranked chunk whose id follows the colon (no space); "
+    "the more concise of the two was kept",
+    BELOW_MIN_SCORE: "its relevance score is at or below the minimum score (0.2); the detail, when "
+    "present, is the score",
+    NOT_SELECTED: "relevant enough, but top_k and the MMR trade-off chose other chunks; the detail, "
+    "when present, is the score",
+    OVER_WORD_BUDGET: "selected, but the ranked chunks before it already used up the word budget",
+    NO_CITABLE_PHRASE: "the local backend found nothing concrete in the chunk to quote as a reason",
+    DROPPED_BY_MODEL: "the model dropped it itself with a reason of its own, which is the detail, "
+    "word for word",
+}
+
+_SHAPE = re.compile(r"\A([a-z][a-z0-9_]*)(?::(.*))?\Z", re.DOTALL)
+
+
+def reason(token: str, detail: object = None) -> str:
+    """`token`, or `token: detail` (`redundant_with:<id>` for that token), for a token in `TOKENS`."""
+    if token not in TOKENS:
+        raise ValueError(f"unknown dropped-reason token {token!r}")
+    if detail is None or detail == "":
+        return token
+    if token == REDUNDANT_WITH:
+        return f"{token}:{detail}"
+    return f"{token}: {detail}"
+
+
+def score_detail(score: float) -> str:
+    """A score as a reason's detail: three decimals, like the scores people read elsewhere."""
+    return f"{score:.3f}"
+
+
+def split(text: str) -> tuple[str, str | None] | None:
+    """(token, detail or None) for a reason that follows the grammar with a known token, else None."""
+    if not isinstance(text, str):
+        return None
+    found = _SHAPE.match(text)
+    if found is None or found.group(1) not in TOKENS:
+        return None
+    token, rest = found.group(1), found.group(2)
+    if rest is None:
+        return token, None
+    if token == REDUNDANT_WITH:
+        return (token, rest) if rest else None
+    if not rest.startswith(" ") or not rest.strip():
+        return None
+    return token, rest[1:]
+
+
+def problem(text: str) -> str | None:
+    """Why a reason that *uses* a known token breaks the grammar (`below_min_score (0.1)`,
+    `not_selected:0.4`), or None. A reason not starting with a token is free text: not judged
+    here (a model may explain in its own words; `normalise` files that under `dropped_by_model`)."""
+    if not isinstance(text, str):
+        return None
+    head = re.match(r"[a-z][a-z0-9_]*", text)
+    if head is None or head.group(0) not in TOKENS or split(text) is not None:
+        return None
+    token = head.group(0)
+    want = f"'{token}:<id>'" if token == REDUNDANT_WITH else f"'{token}' or '{token}: detail'"
+    return f"reason {text[:60]!r} uses the token {token!r} but not the grammar {want}"
+
+
+def normalise(text: str) -> str:
+    """A reason as the grammar has it: unchanged when it already follows it, otherwise the model's
+    own words as the detail of `dropped_by_model` (a known token written loosely, such as
+    `below_min_score (0.1)`, is also kept word for word there rather than guessed at)."""
+    if split(text) is not None:
+        return text
+    return reason(DROPPED_BY_MODEL, " ".join(str(text).split()) or "(no reason given)")
+
+
+__all__ = ["TOKENS", "normalise", "problem", "reason", "score_detail", "split"]
