@@ -6,6 +6,7 @@ from .batch import arerank_many
 from .errors import (
     Attempt,
     BackendError,
+    ConfigError,
     InputError,
     MissingDependencyError,
     OutputError,
@@ -27,6 +28,7 @@ __all__ = [
     "Attempt",
     "BackendError",
     "Chunk",
+    "ConfigError",
     "Dropped",
     "InputError",
     "Limits",

@@ -92,11 +92,27 @@ def read_text(source: str, what: str = "chunks") -> str:
         raise UsageError(f"{name}: line {line}: not UTF-8 text (byte {exc.start})") from None
 
 
+def whole_number(text: str) -> int:
+    """An argparse type for counts: `3` and `3.0` (what the library and the tools accept) are 3;
+    `3.5` or `three` are a usage error, reported by argparse as one line."""
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if not value.is_integer():
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}")
+    return int(value)
+
+
 def _add_request_args(p: argparse.ArgumentParser, top_k_required: bool = False) -> None:
     p.add_argument("--query", "-q", required=True, help="the query to rank against")
     p.add_argument("--chunks", "-c", required=True, metavar="FILE|-",
                    help="JSONL chunks file, or - for stdin")
-    p.add_argument("--top-k", "-k", type=int, default=None, required=top_k_required,
+    p.add_argument("--top-k", "-k", type=whole_number, default=None, required=top_k_required,
                    help="how many to keep (5)")
     p.add_argument("--lambda", dest="lambda_", type=float, default=None,
                    help="MMR trade-off in [0, 1] (0.7)")
@@ -256,6 +272,21 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return run_eval_cli(args, backend_options=_backend_options(args))
 
 
+DESCRIPTION = """\
+Rerank retrieved chunks for a query with an LLM (or the offline local scorer): the best top-k
+with a score and a concrete reason each, MMR-diverse, ids kept byte for byte, and every chunk
+left out listed in `dropped` with its reason."""
+
+EPILOG = """\
+examples:
+  rag-rerank rerank -q "When should I prefer IVF over HNSW?" -c chunks.jsonl -k 3
+  rag-rerank rerank -q "..." -c chunks.jsonl --backend openai --base-url http://127.0.0.1:8000/v1
+  rag-rerank check -c chunks.jsonl -k 3 answer.json
+
+exit codes: 0 ok, 1 invalid LLM output (check), 2 bad input or usage, 3 backend failure.
+Run `rag-rerank COMMAND --help` for a command's options."""
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse that reports a usage error as one line (and exit 2) instead of a usage block."""
 
@@ -266,7 +297,11 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="rag-rerank", description=__doc__.split("\n")[0])
+    from . import __version__
+
+    parser = _Parser(prog="rag-rerank", description=DESCRIPTION, epilog=EPILOG,
+                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
 
@@ -286,14 +321,15 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("check", help="judge a raw LLM output against the contract (exit 1 if invalid)")
     p.add_argument("--chunks", "-c", required=True, metavar="FILE|-",
                    help="the JSONL chunks the output refers to")
-    p.add_argument("--top-k", "-k", type=int, required=True, help="the top_k the output was asked for")
+    p.add_argument("--top-k", "-k", type=whole_number, required=True,
+                   help="the top_k the output was asked for")
     p.add_argument("--repair", action="store_true", help="first strip fences / prose / <think> (reported)")
     p.add_argument("output", nargs="?", default="-", metavar="OUTPUT_FILE|-")
     p.set_defaults(func=cmd_check)
 
     p = sub.add_parser("route", help="decide whether an utterance should route to a skill")
     p.add_argument("utterance")
-    p.add_argument("--n-chunks", type=int, default=None, help="how many chunks the agent holds")
+    p.add_argument("--n-chunks", type=whole_number, default=None, help="how many chunks the agent holds")
     p.add_argument("--embedder", default="lexical", help="lexical (default) or sentence-transformers[:MODEL]")
     p.set_defaults(func=cmd_route)
 
@@ -306,7 +342,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--input", "-i", required=True, metavar="FILE",
                    help="JSONL: {query, chunks, top_k?, lambda?, query_id?}")
     p.add_argument("--output", "-o", default="-", metavar="FILE|-", help="JSONL results (default stdout)")
-    p.add_argument("--concurrency", type=int, default=4)
+    p.add_argument("--concurrency", type=whole_number, default=4)
     p.add_argument("--resume", action="store_true", help="skip lines already present in --output")
     p.add_argument("--no-progress", action="store_true", help="never show a progress bar")
     _add_backend_args(p)
@@ -317,8 +353,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--candidates", required=True, metavar="FILE",
                    help="JSONL {qid, query, chunks:[{id,text}]}")
     p.add_argument("--qrels", required=True, metavar="FILE", help="TREC qrels")
-    p.add_argument("--k", type=int, default=10, help="top_k to keep and Recall@k cut-off")
-    p.add_argument("--depth", type=int, default=None,
+    p.add_argument("--k", type=whole_number, default=10, help="top_k to keep and Recall@k cut-off")
+    p.add_argument("--depth", type=whole_number, default=None,
                    help="rerank the first N candidates of each query (default 50, the card's limit); "
                    "the rest keep their input positions after them")
     p.add_argument("--rel-level", type=int, default=1,
@@ -328,7 +364,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "identical vectors)")
     p.add_argument("--lambda", dest="lambda_", type=float, default=None)
     p.add_argument("--subtopics", default=None, metavar="FILE", help="subtopic judgments for alpha-nDCG")
-    p.add_argument("--concurrency", type=int, default=4)
+    p.add_argument("--concurrency", type=whole_number, default=4)
     p.add_argument("--resume", default=None, metavar="FILE", help="cache of per-query results to resume from")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     p.add_argument("--no-progress", action="store_true")

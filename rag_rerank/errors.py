@@ -105,6 +105,11 @@ class BackendError(RerankError):
         super().__init__(f"{message}" + (f" [{detail}]" if detail else ""))
 
 
+class ConfigError(RerankError):
+    """The set-up cannot work, so nothing was attempted: no API key for a remote service
+    (CLI exit 2, like bad input; a backend failure, exit 3, means a call was made and failed)."""
+
+
 class MissingDependencyError(RerankError):
     """An optional extra is needed for what was asked; the message says which to install."""
 

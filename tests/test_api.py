@@ -13,6 +13,7 @@ PUBLIC = [
     "Attempt",
     "BackendError",
     "Chunk",
+    "ConfigError",
     "Dropped",
     "InputError",
     "Limits",

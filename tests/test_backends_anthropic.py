@@ -9,7 +9,7 @@ import pytest
 
 from rag_rerank.backends.anthropic import TOOL_NAME, AnthropicBackend
 from rag_rerank.backends.base import FatalFailure, TransientFailure
-from rag_rerank.errors import BackendError, Violation
+from rag_rerank.errors import BackendError, ConfigError, Violation
 from rag_rerank.guard import validate_request
 from rag_rerank.render import render
 from rag_rerank.skill import load_skill
@@ -123,7 +123,7 @@ def test_credentials(request_, monkeypatch) -> None:
         monkeypatch.setenv("ANTHROPIC_BASE_URL", srv.anthropic_url)
         assert json.loads(AnthropicBackend().complete("P", request_, max_tokens=10).text) == ANSWER
     monkeypatch.delenv("ANTHROPIC_BASE_URL")
-    with pytest.raises(BackendError, match="ANTHROPIC_API_KEY"):
+    with pytest.raises(ConfigError, match="ANTHROPIC_API_KEY"):
         AnthropicBackend()
     assert KEY not in repr(AnthropicBackend(api_key=KEY))
 
@@ -144,3 +144,18 @@ def test_malformed_json_body_is_a_fatal_failure_not_a_crash(request_) -> None:
             backend.complete("P", request_, max_tokens=50)
         with pytest.raises(FatalFailure, match="not valid JSON"):
             asyncio.run(backend.acomplete("P", request_, max_tokens=50))
+
+
+def test_an_openai_shaped_answer_is_a_protocol_error_not_three_re_asks(request_) -> None:
+    """`--backend anthropic` pointed at an OpenAI-compatible server (issue 15)."""
+    from rag_rerank.render import render
+    from rag_rerank.retry import RetryPolicy, call_with_retries
+
+    chat = Reply.openai_text(json.dumps(ANSWER))
+    with FakeLLM([chat, chat, chat]) as srv:
+        backend = AnthropicBackend(base_url=srv.anthropic_url, api_key=KEY)
+        with pytest.raises(BackendError) as info:
+            call_with_retries(backend, request_, render(request_), guard_top_k=3,
+                              policy=RetryPolicy(sleep=lambda s: None))
+    assert len(srv.requests) == 1 and [a.kind for a in info.value.attempts] == ["fatal"]
+    assert "protocol error" in str(info.value) and "use the openai backend" in str(info.value)

@@ -9,7 +9,7 @@ import pytest
 
 from rag_rerank.backends.base import FatalFailure, TransientFailure
 from rag_rerank.backends.openai import OpenAIBackend, forget_modes, remembered_mode
-from rag_rerank.errors import BackendError, InputError, Violation
+from rag_rerank.errors import ConfigError, InputError, Violation
 from rag_rerank.guard import validate_request
 from rag_rerank.render import render
 from rag_rerank.skill import load_skill
@@ -177,9 +177,9 @@ def test_no_key_is_fine_for_a_local_server_but_not_for_a_remote_one(request_, mo
         assert backend.complete("P", request_, max_tokens=50).text == _answer()
     assert srv.requests[0].headers["authorization"].startswith("Bearer ")
     monkeypatch.delenv("OPENAI_BASE_URL")
-    with pytest.raises(BackendError, match="OPENAI_API_KEY"):
+    with pytest.raises(ConfigError, match="OPENAI_API_KEY"):
         OpenAIBackend()
-    with pytest.raises(BackendError, match="no API key"):
+    with pytest.raises(ConfigError, match="no API key"):
         OpenAIBackend(base_url="https://llm.example.com/v1")
 
 

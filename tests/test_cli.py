@@ -368,3 +368,48 @@ def test_files_saved_with_a_utf8_bom_are_read(capsys: pytest.CaptureFixture[str]
     assert main(["check", "-c", str(chunks), "-k", "1", str(answer)]) == EXIT_OK
     assert capsys.readouterr().out.strip() == "valid"
 
+
+
+# --- issue 15 -------------------------------------------------------------------------------------------
+
+
+def test_help_describes_the_product_and_its_exit_codes(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "--help")
+    assert code == EXIT_OK
+    assert "argument parsing" not in out  # the module docstring is not a description
+    assert "Rerank retrieved chunks for a query" in out and "exit codes: 0 ok" in out
+
+
+def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+    import rag_rerank
+
+    code, out, _ = run(capsys, "--version")
+    assert (code, out) == (EXIT_OK, f"rag-rerank {rag_rerank.__version__}\n")
+
+
+@pytest.mark.parametrize("command", ["rerank", "render"])
+def test_an_integral_float_top_k_is_accepted(capsys: pytest.CaptureFixture[str], command: str) -> None:
+    args = [command, "-q", "When should I prefer IVF over HNSW?", "-c", str(EXAMPLES / "happy-path.jsonl")]
+    assert run(capsys, *args, "-k", "3.0")[:2] == run(capsys, *args, "-k", "3")[:2]
+    assert run(capsys, *args, "-k", "3.0")[0] == EXIT_OK
+
+
+def test_check_takes_an_integral_float_top_k_and_refuses_a_fraction(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    o, chunks = write(tmp_path, "out.json", VALID), str(EXAMPLES / "happy-path.jsonl")
+    assert run(capsys, "check", "-c", chunks, "-k", "3.0", o)[:2] == (EXIT_OK, "valid\n")
+    code, _, err = run(capsys, "check", "-c", chunks, "-k", "2.5", o)
+    assert code == EXIT_BAD_INPUT and "expected a whole number, got '2.5'" in err[0]
+
+
+@pytest.mark.parametrize("backend", ["openai", "anthropic"])
+def test_a_missing_api_key_is_a_usage_error_not_a_backend_failure(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, backend: str
+) -> None:
+    for var in ("OPENAI_API_KEY", "OPENAI_BASE_URL", "ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL"):
+        monkeypatch.delenv(var, raising=False)
+    code, out, err = run(capsys, "rerank", "-q", "q", "-c", str(EXAMPLES / "happy-path.jsonl"),
+                         "--backend", backend)
+    assert code == EXIT_BAD_INPUT and out == ""
+    assert len(err) == 1 and "no API key" in err[0] and "backend failure" not in err[0]

@@ -118,6 +118,17 @@ class AnthropicBackend:
         return kwargs
 
     def _completion(self, resp: Any) -> Completion:
+        if getattr(resp, "type", None) != "message" or not isinstance(getattr(resp, "content", None), list):
+            # The SDK builds its Message without validating, so another protocol's JSON (an
+            # OpenAI-compatible server's chat.completion) would read as an empty answer and be
+            # re-asked in vain: it is a wrong server, not a wrong answer.
+            shape = getattr(resp, "object", None) or getattr(resp, "type", None)
+            seen = f" (it looks like {shape!r})" if isinstance(shape, str) else ""
+            hint = ""
+            if shape == "chat.completion":
+                hint = "; for an OpenAI-compatible server use the openai backend"
+            raise FatalFailure("anthropic: protocol error: the server's answer is not an Anthropic "
+                               f"Messages response{seen}{hint}")
         stop = getattr(resp, "stop_reason", None) or "end_turn"
         blocks = list(getattr(resp, "content", None) or [])
         if stop == "refusal":

@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 from urllib.parse import urlparse
 
-from ..errors import BackendError, Violation
+from ..errors import ConfigError, Violation
 from ..guard.limits import load_schema
 from ..models import RerankRequest
 from .base import BackendFailure, FatalFailure, TransientFailure
@@ -127,7 +127,7 @@ def resolve_credentials(
 ) -> tuple[str | None, str]:
     """(base_url, api_key) from arguments, then the environment; a dummy key for local servers.
 
-    Raises BackendError (no attempt was made) when a remote service would be called without a key,
+    Raises ConfigError (no attempt was made: CLI exit 2) when a remote service would be called without a key,
     so the user learns it before any network traffic rather than from a 401.
     """
     url = base_url or os.environ.get(url_env) or None
@@ -137,7 +137,7 @@ def resolve_credentials(
             key = LOCAL_DUMMY_KEY
         else:
             where = url or f"the {provider} API"
-            raise BackendError(f"{provider}: no API key for {where}; pass api_key= or set {key_env} "
+            raise ConfigError(f"{provider}: no API key for {where}; pass api_key= or set {key_env} "
                                "(a local server given with --base-url needs none)")
     return url, key
 
