@@ -20,9 +20,22 @@ from .rerank import arerank, make_backend, rerank
 from .retry import RetryPolicy
 from .router import Router, route
 from .skill import SkillCard, load_skill
-from .tools import anthropic_tool, call_tool, openai_tool
 
 __version__ = "0.1.0"
+
+# Resolved on first use: importing rag_rerank.tools here would make `python -m rag_rerank.tools`
+# (which regenerates guard/tools/) warn that the module was imported before it ran.
+_LAZY = {"anthropic_tool": "tools", "call_tool": "tools", "openai_tool": "tools"}
+
+
+def __getattr__(name: str) -> object:
+    if name in _LAZY:
+        from importlib import import_module
+
+        value = getattr(import_module(f".{_LAZY[name]}", __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 __all__ = [
     "Attempt",

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from .errors import BackendError, InputError, RerankError, Violation
+from .guard.input import PATH_HINT, duplicate_keys_message, json_problem, loads_line
 from .models import RerankResult
 from .rerank import arerank, make_backend, redact, resolve_embedder
 
@@ -167,15 +168,22 @@ def parse_input(text: str) -> list[_Line]:
         if not raw.strip():
             continue
         try:
-            obj = json.loads(raw)
-        except ValueError as exc:
+            obj, dupes = loads_line(raw)
+        except (ValueError, RecursionError) as exc:
+            reason = json_problem(exc)
             out.append(
                 _Line(
                     number,
                     None,
-                    InputError([Violation(path="$", message=f"not valid JSON ({exc})", line=number)]),
+                    InputError([Violation(path="$", message=f"not valid JSON ({reason})", line=number)]),
                 )
             )
+            continue
+        if dupes:
+            # json would keep the last value: `{"id": "a", "id": "b"}` silently read as id b
+            qid = obj.get("query_id", obj.get("qid")) if isinstance(obj, dict) else None
+            bad = Violation(path="$", message=duplicate_keys_message(dupes), line=number, value=dupes)
+            out.append(_Line(number, qid, InputError([bad])))
             continue
         if not isinstance(obj, dict):
             msg = f"a batch line must be a JSON object, got {type(obj).__name__}"
@@ -206,18 +214,26 @@ def _error_record(exc: Exception, secrets: Sequence[str | None]) -> dict[str, An
     if isinstance(exc, InputError):
         from .cli import violation_lines
 
+        # One numbering: the record's "line" is the input line; a violation's own line (of a
+        # chunks value given as JSONL text inside that line) is left out, its path
+        # (`chunks[3]`) already names the record.
+        violations = [replace(v, line=None) for v in exc.violations]
         # `message` becomes one stderr line, so it is capped harder than the CLI's line-per-violation
         # lists (a request of 10,000 bad chunks must not print a megabyte on one line); the count
         # of the rest is kept, and `violations` keeps every one for programs.
         return {
             "kind": "input",
-            "message": "; ".join(violation_lines(exc.violations, MAX_MESSAGE_VIOLATIONS)) or exc.headline,
-            "violations": [v.to_dict() for v in exc.violations],
+            "message": "; ".join(violation_lines(violations, MAX_MESSAGE_VIOLATIONS)) or exc.headline,
+            "violations": [v.to_dict() for v in violations],
         }
     if isinstance(exc, BackendError):
+        head = str(exc).split(" [#", 1)[0]
+        if exc.attempts:  # the cause (an HTTP status, a timeout), not only "no valid answer"
+            last = exc.attempts[-1]
+            head += f"; last attempt #{last.number} {last.kind}: {last.detail}"
         return {
             "kind": "backend",
-            "message": redact(str(exc).split(" [#", 1)[0], secrets),
+            "message": redact(head, secrets),
             "attempts": [
                 {"number": a.number, "kind": a.kind, "detail": redact(a.detail, secrets), "wait_s": a.wait_s}
                 for a in exc.attempts
@@ -332,6 +348,9 @@ def run_batch_cli(args: Any, backend_options: Mapping[str, Any]) -> int:
     if args.resume and to_stdout:
         raise UsageError("--resume needs --output FILE (it skips the lines already in that file)")
     lines = parse_input(read_text(args.input, what="input"))
+    if not lines:
+        raise UsageError(f"--input: {args.input} holds no requests; write one JSON object "
+                         "{query, chunks, top_k?, lambda?, query_id?} per line")
     done: dict[int, dict[str, Any]] = {}
     out_path = None if to_stdout else Path(args.output)
     if out_path is not None and out_path.is_dir():
@@ -341,6 +360,7 @@ def run_batch_cli(args: Any, backend_options: Mapping[str, Any]) -> int:
         raise UsageError(f"--output: {args.output} is the --input file; write the results to another file")
     if out_path is not None and args.resume:
         done, valid_end = read_done(out_path)
+        _check_resumed(done, lines, args.output)
         if out_path.exists() and valid_end < out_path.stat().st_size:
             with out_path.open("r+b") as fh:
                 fh.truncate(valid_end)
@@ -366,9 +386,15 @@ def run_batch_cli(args: Any, backend_options: Mapping[str, Any]) -> int:
             if bar is not None:
                 bar.update(1)
 
-        asyncio.run(
-            _run([ln.item for ln in todo], concurrency=args.concurrency, on_done=on_done, options=options)
-        )
+        hint = PATH_HINT.set("")  # a batch line cannot hold a pathlib.Path: no Python advice
+        try:
+            asyncio.run(
+                _run([ln.item for ln in todo], concurrency=args.concurrency, on_done=on_done, options=options)
+            )
+        finally:
+            PATH_HINT.reset(hint)
+    except BrokenPipeError:
+        raise  # the reader went away (`batch | head`): the CLI ends quietly
     except OSError as exc:  # only the writer does I/O here (disk full, a device that refuses writes)
         raise UsageError(f"--output: cannot write {args.output}: {exc.strerror or exc}") from None
     finally:
@@ -388,6 +414,19 @@ def run_batch_cli(args: Any, backend_options: Mapping[str, Any]) -> int:
                 file=sys.stderr,
             )
     return exit_code(records)
+
+
+def _check_resumed(done: Mapping[int, Mapping[str, Any]], lines: Sequence[_Line], output: str) -> None:
+    """A record for a line the input does not have means --output was written for another input:
+    resuming would skip the wrong lines and keep foreign results."""
+    numbers = {ln.number for ln in lines}
+    foreign = sorted(n for n in done if n not in numbers)
+    if foreign:
+        shown = ", ".join(str(n) for n in foreign[:5]) + (" ..." if len(foreign) > 5 else "")
+        last = max(numbers)
+        msg = (f"--resume: {output} holds records for input line(s) {shown}, which the input (requests "
+               f"on lines 1-{last}) does not have; it was written for another input, use a new --output")
+        raise InputError([Violation(path="--output", message=msg, value=foreign)])
 
 
 def _env_secrets() -> list[str | None]:

@@ -398,6 +398,7 @@ def _dispatch(func: Callable[[argparse.Namespace], int], args: argparse.Namespac
         _err("interrupted")
         return 130
     except BrokenPipeError:
+        _quiet_stdout()
         return EXIT_OK
     except OSError as exc:  # the environment, not a bug: stdout on a full disk, an unreadable stdin
         if os.environ.get("RAG_RERANK_DEBUG"):
@@ -410,6 +411,17 @@ def _dispatch(func: Callable[[argparse.Namespace], int], args: argparse.Namespac
             raise
         _err(f"internal error: {type(exc).__name__}: {exc} (set RAG_RERANK_DEBUG=1 for the traceback)")
         return 4
+
+
+def _quiet_stdout() -> None:
+    """The reader of stdout went away (`rag-rerank batch | head`): point stdout at /dev/null so
+    the interpreter's final flush does not print a BrokenPipeError of its own."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):  # stdout replaced by an object without a descriptor
+        pass
 
 
 def main(argv: Sequence[str] | None = None) -> int:

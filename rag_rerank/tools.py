@@ -35,6 +35,7 @@ from .errors import (
     Violation,
     whole_argument_first,
 )
+from .guard.input import PATH_HINT
 from .guard.limits import Limits, as_limits
 from .paths import guard_dir
 from .skill import SkillCard, load_skill
@@ -99,8 +100,10 @@ def parameters_schema(
                 prop["items"]["properties"]["id"]["minLength"] = 1
         else:
             json_type = _JSON_TYPE.get(spec.type, "string")
+            # An optional input is nullable in both shapes: its description says null means the
+            # default, and a schema-checking client (Anthropic, MCP) must accept what it promises.
             prop = {
-                "type": json_type if (spec.required or not strict) else [json_type, "null"],
+                "type": json_type if spec.required else [json_type, "null"],
                 "description": desc,
             }
             if not strict:
@@ -231,6 +234,7 @@ def call_tool(arguments: Any, **options: Any) -> dict[str, Any]:
     kwargs, problems = parse_arguments(arguments)
     if problems:
         return invalid_input(problems)
+    hint = PATH_HINT.set("")  # a calling model cannot pass a pathlib.Path: no Python advice
     try:
         result = rerank(**kwargs, **options)
     except InputError as exc:
@@ -241,6 +245,8 @@ def call_tool(arguments: Any, **options: Any) -> dict[str, Any]:
         return _error("missing_dependency", str(exc))
     except RerankError as exc:
         return _error("error", str(exc))
+    finally:
+        PATH_HINT.reset(hint)
     return result.to_dict()
 
 

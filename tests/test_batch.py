@@ -324,3 +324,93 @@ def test_batch_cli_refuses_to_overwrite_its_input(tmp_path: Path, capsys) -> Non
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "is the --input file" in err
     assert inp.read_bytes() == before
+
+
+# --- issue 15 -------------------------------------------------------------------------------------------
+
+
+def test_a_backend_failure_line_names_its_cause(tmp_path: Path, capsys, monkeypatch) -> None:
+    inp, out = tmp_path / "q.jsonl", tmp_path / "out.jsonl"
+    _write_input(inp, [json.dumps(_queries(1)[0])])
+    monkeypatch.setenv("OPENAI_API_KEY", SECRET)
+    err = Reply.openai_error(401, f"Incorrect API key provided: {SECRET}", type_="authentication_error")
+    with FakeLLM([err]) as srv:
+        code = main(["batch", "-i", str(inp), "-o", str(out), "--backend", "openai", "--base-url",
+                     srv.openai_url, "--no-progress"])
+    assert code == 3
+    message = _read(out)[0]["error"]["message"]
+    assert "HTTP 401" in message and SECRET not in message
+    assert "HTTP 401" in capsys.readouterr().err
+
+
+def test_one_line_numbering_in_batch_messages(tmp_path: Path, capsys) -> None:
+    inp, out = tmp_path / "q.jsonl", tmp_path / "out.jsonl"
+    rows = [json.dumps(q) for q in _queries(5)]
+    rows.append(_line(query=QUERY, chunks='{"id": "a", "text": "IVF"}\nnot json'))
+    _write_input(inp, rows)
+    assert main(["batch", "-i", str(inp), "-o", str(out), "--no-progress"]) == 2
+    err = [x for x in capsys.readouterr().err.splitlines() if "input error" in x]
+    assert err == ["rag-rerank: line 6: input error: chunks[1]: not valid JSON "
+                   "(Expecting value at column 1): 'not json'"]
+    assert all("line" not in v for v in _read(out)[5]["error"]["violations"])
+
+
+@pytest.mark.parametrize("text", ["", "\n\n  \n"])
+def test_an_empty_input_is_an_error(tmp_path: Path, capsys, text: str) -> None:
+    inp, out = tmp_path / "q.jsonl", tmp_path / "out.jsonl"
+    inp.write_text(text, encoding="utf-8")
+    assert main(["batch", "-i", str(inp), "-o", str(out), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "holds no requests" in err and "0 ok" not in err
+
+
+def test_duplicate_keys_in_a_batch_line_are_refused_naming_line_and_key(tmp_path: Path, capsys) -> None:
+    inp, out = tmp_path / "q.jsonl", tmp_path / "out.jsonl"
+    _write_input(inp, [json.dumps(_queries(1)[0]),
+                       '{"query": "ivf", "chunks": [{"id": "a", "id": "b", "text": "IVF"}]}',
+                       '{"query": "ivf", "query": "hnsw", "chunks": [{"id": "a", "text": "IVF"}]}'])
+    assert main(["batch", "-i", str(inp), "-o", str(out), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "line 2: input error: $: duplicate key 'id'" in err
+    assert "line 3: input error: $: duplicate key 'query'" in err
+    assert "result" in _read(out)[0] and "error" in _read(out)[1]
+
+
+def test_a_path_as_chunks_gets_no_python_hint_and_no_existence_oracle(tmp_path: Path, capsys) -> None:
+    inp, out = tmp_path / "q.jsonl", tmp_path / "out.jsonl"
+    real = tmp_path / "real.jsonl"
+    real.write_text(HAPPY, encoding="utf-8")
+    _write_input(inp, [_line(query=QUERY, chunks=str(real)), _line(query=QUERY, chunks=str(tmp_path / "no"))])
+    assert main(["batch", "-i", str(inp), "-o", str(out), "--no-progress"]) == 2
+    messages = [r["error"]["message"] for r in _read(out)]
+    assert "pathlib" not in "".join(messages) and "file name" not in "".join(messages)
+    assert messages[0].replace(str(real), "P") == messages[1].replace(str(tmp_path / "no"), "P")
+
+
+def test_resume_refuses_records_for_lines_beyond_the_input(tmp_path: Path, capsys) -> None:
+    inp, out = tmp_path / "q.jsonl", tmp_path / "out.jsonl"
+    _write_input(inp, [json.dumps(q) for q in _queries(2)])
+    out.write_text(json.dumps({"line": 9, "result": {"ranked": [], "dropped": []}}) + "\n", encoding="utf-8")
+    assert main(["batch", "-i", str(inp), "-o", str(out), "--resume", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "input line(s) 9" in err and "another input" in err
+    assert len(_read(out)) == 1  # nothing appended to a foreign file
+
+
+def test_batch_into_a_closed_pipe_is_quiet(tmp_path: Path) -> None:
+    """`rag-rerank batch | head -1`: the reader leaves early; no 'Broken pipe' on stderr, exit 0."""
+    import subprocess
+    import sys
+
+    inp = tmp_path / "q.jsonl"
+    _write_input(inp, [json.dumps(q) for q in _queries(200)])
+    root = Path(__file__).resolve().parent.parent
+    cmd = [sys.executable, "-m", "rag_rerank.cli", "batch", "-i", str(inp), "--no-progress"]
+    proc = subprocess.Popen(cmd, cwd=root, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stderr is not None
+    first = proc.stdout.readline()
+    proc.stdout.close()  # what `head -1` does after its line
+    err = proc.stderr.read().decode("utf-8", "replace")
+    assert proc.wait(timeout=120) == 0, err
+    assert json.loads(first)["line"] == 1
+    assert "Broken pipe" not in err and "BrokenPipeError" not in err and "Traceback" not in err

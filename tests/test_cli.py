@@ -92,7 +92,7 @@ def test_render_bad_input_lists_every_problem(capsys: pytest.CaptureFixture[str]
         "rag-rerank: error: query: query is empty",
         "rag-rerank: error: top_k: top_k must be a positive integer, got 0",
         "rag-rerank: error: lambda: lambda must be a number in [0, 1], got 2.0",
-        "rag-rerank: error: line 3: chunks[2]: not valid JSON (Expecting value: line 1 column 1 (char 0)): "
+        "rag-rerank: error: line 3: chunks[2]: not valid JSON (Expecting value at column 1): "
         "'not json'",
         "rag-rerank: error: line 4: chunks[3].id: field 'id' must be a string, got number",
         "rag-rerank: error: line 4: chunks[3].text: missing required field 'text'",

@@ -446,7 +446,7 @@ def test_a_file_name_passed_as_str_gets_a_hint(tmp_path: Path) -> None:
     path.write_text('{"id": "a", "text": "x"}\n', encoding="utf-8")
     with pytest.raises(InputError) as err:
         parse_chunks(str(path))
-    assert "pass pathlib.Path(...) to read it" in str(err.value)
+    assert "a str is JSONL text: to read a file, pass pathlib.Path(...)" in str(err.value)
     assert [c.id for c in parse_chunks(path)] == ["a"]
 
 
@@ -463,3 +463,33 @@ def test_validate_params_checks_query_and_counts_without_chunks() -> None:
     with pytest.raises(InputError) as alone:
         validate_params(None)
     assert str(alone.value) == str(direct.value)
+
+
+# --- issue 15 -------------------------------------------------------------------------------------------
+
+
+def test_the_path_hint_does_not_tell_whether_the_file_exists(tmp_path: Path) -> None:
+    """The same answer for an existing and a missing path: no file-existence oracle."""
+    real = tmp_path / "chunks.jsonl"
+    real.write_text('{"id": "a", "text": "x"}\n', encoding="utf-8")
+    answers = []
+    for path in (real, tmp_path / "missing.jsonl"):
+        with pytest.raises(InputError) as err:
+            parse_chunks(str(path))
+        answers.append(str(err.value).replace(str(path), "PATH"))
+    assert answers[0] == answers[1] and "pathlib.Path" in answers[0]
+
+
+@pytest.mark.parametrize(
+    ("line", "keys"),
+    [('{"id": "a", "id": "b", "text": "x"}', "'id'"),
+     ('{"id": "a", "text": "x", "meta": {"k": 1, "k": 2}}', "'k'"),
+     ('{"id": "a", "text": "x", "text": "y", "id": "c"}', "'text', 'id'")],
+)
+def test_a_duplicate_key_in_a_line_is_refused_naming_line_and_key(line: str, keys: str) -> None:
+    text = '{"id": "z", "text": "fine"}\n' + line + "\n"
+    with pytest.raises(InputError) as err:
+        parse_chunks(text)
+    (v,) = err.value.violations
+    assert v.line == 2 and v.path == "chunks[1]"
+    assert v.message.startswith(f"duplicate key{'s' if ',' in keys else ''} {keys} in one JSON object")

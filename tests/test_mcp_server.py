@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -239,3 +240,14 @@ def test_the_prefixs_other_variables_are_not_taken_for_typos() -> None:
     env = {"RAG_RERANK_CACHE_DIR": "off", "RAG_RERANK_DEBUG": "1", "RAG_RERANK_DATA": "/data",
            "RAG_RERANK_LLM_TESTS": "1", "RAG_RERANK_EMBEDDER": "lexical"}
     assert options_from_env(env) == {"embedder": "lexical"}
+
+
+def test_an_existing_and_a_missing_server_path_get_the_same_answer(tmp_path: Path) -> None:
+    """The MCP server runs call_tool: a client must not learn which files exist (issue 15)."""
+    real = tmp_path / "secret.jsonl"
+    real.write_text('{"id": "a", "text": "x"}\n', encoding="utf-8")
+    paths = [str(real), str(tmp_path / "missing.jsonl")]
+    _, results = _run([("rerank_chunks", {"query": "q", "chunks": p}) for p in paths])
+    texts = [re.sub(r"'[^']*'", "'PATH'", r.content[0].text) for r in results]  # the echoed (cut) line
+    assert all(r.is_error for r in results) and texts[0] == texts[1]
+    assert "pathlib" not in texts[0] and "file name" not in texts[0]

@@ -8,6 +8,7 @@ server's answer must run through `call_tool`.
 from __future__ import annotations
 
 import json
+import re
 import time
 from typing import Any
 
@@ -343,3 +344,32 @@ def test_call_tool_caps_the_violation_list_and_keeps_the_limit_first() -> None:
     assert "max_chunks" in got[0]["message"]
     assert got[-1]["path"] == "arguments" and str(40_001 - (MAX_VIOLATIONS - 1)) in got[-1]["message"]
     assert any(v["path"] == "chunks[0].id" for v in got)
+
+
+# --- issue 15 -------------------------------------------------------------------------------------------
+
+
+def test_anthropic_and_mcp_schema_accept_the_null_their_descriptions_promise(card: SkillCard) -> None:
+    schema = anthropic_tool(card)["input_schema"]
+    v = Draft202012Validator(schema)
+    for name in ("top_k", "lambda"):
+        assert "Null means the default" in schema["properties"][name]["description"]
+        assert v.is_valid({**_args(card), name: None}), name
+    assert not v.is_valid({**_args(card), "query": None})  # required: no null
+    result = call_tool({**_args(card), "top_k": None, "lambda": None})
+    assert "error" not in result and len(result["ranked"]) <= load_limits().default_top_k
+
+
+def test_call_tool_answers_an_existing_and_a_missing_path_alike(tmp_path: Any) -> None:
+    """No file-existence oracle, and no advice only a Python caller could follow."""
+    from pathlib import Path
+
+    real = Path(tmp_path) / "secret.jsonl"
+    real.write_text('{"id": "a", "text": "x"}\n', encoding="utf-8")
+    answers = []
+    for path in (str(real), str(Path(tmp_path) / "missing.jsonl"), "/etc/shadow"):
+        out = call_tool({"query": "q", "chunks": path})
+        assert out["error"]["type"] == "invalid_input"
+        answers.append(re.sub(r"'[^']*'", "'PATH'", json.dumps(out)))  # the echoed (cut) line
+    assert answers[0] == answers[1] == answers[2]
+    assert "pathlib" not in answers[0] and "file name" not in answers[0]

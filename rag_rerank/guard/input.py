@@ -9,10 +9,12 @@ nesting so deep that a JSON codec would recurse out of stack.
 
 from __future__ import annotations
 
+import contextvars
 import json
 import math
 import numbers
 import os
+import re
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -70,6 +72,49 @@ def _surrogate_message(field: str, at: int) -> str:
 
 def _reject_constant(name: str) -> float:
     raise ValueError(f"{name} is not a finite number")
+
+
+class _KeyCounter:
+    """object_pairs_hook that builds each object as json does (the last value of a key wins) and
+    remembers every key written twice, so the guard can refuse an ambiguous record instead of
+    silently reading `{"id": "a", "id": "b"}` as id `b`."""
+
+    def __init__(self) -> None:
+        self.duplicates: list[str] = []
+
+    def __call__(self, pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        out = dict(pairs)
+        if len(out) != len(pairs):
+            seen: set[str] = set()
+            for key, _ in pairs:
+                if key in seen and key not in self.duplicates:
+                    self.duplicates.append(key)
+                seen.add(key)
+        return out
+
+
+def loads_line(line: str) -> tuple[Any, list[str]]:
+    """One JSONL line: (value, keys that appear twice in one of its objects). Raises ValueError
+    (not JSON, NaN / Infinity) or RecursionError like `json.loads`."""
+    counter = _KeyCounter()
+    value = json.loads(line, parse_constant=_reject_constant, object_pairs_hook=counter)
+    return value, counter.duplicates
+
+
+def json_problem(exc: BaseException) -> str:
+    """Why one JSONL line does not decode, by column: the decoder's own "line 1 column 5 (char 4)"
+    would put a second line numbering (always 1, inside the line) next to the file's."""
+    if isinstance(exc, RecursionError):
+        return "nested too deeply"
+    if isinstance(exc, json.JSONDecodeError):
+        return f"{exc.msg.removesuffix(' at')} at column {exc.colno}"
+    return str(exc)
+
+
+def duplicate_keys_message(keys: list[str]) -> str:
+    named = ", ".join(repr(k) for k in keys[:5]) + (f" and {len(keys) - 5} more" if len(keys) > 5 else "")
+    return (f"duplicate key{'s' if len(keys) != 1 else ''} {named} in one JSON object "
+            "(which value is meant is ambiguous; write each key once)")
 
 
 _validator_cache: dict[str, Draft202012Validator] = {}
@@ -198,14 +243,19 @@ def _records_from(source: Any) -> tuple[list[tuple[Any, int | None, int]], list[
                 continue
             index += 1
             try:
-                records.append((json.loads(line, parse_constant=_reject_constant), lineno, index - 1))
+                record, dupes = loads_line(line)
+                if dupes:
+                    bad.append(Violation(path=f"chunks[{index - 1}]", line=lineno,
+                                         message=duplicate_keys_message(dupes), value=dupes))
+                    continue
+                records.append((record, lineno, index - 1))
             except (ValueError, RecursionError) as exc:
-                reason = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
+                reason = json_problem(exc)
                 shown = line if len(line) <= 60 else line[:57] + "..."
                 shown = shown.encode("utf-8", "backslashreplace").decode("utf-8")
                 msg = f"not valid JSON ({reason}): {shown!r}"
-                if lineno == 1 and "\n" not in source.strip() and os.path.isfile(line.strip()):
-                    msg += "; that is a file name: pass pathlib.Path(...) to read it (a str is JSONL text)"
+                if lineno == 1 and "\n" not in source.strip() and _looks_like_a_path(line):
+                    msg += PATH_HINT.get()
                 bad.append(Violation(path=f"chunks[{index - 1}]", message=msg, line=lineno))
         return records, bad, index
     if isinstance(source, Mapping):
@@ -217,6 +267,20 @@ def _records_from(source: Any) -> tuple[list[tuple[Any, int | None, int]], list[
         msg = f"chunks must be JSONL text, a path or a list, got {_json_type(source)}"
         raise InputError([Violation(path="chunks", message=msg)]) from None
     return [(item, None, i) for i, item in enumerate(items)], [], len(items)
+
+
+# What to add when a one-line str that is not JSON looks like a file name. Python callers are told
+# how to read a file; `call_tool`, the MCP server and `batch` set it to "" because their callers
+# cannot pass a Path. It never depends on whether the file exists: a tool caller must not learn
+# which files are on the server from the answer.
+PATH_HINT: contextvars.ContextVar[str] = contextvars.ContextVar(
+    "PATH_HINT", default="; a str is JSONL text: to read a file, pass pathlib.Path(...)")
+_PATHISH = re.compile(r"\A\s*(?:[~.]?[/\\]|[A-Za-z]:[/\\]|[^{\[\"\s]\S*\.(?:jsonl|ndjson|json|txt)\s*\Z)")
+
+
+def _looks_like_a_path(line: str) -> bool:
+    """`/data/chunks.jsonl`, `./x`, `C:\\x`, `chunks.jsonl`: judged from the text alone."""
+    return _PATHISH.match(line) is not None
 
 
 def _as_list(emb: Any) -> Any:
