@@ -360,8 +360,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rel-level", type=int, default=1,
                    help="lowest qrels grade that counts as relevant for Recall and MRR (DL19 convention: 2)")
     p.add_argument("--duplicate-threshold", type=float, default=None,
-                   help="post-pass near-duplicate cosine (default: the embedder's own; 1.0 keeps all but "
-                   "identical vectors)")
+                   help="post-pass near-duplicate cosine in [0, 1] (default: the embedder's own; 1.0 keeps "
+                   "all but identical vectors)")
     p.add_argument("--lambda", dest="lambda_", type=float, default=None)
     p.add_argument("--subtopics", default=None, metavar="FILE", help="subtopic judgments for alpha-nDCG")
     p.add_argument("--concurrency", type=whole_number, default=4)

@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 
 from .errors import InputError, MissingDependencyError, RerankError, Violation
-from .guard.limits import as_limits
+from .guard.limits import as_limits, load_limits
 
 SLICE = 16  # queries per resume checkpoint
 
@@ -150,15 +150,7 @@ def read_qrels(path: str | Path) -> list[Any]:
     whose judgments would then never match a candidate query.
     """
     irm = _ir_measures()
-    try:
-        data = Path(path).read_bytes()
-        if str(path).endswith(".gz"):
-            import gzip
-
-            data = gzip.decompress(data)
-        text = data.decode("utf-8-sig")
-    except (OSError, EOFError, UnicodeDecodeError) as exc:
-        raise InputError([Violation(path="qrels", message=f"cannot read TREC qrels {path}: {exc}")]) from None
+    text = _read_judgments(path, "qrels", "TREC qrels ('qid iter docid rel' per line)")
     out = []
     for lineno, line in enumerate(text.splitlines(), start=1):
         parts = line.split()
@@ -172,14 +164,41 @@ def read_qrels(path: str | Path) -> list[Any]:
     return out
 
 
+def _read_judgments(path: str | Path, option: str, expected: str) -> str:
+    """A judgments file as text, or an `InputError` saying what it is instead: a directory, a
+    binary file (a gzip file without `.gz`, a spreadsheet), bytes that are not UTF-8."""
+    where = Path(path)
+    if where.is_dir():
+        msg = f"{path} is a directory, not a file; expected {expected}"
+        raise InputError([Violation(path=option, message=msg)])
+    try:
+        data = where.read_bytes()
+        if str(path).endswith(".gz"):
+            import gzip
+
+            data = gzip.decompress(data)
+    except (OSError, EOFError) as exc:
+        reason = getattr(exc, "strerror", None) or exc
+        raise InputError([Violation(path=option, message=f"cannot read {path}: {reason}")]) from None
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = data[: exc.start].count(b"\n") + 1
+        raise InputError([Violation(path=option, line=line, message=f"{path} is not a text file (byte "
+                                    f"{exc.start} is not UTF-8); expected {expected}")]) from None
+    if "\x00" in text:
+        at = text.index("\x00")
+        raise InputError([Violation(path=option, line=text[:at].count("\n") + 1, message=f"{path} is a "
+                                    f"binary file (a NUL byte at {at}); expected {expected}")])
+    return text
+
+
 def read_subtopics(path: str | Path) -> list[Any]:
     """TREC diversity qrels (`qid subtopic docid rel`) as Qrels with the subtopic as iteration."""
     irm = _ir_measures()
     out = []
-    try:
-        lines = Path(path).read_text(encoding="utf-8-sig").splitlines()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError([Violation(path="subtopics", message=f"cannot read {path}: {exc}")]) from None
+    lines = _read_judgments(path, "subtopics", "TREC diversity qrels ('qid subtopic docid rel' per "
+                            "line)").splitlines()
     for lineno, line in enumerate(lines, start=1):
         parts = line.split()
         if not parts:
@@ -282,6 +301,18 @@ def _same_config(written: Any, config: Mapping[str, Any]) -> bool:
     return bool(written == dict(config))
 
 
+def _config_difference(written: Any, config: Mapping[str, Any]) -> str:
+    """Which settings differ between a resume file's header and this run, as `name: file X, now Y`."""
+    if not isinstance(written, Mapping):
+        return f"its header is {str(written)[:80]!r}"
+    if _EMBED_URL in config and _EMBED_URL not in written:
+        written = {**written, _EMBED_URL: os.environ.get("OPENAI_BASE_URL") or None}
+    names = [*config, *(k for k in written if k not in config)]
+    diffs = [f"{name}: file {written.get(name)!r}, now {config.get(name)!r}" for name in names
+             if written.get(name) != config.get(name) or (name in written) != (name in config)]
+    return "; ".join(diffs) or "the header differs"
+
+
 def _error_kind_of(record: Mapping[str, Any]) -> str:
     """The record's kind; a record from before kinds were written is classified by the exception
     name its message starts with, as `batch.error_kind` would have classified the exception."""
@@ -339,7 +370,8 @@ def _load_resume(path: Path, config: Mapping[str, Any]) -> tuple[dict[str, dict[
             if not _same_config(rec["config"], config):
                 raise InputError([Violation(path="resume", value=rec["config"],
                                             message=f"{path} was written for another configuration "
-                                            f"{rec['config']}; use a new file")])
+                                            f"({_config_difference(rec['config'], config)}); use a new "
+                                            "file or the same settings")])
             continue
         problem = _resume_record_problem(rec)
         if problem:
@@ -469,8 +501,7 @@ def evaluate(
     # Options shared by every query are checked once: a bad one is bad input (exit 2), not one
     # "failed" rerank per query (which the CLI reports as a backend failure, exit 3).
     shared = [("lambda", lambda_, "a number in [0, 1]", 0.0, 1.0),
-              ("duplicate_threshold", options.get("duplicate_threshold"), "a finite number",
-               -math.inf, math.inf)]
+              ("duplicate_threshold", options.get("duplicate_threshold"), "a cosine in [0, 1]", 0.0, 1.0)]
     for name, value, what, low, high in shared:
         if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
                                   or not math.isfinite(value) or not low <= value <= high):
@@ -524,8 +555,10 @@ def format_table(report: EvalReport) -> str:
         after = report.reranked.get(name, float("nan"))
         lines.append(f"{name:<16}{before:>10.4f}{after:>10.4f}{after - before:>+10.4f}")
     cfg = report.config
+    lam = cfg.get("lambda")
+    lam_text = f"{load_limits().default_lambda:g} (default)" if lam is None else f"{lam:g}"
     lines.append(f"{report.n_queries} queries, backend {cfg.get('backend')}, embedder {cfg.get('embedder')}, "
-                 f"k {cfg.get('k')}, lambda {cfg.get('lambda')}, depth {cfg.get('depth')}, "
+                 f"k {cfg.get('k')}, lambda {lam_text}, depth {cfg.get('depth')}, "
                  f"{report.wall_s:.1f} s" + (f", {len(report.failed)} failed" if report.failed else ""))
     return "\n".join(lines)
 
@@ -552,6 +585,8 @@ def run_eval_cli(args: Any, backend_options: Mapping[str, Any]) -> int:
     does, by the worst failure: 2 bad input only, 3 a backend failure, 4 an internal error."""
     for name in ("candidates", "qrels", "subtopics"):
         value = getattr(args, name, None)
+        if value is not None and Path(value).is_dir():
+            raise InputError([Violation(path=f"--{name}", message=f"{value} is a directory, not a file")])
         if value is not None and not Path(value).is_file():
             raise InputError([Violation(path=f"--{name}", message=f"no such file: {value}")])
     if args.concurrency < 1:

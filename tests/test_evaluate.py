@@ -388,3 +388,49 @@ def test_a_resume_file_does_not_mix_embeddings_servers(tmp_path: Path, capsys, m
         assert main([*first, "--embed-base-url", new.openai_url]) == 2
         assert "another configuration" in capsys.readouterr().err
         assert new.requests == []
+
+
+# --- issue 15 -------------------------------------------------------------------------------------------
+
+
+def test_the_table_prints_the_effective_lambda_not_none(tmp_path, capsys):
+    assert main(_tiny(tmp_path)) == 0
+    out = capsys.readouterr().out
+    assert "lambda None" not in out and "lambda 0.7 (default)" in out
+    assert main([*_tiny(tmp_path), "--lambda", "0.5"]) == 0
+    assert "lambda 0.5," in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("value", ["5", "-0.1", "1.5"])
+def test_duplicate_threshold_must_be_a_cosine_in_0_1(tmp_path, capsys, value):
+    assert main([*_tiny(tmp_path), "--duplicate-threshold", value]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "duplicate_threshold must be a cosine in [0, 1]" in err
+
+
+@pytest.mark.parametrize(
+    ("kind", "expected"),
+    [("dir", "is a directory, not a file"),
+     ("png", "is not a text file (byte 0 is not UTF-8); expected TREC qrels"),
+     ("nul", "is a binary file (a NUL byte at 6); expected TREC qrels")],
+)
+def test_a_directory_or_binary_file_as_qrels_is_named_as_such(tmp_path, capsys, kind, expected):
+    argv = _tiny(tmp_path)
+    qrels = tmp_path / "judged"
+    if kind == "dir":
+        qrels.mkdir()
+    else:
+        qrels.write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00" if kind == "png" else b"1 0 a \x001\n")
+    argv[argv.index("--qrels") + 1] = str(qrels)
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and expected in err and "codec" not in err
+
+
+def test_a_resume_config_mismatch_names_the_setting_that_differs(tmp_path, capsys):
+    resume = tmp_path / "r.jsonl"
+    assert main([*_tiny(tmp_path), "--resume", str(resume), "--k", "3"]) == 0
+    capsys.readouterr()
+    assert main([*_tiny(tmp_path), "--resume", str(resume), "--k", "4", "--lambda", "0.5"]) == 2
+    err = capsys.readouterr().err
+    assert "another configuration (k: file 3, now 4; lambda: file None, now 0.5)" in err
