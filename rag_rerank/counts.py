@@ -135,3 +135,16 @@ def counts_before(text: str, window: int = 3) -> Iterator[tuple[int, list[str], 
             before = " ".join(toks[max(0, i - 2) : i])
             yield value, after, before
         i += used
+
+
+def shown(count: int) -> str:
+    """A count for a message: digits up to a billion, then short scientific notation, and the cap
+    as "1e30 or more", so "1e999 chunks" does not come back as a 31-digit number."""
+    if count >= MAX_COUNT:
+        return f"{_sci(MAX_COUNT)} or more"
+    return str(count) if count < 10**9 else f"about {_sci(count)}"
+
+
+def _sci(value: int) -> str:
+    mantissa, exponent = f"{value:.3g}".split("e+")
+    return f"{mantissa}e{int(exponent)}"

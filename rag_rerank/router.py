@@ -40,7 +40,7 @@ from typing import Any
 
 import numpy as np
 
-from .counts import counts_before
+from .counts import counts_before, shown
 from .embed import Embedder, l2_normalise
 from .errors import InputError, Violation
 from .skill import SkillCard, SkillCardError, load_all_skills
@@ -506,9 +506,9 @@ class Router:
             count = max(x for x in (n_chunks, stated, 0) if x is not None)
             if count > card.max_chunks:
                 src = (
-                    f"n_chunks={n_chunks}"
+                    f"n_chunks={shown(n_chunks)}"
                     if n_chunks is not None and n_chunks == count
-                    else f"{count} stated"
+                    else f"{shown(count)} stated"
                 )
                 reasons.append(f"{card.name}: {src} is over its max_chunks of {card.max_chunks}")
                 continue

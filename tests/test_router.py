@@ -421,3 +421,17 @@ def test_sentence_transformers_embedder_routes_triggers(card: SkillCard) -> None
     assert list((Path(os.environ["RAG_RERANK_CACHE_DIR"]) / "vectors").glob("*.npz"))
     again = Router(embedder="sentence-transformers")
     assert np.allclose(again.prototypes[0].classifier.weights, r.prototypes[0].classifier.weights, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("count", "said"),
+    [("1e999", "1e30 or more stated"), ("9" * 3000, "1e30 or more stated"),
+     ("12345678901234", "about 1.23e13 stated"), ("120", "120 stated")],
+)
+def test_a_huge_stated_count_is_shown_short(
+    capsys: pytest.CaptureFixture[str], count: str, said: str
+) -> None:
+    """`1e999 chunks` came back as a 31-digit number (issue 15)."""
+    assert main(["route", f"rerank these {count} chunks for my query"]) == 0
+    reason = json.loads(capsys.readouterr().out)["reason"]
+    assert f"{said} is over its max_chunks" in reason and not re.search(r"\d{11}", reason)
