@@ -115,6 +115,9 @@ class MissingDependencyError(RerankError):
 
     def __init__(self, feature: str, extra: str, module: str) -> None:
         self.feature, self.extra, self.module = feature, extra, module
+        # Both spellings: the released package by name, and a source checkout, where the name
+        # would fetch the package from PyPI instead of installing the extra into this copy.
         super().__init__(
-            f"{feature} needs the optional package '{module}': pip install 'rag-rerank[{extra}]'"
+            f"{feature} needs the optional package '{module}': pip install 'rag-rerank[{extra}]' "
+            f"(from a source checkout: pip install '.[{extra}]')"
         )

@@ -50,4 +50,5 @@ def test_backend_error_keeps_every_attempt() -> None:
 
 def test_missing_dependency_says_what_to_install() -> None:
     err = MissingDependencyError("the MCP server", "mcp", "mcp")
-    assert str(err) == "the MCP server needs the optional package 'mcp': pip install 'rag-rerank[mcp]'"
+    assert str(err) == ("the MCP server needs the optional package 'mcp': pip install 'rag-rerank[mcp]' "
+                        "(from a source checkout: pip install '.[mcp]')")
