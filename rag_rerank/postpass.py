@@ -110,7 +110,8 @@ class Selection:
     picked: tuple[int, ...]
     redundant: dict[int, int]  # candidate -> kept candidate it duplicates
     replaced: dict[int, int]  # kept candidate -> the pick it stood in for (the more concise one)
-    promoted_over: dict[int, tuple[int, float, int]]  # kept -> (more relevant skipped, its max_sim, to whom)
+    # kept -> (more relevant skipped, its max_sim, to whom, the kept one's own max_sim, to whom)
+    promoted_over: dict[int, tuple[int, float, int, float, int]]
 
 
 def select(
@@ -141,7 +142,7 @@ def select(
     picked: list[int] = []
     redundant: dict[int, int] = {}
     replaced: dict[int, int] = {}
-    promoted: dict[int, tuple[int, float, int]] = {}
+    promoted: dict[int, tuple[int, float, int, float, int]] = {}
     while len(picked) < k and available.any():
         if not picked:
             opener = query_sim if (layout == "diversity" and query_sim is not None) else rel
@@ -160,7 +161,8 @@ def select(
             rel_masked = np.where(available, rel, -np.inf)
             best = int(np.argmax(rel_masked))
             if rel[best] > rel[choice] and best != keep and best not in members:
-                promoted[keep] = (best, float(max_sim[best]), int(max_src[best]))
+                promoted[keep] = (best, float(max_sim[best]), int(max_src[best]),
+                                  float(max_sim[keep]), int(max_src[keep]))
         if keep != choice:
             replaced[keep] = choice
         picked.append(keep)
@@ -422,12 +424,18 @@ def _ranked_item(
             f"(score {rel[other]:.2f}) dropped as redundant"
         )
     if local in sel.promoted_over:
-        skipped, s, src_sel = sel.promoted_over[local]
+        # This chunk's own numbers first (its score, how close it is to what was already chosen),
+        # then the more relevant chunk it went ahead of: several chunks may go ahead of the same
+        # one, and each note must still say why *this* chunk got its place.
+        skipped, s, src_sel, own, own_src = sel.promoted_over[local]
         via = f" with {chunks[cand[src_sel]].id}" if src_sel >= 0 else ""
+        closest = ""
+        if own_src >= 0:
+            closest = f"; closest chunk above it: {chunks[cand[own_src]].id}, cosine {own:.2f}"
         what = "MMR" if layout != "diversity" else "diversity order"
         notes.append(
-            f"{what} placed this above {chunks[cand[skipped]].id} (score {rel[skipped]:.2f}, "
-            f"cosine {s:.2f}{via})"
+            f"{what} placed this at rank {picked.index(local) + 1} (score {rel[local]:.2f}{closest}) "
+            f"ahead of {chunks[cand[skipped]].id} (score {rel[skipped]:.2f}, cosine {s:.2f}{via})"
         )
     sel_pos = picked.index(local)
     rel_pos = int(np.sum((rel > rel[local]) | ((rel == rel[local]) & (np.arange(len(rel)) < local))))

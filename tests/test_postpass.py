@@ -399,3 +399,19 @@ def test_unknown_duplicates_by_is_an_input_error() -> None:
     with pytest.raises(InputError) as err:
         postpass(_ivf_request(), _scored(), duplicates_by="vibes")
     assert err.value.violations[0].path == "duplicates_by"
+
+
+def test_each_diversity_note_describes_its_own_chunk():
+    """Three chunks promoted over the same skipped one carried one identical note (issue 15)."""
+    vectors = [[1, 0, 0, 0, 0], [0.9, 0.436, 0, 0, 0], [0, 0, 1, 0, 0], [0, 0, 0, 1, 0],
+               [0, 0, 0.1, 0, 0.995]]
+    request = _request(vectors, ["a", "b", "c", "d", "e"], 4, 0.5)
+    scored = [Ranked("id-0", 0.9, "a"), Ranked("id-1", 0.85, "b"), Ranked("id-2", 0.6, "c"),
+              Ranked("id-3", 0.55, "d"), Ranked("id-4", 0.5, "e")]
+    result = postpass(request, scored, duplicate_threshold=0.99)
+    assert [r.id for r in result.ranked] == ["id-0", "id-2", "id-3", "id-4"]
+    notes = [r.diversity_note for r in result.ranked[1:]]
+    assert all(n and "id-1" in n for n in notes), notes  # each was placed above the skipped id-1
+    assert len(set(notes)) == 3, notes
+    for r, note in zip(result.ranked[1:], notes, strict=True):
+        assert f"score {r.score:.2f}" in note  # its own score, not only the skipped chunk's
