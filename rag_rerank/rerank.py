@@ -327,6 +327,9 @@ def rerank(
     "sentence-transformers[:MODEL]", "openai[:MODEL]" or an Embedder. `strict=True` turns off the
     formatting-only repair (fences, prose, <think>) so the model's raw text must pass as is.
     `fallback="local"` returns the local ranking, flagged in `meta`, if the backend fails for good.
+    `policy` is a `RetryPolicy` (attempts, re-asks, a wall-clock `deadline_s` that also cuts a call
+    still running); `limits` a `Limits` or a mapping overriding some of its fields
+    (`{"max_chunks": 100}`).
 
     Raises `InputError` for bad input and `BackendError` (every attempt attached) when the backend
     fails and there is no fallback.
