@@ -10,6 +10,7 @@ carrying the guard's violations.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -164,11 +165,13 @@ class AnthropicBackend:
         previous: str | None = None,
         timeout: float | None = None,
     ) -> Completion:
+        ends = None if timeout is None else time.monotonic() + timeout  # before the SDK's first import
         sdk = _sdk()
         try:
             kwargs = self._kwargs(prompt, request, max_tokens, feedback, previous)
-            kwargs.update(request_timeout(self.timeout, timeout))
-            resp = self._clients.sync().messages.create(**kwargs)
+            client = self._clients.sync()
+            kwargs.update(request_timeout(self.timeout, None if ends is None else ends - time.monotonic()))
+            resp = client.messages.create(**kwargs)
         except sdk.AnthropicError as exc:
             raise classify_sdk_error(exc, sdk, self._key, "anthropic") from None
         except json.JSONDecodeError as exc:  # the SDK parses a JSON content-type body itself

@@ -198,9 +198,9 @@ class OpenAIBackend:
         previous: str | None = None,
         timeout: float | None = None,
     ) -> Completion:
+        ends = None if timeout is None else time.monotonic() + timeout  # before the SDK's first import
         sdk = _sdk()
         client = self._clients.sync()
-        ends = None if timeout is None else time.monotonic() + timeout
         modes = self._modes()
         downgraded: list[str] = []
         for i, mode in enumerate(modes):
