@@ -168,8 +168,8 @@ def test_cli_batch_and_call_tool(model_dir: str, tmp_path: Path, capsys: pytest.
                  "--model", model_dir, "--batch-size", "2", "--max-length", "128"]) == 0
     assert json.loads(capsys.readouterr().out) == lib
     lines = tmp_path / "batch.jsonl"
-    records: list[dict[str, Any]] = [{"query": query, "chunks": [json.loads(x) for x in chunks.splitlines() if x],
-                                      "top_k": 3}] * 2
+    rows = [json.loads(x) for x in chunks.splitlines() if x]
+    records: list[dict[str, Any]] = [{"query": query, "chunks": rows, "top_k": 3}] * 2
     lines.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
     out = tmp_path / "out.jsonl"
     assert main(["batch", "-i", str(lines), "-o", str(out), "--backend", "cross-encoder",

@@ -120,10 +120,9 @@ def test_500_is_retried_and_401_fails_fast_without_the_key() -> None:
     with FakeLLM([Reply(500, "internal error"), Reply(503, "busy")], handler=reranker()) as srv:
         result = rerank(query, chunks, 3, backend="rerank-api", base_url=srv.url, policy=_policy(waits))
     assert result.meta.attempts == 3 and len(waits) == 2
-    with FakeLLM([Reply(401, {"message": f"invalid api token {KEY}"})], handler=reranker()) as srv:
-        with pytest.raises(BackendError) as err:
-            rerank(query, chunks, 3, backend="rerank-api", base_url=srv.url, api_key=KEY,
-                   policy=_policy(waits))
+    with FakeLLM([Reply(401, {"message": f"invalid api token {KEY}"})], handler=reranker()) as srv, \
+            pytest.raises(BackendError) as err:
+        rerank(query, chunks, 3, backend="rerank-api", base_url=srv.url, api_key=KEY, policy=_policy(waits))
     assert len(srv.requests) == 1
     assert [a.kind for a in err.value.attempts] == ["fatal"]
     assert "HTTP 401" in str(err.value) and "RERANK_API_KEY" in str(err.value)
@@ -218,3 +217,20 @@ def test_cli_and_call_tool(tmp_path: Any, capsys: pytest.CaptureFixture[str]) ->
     assert main(["rerank", "-q", query, "-c", str(path), "--backend", "rerank-api", "--batch-size", "2",
                  "--base-url", "http://127.0.0.1:1"]) == 2
     assert "apply to --backend cross-encoder only" in capsys.readouterr().err
+
+
+def test_eval_measures_the_rerank_api_order(tmp_path: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    cands = tmp_path / "c.jsonl"
+    # input order puts the judged-relevant chunk last; the server's scores put it first
+    cands.write_text(json.dumps({"qid": "1", "query": "ivf memory savings", "chunks": [
+        {"id": "b", "text": "HNSW is a graph"}, {"id": "a", "text": "IVF memory savings explained"}]}) + "\n",
+        encoding="utf-8")
+    qrels = tmp_path / "q.txt"
+    qrels.write_text("1 0 a 1\n", encoding="utf-8")
+    with FakeLLM(handler=reranker()) as srv:
+        code = main(["eval", "--candidates", str(cands), "--qrels", str(qrels), "--no-progress", "--json",
+                     "--backend", "rerank-api", "--base-url", srv.url])
+    assert code == 0 and len(srv.requests) == 1
+    report = json.loads(capsys.readouterr().out)
+    assert report["info"]["backend"] == "rerank-api" and report["info"]["failed"] == {}
+    assert report["input"]["MRR@10"] == 0.5 and report["reranked"]["MRR@10"] == 1.0

@@ -102,8 +102,8 @@ def test_unparseable_values_are_an_input_error_naming_each_chunk() -> None:
     with pytest.raises(InputError) as err:
         rerank(QUERY, CHUNKS, meta_field="", meta_weight=2, meta_ranking_mode="rrf", missing_meta="skip",
                meta_sort_order="up", meta_value_type="str")
-    assert {v.path for v in err.value.violations} == {
-        "meta_field", "meta_weight", "meta_ranking_mode", "missing_meta", "meta_sort_order", "meta_value_type"}
+    assert {v.path for v in err.value.violations} == {"meta_field", "meta_weight", "meta_ranking_mode",
+                                                      "missing_meta", "meta_sort_order", "meta_value_type"}
 
 
 # ------------------------------------------------------------------------------ embed_meta_fields
