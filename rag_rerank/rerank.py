@@ -215,10 +215,7 @@ def _plan(
     _check_policy(policy)
     started = time.perf_counter()
     lim = limits or load_limits()
-    opts = dict(scoring or {})
-    fields = check_embed_meta_fields(opts.pop("embed_meta_fields", None))
-    fusion = meta_fusion(**opts)
-    request = validate_request(query, chunks, top_k, lambda_, limits=lim)
+    request, fields, fusion = _validated(query, chunks, top_k, lambda_, lim, scoring or {})
     values = meta_values(request, fusion) if fusion is not None else None
     view = with_embedded_meta(request, fields)
     emb = resolve_embedder(embedder, backend, base_url)
@@ -228,6 +225,31 @@ def _plan(
     ask = replace(view, top_k=candidate_k(len(view.chunks), view.top_k, copies))
     name = backend if isinstance(backend, str) else str(getattr(be, "name", type(be).__name__))
     return _Plan(request, ask, render(ask), be, name, emb, lim, started, view, fusion, values)
+
+
+def _validated(
+    query: Any, chunks: ChunkSource, top_k: Any, lambda_: Any, lim: Limits, scoring: Mapping[str, Any]
+) -> tuple[RerankRequest, tuple[str, ...], MetaFusion | None]:
+    """The request and the metadata options, every problem with any of them in one `InputError`."""
+    opts = dict(scoring)
+    problems: list[Violation] = []
+    fields: tuple[str, ...] = ()
+    fusion: MetaFusion | None = None
+    try:
+        fields = check_embed_meta_fields(opts.pop("embed_meta_fields", None))
+    except InputError as exc:
+        problems.extend(exc.violations)
+    try:
+        fusion = meta_fusion(**opts)
+    except InputError as exc:
+        problems.extend(exc.violations)
+    try:
+        request = validate_request(query, chunks, top_k, lambda_, limits=lim)
+    except InputError as exc:
+        problems.extend(exc.violations)
+    if problems:
+        raise InputError(problems)
+    return request, fields, fusion
 
 
 def _backend_kwargs(backend: Any, options: Mapping[str, Any] | None) -> dict[str, Any]:

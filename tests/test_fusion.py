@@ -191,3 +191,10 @@ def test_cli_flags_batch_records_and_call_tool(tmp_path: Path, capsys: pytest.Ca
     assert [v["path"] for v in err["error"]["violations"]] == ["meta_ranking_mode"]
     titled_tool = call_tool({"query": "HNSW indexes", "chunks": TITLED, "embed_meta_fields": ["title"]})
     assert "t1" in [r["id"] for r in titled_tool["ranked"]]
+
+
+def test_option_and_chunk_problems_are_reported_together() -> None:
+    with pytest.raises(InputError) as err:
+        rerank(QUERY, [{"id": "", "text": "t"}], meta_field="published", meta_weight=5,
+               embed_meta_fields="title")  # type: ignore[arg-type]
+    assert {v.path for v in err.value.violations} == {"meta_weight", "embed_meta_fields", "chunks[0].id"}
