@@ -31,10 +31,14 @@ from typing import IO, Any
 from .errors import BackendError, InputError, RerankError, Violation
 from .guard.input import PATH_HINT, duplicate_keys_message, json_problem, loads_line
 from .models import RerankResult
-from .rerank import arerank, make_backend, redact, resolve_embedder
+from .rerank import _backend_kwargs, arerank, make_backend, redact, resolve_embedder
 
 EXIT_OK, EXIT_BAD_INPUT, EXIT_BACKEND, EXIT_INTERNAL = 0, 2, 3, 4
-_LINE_KEYS = frozenset({"query", "chunks", "top_k", "lambda", "query_id", "qid"})
+# Per-request scoring options a batch line (or an `arerank_many` request) may set for itself; they
+# override the options given for the whole run.
+SCORING_KEYS = ("meta_field", "meta_weight", "meta_ranking_mode", "meta_sort_order", "missing_meta",
+                "meta_value_type", "embed_meta_fields")
+_LINE_KEYS = frozenset({"query", "chunks", "top_k", "lambda", "query_id", "qid", *SCORING_KEYS})
 MAX_MESSAGE_VIOLATIONS = 10  # violations quoted in one error record's one-line `message`
 
 Outcome = RerankResult | Exception
@@ -46,12 +50,14 @@ def _shared_options(options: dict[str, Any]) -> dict[str, Any]:
     opts["embedder"] = resolve_embedder(
         opts.get("embedder", "lexical"), opts.get("backend", "local"), opts.get("base_url")
     )
+    backend = opts.get("backend", "local")
     opts["backend"] = make_backend(
-        opts.get("backend", "local"),
+        backend,
         model=opts.get("model"),
         base_url=opts.get("base_url"),
         api_key=opts.get("api_key"),
         embedder=opts["embedder"],
+        **_backend_kwargs(backend, opts.pop("backend_options", None)),
     )
     name = options.get("backend", "local")
     opts["_backend_name"] = name if isinstance(name, str) else None
@@ -104,7 +110,8 @@ async def _run(
             async with sem:
                 try:
                     query, chunks, top_k, lam = _request_args(item)
-                    outcome = await arerank(query, chunks, top_k, lam, **opts)
+                    own = {k: item[k] for k in SCORING_KEYS if k in item}
+                    outcome = await arerank(query, chunks, top_k, lam, **{**opts, **own})
                 except Exception as exc:  # recorded per line; one bad request never stops the rest
                     outcome = exc
             if name is not None and isinstance(outcome, RerankResult) and outcome.meta.backend != name:
@@ -129,6 +136,7 @@ async def arerank_many(
     **options: Any,
 ) -> list[Outcome]:
     """Rerank every `{query, chunks, top_k?, lambda?}` mapping with at most `concurrency` in flight.
+    A request may also carry its own metadata options (`meta_field`, ..., `embed_meta_fields`).
 
     Returns one entry per request, in input order: a `RerankResult`, or the exception that request
     raised (`InputError`, `BackendError`, ...). `options` are `arerank`'s keyword arguments; the
@@ -432,4 +440,4 @@ def _check_resumed(done: Mapping[int, Mapping[str, Any]], lines: Sequence[_Line]
 def _env_secrets() -> list[str | None]:
     import os
 
-    return [os.environ.get("OPENAI_API_KEY"), os.environ.get("ANTHROPIC_API_KEY")]
+    return [os.environ.get(name) for name in ("OPENAI_API_KEY", "ANTHROPIC_API_KEY", "RERANK_API_KEY")]

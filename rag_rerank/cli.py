@@ -119,12 +119,20 @@ def _add_request_args(p: argparse.ArgumentParser, top_k_required: bool = False) 
 
 
 def _add_backend_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--backend", "-b", default="local", choices=["local", "openai", "anthropic"],
+    p.add_argument("--backend", "-b", default="local",
+                   choices=["local", "openai", "anthropic", "cross-encoder", "rerank-api"],
                    help="who scores the chunks (default: local, offline and deterministic)")
-    p.add_argument("--model", "-m", default=None, help="model name for openai / anthropic backends")
+    p.add_argument("--model", "-m", default=None,
+                   help="model name (openai, anthropic, rerank-api) or folder / hub name (cross-encoder)")
     p.add_argument("--base-url", default=None,
                    help="backend server URL, e.g. http://127.0.0.1:8000/v1 (with --backend openai, also "
-                   "the openai embedder's; see --embed-base-url)")
+                   "the openai embedder's; see --embed-base-url); rerank-api posts to URL/rerank")
+    p.add_argument("--device", default=None, help="cross-encoder: torch device (default cpu)")
+    p.add_argument("--batch-size", type=int, default=None, help="cross-encoder: pairs per forward pass (32)")
+    p.add_argument("--max-length", type=int, default=None,
+                   help="cross-encoder: tokens per (query, chunk) pair, longer ones are truncated")
+    p.add_argument("--calibration-factor", type=float, default=None,
+                   help="cross-encoder: score = sigmoid(logit * factor) (1.0)")
     p.add_argument("--embedder", "-e", default="lexical",
                    help="post-pass embedder: lexical (default), sentence-transformers[:MODEL], "
                    "openai[:MODEL]")
@@ -144,6 +152,37 @@ def _add_pipeline_args(p: argparse.ArgumentParser) -> None:
                    help="order of the kept chunks (default: mmr)")
     p.add_argument("--strict", action="store_true",
                    help="no formatting repair: a fenced or prose-wrapped answer is re-asked, not salvaged")
+
+
+def _add_meta_args(p: argparse.ArgumentParser) -> None:
+    """Metadata options of `rerank` / `batch` (see rag_rerank.fusion)."""
+    p.add_argument("--meta-field", default=None, metavar="KEY",
+                   help="fuse the scorer's order with this meta field (a date, a rating) before MMR")
+    p.add_argument("--meta-weight", type=float, default=None, help="0 off ... 1 metadata order only (1.0)")
+    p.add_argument("--meta-ranking-mode", choices=["reciprocal_rank_fusion", "linear_score"], default=None,
+                   help="how the two orders are fused (reciprocal_rank_fusion)")
+    p.add_argument("--meta-sort-order", choices=["descending", "ascending"], default=None,
+                   help="descending (default): the largest / newest value is best")
+    p.add_argument("--missing-meta", choices=["bottom", "top", "drop"], default=None,
+                   help="where chunks without the field go (bottom); drop lists them in dropped")
+    p.add_argument("--meta-value-type", choices=["float", "int", "date"], default=None,
+                   help="how values are read (float); date is ISO 8601")
+    p.add_argument("--embed-meta-field", action="append", default=None, metavar="KEY",
+                   dest="embed_meta_fields",
+                   help="put this meta field's value before each chunk's text for the scorers (repeatable)")
+
+
+_META_FLAGS = ("meta_weight", "meta_ranking_mode", "meta_sort_order", "missing_meta", "meta_value_type")
+
+
+def _meta_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The metadata options given on the command line (unset ones keep the library's defaults)."""
+    opts = {key: getattr(args, key) for key in (*_META_FLAGS, "meta_field", "embed_meta_fields")
+            if getattr(args, key, None) is not None}
+    given = [f"--{key.replace('_', '-')}" for key in _META_FLAGS if key in opts]
+    if given and "meta_field" not in opts:
+        raise UsageError(f"{', '.join(given)} need --meta-field KEY (the field to fuse with)")
+    return opts
 
 
 def cmd_render(args: argparse.Namespace) -> int:
@@ -213,12 +252,22 @@ def _backend_options(args: argparse.Namespace) -> dict[str, Any]:
 
     if args.base_url is not None and (problem := base_url_problem(args.base_url)):
         raise UsageError(f"--base-url: {problem}")
-    if args.base_url is not None and args.backend == "local":
-        # The local backend calls no server; a URL given to it would be silently ignored.
-        raise UsageError("--base-url names the server of --backend openai or anthropic; the local "
-                         "backend calls none (for an openai embedder's server, use --embed-base-url)")
+    if args.base_url is not None and args.backend in ("local", "cross-encoder"):
+        # These backends call no server; a URL given to them would be silently ignored.
+        raise UsageError(f"--base-url names the server of --backend openai, anthropic or rerank-api; the "
+                         f"{args.backend} backend calls none (for an openai embedder's server, use "
+                         "--embed-base-url)")
+    knobs = {key: getattr(args, key, None) for key in _CE_FLAGS}
+    knobs = {key: value for key, value in knobs.items() if value is not None}
+    if knobs and args.backend != "cross-encoder":
+        flags = ", ".join(f"--{key.replace('_', '-')}" for key in knobs)
+        raise UsageError(f"{flags} apply to --backend cross-encoder only")
     return {"backend": args.backend, "model": args.model, "base_url": args.base_url,
-            "embedder": _embedder_option(args), "fallback": args.fallback, "policy": _policy(args)}
+            "embedder": _embedder_option(args), "fallback": args.fallback, "policy": _policy(args),
+            "backend_options": knobs or None}
+
+
+_CE_FLAGS = ("device", "batch_size", "max_length", "calibration_factor")
 
 
 def _policy(args: argparse.Namespace) -> Any:
@@ -237,7 +286,7 @@ def cmd_rerank(args: argparse.Namespace) -> int:
     from .rerank import rerank
 
     result = rerank(args.query, read_text(args.chunks), args.top_k, args.lambda_, layout=args.layout,
-                    strict=args.strict, **_backend_options(args))
+                    strict=args.strict, **_backend_options(args), **_meta_options(args))
     print(result.to_json(indent=args.indent))
     if args.meta:
         print(json.dumps(result.meta.to_dict(), ensure_ascii=False), file=sys.stderr)
@@ -248,7 +297,7 @@ def cmd_batch(args: argparse.Namespace) -> int:
     from .batch import run_batch_cli
 
     return run_batch_cli(args, backend_options={**_backend_options(args), "layout": args.layout,
-                                                "strict": args.strict})
+                                                "strict": args.strict, **_meta_options(args)})
 
 
 def cmd_route(args: argparse.Namespace) -> int:
@@ -312,6 +361,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="print run metadata (attempts, usage, latency) to stderr")
     p.add_argument("--indent", type=int, default=None, help="pretty-print the JSON")
     _add_pipeline_args(p)
+    _add_meta_args(p)
     p.set_defaults(func=cmd_rerank)
 
     p = sub.add_parser("render", help="print the XML prompt that would be sent to an LLM")
@@ -347,6 +397,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-progress", action="store_true", help="never show a progress bar")
     _add_backend_args(p)
     _add_pipeline_args(p)
+    _add_meta_args(p)
     p.set_defaults(func=cmd_batch)
 
     p = sub.add_parser("eval", help="measure nDCG@10 / Recall / MRR of input vs reranked order")

@@ -433,11 +433,13 @@ def rerank_queries(
     if progress is not None and finished:
         progress(finished, total)
     # One event loop and one shared backend for all slices; a slice is a checkpoint for --resume.
-    from .rerank import make_backend
+    from .rerank import _backend_kwargs, make_backend
 
-    opts["backend"] = make_backend(opts.get("backend", "local"), model=opts.get("model"),
+    backend = opts.get("backend", "local")
+    opts["backend"] = make_backend(backend, model=opts.get("model"),
                                    base_url=opts.get("base_url"), api_key=opts.get("api_key"),
-                                   embedder=opts["embedder"])
+                                   embedder=opts["embedder"],
+                                   **_backend_kwargs(backend, opts.pop("backend_options", None)))
     for start in range(0, len(todo), SLICE):
         part = todo[start : start + SLICE]
         requests = [{"query": q.query, "chunks": list(q.chunks[:depth]), "top_k": k, "lambda": lambda_}

@@ -30,14 +30,23 @@ from urllib.parse import urlsplit
 
 from .backends.base import Backend
 from .errors import BackendError, InputError, Violation
+from .fusion import MetaFusion, check_embed_meta_fields, meta_fusion, meta_values, with_embedded_meta
 from .guard import validate_request
 from .guard.input import ChunkSource
 from .guard.limits import Limits, as_limits
 from .models import Dropped, Ranked, RerankRequest, RerankResult, RunMeta
 from .render import render
 
-BACKENDS = ("local", "openai", "anthropic")
-_KEY_ENV = ("OPENAI_API_KEY", "ANTHROPIC_API_KEY")
+BACKENDS = ("local", "openai", "anthropic", "cross-encoder", "rerank-api")
+_KEY_ENV = ("OPENAI_API_KEY", "ANTHROPIC_API_KEY", "RERANK_API_KEY")
+# Keyword options each named backend takes besides model / base_url / api_key (`backend_options`).
+BACKEND_OPTIONS: dict[str, tuple[str, ...]] = {
+    "local": ("weights", "calibration"),
+    "openai": ("timeout", "temperature", "response_format"),
+    "anthropic": ("timeout", "temperature"),
+    "cross-encoder": ("batch_size", "device", "max_length", "calibration_factor"),
+    "rerank-api": ("timeout", "max_chars", "score_mapping"),
+}
 
 
 def candidate_k(n_chunks: int, top_k: int, copies: int = 0) -> int:
@@ -89,8 +98,12 @@ def make_backend(
         msg = (f"backend must be a name ({', '.join(BACKENDS)}) or a Backend instance, "
                f"got {type(name).__name__}")
         raise InputError([Violation(path="backend", message=msg, value=name)])
-    if name in ("openai", "anthropic") and base_url is not None and (problem := base_url_problem(base_url)):
+    if name in ("openai", "anthropic", "rerank-api") and base_url is not None and (
+        problem := base_url_problem(base_url)
+    ):
         raise InputError([Violation(path="base_url", message=problem, value=base_url)])
+    if name in BACKEND_OPTIONS:
+        _check_backend_options(name, kw)
     if name == "local":
         from .backends.local import LocalBackend
 
@@ -103,6 +116,14 @@ def make_backend(
         from .backends.anthropic import AnthropicBackend
 
         return AnthropicBackend(model=model, base_url=base_url, api_key=api_key, **kw)
+    if name == "cross-encoder":
+        from .backends.cross_encoder import CrossEncoderBackend
+
+        return CrossEncoderBackend(model=model, **kw)
+    if name == "rerank-api":
+        from .backends.rerank_api import RerankAPIBackend
+
+        return RerankAPIBackend(model=model, base_url=base_url, api_key=api_key, **kw)
     raise InputError(
         [
             Violation(
@@ -112,6 +133,17 @@ def make_backend(
             )
         ]
     )
+
+
+def _check_backend_options(name: str, options: Mapping[str, Any]) -> None:
+    """An option the backend does not take is named, instead of a TypeError from its constructor."""
+    allowed = BACKEND_OPTIONS[name]
+    bad = [Violation(path=f"backend_options.{key}", value=value,
+                     message=f"the {name} backend takes no option {key!r}"
+                     + (f"; it takes {', '.join(allowed)}" if allowed else ""))
+           for key, value in options.items() if key not in allowed]
+    if bad:
+        raise InputError(bad)
 
 
 def resolve_embedder(spec: Any, backend: Any = "local", base_url: str | None = None) -> Any:
@@ -144,13 +176,18 @@ class _Plan:
     """Everything decided before the backend is called, shared by the sync and async paths."""
 
     request: RerankRequest  # the caller's request, top_k as asked
-    ask: RerankRequest  # the same chunks with top_k = candidate_k, what the model is shown
+    ask: RerankRequest  # what the scorer is shown: the view below with top_k = candidate_k
     prompt: str
     backend: Backend
     backend_name: str
     embedder: Any
     limits: Limits
     started: float
+    # The caller's request with embed_meta_fields prefixed to each text: what every scorer and the
+    # post-pass embedder see (the request itself when no field is listed).
+    view: RerankRequest | None = None
+    fusion: MetaFusion | None = None
+    meta_values: Mapping[str, float | None] | None = None
 
 
 def _plan(
@@ -167,19 +204,65 @@ def _plan(
     limits: Limits | Mapping[str, Any] | None,
     fallback: str | None,
     policy: Any,
+    backend_options: Mapping[str, Any] | None = None,
+    scoring: Mapping[str, Any] | None = None,
 ) -> _Plan:
-    """Every check and decision shared by `rerank` and `arerank`, before the backend is called."""
+    """Every check and decision shared by `rerank` and `arerank`, before the backend is called.
+
+    `scoring` holds the metadata options (`meta_*`, `embed_meta_fields`); they are all checked,
+    and every chunk's metadata value parsed, before any backend is built or called."""
     _check_fallback(fallback)
     _check_policy(policy)
     started = time.perf_counter()
     lim = as_limits(limits)
-    request = validate_request(query, chunks, top_k, lambda_, limits=lim)
+    request, fields, fusion = _validated(query, chunks, top_k, lambda_, lim, scoring or {})
+    values = meta_values(request, fusion) if fusion is not None else None
+    view = with_embedded_meta(request, fields)
     emb = resolve_embedder(embedder, backend, base_url)
-    be = make_backend(backend, model=model, base_url=base_url, api_key=api_key, embedder=emb)
-    copies = len(request.chunks) - len({c.text for c in request.chunks})
-    ask = replace(request, top_k=candidate_k(len(request.chunks), request.top_k, copies))
+    be = make_backend(backend, model=model, base_url=base_url, api_key=api_key, embedder=emb,
+                      **_backend_kwargs(backend, backend_options))
+    copies = len(view.chunks) - len({c.text for c in view.chunks})
+    ask = replace(view, top_k=candidate_k(len(view.chunks), view.top_k, copies))
     name = backend if isinstance(backend, str) else str(getattr(be, "name", type(be).__name__))
-    return _Plan(request, ask, render(ask), be, name, emb, lim, started)
+    return _Plan(request, ask, render(ask), be, name, emb, lim, started, view, fusion, values)
+
+
+def _validated(
+    query: Any, chunks: ChunkSource, top_k: Any, lambda_: Any, lim: Limits, scoring: Mapping[str, Any]
+) -> tuple[RerankRequest, tuple[str, ...], MetaFusion | None]:
+    """The request and the metadata options, every problem with any of them in one `InputError`."""
+    opts = dict(scoring)
+    problems: list[Violation] = []
+    fields: tuple[str, ...] = ()
+    fusion: MetaFusion | None = None
+    try:
+        fields = check_embed_meta_fields(opts.pop("embed_meta_fields", None))
+    except InputError as exc:
+        problems.extend(exc.violations)
+    try:
+        fusion = meta_fusion(**opts)
+    except InputError as exc:
+        problems.extend(exc.violations)
+    try:
+        request = validate_request(query, chunks, top_k, lambda_, limits=lim)
+    except InputError as exc:
+        problems.extend(exc.violations)
+    if problems:
+        raise InputError(problems)
+    return request, fields, fusion
+
+
+def _backend_kwargs(backend: Any, options: Mapping[str, Any] | None) -> dict[str, Any]:
+    """`backend_options` as keyword arguments; refused with a backend instance, which is already built."""
+    if options is None:
+        return {}
+    if not isinstance(options, Mapping):
+        msg = f"backend_options must be a mapping of option names to values, got {type(options).__name__}"
+        raise InputError([Violation(path="backend_options", message=msg)])
+    if options and not isinstance(backend, str):
+        msg = "backend_options apply to a backend named by string; pass them to make_backend() instead"
+        raise InputError([Violation(path="backend_options", message=msg)])
+    return dict(options)
 
 
 def _scored(obj: Mapping[str, Any]) -> tuple[list[Ranked], list[Dropped]]:
@@ -200,8 +283,12 @@ def _postpass(
     from .postpass import postpass
 
     ranked, dropped = _scored(obj)
+    if plan.fusion is not None and plan.meta_values is not None:
+        from .fusion import fuse
+
+        ranked, dropped = fuse(ranked, dropped, plan.meta_values, plan.fusion, plan.limits.min_score)
     return postpass(
-        plan.request,
+        plan.view or plan.request,
         ranked,
         dropped,
         embedder=plan.embedder,
@@ -234,6 +321,14 @@ def _meta(
     )
 
 
+def _scoring_notes(plan: _Plan) -> list[str]:
+    f = plan.fusion
+    if f is None:
+        return []
+    return [f"meta_fusion: field={f.field} weight={f.weight:g} mode={f.ranking_mode} order={f.sort_order} "
+            f"missing={f.missing} type={f.value_type}"]
+
+
 def _embedder_name(plan: _Plan) -> str:
     """What the post-pass compared: the caller's vectors when every chunk carries one."""
     if all(c.embedding is not None for c in plan.request.chunks):
@@ -247,6 +342,7 @@ def _finish(plan: _Plan, outcome: Any, layout: str, duplicate_threshold: float |
     notes = [*getattr(outcome, "notes", ())]
     if plan.ask.top_k != plan.request.top_k:
         notes.append(f"candidate_k={plan.ask.top_k}")
+    notes.extend(_scoring_notes(plan))
     meta = _meta(
         plan,
         model=model,
@@ -285,7 +381,8 @@ def _fallback_result(
         repairs=outcome.repairs,
         usage=outcome.usage,
         fallback="local",
-        notes=(f"{plan.backend_name} failed after {len(error.attempts)} attempt(s): {summary}",),
+        notes=(f"{plan.backend_name} failed after {len(error.attempts)} attempt(s): {summary}",
+               *_scoring_notes(plan)),
     )
     return replace(result, meta=meta)
 
@@ -318,6 +415,14 @@ def rerank(
     layout: str = "mmr",
     duplicate_threshold: float | None = None,
     strict: bool = False,
+    backend_options: Mapping[str, Any] | None = None,
+    meta_field: str | None = None,
+    meta_weight: float = 1.0,
+    meta_ranking_mode: str = "reciprocal_rank_fusion",
+    meta_sort_order: str = "descending",
+    missing_meta: str = "bottom",
+    meta_value_type: str = "float",
+    embed_meta_fields: Sequence[str] | None = None,
 ) -> RerankResult:
     """Rerank `chunks` for `query`: at most `top_k` ranked (default 5), MMR with `lambda_` (default 0.7).
 
@@ -330,6 +435,12 @@ def rerank(
     `policy` is a `RetryPolicy` (attempts, re-asks, a wall-clock `deadline_s` that also cuts a call
     still running); `limits` a `Limits` or a mapping overriding some of its fields
     (`{"max_chunks": 100}`).
+    "cross-encoder" (a sentence-transformers CrossEncoder, `model` a folder or cached hub name) and
+    "rerank-api" (a Cohere / Jina `/v1/rerank` server at `base_url`) score without an LLM;
+    `backend_options` carries their knobs (batch_size, device, max_length, calibration_factor;
+    timeout, max_chars, score_mapping). `meta_field` and the other `meta_*` options fuse the scorer's
+    order with a metadata field (dates, ratings) before MMR; `embed_meta_fields` lists meta keys whose
+    values are put before each chunk's text for every scorer (see `rag_rerank.fusion`).
 
     Raises `InputError` for bad input and `BackendError` (every attempt attached) when the backend
     fails and there is no fallback.
@@ -347,6 +458,10 @@ def rerank(
         limits=limits,
         fallback=fallback,
         policy=policy,
+        backend_options=backend_options,
+        scoring={"meta_field": meta_field, "meta_weight": meta_weight, "meta_ranking_mode": meta_ranking_mode,
+                 "meta_sort_order": meta_sort_order, "missing_meta": missing_meta,
+                 "meta_value_type": meta_value_type, "embed_meta_fields": embed_meta_fields},
     )
     from .retry import call_with_retries
 
@@ -384,6 +499,14 @@ async def arerank(
     layout: str = "mmr",
     duplicate_threshold: float | None = None,
     strict: bool = False,
+    backend_options: Mapping[str, Any] | None = None,
+    meta_field: str | None = None,
+    meta_weight: float = 1.0,
+    meta_ranking_mode: str = "reciprocal_rank_fusion",
+    meta_sort_order: str = "descending",
+    missing_meta: str = "bottom",
+    meta_value_type: str = "float",
+    embed_meta_fields: Sequence[str] | None = None,
 ) -> RerankResult:
     """`rerank` for asyncio: the backend call is awaited (the backend's `acomplete`), so many
     requests share one event loop. Arguments, result and errors are those of `rerank`."""
@@ -400,6 +523,10 @@ async def arerank(
         limits=limits,
         fallback=fallback,
         policy=policy,
+        backend_options=backend_options,
+        scoring={"meta_field": meta_field, "meta_weight": meta_weight, "meta_ranking_mode": meta_ranking_mode,
+                 "meta_sort_order": meta_sort_order, "missing_meta": missing_meta,
+                 "meta_value_type": meta_value_type, "embed_meta_fields": embed_meta_fields},
     )
     from .retry import acall_with_retries
 

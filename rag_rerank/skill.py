@@ -44,6 +44,7 @@ class InputSpec:
     type: str
     description: str
     default: Any = None
+    enum: tuple[Any, ...] | None = None  # the allowed values, when the card lists them
 
 
 @dataclass(frozen=True)
@@ -194,6 +195,7 @@ def _build(front: dict[str, Any], body: str, path: Path) -> SkillCard:
             type=i["type"],
             description=i.get("description", ""),
             default=i.get("default"),
+            enum=tuple(i["enum"]) if isinstance(i.get("enum"), list) else None,
         )
         for i in _need(meta, "inputs", path, "metadata.")
     )

@@ -42,7 +42,7 @@ from .skill import SkillCard, load_skill
 
 # The card's input name -> the Python keyword of `rerank()` (`lambda` is a Python keyword).
 _PARAM = {"query": "query", "chunks": "chunks", "top_k": "top_k", "lambda": "lambda_"}
-_JSON_TYPE = {"string": "string", "integer": "integer", "number": "number"}
+_JSON_TYPE = {"string": "string", "integer": "integer", "number": "number", "strings": "array"}
 
 
 def _limits(limits: Limits | None) -> Limits:
@@ -55,9 +55,12 @@ def _describe(card: SkillCard, name: str, lim: Limits) -> str:
     text = " ".join(spec.description.split())
     if spec.default is not None:
         text += f" Null means the default, {spec.default}."
+    if spec.enum:
+        text += f" One of: {', '.join(str(v) for v in spec.enum)}."
     if name == "chunks":
         text += (
-            f" Through this tool each record is an object {{id, text}}; send between 1 and "
+            f" Through this tool each record is an object {{id, text}} (plus an optional `meta` object "
+            f"where the schema allows it); send between 1 and "
             f"{min(card.max_chunks, lim.max_chunks)} records with unique ids."
         )
     if name == "top_k":
@@ -65,16 +68,18 @@ def _describe(card: SkillCard, name: str, lim: Limits) -> str:
     return text
 
 
-def _chunk_item_schema() -> dict[str, Any]:
-    return {
-        "type": "object",
-        "properties": {
-            "id": {"type": "string", "description": "The chunk's id; returned byte for byte."},
-            "text": {"type": "string", "description": "The chunk's text."},
-        },
-        "required": ["id", "text"],
-        "additionalProperties": False,
+def _chunk_item_schema(strict: bool = True) -> dict[str, Any]:
+    """A chunk record. The conventional shape (Anthropic, MCP) also takes `meta`, a free-form
+    object for meta_field / embed_meta_fields; OpenAI strict mode cannot express an object with
+    caller-chosen keys, so that definition keeps {id, text} only."""
+    props: dict[str, Any] = {
+        "id": {"type": "string", "description": "The chunk's id; returned byte for byte."},
+        "text": {"type": "string", "description": "The chunk's text."},
     }
+    if not strict:
+        props["meta"] = {"type": "object", "description": "The chunk's metadata (title, date, ...), "
+                         "read by meta_field and embed_meta_fields."}
+    return {"type": "object", "properties": props, "required": ["id", "text"], "additionalProperties": False}
 
 
 def parameters_schema(
@@ -93,7 +98,7 @@ def parameters_schema(
     for spec in card.inputs:
         desc = _describe(card, spec.name, lim)
         if spec.type == "chunks":
-            prop: dict[str, Any] = {"type": "array", "description": desc, "items": _chunk_item_schema()}
+            prop: dict[str, Any] = {"type": "array", "description": desc, "items": _chunk_item_schema(strict)}
             if not strict:
                 prop["minItems"] = 1
                 prop["maxItems"] = min(card.max_chunks, lim.max_chunks)
@@ -106,10 +111,14 @@ def parameters_schema(
                 "type": json_type if spec.required else [json_type, "null"],
                 "description": desc,
             }
+            if spec.type == "strings":
+                prop["items"] = {"type": "string"}
+            if spec.enum:
+                prop["enum"] = [*spec.enum] if (spec.required or not strict) else [*spec.enum, None]
             if not strict:
                 if spec.name == "top_k":
                     prop["minimum"] = 1
-                elif spec.name == "lambda":
+                elif spec.name in ("lambda", "meta_weight"):
                     prop["minimum"], prop["maximum"] = 0, 1
                 elif spec.name == "query":
                     prop["minLength"] = 1

@@ -180,3 +180,24 @@ def test_warm_up_builds_the_backend_once() -> None:
     ranker.warm_up()
     ranker.run(query=QUERY, documents=_docs())
     assert ranker._built is built
+
+
+def test_meta_field_and_embed_meta_fields_read_the_documents_meta() -> None:
+    """MetaFieldRanker parity: a date in Document.meta orders the kept documents; a title counts."""
+    from tests.test_fusion import CHUNKS, TITLED
+    from tests.test_fusion import QUERY as FUSION_QUERY
+
+    docs = [Document(id=c["id"], content=c["text"], meta=dict(c["meta"])) for c in CHUNKS]
+    before = copy.deepcopy(docs)
+    ranker = RagRerankRanker(top_k=4, lambda_=1.0, meta_field="published", meta_value_type="date",
+                             missing_meta="drop")
+    out = ranker.run(query=FUSION_QUERY, documents=docs)
+    assert [d.id for d in out["documents"]] == ["new", "mid", "old"]
+    assert [(d.id, d.meta["rerank_dropped_reason"]) for d in out["dropped"]] == [
+        ("none", "missing_meta: published")]
+    assert docs == before
+    titled = [Document(id=c["id"], content=c["text"], meta=dict(c["meta"])) for c in TITLED]
+    got = RagRerankRanker(top_k=3, embed_meta_fields=["title"]).run(query="HNSW indexes", documents=titled)
+    assert "t1" in [d.id for d in got["documents"]]
+    assert "t1" not in [d.id for d in RagRerankRanker(top_k=3).run(query="HNSW indexes",
+                                                                    documents=titled)["documents"]]

@@ -221,3 +221,24 @@ def test_backend_failure_raises_or_falls_back_to_local() -> None:
     assert out and out[0].id in {"paris", "louvre"}
     assert rescued.last_result.meta.fallback == "local"
     assert "sk-test-0000" not in " ".join(rescued.last_result.meta.notes)
+
+
+def test_meta_field_reads_datetime_metadata_and_titles_count() -> None:
+    import datetime
+
+    from tests.test_fusion import CHUNKS, TITLED
+    from tests.test_fusion import QUERY as FUSION_QUERY
+
+    docs = []
+    for c in CHUNKS:
+        meta = dict(c["meta"])
+        if "published" in meta:  # a datetime object, as loaders often produce: sent as ISO 8601
+            meta["published"] = datetime.datetime.fromisoformat(meta["published"].replace("Z", "+00:00"))
+        docs.append(Document(id=c["id"], page_content=c["text"], metadata=meta))
+    comp = RagRerankCompressor(top_n=4, lambda_=1.0, meta_field="published", meta_value_type="date")
+    assert [d.id for d in comp.compress_documents(docs, FUSION_QUERY)] == ["new", "mid", "old", "none"]
+    assert isinstance(docs[0].metadata["published"], datetime.datetime)  # the caller's object untouched
+    titled = [Document(id=c["id"], page_content=c["text"], metadata=dict(c["meta"])) for c in TITLED]
+    kept = asyncio.run(RagRerankCompressor(top_n=3, embed_meta_fields=["title"]).acompress_documents(
+        titled, "HNSW indexes"))
+    assert "t1" in [d.id for d in kept]

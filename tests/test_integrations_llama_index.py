@@ -189,3 +189,20 @@ def test_options_checked_and_key_never_serialized() -> None:
     assert "sk-very-secret-123" not in repr(pp) and "sk-very-secret-123" not in pp.to_json()
     back = RagRerankPostprocessor.from_json(pp.to_json())
     assert back.top_n == 2 and back.rerank_options == {"duplicate_threshold": 0.9} and back.api_key is None
+
+
+def test_meta_field_reads_node_metadata() -> None:
+    from tests.test_fusion import CHUNKS, TITLED
+    from tests.test_fusion import QUERY as FUSION_QUERY
+
+    nodes = [NodeWithScore(node=TextNode(id_=c["id"], text=c["text"], metadata=dict(c["meta"])), score=0.5)
+             for c in CHUNKS]
+    pp = RagRerankPostprocessor(top_n=4, lambda_=1.0, meta_field="published", meta_value_type="date",
+                                missing_meta="top")
+    got = pp.rerank_nodes(nodes, FUSION_QUERY)
+    assert [n.node.node_id for n in got.items] == ["none", "new", "mid", "old"]
+    titled = [NodeWithScore(node=TextNode(id_=c["id"], text=c["text"], metadata=dict(c["meta"])), score=0.5)
+              for c in TITLED]
+    got = asyncio.run(RagRerankPostprocessor(top_n=3, embed_meta_fields=["title"]).arerank_nodes(
+        titled, "HNSW indexes"))
+    assert "t1" in [n.node.node_id for n in got.items]

@@ -51,7 +51,22 @@ def test_inputs_and_defaults(card: SkillCard) -> None:
         ("chunks", True, None),
         ("top_k", False, 5),
         ("lambda", False, 0.7),
+        ("meta_field", False, None),
+        ("meta_weight", False, 1.0),
+        ("meta_ranking_mode", False, "reciprocal_rank_fusion"),
+        ("meta_sort_order", False, "descending"),
+        ("missing_meta", False, "bottom"),
+        ("meta_value_type", False, "float"),
+        ("embed_meta_fields", False, None),
     ]
+    # The card's defaults are the library's: a tool call that omits an option gets what rerank() does.
+    import inspect
+
+    from rag_rerank import rerank
+
+    params = inspect.signature(rerank).parameters
+    for spec in card.inputs[4:]:
+        assert params[spec.name].default == spec.default, spec.name
     lim = load_limits()
     assert (card.default("top_k"), card.default("lambda")) == (lim.default_top_k, lim.default_lambda)
     assert card.max_chunks == lim.max_chunks == 50

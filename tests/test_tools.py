@@ -35,10 +35,12 @@ from rag_rerank.tools import (
 from tests.support.fake_llm import FakeLLM, Reply
 
 
-def _args(card: SkillCard, name: str = "happy-path") -> dict[str, Any]:
+def _args(card: SkillCard, name: str = "happy-path", *, strict: bool = False) -> dict[str, Any]:
+    """An example's arguments; `strict` adds null for every other input, as OpenAI strict mode sends."""
     ex = card.example(name)
     chunks = [json.loads(line) for line in ex.chunks.splitlines() if line.strip()]
-    return {"query": ex.query, "chunks": chunks, "top_k": ex.top_k, "lambda": ex.lambda_}
+    args = {"query": ex.query, "chunks": chunks, "top_k": ex.top_k, "lambda": ex.lambda_}
+    return {**{spec.name: None for spec in card.inputs}, **args} if strict else args
 
 
 def _objects(schema: Any) -> list[dict[str, Any]]:
@@ -102,12 +104,13 @@ def test_names_descriptions_and_defaults_come_from_the_card(card: SkillCard) -> 
 
 
 def test_definitions_are_valid_json_schema(card: SkillCard) -> None:
-    for schema in (openai_tool(card)["function"]["parameters"], anthropic_tool(card)["input_schema"]):
+    for strict, schema in ((True, openai_tool(card)["function"]["parameters"]),
+                           (False, anthropic_tool(card)["input_schema"])):
         Draft202012Validator.check_schema(schema)
         validator = Draft202012Validator(schema)
-        assert validator.is_valid(_args(card))
-        assert not validator.is_valid({**_args(card), "extra": 1})
-        assert not validator.is_valid({**_args(card), "chunks": [{"id": "a"}]})
+        assert validator.is_valid(_args(card, strict=strict))
+        assert not validator.is_valid({**_args(card, strict=strict), "extra": 1})
+        assert not validator.is_valid({**_args(card, strict=strict), "chunks": [{"id": "a"}]})
 
 
 def test_openai_definition_is_strict_mode_compatible(card: SkillCard) -> None:
@@ -124,7 +127,11 @@ def test_openai_definition_is_strict_mode_compatible(card: SkillCard) -> None:
         nullable = isinstance(props[spec.name]["type"], list) and "null" in props[spec.name]["type"]
         assert nullable == (not spec.required), spec.name
     # Strict mode with nulls: the defaults still apply.
-    assert Draft202012Validator(fn["parameters"]).is_valid({**_args(card), "top_k": None, "lambda": None})
+    assert Draft202012Validator(fn["parameters"]).is_valid(
+        {**_args(card, strict=True), "top_k": None, "lambda": None})
+    # A closed choice stays closed in strict mode: null or one of the card's values.
+    assert not Draft202012Validator(fn["parameters"]).is_valid(
+        {**_args(card, strict=True), "missing_meta": "sideways"})
 
 
 def test_anthropic_schema_states_the_ranges(card: SkillCard) -> None:

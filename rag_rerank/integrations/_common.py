@@ -6,7 +6,10 @@
   component is built instead of on the first query.
 * **Ids.** Only an id and the text of each item go to the reranker; the result names ids, and
   `placed` maps them back to the caller's items by position, so metadata of any type (datetimes,
-  objects) never passes through JSON and comes back untouched.
+  objects) never passes through JSON and comes back untouched. The one exception is metadata the
+  options name (`meta_field`, `embed_meta_fields`): those keys alone are sent as the chunk's
+  `meta`, a `datetime` / `date` as its ISO 8601 text, so metadata fusion and embedded titles work
+  from every framework.
 * **Empty input.** A retriever may find nothing: an empty list gives an empty result, after the
   query and count are checked exactly as `rerank()` checks them.
 * **Keys.** The same metadata keys in all three frameworks (below).
@@ -78,9 +81,27 @@ class Reranked(Generic[T]):
         return self.result.meta
 
 
-def records(ids: Sequence[str], texts: Sequence[Any]) -> list[dict[str, Any]]:
-    """The only fields that go to the reranker: id and text. Metadata stays with the caller."""
-    return [{"id": i, "text": t} for i, t in zip(ids, texts, strict=True)]
+def records(ids: Sequence[str], texts: Sequence[Any], metas: Sequence[Mapping[str, Any] | None] | None = None,
+            options: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
+    """What goes to the reranker: id and text, plus the metadata keys the options name (module
+    docstring); every other piece of metadata stays with the caller."""
+    opts = options or {}
+    fields = opts.get("embed_meta_fields")
+    wanted = [*([opts["meta_field"]] if isinstance(opts.get("meta_field"), str) else []),
+              *(fields if isinstance(fields, (list, tuple)) else [])]
+    out: list[dict[str, Any]] = [{"id": i, "text": t} for i, t in zip(ids, texts, strict=True)]
+    if wanted and metas is not None:
+        for rec, meta in zip(out, metas, strict=True):
+            if isinstance(meta, Mapping):
+                rec["meta"] = {k: _plain(meta[k]) for k in wanted if isinstance(k, str) and k in meta}
+    return out
+
+
+def _plain(value: Any) -> Any:
+    """A date or datetime as ISO 8601 text (what meta_value_type="date" reads); anything else as is."""
+    import datetime
+
+    return value.isoformat() if isinstance(value, (datetime.date, datetime.datetime)) else value
 
 
 def _empty(query: Any, top_k: Any, options: Mapping[str, Any]) -> RerankResult:
@@ -92,19 +113,20 @@ def _empty(query: Any, top_k: Any, options: Mapping[str, Any]) -> RerankResult:
 
 
 def run(query: Any, ids: Sequence[str], texts: Sequence[Any], top_k: Any,
-        options: Mapping[str, Any]) -> RerankResult:
+        options: Mapping[str, Any], metas: Sequence[Mapping[str, Any] | None] | None = None) -> RerankResult:
     """`rerank()` over the items' ids and texts; an empty list gives an empty result."""
     if not ids:
         return _empty(query, top_k, options)
-    return rerank(query, records(ids, texts), top_k, **options)
+    return rerank(query, records(ids, texts, metas, options), top_k, **options)
 
 
 async def arun(query: Any, ids: Sequence[str], texts: Sequence[Any], top_k: Any,
-               options: Mapping[str, Any]) -> RerankResult:
+               options: Mapping[str, Any], metas: Sequence[Mapping[str, Any] | None] | None = None
+               ) -> RerankResult:
     """`arerank()` over the items' ids and texts: the backend call is awaited, not run in a thread."""
     if not ids:
         return _empty(query, top_k, options)
-    return await arerank(query, records(ids, texts), top_k, **options)
+    return await arerank(query, records(ids, texts, metas, options), top_k, **options)
 
 
 def placed(result: RerankResult, ids: Sequence[str]) -> tuple[list[tuple[int, Ranked]],

@@ -223,7 +223,8 @@ class RagRerankRanker:
         if lambda_ is not None:
             options["lambda_"] = lambda_
         texts = [d.content for d in documents]
-        result = _common.run(query, ids, texts, self.top_k if top_k is None else top_k, options)
+        result = _common.run(query, ids, texts, self.top_k if top_k is None else top_k, options,
+                             [d.meta for d in documents])
         return self._assemble(documents, ids, result)
 
     @component.output_types(documents=list[Document], dropped=list[Document])
@@ -236,5 +237,6 @@ class RagRerankRanker:
         if lambda_ is not None:
             options["lambda_"] = lambda_
         texts = [d.content for d in documents]
-        result = await _common.arun(query, ids, texts, self.top_k if top_k is None else top_k, options)
+        result = await _common.arun(query, ids, texts, self.top_k if top_k is None else top_k, options,
+                                    [d.meta for d in documents])
         return self._assemble(documents, ids, result)

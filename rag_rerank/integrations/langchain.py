@@ -129,7 +129,8 @@ class RagRerankCompressor(BaseDocumentCompressor, RunnableSerializable[dict[str,
         """Kept and dropped Documents (copies) and the `RerankResult` of this call."""
         documents = list(documents)
         ids = self._ids(documents)
-        result = _common.run(query, ids, [d.page_content for d in documents], self.top_n, self._options())
+        result = _common.run(query, ids, [d.page_content for d in documents], self.top_n, self._options(),
+                             [d.metadata for d in documents])
         return self._assemble(documents, ids, result)
 
     async def arerank_documents(self, documents: Sequence[Document], query: str) -> Reranked[Document]:
@@ -137,7 +138,7 @@ class RagRerankCompressor(BaseDocumentCompressor, RunnableSerializable[dict[str,
         documents = list(documents)
         ids = self._ids(documents)
         result = await _common.arun(query, ids, [d.page_content for d in documents], self.top_n,
-                                    self._options())
+                                    self._options(), [d.metadata for d in documents])
         return self._assemble(documents, ids, result)
 
     def compress_documents(

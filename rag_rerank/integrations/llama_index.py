@@ -155,7 +155,9 @@ class RagRerankPostprocessor(BaseNodePostprocessor):
         nodes = list(nodes)
         with self._event(nodes, query) as event:
             ids, texts = self._inputs(nodes)
-            out = self._assemble(nodes, ids, _common.run(query, ids, texts, self.top_n, self._options()))
+            metas = [n.node.metadata for n in nodes]
+            result = _common.run(query, ids, texts, self.top_n, self._options(), metas)
+            out = self._assemble(nodes, ids, result)
             event.on_end(payload={EventPayload.NODES: list(out.items)})
         dispatcher.event(ReRankEndEvent(nodes=list(out.items)))
         return out
@@ -166,7 +168,8 @@ class RagRerankPostprocessor(BaseNodePostprocessor):
         nodes = list(nodes)
         with self._event(nodes, query) as event:
             ids, texts = self._inputs(nodes)
-            result = await _common.arun(query, ids, texts, self.top_n, self._options())
+            result = await _common.arun(query, ids, texts, self.top_n, self._options(),
+                                        [n.node.metadata for n in nodes])
             out = self._assemble(nodes, ids, result)
             event.on_end(payload={EventPayload.NODES: list(out.items)})
         dispatcher.event(ReRankEndEvent(nodes=list(out.items)))
