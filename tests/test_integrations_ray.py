@@ -215,6 +215,11 @@ def test_rerank_dataset_refuses_bad_settings_before_any_actor_starts(local_ray: 
     text = str(err.value)
     for word in ("concurrency", "batch_size", "nope", "top_kk"):
         assert word in text
+    from rag_rerank.rerank import make_backend
+
+    live = make_backend("openai", base_url="http://127.0.0.1:9/v1", api_key="k", model="m")  # holds a client
+    with pytest.raises(InputError, match="by name"):
+        rerank_dataset(ds, concurrency=1, backend=live)
 
 
 def test_cli_ray_options_need_the_ray_engine(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -172,6 +172,18 @@ def _check(concurrency: Any, batch_size: Any, per_actor_concurrency: Any, option
                 message=f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}",
             )
         )
+    if not problems:
+        from ray import cloudpickle
+
+        try:  # the options travel to every actor; an object holding a live client cannot
+            cloudpickle.dumps(dict(options))
+        except Exception as exc:
+            msg = (
+                f"the rerank options must be picklable to reach the actors ({type(exc).__name__}: {exc}); "
+                "pass the backend and embedder by name (backend='openai', base_url=...): "
+                "each actor builds its own"
+            )
+            problems.append(Violation(path="rerank_options", message=msg))
     if problems:
         raise InputError(problems)
 
