@@ -20,6 +20,12 @@ def readme() -> str:
     return README.read_text(encoding="utf-8")
 
 
+def documentation() -> str:
+    """The README and the reference pages under docs/ (the reference is moving to the MkDocs site)."""
+    pages = sorted((ROOT / "docs").glob("*.md"))
+    return "\n".join([readme(), *(page.read_text(encoding="utf-8") for page in pages)])
+
+
 def code_block_after(text: str, heading: str) -> str:
     start = text.index(heading)
     block = re.search(r"```bash\n(.*?)\n```", text[start:], re.DOTALL)
@@ -62,7 +68,7 @@ def subcommands() -> dict[str, list[str]]:
 
 @pytest.mark.parametrize("command", sorted(subcommands()))
 def test_every_subcommand_and_flag_is_documented(command: str) -> None:
-    text = readme()
+    text = documentation()
     assert f"rag-rerank {command}" in text, command
     missing = [flag for flag in subcommands()[command] if not re.search(re.escape(flag) + r"(?![\w-])", text)]
     assert not missing, f"rag-rerank {command}: flags not in README: {missing}"
