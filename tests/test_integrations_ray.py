@@ -191,8 +191,26 @@ def test_rerank_dataset_passes_row_options_to_rerank(local_ray: Any) -> None:
 
 
 @needs_ray
-def test_rerank_dataset_reuses_one_llm_client_per_actor(local_ray: Any) -> None:
-    """An openai backend on one actor over several batches: its pool outlives each batch's loop run."""
+def test_one_actor_builds_its_backend_and_embedder_once() -> None:
+    """The actor's callable, called in this process on two batches: the same backend and embedder
+    objects serve both (a model would load once per actor), and the rows are rerank()'s."""
+    import pyarrow as pa
+
+    from rag_rerank.integrations.ray import _Reranker
+
+    actor = _Reranker({"backend": "local", "embedder": "lexical"}, per_actor_concurrency=2, wire=False)
+    backend, embedder = actor.options["backend"], actor.options["embedder"]
+    for rows in (_requests(3), _requests(5)[3:]):
+        out = actor(pa.Table.from_pylist(rows)).to_pylist()
+        for row, got in zip(rows, out, strict=True):
+            want = rerank(row["query"], row["chunks"], row["top_k"], row["lambda"])
+            assert got["ranked"] == [r.to_dict() for r in want.ranked] and got["error"] is None
+    assert actor.options["backend"] is backend and actor.options["embedder"] is embedder
+
+
+@needs_ray
+def test_rerank_dataset_with_an_llm_backend_over_several_batches(local_ray: Any) -> None:
+    """The openai SDK on one actor, three batches on the actor's one event loop, against 127.0.0.1."""
     from rag_rerank.integrations.ray import rerank_dataset
 
     with FakeLLM(handler=quoting_ranker()) as srv:
