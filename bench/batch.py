@@ -9,6 +9,14 @@ throughput = concurrency / latency, until our own CPU cost or the server saturat
 
 Run:  /work/venv/bin/python bench/batch.py [--queries 64] [--latency 0.2] [--concurrency 1 8 32]
 Prints a Markdown table.
+
+`--engines` compares the local engine with `--engine ray` on 1 and 2 workers (needs rag-rerank[ray])
+for two workloads: the local backend with the MiniLM embedder (sentence-transformers, CPU-bound) and
+the openai backend against fake_llm with the injected latency (I/O-bound). One local Ray is started
+first, on 127.0.0.1 with this machine's cores, and every `--engine ray` run joins it: its start-up
+is printed, not included; each run does include starting its actors and loading their models.
+
+Run:  /work/venv/bin/python bench/batch.py --engines [--queries 64] [--latency 0.2] [--ray-concurrency 8]
 """
 
 from __future__ import annotations
@@ -45,23 +53,14 @@ def write_queries(path: Path, data: Path, n_queries: int, n_chunks: int) -> None
             )
 
 
-def run(inp: Path, out: Path, url: str, concurrency: int) -> tuple[float, int]:
-    args = [
-        "batch",
-        "-i",
-        str(inp),
-        "-o",
-        str(out),
-        "--concurrency",
-        str(concurrency),
-        "--no-progress",
-        "--backend",
-        "openai",
-        "--base-url",
-        url,
-        "--model",
-        "fake-gpt",
-    ]
+def run(
+    inp: Path, out: Path, url: str | None, concurrency: int, extra: tuple[str, ...] = ()
+) -> tuple[float, int]:
+    """Time one `rag-rerank batch` run: the openai backend at `url`, or the CLI options in `extra`."""
+    args = ["batch", "-i", str(inp), "-o", str(out), "--concurrency", str(concurrency), "--no-progress"]
+    if url is not None:
+        args += ["--backend", "openai", "--base-url", url, "--model", "fake-gpt"]
+    args += extra
     t0 = time.perf_counter()
     with contextlib.redirect_stderr(io.StringIO()):
         code = cli_main(args)
@@ -102,6 +101,67 @@ def fake_server(latency: float) -> Iterator[str]:
         proc.wait(timeout=10)
 
 
+def _start_local_ray() -> float:
+    """One local Ray for every `--engine ray` run (they join it); returns its start-up seconds."""
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    import ray
+
+    t0 = time.perf_counter()
+    ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False,
+             _node_ip_address="127.0.0.1", configure_logging=False)
+    return time.perf_counter() - t0
+
+
+def engines(args: argparse.Namespace) -> None:
+    """The local engine vs Ray with 1 and 2 workers, for a CPU-bound and an I/O-bound workload."""
+    ray_start = _start_local_ray()
+    c = args.ray_concurrency
+    setups = [("local", ()), ("ray, 1 worker", ("--engine", "ray", "--workers", "1")),
+              ("ray, 2 workers", ("--engine", "ray", "--workers", "2"))]
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp, fake_server(args.latency) as url:
+        inp = Path(tmp) / "queries.jsonl"
+        write_queries(inp, args.data, args.queries, args.chunks)
+        warm = Path(tmp) / "warm.jsonl"
+        write_queries(warm, args.data, 2, args.chunks)
+        minilm = ("--backend", "local", "--embedder", "sentence-transformers")
+        workloads = [
+            ("local backend + MiniLM", None, minilm),
+            (f"openai -> fake_llm, {args.latency * 1000:.0f} ms", url, ()),
+        ]
+        for name, wl_url, wl_extra in workloads:
+            run(warm, Path(tmp) / "warm-out.jsonl", wl_url, 2, wl_extra)  # imports and the driver's model
+            reference: Path | None = None
+            for label, engine in setups:
+                out = Path(tmp) / f"out-{len(rows)}.jsonl"
+                elapsed, n = run(inp, out, wl_url, c, (*wl_extra, *engine))
+                same = _same_records(reference, out) if reference else "(reference)"
+                reference = reference or out
+                rows.append((name, label, n, elapsed, n / elapsed, same))
+    print(
+        f"rag-rerank batch: local engine vs Ray Data on this machine ({os.cpu_count()} cores, "
+        f"load average {os.getloadavg()[0]:.1f}); {args.queries} queries x {args.chunks} chunks, "
+        f"--concurrency {c} per worker; local Ray started once in {ray_start:.1f} s (not included)\n"
+    )
+    print("| workload | engine | queries | wall time (s) | queries/s | output = local engine's |")
+    print("|---|---|---:|---:|---:|---|")
+    for name, label, n, elapsed, qps, same in rows:
+        print(f"| {name} | {label} | {n} | {elapsed:.2f} | {qps:.1f} | {same} |")
+
+
+def _same_records(a: Path, b: Path) -> str:
+    """Whether two outputs hold the same records, timing aside."""
+
+    def load(p: Path) -> list[dict]:
+        recs = [json.loads(line) for line in p.read_text(encoding="utf-8").splitlines()]
+        for r in recs:
+            r.get("meta", {}).pop("latency_ms", None)
+        return recs
+
+    return "yes" if load(a) == load(b) else "NO"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--queries", type=int, default=64)
@@ -109,8 +169,13 @@ def main() -> None:
     ap.add_argument("--latency", type=float, default=0.2, help="seconds the server waits before answering")
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
     ap.add_argument("--data", type=Path, default=DEFAULT_DATA)
+    ap.add_argument("--engines", action="store_true", help="local engine vs Ray with 1 and 2 workers")
+    ap.add_argument("--ray-concurrency", type=int, default=8, help="--concurrency of each run with --engines")
     args = ap.parse_args()
     os.environ.setdefault("OPENAI_API_KEY", "sk-bench-not-a-real-key")
+    if args.engines:
+        engines(args)
+        return
     rows = []
     with tempfile.TemporaryDirectory() as tmp, fake_server(args.latency) as url:
         inp = Path(tmp) / "queries.jsonl"

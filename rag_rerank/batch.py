@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import json
 import sys
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
@@ -45,7 +46,12 @@ Outcome = RerankResult | Exception
 
 
 def _shared_options(options: dict[str, Any]) -> dict[str, Any]:
-    """Resolve the embedder and backend once, so every request reuses them (and their pools)."""
+    """Resolve the embedder and backend once, so every request reuses them (and their pools).
+
+    Options that went through here already are returned as they are: a long-lived worker (a Ray
+    actor) builds them once and hands them to `_run` for every batch."""
+    if "_backend_name" in options:
+        return dict(options)
     opts = dict(options)
     opts["embedder"] = resolve_embedder(
         opts.get("embedder", "lexical"), opts.get("backend", "local"), opts.get("base_url")
@@ -62,6 +68,45 @@ def _shared_options(options: dict[str, Any]) -> dict[str, Any]:
     name = options.get("backend", "local")
     opts["_backend_name"] = name if isinstance(name, str) else None
     return opts
+
+
+# Keys of a request that are not `arerank` keywords; every other key of a request is passed to
+# `arerank` as a keyword (a new per-request option such as `window_size` needs no change here).
+_REQUEST_KEYS = frozenset({"query", "chunks", "top_k", "lambda", "lambda_", "query_id", "qid"})
+# Built once per run and shared by every request (one model load, one connection pool): not per request.
+_PER_RUN_KEYS = frozenset({"backend", "model", "base_url", "api_key", "embedder"})
+
+
+def _extra_args(item: Mapping[str, Any], opts: Mapping[str, Any]) -> dict[str, Any]:
+    """The request's keys beyond the basics, as `arerank` keywords.
+
+    A key `arerank` does not take, one that is built once per run, or one already set for the
+    whole run is an `InputError` naming it (a TypeError from deep inside would be an internal error).
+    """
+    extra = {k: v for k, v in item.items() if k not in _REQUEST_KEYS}
+    if not extra:
+        return extra
+    params = inspect.signature(arerank).parameters
+    per_request = sorted(
+        k
+        for k, p in params.items()
+        if p.kind is inspect.Parameter.KEYWORD_ONLY and k not in _PER_RUN_KEYS and k not in opts
+    )
+    bad = [k for k in extra if k not in per_request]
+    if bad:
+        allowed = ", ".join(sorted({"query", "chunks", "top_k", "lambda", "query_id", *per_request}))
+        raise InputError(
+            [
+                Violation(
+                    path=str(k),
+                    message=f"{k!r} cannot be set per request (a request takes: {allowed}"
+                    + (f"; {k!r} is set for the whole run" if k in opts or k in _PER_RUN_KEYS else "")
+                    + ")",
+                )
+                for k in bad
+            ]
+        )
+    return extra
 
 
 def _request_args(item: Any) -> tuple[Any, Any, Any, Any]:
@@ -111,7 +156,9 @@ async def _run(
                 try:
                     query, chunks, top_k, lam = _request_args(item)
                     own = {k: item[k] for k in SCORING_KEYS if k in item}
-                    outcome = await arerank(query, chunks, top_k, lam, **{**opts, **own})
+                    rest = {k: v for k, v in item.items() if k not in SCORING_KEYS}
+                    kwargs = {**opts, **own, **_extra_args(rest, opts)}
+                    outcome = await arerank(query, chunks, top_k, lam, **kwargs)
                 except Exception as exc:  # recorded per line; one bad request never stops the rest
                     outcome = exc
             if name is not None and isinstance(outcome, RerankResult) and outcome.meta.backend != name:
@@ -389,16 +436,33 @@ def run_batch_cli(args: Any, backend_options: Mapping[str, Any]) -> int:
     writer = _OrderedWriter(stream, [ln.number for ln in todo])
     try:
 
-        def on_done(index: int, outcome: Outcome) -> None:
-            writer.add(index, _record(todo[index], outcome, secrets))
+        def on_record(index: int, rec: dict[str, Any]) -> None:
+            writer.add(index, rec)
             if bar is not None:
                 bar.update(1)
 
+        def on_done(index: int, outcome: Outcome) -> None:
+            on_record(index, _record(todo[index], outcome, secrets))
+
         hint = PATH_HINT.set("")  # a batch line cannot hold a pathlib.Path: no Python advice
         try:
-            asyncio.run(
-                _run([ln.item for ln in todo], concurrency=args.concurrency, on_done=on_done, options=options)
-            )
+            if getattr(args, "engine", "local") == "ray":
+                from .integrations.ray import run_lines
+
+                run_lines(
+                    todo,
+                    on_done=on_done,
+                    on_record=on_record,
+                    options=options,
+                    concurrency=args.concurrency,
+                    workers=args.workers,
+                    address=args.ray_address,
+                )
+            else:
+                asyncio.run(
+                    _run([ln.item for ln in todo], concurrency=args.concurrency, on_done=on_done,
+                         options=options)
+                )
         finally:
             PATH_HINT.reset(hint)
     except BrokenPipeError:

@@ -296,6 +296,10 @@ def cmd_rerank(args: argparse.Namespace) -> int:
 def cmd_batch(args: argparse.Namespace) -> int:
     from .batch import run_batch_cli
 
+    if args.engine == "local" and (args.workers is not None or args.ray_address is not None):
+        raise UsageError("--workers and --ray-address need --engine ray")
+    if args.workers is not None and args.workers < 1:
+        raise UsageError(f"--workers must be at least 1, got {args.workers}")
     return run_batch_cli(args, backend_options={**_backend_options(args), "layout": args.layout,
                                                 "strict": args.strict, **_meta_options(args)})
 
@@ -395,6 +399,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--concurrency", type=whole_number, default=4)
     p.add_argument("--resume", action="store_true", help="skip lines already present in --output")
     p.add_argument("--no-progress", action="store_true", help="never show a progress bar")
+    p.add_argument("--engine", choices=["local", "ray"], default="local",
+                   help="local: one process, async (default); ray: Ray Data actors (needs rag-rerank[ray])")
+    p.add_argument("--ray-address", default=None, metavar="ADDR",
+                   help="Ray cluster to join (default: RAY_ADDRESS, else a local Ray on all cores)")
+    p.add_argument("--workers", type=int, default=None, metavar="N",
+                   help="Ray actors, each with --concurrency requests in flight (default: the CPUs)")
     _add_backend_args(p)
     _add_pipeline_args(p)
     _add_meta_args(p)

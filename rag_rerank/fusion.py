@@ -40,6 +40,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from typing import Any
 
+from . import reasons
 from .errors import InputError, Violation
 from .models import Chunk, Dropped, Ranked, RerankRequest
 
@@ -48,7 +49,7 @@ SORT_ORDERS = ("descending", "ascending")
 MISSING_META = ("bottom", "top", "drop")
 VALUE_TYPES = ("float", "int", "date")
 RRF_K = 60
-MISSING_META_TOKEN = "missing_meta"
+MISSING_META_TOKEN = reasons.MISSING_META
 
 
 @dataclass(frozen=True)
@@ -184,7 +185,7 @@ def fuse(
     keep: list[Ranked] = []
     for r in ranked:
         if values.get(r.id) is None and fusion.missing == "drop":
-            dropped.append(Dropped(r.id, f"{MISSING_META_TOKEN}: {fusion.field}"))
+            dropped.append(Dropped(r.id, reasons.reason(MISSING_META_TOKEN, fusion.field)))
         else:
             keep.append(r)
     if not keep:

@@ -22,6 +22,7 @@ NOT_SELECTED = "not_selected"
 OVER_WORD_BUDGET = "over_word_budget"
 NO_CITABLE_PHRASE = "no_citable_phrase"
 DROPPED_BY_MODEL = "dropped_by_model"
+MISSING_META = "missing_meta"
 
 TOKENS: Mapping[str, str] = {
     REDUNDANT_WITH: "a near-duplicate of the ranked chunk whose id follows the colon (no space); "
@@ -34,6 +35,8 @@ TOKENS: Mapping[str, str] = {
     NO_CITABLE_PHRASE: "the local backend found nothing concrete in the chunk to quote as a reason",
     DROPPED_BY_MODEL: "the model dropped it itself with a reason of its own, which is the detail, "
     "word for word",
+    MISSING_META: "metadata fusion with missing_meta='drop': the chunk has no value for the field "
+    "named in the detail",
 }
 
 _SHAPE = re.compile(r"\A([a-z][a-z0-9_]*)(?::(.*))?\Z", re.DOTALL)

@@ -414,3 +414,24 @@ def test_batch_into_a_closed_pipe_is_quiet(tmp_path: Path) -> None:
     assert proc.wait(timeout=120) == 0, err
     assert json.loads(first)["line"] == 1
     assert "Broken pipe" not in err and "BrokenPipeError" not in err and "Traceback" not in err
+
+
+def test_arerank_many_passes_per_request_options_to_arerank() -> None:
+    """Keys beyond the basics are `arerank` keywords (so a new one needs no change in batch.py);
+    one that arerank does not take, or that is set for the whole run, is an input error naming it."""
+    from rag_rerank import rerank
+
+    reqs = [
+        {"query": QUERY, "chunks": HAPPY, "layout": "lost_in_the_middle"},
+        {"query": QUERY, "chunks": HAPPY, "colour": "red"},
+        {"query": QUERY, "chunks": HAPPY, "strict": True},  # set for the run below
+        {"query": QUERY, "chunks": HAPPY, "backend": "openai"},  # built once per run
+        {"query": QUERY, "chunks": HAPPY, "fallback": "sometimes"},  # reaches arerank, which refuses it
+    ]
+    out = asyncio.run(arerank_many(reqs, strict=False))
+    assert isinstance(out[0], RerankResult)
+    assert out[0].ids == rerank(QUERY, HAPPY, layout="lost_in_the_middle").ids
+    assert isinstance(out[4], InputError) and "fallback must be None or 'local'" in str(out[4])
+    for i, key in ((1, "colour"), (2, "strict"), (3, "backend")):
+        assert isinstance(out[i], InputError) and repr(key) in str(out[i])
+    assert "set for the whole run" in str(out[2]) and "set for the whole run" in str(out[3])

@@ -20,6 +20,12 @@ def readme() -> str:
     return README.read_text(encoding="utf-8")
 
 
+def documentation() -> str:
+    """The README and the reference pages under docs/ (the reference is moving to the MkDocs site)."""
+    pages = sorted((ROOT / "docs").glob("*.md"))
+    return "\n".join([readme(), *(page.read_text(encoding="utf-8") for page in pages)])
+
+
 def code_block_after(text: str, heading: str) -> str:
     start = text.index(heading)
     block = re.search(r"```bash\n(.*?)\n```", text[start:], re.DOTALL)
@@ -58,12 +64,6 @@ def subcommands() -> dict[str, list[str]]:
         )
         for name, sub in action.choices.items()
     }
-
-
-def documentation() -> str:
-    """The README and the reference pages under docs/ (where newer options are documented)."""
-    pages = sorted((ROOT / "docs").glob("*.md")) if (ROOT / "docs").is_dir() else []
-    return "\n".join([readme(), *(p.read_text(encoding="utf-8") for p in pages)])
 
 
 @pytest.mark.parametrize("command", sorted(subcommands()))

@@ -15,6 +15,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+from .. import reasons
 from ..guard.limits import load_limits
 from ..guard.output import cites_chunk
 from ..models import RerankRequest
@@ -56,9 +57,11 @@ def answer(request: RerankRequest, scores: Sequence[float | None], label: str,
         if score is None:
             dropped.append({"id": cid, "reason": unscored_reason})
         elif score <= min_score:
-            dropped.append({"id": cid, "reason": f"below_min_score ({score:.3f})"})
+            dropped.append({"id": cid, "reason": reasons.reason(reasons.BELOW_MIN_SCORE,
+                                                               reasons.score_detail(score))})
         elif len(ranked) >= request.top_k:
-            dropped.append({"id": cid, "reason": f"not_selected ({score:.3f})"})
+            dropped.append({"id": cid, "reason": reasons.reason(reasons.NOT_SELECTED,
+                                                               reasons.score_detail(score))})
         else:
             reason = reason_for(request.query, texts, i, label, score, weight_of)
             if cites_chunk(reason, texts[i]):

@@ -1,0 +1,338 @@
+"""Batch reranking on Ray Data: the same requests and records as `rag-rerank batch`, on many workers.
+
+`rerank_dataset(ds, concurrency=N, **rerank_options)` maps a dataset of batch-file rows
+`{query_id?, query, chunks, top_k?, lambda?, ...}` through `N` actors (`map_batches` with a
+callable class). Each actor builds the backend and the embedder once, so a model loads once per
+worker and an LLM backend keeps one connection pool per worker, and runs each batch of rows
+through `batch._run` (the local engine's per-request logic: bounded async concurrency, failures
+isolated per request) with `per_actor_concurrency` requests in flight. Requests in flight across
+the cluster = actors x `per_actor_concurrency`: that is the number to hold under a provider's
+rate limit.
+
+Output rows keep the input columns and add `ranked`, `dropped` (the records of batch output),
+`meta`, and `error` (`{kind, message, ...}` exactly as in batch output); a column that does not
+apply to a row is null (a Ray dataset is a table).
+
+`run_lines` is the `rag-rerank batch --engine ray` engine: the CLI keeps reading, resuming and
+writing in input order (batch.py); requests travel to the actors as JSON text, so every value
+reaches the guards exactly as the local engine would see it (Arrow would unify the records'
+types and give every record every key).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from ..batch import (
+    Outcome,
+    _env_secrets,
+    _Line,
+    _record,
+    _run,
+    _shared_options,
+)
+from ..errors import InputError, MissingDependencyError, Violation
+from ..rerank import BACKENDS, arerank
+
+if TYPE_CHECKING:  # pragma: no cover
+    import pyarrow as pa
+    import ray.data
+
+# Columns of the CLI's wire rows: the index in the run, the input line number, the request as JSON.
+_INDEX, _LINE, _REQUEST, _RECORD = "_rr_index", "_rr_line", "_rr_request", "_rr_record"
+# Columns rerank_dataset adds; an input that already has them (an earlier output) gets them replaced.
+OUTPUT_COLUMNS = ("ranked", "dropped", "meta", "error")
+DEFAULT_BATCH_SIZE = 16
+DEFAULT_PER_ACTOR_CONCURRENCY = 4
+
+
+def _require_ray() -> Any:
+    try:
+        import ray
+        import ray.data  # the Data library is a separate part of the ray[data] extra
+    except ImportError:
+        feature = "reranking on Ray (rerank_dataset, --engine ray)"
+        raise MissingDependencyError(feature, "ray", "ray[data]") from None
+    return ray
+
+
+def _drop_nulls(value: Any) -> Any:
+    """A mapping without its null-valued keys, recursively: Arrow gives every record of a column
+    every key any record has (missing ones as null), which is not what the caller wrote."""
+    if isinstance(value, Mapping):
+        return {k: _drop_nulls(v) for k, v in value.items() if v is not None}
+    return value
+
+
+def _request_from_row(row: Mapping[str, Any]) -> dict[str, Any]:
+    """A batch request from a dataset row: null columns are absent keys, and each chunk record
+    loses the null keys Arrow added (give `chunks` as JSONL text to keep records byte-exact)."""
+    item = {k: v for k, v in row.items() if v is not None and k not in OUTPUT_COLUMNS}
+    chunks = item.get("chunks")
+    if isinstance(chunks, list):
+        item["chunks"] = [_drop_nulls(c) if isinstance(c, Mapping) else c for c in chunks]
+    return item
+
+
+class _Reranker:
+    """One per actor: the backend and embedder are built here, once, and reused for every batch.
+
+    One event loop lives as long as the actor, so an async HTTP client's connection pool (bound to
+    the loop it was first used on) survives from batch to batch."""
+
+    def __init__(self, options: Mapping[str, Any], per_actor_concurrency: int, wire: bool) -> None:
+        self.options = _shared_options(dict(options))
+        self.concurrency = per_actor_concurrency
+        self.wire = wire
+        self.secrets = [options.get("api_key"), *_env_secrets()]
+        self.loop = asyncio.new_event_loop()
+
+    def _outcomes(self, items: Sequence[Mapping[str, Any]]) -> list[Outcome]:
+        outcomes: list[Any] = [None] * len(items)
+
+        def on_done(index: int, outcome: Outcome) -> None:
+            outcomes[index] = outcome
+
+        self.loop.run_until_complete(
+            _run(items, concurrency=self.concurrency, on_done=on_done, options=self.options)
+        )
+        return outcomes
+
+    def __call__(self, batch: pa.Table) -> pa.Table:
+        import pyarrow as pa
+
+        rows = batch.to_pylist()
+        if self.wire:
+            items = [json.loads(r[_REQUEST]) for r in rows]
+            recs = [
+                _record(_Line(r[_LINE], it.get("query_id", it.get("qid")), it), out, self.secrets)
+                for r, it, out in zip(rows, items, self._outcomes(items), strict=True)
+            ]
+            return pa.table(
+                {
+                    _INDEX: batch.column(_INDEX),
+                    _RECORD: pa.array([json.dumps(rec, ensure_ascii=False) for rec in recs], pa.string()),
+                }
+            )
+        items = [_request_from_row(r) for r in rows]
+        outcomes = self._outcomes(items)
+        recs = [_record(_Line(0, None, it), o, self.secrets) for it, o in zip(items, outcomes, strict=True)]
+        table = batch.drop_columns([c for c in OUTPUT_COLUMNS if c in batch.column_names])
+        columns = {
+            "ranked": [rec["result"]["ranked"] if "result" in rec else None for rec in recs],
+            "dropped": [rec["result"]["dropped"] if "result" in rec else None for rec in recs],
+            "meta": [rec.get("meta") for rec in recs],
+            "error": [rec.get("error") for rec in recs],
+        }
+        for name, values in columns.items():
+            table = table.append_column(name, pa.array(values))
+        return table
+
+
+def _check(concurrency: Any, batch_size: Any, per_actor_concurrency: Any, options: Mapping[str, Any]) -> None:
+    """The mistakes that would otherwise fail inside every actor's constructor, far from the call."""
+    problems: list[Violation] = []
+
+    def positive_int(name: str, value: Any) -> bool:
+        return not isinstance(value, bool) and isinstance(value, int) and value >= 1
+
+    pool = concurrency if isinstance(concurrency, tuple) else (concurrency,)
+    if not (1 <= len(pool) <= 2 and all(positive_int("concurrency", n) for n in pool)):
+        problems.append(
+            Violation(
+                path="concurrency",
+                value=concurrency,
+                message="concurrency (the number of actors) must be an integer of at least 1 "
+                f"or a (min, max) pair of them, got {concurrency!r}",
+            )
+        )
+    for name, value in (("batch_size", batch_size), ("per_actor_concurrency", per_actor_concurrency)):
+        if not positive_int(name, value):
+            problems.append(
+                Violation(path=name, value=value, message=f"must be an integer of at least 1, got {value!r}")
+            )
+    import inspect
+
+    params = inspect.signature(arerank).parameters
+    for key in options:
+        if key not in params or params[key].kind is not inspect.Parameter.KEYWORD_ONLY:
+            opts = ", ".join(k for k, p in params.items() if p.kind is inspect.Parameter.KEYWORD_ONLY)
+            problems.append(Violation(path=key, message=f"unknown rerank option {key!r} (options: {opts})"))
+    backend = options.get("backend", "local")
+    if isinstance(backend, str) and backend not in BACKENDS:
+        problems.append(
+            Violation(
+                path="backend",
+                value=backend,
+                message=f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}",
+            )
+        )
+    if not problems:
+        from ray import cloudpickle
+
+        try:  # the options travel to every actor; an object holding a live client cannot
+            cloudpickle.dumps(dict(options))
+        except Exception as exc:
+            msg = (
+                f"the rerank options must be picklable to reach the actors ({type(exc).__name__}: {exc}); "
+                "pass the backend and embedder by name (backend='openai', base_url=...): "
+                "each actor builds its own"
+            )
+            problems.append(Violation(path="rerank_options", message=msg))
+    if problems:
+        raise InputError(problems)
+
+
+def _map(
+    ds: ray.data.Dataset,
+    *,
+    concurrency: int | tuple[int, int],
+    batch_size: int,
+    per_actor_concurrency: int,
+    num_cpus: float,
+    num_gpus: float,
+    wire: bool,
+    options: Mapping[str, Any],
+) -> ray.data.Dataset:
+    ray = _require_ray()
+    _check(concurrency, batch_size, per_actor_concurrency, options)
+    size = concurrency if isinstance(concurrency, tuple) else (concurrency, concurrency)
+    opts, per_actor = dict(options), per_actor_concurrency
+
+    class Reranker(_Reranker):  # the settings travel with the class, not as object-store arguments
+        def __init__(self) -> None:
+            super().__init__(opts, per_actor, wire)
+
+    Reranker.__name__ = Reranker.__qualname__ = "RagRerank"
+    return ds.map_batches(
+        Reranker,
+        batch_size=batch_size,
+        batch_format="pyarrow",
+        compute=ray.data.ActorPoolStrategy(min_size=size[0], max_size=size[-1]),
+        num_cpus=num_cpus,
+        num_gpus=num_gpus,
+    )
+
+
+def rerank_dataset(
+    ds: ray.data.Dataset,
+    *,
+    concurrency: int | tuple[int, int],
+    batch_size: int = DEFAULT_BATCH_SIZE,
+    per_actor_concurrency: int = DEFAULT_PER_ACTOR_CONCURRENCY,
+    num_cpus: float = 1,
+    num_gpus: float = 0,
+    **rerank_options: Any,
+) -> ray.data.Dataset:
+    """Rerank every row of `ds` (`{query_id?, query, chunks, top_k?, lambda?, ...}`) on Ray actors.
+
+    `concurrency` is the number of actors (or a `(min, max)` pair to autoscale), each holding one
+    backend and one embedder built from `rerank_options` (`backend`, `model`, `base_url`,
+    `embedder`, `layout`, ... as for `rerank`) and running `per_actor_concurrency` requests at
+    once on `batch_size` rows at a time. `num_cpus` / `num_gpus` are each actor's resources: with
+    a model on GPUs, `num_gpus=1` puts one model on each GPU; an I/O-bound LLM backend can take a
+    fraction of a CPU. Any other key of a row is passed to `rerank` as a keyword (per-request options).
+
+    Returns a lazy dataset: the input columns plus `ranked`, `dropped`, `meta` and `error` (null
+    where it does not apply). A bad row never stops the job: it gets an `error` record with the
+    same kind and message as `rag-rerank batch` would write. Raises `InputError` at once for bad
+    settings, and `MissingDependencyError` without `rag-rerank[ray]`.
+    """
+    return _map(
+        ds,
+        concurrency=concurrency,
+        batch_size=batch_size,
+        per_actor_concurrency=per_actor_concurrency,
+        num_cpus=num_cpus,
+        num_gpus=num_gpus,
+        wire=False,
+        options=rerank_options,
+    )
+
+
+# ------------------------------------------------------------------------------ the CLI's engine
+
+
+def _connect(ray: Any, address: str | None) -> bool:
+    """Join `address` (or RAY_ADDRESS), else start a local Ray with this machine's cores.
+    True when this call started Ray (so the caller shuts it down)."""
+    if ray.is_initialized():
+        return False
+    address = address or os.environ.get("RAY_ADDRESS") or None
+    # A local Ray reports usage statistics over the network unless told not to; a reranker that
+    # is offline by default keeps it off unless the user has chosen otherwise.
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    settings: dict[str, Any] = {"log_to_driver": False, "logging_level": logging.WARNING}
+    if address is None:
+        settings.update(address="local", num_cpus=os.cpu_count() or 1, include_dashboard=False)
+    else:
+        settings.update(address=address)
+    try:
+        ray.init(**settings)
+    except (ConnectionError, RuntimeError, ValueError) as exc:
+        where = f"the Ray cluster at {address}" if address else "a local Ray"
+        msg = f"cannot start or join {where}: {' '.join(str(exc).split())}"
+        raise InputError([Violation(path="--ray-address", message=msg)]) from None
+    return True
+
+
+def run_lines(
+    lines: Sequence[_Line],
+    *,
+    on_done: Callable[[int, Outcome], None],
+    on_record: Callable[[int, dict[str, Any]], None],
+    options: Mapping[str, Any],
+    concurrency: int,
+    workers: int | None,
+    address: str | None,
+) -> None:
+    """Rerank batch-file lines on Ray for `rag-rerank batch --engine ray`.
+
+    A line that is already a failure (bad JSON, unknown key) is reported through `on_done` here;
+    the others run on `workers` actors with `concurrency` requests in flight each, and each
+    record comes back through `on_record(index, record)` as soon as its block finishes (the
+    caller's writer puts them in input order)."""
+    ray = _require_ray()
+    wire = []
+    for index, line in enumerate(lines):
+        if isinstance(line.item, Exception):
+            on_done(index, line.item)
+        else:
+            request = json.dumps(line.item, ensure_ascii=False)
+            wire.append({_INDEX: index, _LINE: line.number, _REQUEST: request})
+    if not wire:
+        return
+    started = _connect(ray, address)
+    try:
+        from ray.data import DataContext
+
+        ctx = DataContext.get_current()
+        ctx.enable_progress_bars = False  # the CLI has its own bar; Ray's would interleave on stderr
+        logging.getLogger("ray.data").setLevel(logging.ERROR)  # our summary and errors are the output
+        if workers is None:
+            workers = max(1, int(ray.cluster_resources().get("CPU", 1)))
+        workers = min(workers, len(wire))
+        batch_size = max(1, min(DEFAULT_BATCH_SIZE, -(-len(wire) // workers)))
+        ds = ray.data.from_items(wire, override_num_blocks=max(1, -(-len(wire) // batch_size)))
+        out = _map(
+            ds,
+            concurrency=workers,
+            batch_size=batch_size,
+            per_actor_concurrency=concurrency,
+            num_cpus=1,
+            num_gpus=0,
+            wire=True,
+            options=options,
+        )
+        for block in out.iter_batches(batch_size=None, batch_format="pyarrow"):
+            records = block.column(_RECORD).to_pylist()
+            for index, rec in zip(block.column(_INDEX).to_pylist(), records, strict=True):
+                on_record(index, json.loads(rec))
+    finally:
+        if started:
+            ray.shutdown()

@@ -1,0 +1,262 @@
+"""Ray Data engine: the same records as the local engine, on a 2-CPU Ray that the module starts.
+
+One local Ray per module (starting one costs seconds): 127.0.0.1 only, no dashboard, no usage
+statistics, worker logs kept off the test output. Skipped when ray[data] is not installed, except
+the test that the missing extra is named.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Iterator
+from importlib.util import find_spec
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rag_rerank import rerank
+from rag_rerank.cli import main
+from rag_rerank.errors import InputError, MissingDependencyError
+from rag_rerank.skill import load_skill
+from tests.support.fake_llm import FakeLLM
+from tests.support.quoting_ranker import quoting_ranker
+
+HAS_RAY = find_spec("ray") is not None and find_spec("pyarrow") is not None
+needs_ray = pytest.mark.skipif(not HAS_RAY, reason="needs rag-rerank[ray] (ray[data])")
+
+QUERY = "When should I prefer IVF over HNSW for vector search?"
+HAPPY = load_skill().example("happy-path").chunks
+ROWS = [json.loads(r) for r in HAPPY.splitlines()]
+
+
+@pytest.fixture(scope="module")
+def local_ray(repo_root: Path) -> Iterator[Any]:
+    ray = pytest.importorskip("ray")
+    pytest.importorskip("ray.data")
+    os.environ["RAY_USAGE_STATS_ENABLED"] = "0"  # never report to the network
+    # Workers are separate processes: they find this checkout through PYTHONPATH.
+    paths = [str(repo_root), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    os.environ["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
+    if ray.is_initialized():
+        ray.shutdown()
+    ray.init(
+        address="local",
+        num_cpus=2,
+        include_dashboard=False,
+        log_to_driver=False,
+        _node_ip_address="127.0.0.1",
+        configure_logging=False,
+    )
+    from ray.data import DataContext
+
+    DataContext.get_current().enable_progress_bars = False
+    yield ray
+    ray.shutdown()
+
+
+def _requests(n: int) -> list[dict[str, Any]]:
+    """n distinct requests: the card's happy path, rotated, with varied top_k and lambda."""
+    out = []
+    for i in range(n):
+        k = i % len(ROWS)
+        out.append(
+            {
+                "query_id": f"q{i}",
+                "query": QUERY,
+                "chunks": ROWS[k:] + ROWS[:k],
+                "top_k": 1 + i % 4,
+                "lambda": [0.3, 0.7, 1.0][i % 3],
+            }
+        )
+    return out
+
+
+BAD_LINES = [
+    "{not json",
+    json.dumps({"query": QUERY, "chunks": ROWS, "colour": "red"}),  # unknown key
+    json.dumps({"query": "", "chunks": ROWS, "query_id": "empty"}),
+    json.dumps({"query": QUERY, "chunks": ROWS, "top_k": "five", "query_id": 7}),  # types Arrow can't mix
+    json.dumps({"query": QUERY, "chunks": [{"id": "x"}, {"id": "x", "text": 3}], "query_id": "bad-chunks"}),
+    json.dumps([1, 2]),
+]
+
+
+def _input_file(path: Path, n: int = 24) -> Path:
+    lines = [json.dumps(r) for r in _requests(n)]
+    for i, bad in enumerate(BAD_LINES):
+        lines.insert(3 + 4 * i, bad)
+    lines.insert(10, "")  # a blank line is skipped by both engines
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def _records(path: Path) -> list[dict[str, Any]]:
+    """The output records without the one field that depends on timing."""
+    out = []
+    for raw in path.read_text(encoding="utf-8").splitlines():
+        rec = json.loads(raw)
+        rec.get("meta", {}).pop("latency_ms", None)
+        out.append(rec)
+    return out
+
+
+@needs_ray
+def test_engine_ray_writes_what_the_local_engine_writes(local_ray: Any, tmp_path: Path) -> None:
+    inp = _input_file(tmp_path / "in.jsonl")
+    local, on_ray = tmp_path / "local.jsonl", tmp_path / "ray.jsonl"
+    code_local = main(["batch", "-i", str(inp), "-o", str(local), "--no-progress"])
+    code_ray = main(
+        ["batch", "-i", str(inp), "-o", str(on_ray), "--no-progress", "--engine", "ray", "--workers", "2"]
+    )
+    assert code_local == code_ray == 2  # some lines are bad input, none failed in the backend
+    expected, got = _records(local), _records(on_ray)
+    assert got == expected
+    assert len(got) == 24 + len(BAD_LINES)
+    assert [r["line"] for r in got] == sorted(r["line"] for r in got)  # input order
+    errors = [r for r in got if "error" in r]
+    assert len(errors) == len(BAD_LINES) and all(r["error"]["kind"] == "input" for r in errors)
+    by_id = {r["query_id"]: r["error"]["message"] for r in errors if "query_id" in r}
+    assert "query is empty" in by_id["empty"] and "top_k" in by_id[7]
+    assert any("unknown key 'colour'" in r["error"]["message"] for r in errors)
+    ok = [r for r in got if "result" in r]
+    assert all(r["meta"]["backend"] == "local" for r in ok)
+    assert all(len(r["result"]["ranked"]) <= 4 for r in ok)
+
+
+@needs_ray
+def test_engine_ray_resume_skips_finished_lines(local_ray: Any, tmp_path: Path) -> None:
+    inp = _input_file(tmp_path / "in.jsonl", n=10)
+    full = tmp_path / "full.jsonl"
+    assert main(["batch", "-i", str(inp), "-o", str(full), "--no-progress"]) == 2
+    lines = full.read_text(encoding="utf-8").splitlines(keepends=True)
+    part = tmp_path / "part.jsonl"
+    marker = json.loads(lines[2])
+    marker.setdefault("meta", {})["notes"] = ["written before the crash"]  # must be kept, not redone
+    part.write_text(  # six lines done, then a crash in the middle of the seventh
+        "".join([*lines[:2], json.dumps(marker) + "\n", *lines[3:6]]) + lines[6][:25], encoding="utf-8"
+    )
+    code = main(["batch", "-i", str(inp), "-o", str(part), "--no-progress", "--resume", "--engine", "ray"])
+    assert code == 2
+    resumed = _records(part)
+    expected = _records(full)
+    expected[2].setdefault("meta", {})["notes"] = ["written before the crash"]
+    assert resumed == expected
+
+
+@needs_ray
+def test_rerank_dataset_matches_rerank_and_isolates_bad_rows(local_ray: Any) -> None:
+    from rag_rerank.integrations.ray import rerank_dataset
+
+    rows = _requests(8)
+    twins = [{"id": "a", "text": "x"}, {"id": "a", "text": "y"}]
+    rows[3] = {"query_id": "bad", "query": QUERY, "chunks": twins}
+    rows[5] = {"query_id": "meta", "query": QUERY, "chunks": [{**ROWS[0], "meta": {"page": 2}}, *ROWS[1:]]}
+    ds = local_ray.data.from_items(rows)
+    out = rerank_dataset(ds, concurrency=2, batch_size=3, per_actor_concurrency=2).take_all()
+    by_id = {r["query_id"]: r for r in out}
+    assert set(by_id) == {r["query_id"] for r in rows}
+    for row in rows:
+        got = by_id[row["query_id"]]
+        assert got["query"] == row["query"]  # the input columns are kept
+        if row["query_id"] == "bad":
+            assert got["ranked"] is None and got["meta"] is None
+            assert got["error"]["kind"] == "input" and "duplicate" in got["error"]["message"]
+            with pytest.raises(InputError):
+                rerank(row["query"], row["chunks"])
+            continue
+        want = rerank(row["query"], row["chunks"], row.get("top_k"), row.get("lambda"))
+        assert got["error"] is None
+        assert got["ranked"] == [r.to_dict() for r in want.ranked]
+        assert got["dropped"] == [d.to_dict() for d in want.dropped]
+        assert got["meta"]["backend"] == "local" and got["meta"]["embedder"] == want.meta.embedder
+
+
+@needs_ray
+def test_rerank_dataset_passes_row_options_to_rerank(local_ray: Any) -> None:
+    """A key that is a per-request `rerank` keyword goes through; one it does not take is an error."""
+    from rag_rerank.integrations.ray import rerank_dataset
+
+    rows = [  # chunks as JSONL text this time: the records reach the guard exactly as written
+        {"query_id": "a", "query": QUERY, "chunks": HAPPY, "layout": "lost_in_the_middle"},
+        {"query_id": "b", "query": QUERY, "chunks": HAPPY, "no_such_option": 1},
+    ]
+    ds = local_ray.data.from_items(rows)
+    out = {r["query_id"]: r for r in rerank_dataset(ds, concurrency=1).take_all()}
+    want = rerank(QUERY, ROWS, layout="lost_in_the_middle")
+    assert out["a"]["ranked"] == [r.to_dict() for r in want.ranked]
+    assert out["b"]["error"]["kind"] == "input" and "no_such_option" in out["b"]["error"]["message"]
+
+
+@needs_ray
+def test_one_actor_builds_its_backend_and_embedder_once() -> None:
+    """The actor's callable, called in this process on two batches: the same backend and embedder
+    objects serve both (a model would load once per actor), and the rows are rerank()'s."""
+    import pyarrow as pa
+
+    from rag_rerank.integrations.ray import _Reranker
+
+    actor = _Reranker({"backend": "local", "embedder": "lexical"}, per_actor_concurrency=2, wire=False)
+    backend, embedder = actor.options["backend"], actor.options["embedder"]
+    for rows in (_requests(3), _requests(5)[3:]):
+        out = actor(pa.Table.from_pylist(rows)).to_pylist()
+        for row, got in zip(rows, out, strict=True):
+            want = rerank(row["query"], row["chunks"], row["top_k"], row["lambda"])
+            assert got["ranked"] == [r.to_dict() for r in want.ranked] and got["error"] is None
+    assert actor.options["backend"] is backend and actor.options["embedder"] is embedder
+
+
+@needs_ray
+def test_rerank_dataset_with_an_llm_backend_over_several_batches(local_ray: Any) -> None:
+    """The openai SDK on one actor, three batches on the actor's one event loop, against 127.0.0.1."""
+    from rag_rerank.integrations.ray import rerank_dataset
+
+    with FakeLLM(handler=quoting_ranker()) as srv:
+        ds = local_ray.data.from_items(_requests(6))
+        out = rerank_dataset(
+            ds, concurrency=1, batch_size=2, backend="openai", base_url=srv.openai_url, api_key="k", model="m"
+        ).take_all()
+        assert len(srv.requests) == 6
+    assert all(r["error"] is None and r["meta"]["backend"] == "openai" for r in out)
+    assert all(1 <= len(r["ranked"]) <= r["top_k"] for r in out)
+
+
+@needs_ray
+def test_rerank_dataset_refuses_bad_settings_before_any_actor_starts(local_ray: Any) -> None:
+    from rag_rerank.integrations.ray import rerank_dataset
+
+    ds = local_ray.data.from_items(_requests(1))
+    with pytest.raises(InputError) as err:
+        rerank_dataset(ds, concurrency=0, batch_size=0, backend="nope", top_kk=3)
+    text = str(err.value)
+    for word in ("concurrency", "batch_size", "nope", "top_kk"):
+        assert word in text
+    from rag_rerank.rerank import make_backend
+
+    live = make_backend("openai", base_url="http://127.0.0.1:9/v1", api_key="k", model="m")  # holds a client
+    with pytest.raises(InputError, match="by name"):
+        rerank_dataset(ds, concurrency=1, backend=live)
+
+
+def test_cli_ray_options_need_the_ray_engine(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    inp = _input_file(tmp_path / "in.jsonl", n=1)
+    assert main(["batch", "-i", str(inp), "--workers", "2"]) == 2
+    assert "--engine ray" in capsys.readouterr().err
+    assert main(["batch", "-i", str(inp), "--engine", "ray", "--workers", "0"]) == 2
+    assert "--workers" in capsys.readouterr().err
+
+
+def test_missing_ray_names_the_extra(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                     capsys: pytest.CaptureFixture[str]) -> None:
+    from rag_rerank.integrations import ray as rr
+
+    monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` now fails as if not installed
+    monkeypatch.setitem(sys.modules, "ray.data", None)
+    with pytest.raises(MissingDependencyError) as err:
+        rr.rerank_dataset(object(), concurrency=1)  # type: ignore[arg-type]
+    assert "rag-rerank[ray]" in str(err.value)
+    inp = _input_file(tmp_path / "in.jsonl", n=2)
+    assert main(["batch", "-i", str(inp), "--engine", "ray", "-o", str(tmp_path / "o.jsonl")]) == 2
+    assert "rag-rerank[ray]" in capsys.readouterr().err
