@@ -204,7 +204,7 @@ def error_kind(exc: Exception) -> str:
 
 def _error_record(exc: Exception, secrets: Sequence[str | None]) -> dict[str, Any]:
     if isinstance(exc, InputError):
-        from .cli import violation_lines
+        from .textio import violation_lines
 
         # `message` becomes one stderr line, so it is capped harder than the CLI's line-per-violation
         # lists (a request of 10,000 bad chunks must not print a megabyte on one line); the count
@@ -324,7 +324,7 @@ def _progress_bar(total: int, enabled: bool) -> Any:
 
 def run_batch_cli(args: Any, backend_options: Mapping[str, Any]) -> int:
     """`rag-rerank batch`: see the module docstring for the file formats and exit codes."""
-    from .cli import UsageError, read_text
+    from .textio import UsageError, read_text
 
     if args.concurrency < 1:
         raise UsageError(f"--concurrency must be at least 1, got {args.concurrency}")

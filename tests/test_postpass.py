@@ -13,7 +13,7 @@ from rag_rerank.embed import l2_normalise
 from rag_rerank.errors import InputError
 from rag_rerank.guard import validate_request
 from rag_rerank.models import Chunk, Dropped, Ranked, RerankRequest
-from rag_rerank.postpass import lost_in_the_middle, mmr, postpass
+from rag_rerank.postpass import lost_in_the_middle, postpass, select
 
 MIN_SCORE = 0.2
 
@@ -147,7 +147,9 @@ def test_mmr_matches_reference(rel, k, lam, dim, rnd):
     unit = l2_normalise(vectors).astype(np.float64)
     sim = unit @ unit.T
     sim = (sim + sim.T) * 0.5
-    got = mmr(np.array(rel), sim, k, lam)
+    # the pipeline's own selection with de-duplication off (nothing reaches an infinite threshold)
+    picked = select(np.array(rel), sim, k, lambda_=lam, lengths=np.zeros(len(rel)), threshold=math.inf).picked
+    got = list(picked)
     expected = reference_selection(rel, unit, k, lam, [0] * len(rel), threshold=math.inf)
     assert got == expected
 
