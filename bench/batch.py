@@ -7,7 +7,7 @@ reading the input file, guards, render, the real `openai` SDK over HTTP, output 
 ordered JSONL writing. With a latency-bound workload the ideal is linear scaling,
 throughput = concurrency / latency, until our own CPU cost or the server saturates.
 
-Run:  /work/venv/bin/python bench/batch.py [--queries 64] [--latency 0.2] [--concurrency 1 8 32]
+Run:  python bench/batch.py [--queries 64] [--latency 0.2] [--concurrency 1 8 32]
 Prints a Markdown table.
 """
 
@@ -29,8 +29,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from rag_rerank.cli import main as cli_main  # noqa: E402
+from tests.support.shared_data import data_dir  # noqa: E402
 
-DEFAULT_DATA = Path("/work/shared/data/trec-dl19/bm25-top100.json")
+DEFAULT_DATA = data_dir() / "trec-dl19" / "bm25-top100.json"
 
 
 def write_queries(path: Path, data: Path, n_queries: int, n_chunks: int) -> None:

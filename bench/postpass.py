@@ -47,8 +47,9 @@ from rag_rerank.errors import MissingDependencyError  # noqa: E402
 from rag_rerank.guard import validate_request  # noqa: E402
 from rag_rerank.models import Ranked  # noqa: E402
 from rag_rerank.postpass import postpass, select  # noqa: E402
+from tests.support.shared_data import data_dir  # noqa: E402
 
-DATA = Path(os.environ.get("RAG_RERANK_DATA", "/work/shared/data"))
+DATA = data_dir()
 
 
 def timed(fn: Callable[[], Any], repeat: int) -> tuple[float, Any]:
