@@ -401,3 +401,44 @@ def test_unknown_duplicates_by_is_an_input_error() -> None:
     with pytest.raises(InputError) as err:
         postpass(_ivf_request(), _scored(), duplicates_by="vibes")
     assert err.value.violations[0].path == "duplicates_by"
+
+
+# --------------------------------------------------------------------------- the threshold tie
+
+
+class _HalfCosineEmbedder:
+    """Vectors whose cosine is exactly 0.5 in binary floating point: (1,0,0,0) and (1,1,1,1)/2.
+
+    Its own duplicate threshold is that very value, so the tie is the embedder's default case.
+    """
+
+    name = "half-cosine"
+    duplicate_threshold = 0.5
+
+    def embed(self, texts: list[str]) -> np.ndarray:
+        return np.array([[1.0, 0.0, 0.0, 0.0] if t.startswith("a") else [0.5, 0.5, 0.5, 0.5] for t in texts])
+
+
+def test_cosine_exactly_at_the_threshold_is_a_duplicate() -> None:
+    # "at or above the threshold": the tie is a near-duplicate, one ulp below it is not
+    request = _request([[1, 0, 0, 0], [1, 1, 1, 1]], ["a a a", "b b b b"], 2, 0.7)
+    scored = [Ranked("id-0", 0.9, "first"), Ranked("id-1", 0.8, "second")]
+    vectors = np.array([[1.0, 0.0, 0.0, 0.0], [0.5, 0.5, 0.5, 0.5]])
+    assert float(vectors[0] @ vectors[1]) == 0.5  # the premise: no rounding anywhere
+
+    tie = postpass(request, scored, duplicate_threshold=0.5)
+    assert [r.id for r in tie.ranked] == ["id-0"]
+    assert [(d.id, d.reason) for d in tie.dropped] == [("id-1", "redundant_with:id-0")]
+
+    above = postpass(request, scored, duplicate_threshold=float(np.nextafter(0.5, 1.0)))
+    assert [r.id for r in above.ranked] == ["id-0", "id-1"] and above.dropped == ()
+
+
+def test_cosine_exactly_at_the_embedders_own_threshold_is_a_duplicate() -> None:
+    chunks = (Chunk(id="x", text="a short one"), Chunk(id="y", text="b a somewhat longer one"))
+    request = RerankRequest(query="q", chunks=chunks, top_k=2, lambda_=0.7)
+    scored = [Ranked("x", 0.6, "r"), Ranked("y", 0.9, "r")]
+    result = postpass(request, scored, embedder=_HalfCosineEmbedder(), duplicates_by="embedding")
+    # y is picked first (more relevant); x ties with it at 0.5 and is the more concise: x stands in
+    assert [r.id for r in result.ranked] == ["x"]
+    assert [(d.id, d.reason) for d in result.dropped] == [("y", "redundant_with:x")]
