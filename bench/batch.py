@@ -7,7 +7,7 @@ reading the input file, guards, render, the real `openai` SDK over HTTP, output 
 ordered JSONL writing. With a latency-bound workload the ideal is linear scaling,
 throughput = concurrency / latency, until our own CPU cost or the server saturates.
 
-Run:  /work/venv/bin/python bench/batch.py [--queries 64] [--latency 0.2] [--concurrency 1 8 32]
+Run:  python bench/batch.py [--queries 64] [--latency 0.2] [--concurrency 1 8 32]
 Prints a Markdown table.
 
 `--engines` compares the local engine with `--engine ray` on 1 and 2 workers (needs rag-rerank[ray])
@@ -16,7 +16,7 @@ the openai backend against fake_llm with the injected latency (I/O-bound). One l
 first, on 127.0.0.1 with this machine's cores, and every `--engine ray` run joins it: its start-up
 is printed, not included; each run does include starting its actors and loading their models.
 
-Run:  /work/venv/bin/python bench/batch.py --engines [--queries 64] [--latency 0.2] [--ray-concurrency 8]
+Run:  python bench/batch.py --engines [--queries 64] [--latency 0.2] [--ray-concurrency 8]
 """
 
 from __future__ import annotations
@@ -37,8 +37,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from rag_rerank.cli import main as cli_main  # noqa: E402
+from tests.support.shared_data import data_dir  # noqa: E402
 
-DEFAULT_DATA = Path("/work/shared/data/trec-dl19/bm25-top100.json")
+DEFAULT_DATA = data_dir() / "trec-dl19" / "bm25-top100.json"
 
 
 def write_queries(path: Path, data: Path, n_queries: int, n_chunks: int) -> None:

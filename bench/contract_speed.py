@@ -1,7 +1,7 @@
 """How long the contract layer takes for a full 50-chunk request: input guard, render, output guard.
 
 Run by hand: `python bench/contract_speed.py [--repeat N]`. Prints microseconds per call (median and
-p95 of N timed calls after a warm-up); no assertions, the numbers go in the README.
+p95 of N timed calls after a warm-up); no assertions, the numbers go in docs/speed.md.
 """
 
 from __future__ import annotations

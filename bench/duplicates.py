@@ -19,7 +19,6 @@ import argparse
 import csv
 import itertools
 import math
-import os
 import sys
 import time
 from pathlib import Path
@@ -31,8 +30,9 @@ sys.path.insert(0, str(ROOT))
 
 from rag_rerank.embed import embed_texts, get_embedder  # noqa: E402
 from rag_rerank.errors import MissingDependencyError  # noqa: E402
+from tests.support.shared_data import data_dir  # noqa: E402
 
-DATA = Path(os.environ.get("RAG_RERANK_DATA", "/work/shared/data")) / "clough-stevenson"
+DATA = data_dir() / "clough-stevenson"
 CATEGORIES = ("cut", "light", "heavy", "non")
 
 

@@ -7,7 +7,7 @@ Stages timed separately, on real passages (TREC DL19 BM25 top hits: the first 10
   `rerank(..., backend="local")` end to end. The raw answer judged by the output guard is the local
   backend's own answer for that request (a realistic candidate_k-sized object).
 
-Run:  /work/venv/bin/python bench/overhead.py [--runs 200] [--data PATH]
+Run:  python bench/overhead.py [--runs 200] [--data PATH]
 Prints a Markdown table: median and p95 in milliseconds per call.
 """
 
@@ -33,8 +33,9 @@ from rag_rerank.models import Dropped, Ranked  # noqa: E402
 from rag_rerank.postpass import postpass  # noqa: E402
 from rag_rerank.render import render  # noqa: E402
 from rag_rerank.rerank import candidate_k, make_backend, rerank  # noqa: E402
+from tests.support.shared_data import data_dir  # noqa: E402
 
-DEFAULT_DATA = Path("/work/shared/data/trec-dl19/bm25-top100.json")
+DEFAULT_DATA = data_dir() / "trec-dl19" / "bm25-top100.json"
 
 
 def load_queries(path: Path, n_chunks: int) -> list[tuple[str, list[dict[str, Any]]]]:

@@ -1,6 +1,7 @@
 """Post-pass benchmark: MMR correctness and speed, the 50-chunk post-pass cost, and AMBIENT diversity.
 
-1. Same embeddings, three implementations: `rag_rerank.postpass.mmr`, a plain float64 reference
+1. Same embeddings, three implementations: `rag_rerank.postpass.select` (the
+   pipeline's MMR, de-duplication off), a plain float64 reference
    (recomputes max-similarity to the selected set from scratch at every step) and LangChain's
    `maximal_marginal_relevance` when `langchain_core` is importable (it is NOT a dependency; the
    bench skips it otherwise and when one call would take minutes). Random unit vectors (d=384),
@@ -45,9 +46,10 @@ from rag_rerank.embed import embed_texts, get_embedder  # noqa: E402
 from rag_rerank.errors import MissingDependencyError  # noqa: E402
 from rag_rerank.guard import validate_request  # noqa: E402
 from rag_rerank.models import Ranked  # noqa: E402
-from rag_rerank.postpass import mmr, postpass  # noqa: E402
+from rag_rerank.postpass import postpass, select  # noqa: E402
+from tests.support.shared_data import data_dir  # noqa: E402
 
-DATA = Path(os.environ.get("RAG_RERANK_DATA", "/work/shared/data"))
+DATA = data_dir()
 
 
 def timed(fn: Callable[[], Any], repeat: int) -> tuple[float, Any]:
@@ -84,7 +86,9 @@ def reference_mmr(rel: np.ndarray, emb: np.ndarray, k: int, lam: float) -> list[
 
 def ours(rel: np.ndarray, emb: np.ndarray, k: int, lam: float) -> list[int]:
     sim = emb @ emb.T  # the similarity matrix is part of the timed work, as in LangChain
-    return mmr(rel, (sim + sim.T) * 0.5, k, lam)
+    sim = (sim + sim.T) * 0.5
+    no_dedup = select(rel, sim, k, lambda_=lam, lengths=np.zeros(len(rel)), threshold=math.inf)
+    return list(no_dedup.picked)
 
 
 def speed_table(lam: float = 0.7, dim: int = 384) -> None:

@@ -1,6 +1,6 @@
 """Quality benchmark: the local backend (and any OpenAI-compatible endpoint) on public collections.
 
-Builds candidates files from /work/shared/data (or RAG_RERANK_DATA) into bench/out/, runs
+Builds candidates files from ../shared/data (or RAG_RERANK_DATA) into bench/out/, runs
 `rag_rerank.evaluate` on each, and prints one table per collection with the published reference
 figures in the same table. Rows marked "ours" are measured by this script on this machine; rows
 marked "published" are copied from the data README and were measured elsewhere.
@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
-import os
 import sys
 import time
 from collections.abc import Sequence
@@ -29,8 +28,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from rag_rerank.embed.disk_cache import DiskCachedEmbedder  # noqa: E402
+from tests.support.shared_data import data_dir  # noqa: E402
 
-DATA = Path(os.environ.get("RAG_RERANK_DATA", "/work/shared/data"))
+DATA = data_dir()
 OUT = ROOT / "bench" / "out"
 ST_SPEC = "sentence-transformers"
 

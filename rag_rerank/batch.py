@@ -267,7 +267,7 @@ def error_kind(exc: Exception) -> str:
 
 def _error_record(exc: Exception, secrets: Sequence[str | None]) -> dict[str, Any]:
     if isinstance(exc, InputError):
-        from .cli import violation_lines
+        from .textio import violation_lines
 
         # One numbering: the record's "line" is the input line; a violation's own line (of a
         # chunks value given as JSONL text inside that line) is left out, its path
@@ -395,7 +395,7 @@ def _progress_bar(total: int, enabled: bool) -> Any:
 
 def run_batch_cli(args: Any, backend_options: Mapping[str, Any]) -> int:
     """`rag-rerank batch`: see the module docstring for the file formats and exit codes."""
-    from .cli import UsageError, read_text
+    from .textio import UsageError, read_text
 
     if args.concurrency < 1:
         raise UsageError(f"--concurrency must be at least 1, got {args.concurrency}")

@@ -23,14 +23,10 @@ from .errors import (
     OutputError,
     RerankError,
     Violation,
-    whole_argument_first,
 )
+from .textio import UsageError, read_text, violation_lines
 
 EXIT_OK, EXIT_INVALID_OUTPUT, EXIT_BAD_INPUT, EXIT_BACKEND = 0, 1, 2, 3
-
-
-class UsageError(RerankError):
-    """A command line that cannot be acted on (exit 2)."""
 
 
 def _err(line: str) -> None:
@@ -39,57 +35,9 @@ def _err(line: str) -> None:
     print(f"rag-rerank: {flat}", file=sys.stderr)
 
 
-# A junk file can break the contract on every one of its lines; past this many, more lines only
-# bury the first ones (usually the same mistake repeated) and make a terminal or a CI log unreadable.
-MAX_SHOWN_VIOLATIONS = 50
-
-
-def violation_lines(violations: Sequence[Violation], limit: int = MAX_SHOWN_VIOLATIONS) -> list[str]:
-    """The first `limit` violations as text, then one line with how many were left out and the total,
-    so a capped list still tells the user how much is wrong. A list that is cut shows the
-    whole-argument problems (the size limit) first."""
-    if len(violations) > limit:
-        violations = whole_argument_first(violations)
-    shown = [str(v) for v in violations[:limit]]
-    hidden = len(violations) - len(shown)
-    if hidden > 0:
-        shown.append(f"... and {hidden} more violation{'s' if hidden != 1 else ''} "
-                     f"({len(violations)} total)")
-    return shown
-
-
 def _print_violations(violations: Sequence[Violation], prefix: str = "error") -> None:
     for line in violation_lines(violations):
         _err(f"{prefix}: {line}")
-
-
-def read_text(source: str, what: str = "chunks") -> str:
-    """The contents of FILE, or of stdin for '-', as text; a clear error otherwise.
-
-    `what` names the option the path came from (`chunks` -> `--chunks`); a name in capitals is a
-    positional argument and is shown as is (`OUTPUT_FILE`)."""
-    label = what if what.isupper() else f"--{what}"
-    if source == "-":
-        if sys.stdin is None:  # started with stdin closed (`<&-`)
-            raise UsageError(f"{label}: '-' reads stdin, but stdin is closed")
-        data = sys.stdin.buffer.read()
-        name = "<stdin>"
-    else:
-        path = Path(source)
-        if path.is_dir():
-            raise UsageError(f"{label}: {source} is a directory, not a file")
-        if not path.is_file():
-            raise UsageError(f"{label}: no such file: {source}")
-        try:
-            data = path.read_bytes()
-        except OSError as exc:
-            raise UsageError(f"{label}: cannot read {source}: {exc.strerror}") from None
-        name = source
-    try:
-        return data.decode("utf-8-sig")  # a BOM (Windows editors) is not part of the content
-    except UnicodeDecodeError as exc:
-        line = data[: exc.start].count(b"\n") + 1
-        raise UsageError(f"{name}: line {line}: not UTF-8 text (byte {exc.start})") from None
 
 
 def whole_number(text: str) -> int:

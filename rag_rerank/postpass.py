@@ -66,37 +66,6 @@ LEXICAL_NAME = "lexical"
 # --------------------------------------------------------------------------- the algorithms
 
 
-def mmr(relevance: np.ndarray, sim: np.ndarray, k: int, lambda_: float) -> list[int]:
-    """Greedy MMR: indices of at most `k` items in selection order.
-
-    The first pick is the most relevant item (for lambda = 0 every item would tie on an empty
-    selection; relevance is the only sensible opener). Then each step takes the argmax of
-    `lambda*rel - (1-lambda)*max_sim(item, selected)`; `np.argmax` returns the first maximum, so
-    ties go to the earlier input. Cost: k steps of O(n) vector work after the similarity matrix.
-    """
-    rel = np.asarray(relevance, dtype=np.float64)
-    n = rel.shape[0]
-    k = max(0, min(int(k), n))
-    if k == 0:
-        return []
-    s = np.asarray(sim, dtype=np.float64)
-    lam = float(lambda_)
-    first = int(np.argmax(rel))
-    picked = [first]
-    available = np.ones(n, dtype=bool)
-    available[first] = False
-    max_sim = s[first].copy()
-    weighted_rel = lam * rel
-    for _ in range(k - 1):
-        score = weighted_rel - (1.0 - lam) * max_sim
-        score[~available] = -np.inf
-        nxt = int(np.argmax(score))
-        picked.append(nxt)
-        available[nxt] = False
-        np.maximum(max_sim, s[nxt], out=max_sim)
-    return picked
-
-
 def lost_in_the_middle(order: Sequence[int]) -> list[int]:
     """Best items at both ends: ranks 1..10 become [1 3 5 7 9 10 8 6 4 2] (odd counts alike)."""
     items = list(order)

@@ -20,10 +20,10 @@ from rag_rerank.cli import (
     EXIT_BAD_INPUT,
     EXIT_INVALID_OUTPUT,
     EXIT_OK,
-    MAX_SHOWN_VIOLATIONS,
     build_parser,
     main,
 )
+from rag_rerank.textio import MAX_SHOWN_VIOLATIONS
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"

@@ -12,8 +12,9 @@ import pytest
 from rag_rerank.embed import CallerVectors, get_embedder
 from rag_rerank.embed.lexical import LexicalEmbedder, normalise_text
 from rag_rerank.errors import InputError
+from tests.support.shared_data import data_dir, require
 
-CLOUGH = Path("/work/shared/data/clough-stevenson")
+CLOUGH = data_dir() / "clough-stevenson"
 TEXTS = [
     "HNSW builds a hierarchical proximity graph; recall ~99% with low latency but RAM-heavy.",
     "IVF partitions vectors into Voronoi cells; only nprobe lists are scanned per query.",
@@ -70,8 +71,7 @@ def test_case_punctuation_and_width_do_not_matter_but_words_do():
 
 def test_copied_text_is_a_duplicate_and_independent_text_is_not():
     """One task of the clough-stevenson corpus (the full study is bench/duplicates.py)."""
-    if not CLOUGH.is_dir():
-        pytest.skip("clough-stevenson data not present")
+    require(CLOUGH)
     import csv
 
     def read(name: str) -> str:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from pathlib import Path
 
 import pytest
@@ -15,8 +14,9 @@ from rag_rerank.cli import main
 from rag_rerank.errors import InputError
 from rag_rerank.evaluate import evaluate, read_candidates, rerank_queries, reranked_order
 from rag_rerank.rerank import rerank
+from tests.support.shared_data import data_dir, require
 
-DATA = Path(os.environ.get("RAG_RERANK_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
+DATA = data_dir()
 DL19 = DATA / "trec-dl19"
 QIDS = ("1037798", "1129237", "183378")  # three judged queries with relevant passages in their top 20
 DEPTH = 20
@@ -24,8 +24,7 @@ DEPTH = 20
 
 @pytest.fixture(scope="module")
 def dl19_slice(tmp_path_factory):
-    if not (DL19 / "bm25-top100.json").is_file():
-        pytest.skip(f"TREC DL19 data not found under {DATA}")
+    require(DL19 / "bm25-top100.json")
     out = tmp_path_factory.mktemp("dl19")
     rows = []
     for item in json.loads((DL19 / "bm25-top100.json").read_text(encoding="utf-8")):

@@ -13,7 +13,7 @@ from rag_rerank.embed import l2_normalise
 from rag_rerank.errors import InputError
 from rag_rerank.guard import validate_request
 from rag_rerank.models import Chunk, Dropped, Ranked, RerankRequest
-from rag_rerank.postpass import lost_in_the_middle, mmr, postpass
+from rag_rerank.postpass import lost_in_the_middle, postpass, select
 
 MIN_SCORE = 0.2
 
@@ -147,7 +147,9 @@ def test_mmr_matches_reference(rel, k, lam, dim, rnd):
     unit = l2_normalise(vectors).astype(np.float64)
     sim = unit @ unit.T
     sim = (sim + sim.T) * 0.5
-    got = mmr(np.array(rel), sim, k, lam)
+    # the pipeline's own selection with de-duplication off (nothing reaches an infinite threshold)
+    picked = select(np.array(rel), sim, k, lambda_=lam, lengths=np.zeros(len(rel)), threshold=math.inf).picked
+    got = list(picked)
     expected = reference_selection(rel, unit, k, lam, [0] * len(rel), threshold=math.inf)
     assert got == expected
 
@@ -415,3 +417,44 @@ def test_each_diversity_note_describes_its_own_chunk():
     assert len(set(notes)) == 3, notes
     for r, note in zip(result.ranked[1:], notes, strict=True):
         assert f"score {r.score:.2f}" in note  # its own score, not only the skipped chunk's
+
+
+# --------------------------------------------------------------------------- the threshold tie
+
+
+class _HalfCosineEmbedder:
+    """Vectors whose cosine is exactly 0.5 in binary floating point: (1,0,0,0) and (1,1,1,1)/2.
+
+    Its own duplicate threshold is that very value, so the tie is the embedder's default case.
+    """
+
+    name = "half-cosine"
+    duplicate_threshold = 0.5
+
+    def embed(self, texts: list[str]) -> np.ndarray:
+        return np.array([[1.0, 0.0, 0.0, 0.0] if t.startswith("a") else [0.5, 0.5, 0.5, 0.5] for t in texts])
+
+
+def test_cosine_exactly_at_the_threshold_is_a_duplicate() -> None:
+    # "at or above the threshold": the tie is a near-duplicate, one ulp below it is not
+    request = _request([[1, 0, 0, 0], [1, 1, 1, 1]], ["a a a", "b b b b"], 2, 0.7)
+    scored = [Ranked("id-0", 0.9, "first"), Ranked("id-1", 0.8, "second")]
+    vectors = np.array([[1.0, 0.0, 0.0, 0.0], [0.5, 0.5, 0.5, 0.5]])
+    assert float(vectors[0] @ vectors[1]) == 0.5  # the premise: no rounding anywhere
+
+    tie = postpass(request, scored, duplicate_threshold=0.5)
+    assert [r.id for r in tie.ranked] == ["id-0"]
+    assert [(d.id, d.reason) for d in tie.dropped] == [("id-1", "redundant_with:id-0")]
+
+    above = postpass(request, scored, duplicate_threshold=float(np.nextafter(0.5, 1.0)))
+    assert [r.id for r in above.ranked] == ["id-0", "id-1"] and above.dropped == ()
+
+
+def test_cosine_exactly_at_the_embedders_own_threshold_is_a_duplicate() -> None:
+    chunks = (Chunk(id="x", text="a short one"), Chunk(id="y", text="b a somewhat longer one"))
+    request = RerankRequest(query="q", chunks=chunks, top_k=2, lambda_=0.7)
+    scored = [Ranked("x", 0.6, "r"), Ranked("y", 0.9, "r")]
+    result = postpass(request, scored, embedder=_HalfCosineEmbedder(), duplicates_by="embedding")
+    # y is picked first (more relevant); x ties with it at 0.5 and is the more concise: x stands in
+    assert [r.id for r in result.ranked] == ["x"]
+    assert [(d.id, d.reason) for d in result.dropped] == [("y", "redundant_with:x")]

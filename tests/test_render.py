@@ -13,9 +13,10 @@ from rag_rerank.guard import validate_request
 from rag_rerank.models import RerankRequest
 from rag_rerank.render import chunk_line, extract_chunk_lines, format_lambda, render
 from rag_rerank.skill import SkillCard
+from tests.support.shared_data import seeds_dir
 
 GOLDEN = Path(__file__).resolve().parent.parent / "golden" / "render"
-SEED = Path("/work/shared/seeds/skill-card-rag-chunk-reranker.txt")
+SEED = seeds_dir() / "skill-card-rag-chunk-reranker.txt"
 
 
 def request(card: SkillCard, name: str) -> RerankRequest:

@@ -18,8 +18,9 @@ from rag_rerank.skill import (
     load_skill,
     parse_skill,
 )
+from tests.support.shared_data import seeds_dir
 
-SEED = Path("/work/shared/seeds/skill-card-rag-chunk-reranker.txt")
+SEED = seeds_dir() / "skill-card-rag-chunk-reranker.txt"
 
 
 def seed_text() -> str:

@@ -38,7 +38,7 @@ _NON_WORD = re.compile(r"[\W_]+", re.UNICODE)
 _SEP = 0  # code point that separates texts in the joined array (never survives normalisation)
 _SPACE = 32
 # Cosine at or above which two chunks count as near-duplicates with this embedder. Chosen on
-# clough-stevenson (bench/duplicates.py; numbers in the README section `postpass`): every `cut`
+# clough-stevenson (bench/duplicates.py; numbers in docs/postpass.md): every `cut`
 # and `light` answer is at or above it against its source, no `non` answer reaches it.
 LEXICAL_DUPLICATE_THRESHOLD = 0.49
 

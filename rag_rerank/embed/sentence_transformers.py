@@ -24,7 +24,7 @@ from . import l2_normalise
 DEFAULT_MODEL = "all-MiniLM-L6-v2"
 _DEFAULT_ALIASES = frozenset({DEFAULT_MODEL.lower(), f"sentence-transformers/{DEFAULT_MODEL}".lower()})
 # Cosine at or above which two chunks count as near-duplicates with all-MiniLM-L6-v2, measured on
-# clough-stevenson (bench/duplicates.py; numbers in the README section `postpass`). MiniLM does not
+# clough-stevenson (bench/duplicates.py; numbers in docs/postpass.md). MiniLM does not
 # separate copied from independent answers there (independent answers on one topic reach 0.83), so
 # this is the precision-first choice: just above every independent answer, because wrongly dropping
 # a distinct chunk loses information while a missed duplicate only costs a slot. It catches 23 of

@@ -1,0 +1,69 @@
+"""Text in and out for the commands: a user-named file (or stdin) read as UTF-8, and a list of
+violations turned into a bounded list of lines.
+
+`cli.py`, `batch.py` and `evaluate.py` all need these; they live here, below all three, so the
+library never depends on the CLI (the CLI is a thin layer on top of it, not the other way round).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from .errors import RerankError, Violation, whole_argument_first
+
+
+class UsageError(RerankError):
+    """A command line that cannot be acted on: a missing file, a bad option value (CLI exit 2)."""
+
+
+# A junk file can break the contract on every one of its lines; past this many, more lines only
+# bury the first ones (usually the same mistake repeated) and make a terminal or a CI log unreadable.
+MAX_SHOWN_VIOLATIONS = 50
+
+
+def violation_lines(violations: Sequence[Violation], limit: int = MAX_SHOWN_VIOLATIONS) -> list[str]:
+    """The first `limit` violations as text, then one line with how many were left out and the total,
+    so a capped list still tells the user how much is wrong. A list that is cut shows the
+    whole-argument problems (the size limit) first."""
+    if len(violations) > limit:
+        violations = whole_argument_first(violations)
+    shown = [str(v) for v in violations[:limit]]
+    hidden = len(violations) - len(shown)
+    if hidden > 0:
+        shown.append(f"... and {hidden} more violation{'s' if hidden != 1 else ''} "
+                     f"({len(violations)} total)")
+    return shown
+
+
+def read_text(source: str, what: str = "chunks") -> str:
+    """The contents of FILE, or of stdin for '-', as text; a `UsageError` naming the option otherwise.
+
+    `what` names the option the path came from (`chunks` -> `--chunks`); a name in capitals is a
+    positional argument and is shown as is (`OUTPUT_FILE`)."""
+    label = what if what.isupper() else f"--{what}"
+    if source == "-":
+        if sys.stdin is None:  # started with stdin closed (`<&-`)
+            raise UsageError(f"{label}: '-' reads stdin, but stdin is closed")
+        data = sys.stdin.buffer.read()
+        name = "<stdin>"
+    else:
+        path = Path(source)
+        if path.is_dir():
+            raise UsageError(f"{label}: {source} is a directory, not a file")
+        if not path.is_file():
+            raise UsageError(f"{label}: no such file: {source}")
+        try:
+            data = path.read_bytes()
+        except OSError as exc:
+            raise UsageError(f"{label}: cannot read {source}: {exc.strerror}") from None
+        name = source
+    try:
+        return data.decode("utf-8-sig")  # a BOM (Windows editors) is not part of the content
+    except UnicodeDecodeError as exc:
+        line = data[: exc.start].count(b"\n") + 1
+        raise UsageError(f"{name}: line {line}: not UTF-8 text (byte {exc.start})") from None
+
+
+__all__ = ["MAX_SHOWN_VIOLATIONS", "UsageError", "read_text", "violation_lines"]
