@@ -18,6 +18,16 @@ first, with the evaluation's embedder. With subtopic judgments (TREC diversity q
 `qid subtopic docid rel`), subtopic recall and alpha-nDCG (alpha 0.5) at `k` are added (ir-measures'
 pyndeval provider).
 
+**Novelty-aware nDCG@k** (`novelty-nDCG@k`) is nDCG@k in which a chunk that is a near-duplicate
+of one listed above it gains nothing, and the ideal list is built the same way from the judged
+candidates (copies of a picked document are skipped). Plain nDCG counts a reranker's duplicate
+removal as a loss on collections full of near-copies (MS MARCO); this one does not reward listing
+the same passage twice. The duplicate criterion is fixed, whatever embedder is under test: cosine
+of the `lexical` embedder's hashed word + character 5-gram vectors at or above 0.49, the
+near-verbatim threshold measured on clough-stevenson (copied and lightly edited answers above it,
+independent answers below; `embed/lexical.py`). Judged documents that are not among the candidates
+have no text and count as distinct.
+
 `--resume FILE` keeps one line per finished query (plus a header with the configuration) and skips
 those queries on the next run, so an interrupted evaluation picks up where it stopped.
 """
@@ -253,6 +263,58 @@ def measure(qrels: Sequence[Any], orders: Mapping[str, Sequence[str]], *, k: int
         out[f"St-recall@{k}"] = agg[StRecall @ k]
         out[f"alpha-nDCG@{k}"] = agg[alpha_nDCG @ k]
     return {name: float(v) for name, v in out.items()}
+
+
+def _judged_gains(qrels: Sequence[Any]) -> dict[str, dict[str, float]]:
+    gains: dict[str, dict[str, float]] = {}
+    for j in qrels:
+        gains.setdefault(str(j.query_id), {})[str(j.doc_id)] = float(max(j.relevance, 0))
+    return gains
+
+
+def novelty_ndcg(qrels: Sequence[Any], orders: Mapping[str, Sequence[str]],
+                 texts: Mapping[str, Mapping[str, str]], k: int = 10) -> float:
+    """Mean novelty-aware nDCG@k over the judged queries of `orders` (see the module docstring).
+
+    `texts[qid][docid]` is each candidate's text; the near-duplicate test is the lexical
+    embedder's cosine at or above its threshold, the same for every system compared."""
+    from .embed.lexical import LexicalEmbedder
+
+    lexical = LexicalEmbedder()
+    judged = _judged_gains(qrels)
+    discount = 1.0 / np.log2(np.arange(2, k + 2))
+    values = []
+    for qid, order in orders.items():
+        gains = judged.get(str(qid))
+        if not gains:
+            continue
+        text_of = texts.get(qid, {})
+        pool = list(dict.fromkeys([*order[:k], *sorted(text_of, key=lambda d: -gains.get(d, 0.0))]))
+        with_text = [d for d in pool if d in text_of]
+        vecs = lexical.embed([text_of[d] for d in with_text]) if with_text else np.zeros((0, 1))
+        row = {d: i for i, d in enumerate(with_text)}
+        sim = vecs @ vecs.T
+
+        seen: list[int] = []
+        got = []
+        for d in order[:k]:  # a copy of a document listed above gains nothing
+            r = row.get(d)
+            copy = r is not None and any(sim[r, s] >= lexical.duplicate_threshold for s in seen)
+            got.append(0.0 if copy else gains.get(d, 0.0))
+            if r is not None:
+                seen.append(r)
+        dcg = float(np.dot(got, discount[: len(got)]))
+        # Ideal: the judged candidates best first, each copy of a picked one skipped, then the
+        # judged documents that are not among the candidates (no text: distinct by assumption).
+        picked: list[str] = []
+        for d in sorted((d for d in with_text if gains.get(d, 0.0) > 0), key=lambda d: -gains[d]):
+            if all(sim[row[d], row[p]] < lexical.duplicate_threshold for p in picked):
+                picked.append(d)
+        ideal = sorted([gains[d] for d in picked]
+                       + [g for d, g in gains.items() if g > 0 and d not in text_of], reverse=True)[:k]
+        idcg = float(np.dot(ideal, discount[: len(ideal)]))
+        values.append(dcg / idcg if idcg > 0 else 0.0)
+    return float(np.mean(values)) if values else float("nan")
 
 
 def pairwise_distance(embedder: Any, texts_by_query: Sequence[Sequence[str]]) -> float:
@@ -540,6 +602,7 @@ def evaluate(
     result = {}
     for label, orders in (("input", input_orders), ("reranked", reranked_orders)):
         metrics = measure(judgments, orders, k=k, rel_level=rel_level, subtopics=subs)
+        metrics[f"novelty-nDCG@{k}"] = novelty_ndcg(judgments, orders, text_of, k)
         metrics[f"distance@{k}"] = pairwise_distance(
             yardstick, [[text_of[q][i] for i in ids[:k]] for q, ids in orders.items()])
         result[label] = metrics

@@ -152,11 +152,18 @@ def resolve_embedder(spec: Any, backend: Any = "local", base_url: str | None = N
     too. An Anthropic `base_url` is never an embeddings endpoint, so it is not borrowed; to embed
     elsewhere, pass `get_embedder("openai", base_url=...)`."""
     from .embed import get_embedder, parse_embedder_spec
+    from .embed.memo import Memo
 
     follows = isinstance(spec, str) and backend == "openai" and bool(base_url)
     if follows and parse_embedder_spec(spec)[0] == "openai":
-        return get_embedder(spec, base_url=base_url)
-    return get_embedder(spec)
+        emb = get_embedder(spec, base_url=base_url)
+    else:
+        emb = get_embedder(spec)
+    # A model-backed embedder is shared by the backend (scoring) and the post-pass (MMR): each text
+    # is embedded once (`embed/memo.py`). The numpy embedders are cheaper than a lookup.
+    if isinstance(spec, str) and parse_embedder_spec(spec)[0] in ("sentence-transformers", "openai"):
+        return Memo(emb)
+    return emb
 
 
 def redact(text: str, secrets: Sequence[str | None]) -> str:

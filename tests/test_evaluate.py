@@ -433,3 +433,56 @@ def test_a_resume_config_mismatch_names_the_setting_that_differs(tmp_path, capsy
     assert main([*_tiny(tmp_path), "--resume", str(resume), "--k", "4", "--lambda", "0.5"]) == 2
     err = capsys.readouterr().err
     assert "another configuration (k: file 3, now 4; lambda: file None, now 0.5)" in err
+
+
+# --- novelty-aware nDCG ---------------------------------------------------------------------------
+
+
+def _qrels(rows: list[tuple[str, str, int]]):
+    import tempfile
+
+    from rag_rerank.evaluate import read_qrels
+
+    with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False, encoding="utf-8") as fh:
+        fh.write("".join(f"{q} 0 {d} {r}\n" for q, d, r in rows))
+    return read_qrels(fh.name)
+
+
+_TEXTS = {
+    "a": "IVF partitions the vectors into Voronoi cells and scans only nprobe of them per query.",
+    "a-copy": "IVF partitions the vectors into Voronoi cells and scans only nprobe of them per query!",
+    "b": "HNSW keeps a layered proximity graph in memory, which makes it fast but RAM-heavy.",
+    "c": "Sourdough needs a ripe starter and a long cold proof before baking.",
+}
+
+
+def test_novelty_ndcg_equals_plain_ndcg_when_no_candidate_repeats_another():
+    from ir_measures import calc_aggregate, nDCG
+
+    from rag_rerank.evaluate import _run, novelty_ndcg
+
+    qrels = _qrels([("q1", "a", 2), ("q1", "b", 1), ("q1", "c", 0)])
+    orders = {"q1": ["c", "b", "a"]}
+    texts = {"q1": {d: _TEXTS[d] for d in ("a", "b", "c")}}
+    plain = calc_aggregate([nDCG @ 10], qrels, _run(orders))[nDCG @ 10]
+    assert novelty_ndcg(qrels, orders, texts, 10) == pytest.approx(plain)
+
+
+def test_a_near_copy_listed_below_its_original_gains_nothing_and_the_ideal_skips_copies():
+    from rag_rerank.evaluate import novelty_ndcg
+
+    qrels = _qrels([("q1", "a", 2), ("q1", "a-copy", 2), ("q1", "b", 1)])
+    texts = {"q1": {d: _TEXTS[d] for d in ("a", "a-copy", "b")}}
+    with_copy = novelty_ndcg(qrels, {"q1": ["a", "a-copy", "b"]}, texts, 10)
+    without = novelty_ndcg(qrels, {"q1": ["a", "b", "a-copy"]}, texts, 10)
+    # ideal = [2, 1] (the copy is skipped): listing a, b first is perfect; a, a-copy, b is not
+    assert without == pytest.approx(1.0)
+    disc = [1 / math.log2(i + 2) for i in range(3)]
+    assert with_copy == pytest.approx((2 * disc[0] + 0 * disc[1] + 1 * disc[2]) / (2 * disc[0] + 1 * disc[1]))
+
+
+def test_eval_reports_novelty_ndcg_for_both_orders(dl19_slice):
+    _, cands, qrels, _ = dl19_slice
+    report = evaluate(cands, qrels, k=10, lambda_=1.0)
+    for side in (report.input, report.reranked):
+        assert 0.0 <= side["novelty-nDCG@10"] <= 1.0

@@ -1,0 +1,79 @@
+"""embed/memo.py: each text embedded once per call, bounded, and shared by backend and post-pass."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+
+from rag_rerank import rerank
+from rag_rerank.embed.lexical import LexicalEmbedder
+from rag_rerank.embed.memo import Memo
+from tests.support.fake_llm import FakeLLM
+
+
+class _Counting:
+    """A real embedder (the lexical one) that counts the texts it is asked for."""
+
+    name = "counting"
+    duplicate_threshold = 0.5
+
+    def __init__(self) -> None:
+        self.seen: list[str] = []
+        self._inner = LexicalEmbedder()
+
+    def embed(self, texts: list[str]) -> np.ndarray:
+        self.seen.extend(texts)
+        return self._inner.embed(texts)
+
+
+def test_a_text_is_embedded_once_and_rows_come_back_in_order() -> None:
+    inner = _Counting()
+    memo = Memo(inner)
+    first = memo.embed(["a b", "c d", "a b"])
+    second = memo.embed(["c d", "e f"])
+    assert inner.seen == ["a b", "c d", "e f"]
+    assert np.array_equal(first[0], first[2]) and np.array_equal(first[1], second[0])
+    assert np.array_equal(second, LexicalEmbedder().embed(["c d", "e f"]))
+    assert memo.name == "counting" and memo.duplicate_threshold == 0.5
+    assert memo.embed([]).shape[0] == 0
+
+
+def test_the_memo_is_bounded_least_recently_used_first() -> None:
+    inner = _Counting()
+    memo = Memo(inner, max_texts=2)
+    memo.embed(["a"])
+    memo.embed(["b"])
+    memo.embed(["a"])  # a is now the most recent
+    memo.embed(["c"])  # evicts b
+    memo.embed(["a", "b"])
+    assert inner.seen == ["a", "b", "c", "b"]
+
+
+def test_concurrent_requests_get_their_own_rows() -> None:
+    memo = Memo(_Counting(), max_texts=8)
+    texts = [f"text number {i}" for i in range(40)]
+    out: dict[int, np.ndarray] = {}
+
+    def work(i: int) -> None:
+        out[i] = memo.embed(texts[i : i + 5])
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(0, 35, 5)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for i, rows in out.items():
+        assert np.array_equal(rows, LexicalEmbedder().embed(texts[i : i + 5]))
+
+
+def test_rerank_sends_each_chunk_to_an_embeddings_server_once(monkeypatch) -> None:
+    """Backend scoring and the post-pass share the memo: the server sees each text once."""
+    chunks = [{"id": f"c{i}", "text": f"IVF partitions vectors into cells, variant {i}."} for i in range(6)]
+    with FakeLLM() as srv:
+        monkeypatch.setenv("OPENAI_BASE_URL", srv.openai_url)
+        monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
+        result = rerank("How does IVF work?", chunks, top_k=3, embedder="openai:fake-embed")
+        sent = [t for r in srv.requests if r.api == "embeddings" for t in r.body["input"]]
+    assert len(result.ranked) + len(result.dropped) == 6
+    assert sorted(sent) == sorted(["How does IVF work?", *(c["text"] for c in chunks)])
