@@ -65,6 +65,11 @@ class RunMeta:
     fallback: str | None = None
     embedder: str | None = None
     notes: tuple[str, ...] = ()
+    # Prompts sent: 1, or with `window_size` one per window plus the final pass (`attempts` also
+    # counts retries and fallbacks). `windows` holds one entry per window and one for the final
+    # pass: {"stage", "index", "chunks": [first, end), "attempts", "usage", "survivors", "fallback"}.
+    calls: int = 1
+    windows: tuple[Mapping[str, Any], ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -77,6 +82,8 @@ class RunMeta:
             "fallback": self.fallback,
             "embedder": self.embedder,
             "notes": list(self.notes),
+            "calls": self.calls,
+            "windows": [dict(w) for w in self.windows],
         }
 
 

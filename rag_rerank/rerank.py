@@ -29,6 +29,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from .backends.base import Backend
+from .concurrency import DEFAULT_CONCURRENCY, call_slot, check_concurrency
 from .errors import BackendError, InputError, Violation
 from .fusion import MetaFusion, check_embed_meta_fields, meta_fusion, meta_values, with_embedded_meta
 from .guard import validate_request
@@ -195,6 +196,8 @@ class _Plan:
     view: RerankRequest | None = None
     fusion: MetaFusion | None = None
     meta_values: Mapping[str, float | None] | None = None
+    window_size: int | None = None  # set only when the request is ranked in windows (windows.py)
+    concurrency: int = 4
 
 
 def _plan(
@@ -213,29 +216,40 @@ def _plan(
     policy: Any,
     backend_options: Mapping[str, Any] | None = None,
     scoring: Mapping[str, Any] | None = None,
+    window_size: Any = None,
+    concurrency: Any = DEFAULT_CONCURRENCY,
 ) -> _Plan:
     """Every check and decision shared by `rerank` and `arerank`, before the backend is called.
 
     `scoring` holds the metadata options (`meta_*`, `embed_meta_fields`); they are all checked,
     and every chunk's metadata value parsed, before any backend is built or called."""
+    from .windows import windowed
+
     _check_fallback(fallback)
     _check_policy(policy)
+    concurrency = check_concurrency(concurrency)
     started = time.perf_counter()
     lim = as_limits(limits)
-    request, fields, fusion = _validated(query, chunks, top_k, lambda_, lim, scoring or {})
+    request, fields, fusion = _validated(query, chunks, top_k, lambda_, lim, scoring or {}, window_size)
     values = meta_values(request, fusion) if fusion is not None else None
     view = with_embedded_meta(request, fields)
     emb = resolve_embedder(embedder, backend, base_url)
     be = make_backend(backend, model=model, base_url=base_url, api_key=api_key, embedder=emb,
                       **_backend_kwargs(backend, backend_options))
+    name = backend if isinstance(backend, str) else str(getattr(be, "name", type(be).__name__))
+    if window_size is not None and windowed(request, int(window_size)):
+        # Each window and the final pass render their own prompt (windows.py).
+        return _Plan(request, view, "", be, name, emb, lim, started, view, fusion, values,
+                     window_size=int(window_size), concurrency=concurrency)
     copies = len(view.chunks) - len({c.text for c in view.chunks})
     ask = replace(view, top_k=candidate_k(len(view.chunks), view.top_k, copies))
-    name = backend if isinstance(backend, str) else str(getattr(be, "name", type(be).__name__))
-    return _Plan(request, ask, render(ask), be, name, emb, lim, started, view, fusion, values)
+    return _Plan(request, ask, render(ask), be, name, emb, lim, started, view, fusion, values,
+                 concurrency=concurrency)
 
 
 def _validated(
-    query: Any, chunks: ChunkSource, top_k: Any, lambda_: Any, lim: Limits, scoring: Mapping[str, Any]
+    query: Any, chunks: ChunkSource, top_k: Any, lambda_: Any, lim: Limits, scoring: Mapping[str, Any],
+    window_size: Any = None,
 ) -> tuple[RerankRequest, tuple[str, ...], MetaFusion | None]:
     """The request and the metadata options, every problem with any of them in one `InputError`."""
     opts = dict(scoring)
@@ -251,7 +265,7 @@ def _validated(
     except InputError as exc:
         problems.extend(exc.violations)
     try:
-        request = validate_request(query, chunks, top_k, lambda_, limits=lim)
+        request = validate_request(query, chunks, top_k, lambda_, limits=lim, window_size=window_size)
     except InputError as exc:
         problems.extend(exc.violations)
     if problems:
@@ -314,6 +328,8 @@ def _meta(
     usage: Mapping[str, int],
     fallback: str | None = None,
     notes: Sequence[str] = (),
+    calls: int = 1,
+    windows: Sequence[Mapping[str, Any]] = (),
 ) -> RunMeta:
     return RunMeta(
         backend=plan.backend_name,
@@ -325,6 +341,8 @@ def _meta(
         fallback=fallback,
         embedder=_embedder_name(plan),
         notes=tuple(notes),
+        calls=calls,
+        windows=tuple(windows),
     )
 
 
@@ -430,6 +448,8 @@ def rerank(
     missing_meta: str = "bottom",
     meta_value_type: str = "float",
     embed_meta_fields: Sequence[str] | None = None,
+    window_size: int | None = None,
+    concurrency: int = DEFAULT_CONCURRENCY,
 ) -> RerankResult:
     """Rerank `chunks` for `query`: at most `top_k` ranked (default 5), MMR with `lambda_` (default 0.7).
 
@@ -448,6 +468,10 @@ def rerank(
     timeout, max_chars, score_mapping). `meta_field` and the other `meta_*` options fuse the scorer's
     order with a metadata field (dates, ratings) before MMR; `embed_meta_fields` lists meta keys whose
     values are put before each chunk's text for every scorer (see `rag_rerank.fusion`).
+    `window_size` (at most `max_chunks`) ranks up to `max_total_chunks` candidates: windows of that
+    many scored concurrently (at most `concurrency` calls in flight), then one final pass over the
+    best survivors and the post-pass over them (see `rag_rerank.windows`); without it, more than
+    `max_chunks` is an `InputError`.
 
     Raises `InputError` for bad input and `BackendError` (every attempt attached) when the backend
     fails and there is no fallback.
@@ -469,7 +493,14 @@ def rerank(
         scoring={"meta_field": meta_field, "meta_weight": meta_weight, "meta_ranking_mode": meta_ranking_mode,
                  "meta_sort_order": meta_sort_order, "missing_meta": missing_meta,
                  "meta_value_type": meta_value_type, "embed_meta_fields": embed_meta_fields},
+        window_size=window_size,
+        concurrency=concurrency,
     )
+    if plan.window_size is not None:
+        from .windows import run_windows
+
+        return run_windows(plan, api_key=api_key, policy=policy, strict=strict, fallback=fallback,
+                           layout=layout, duplicate_threshold=duplicate_threshold)
     from .retry import call_with_retries
 
     try:
@@ -514,6 +545,8 @@ async def arerank(
     missing_meta: str = "bottom",
     meta_value_type: str = "float",
     embed_meta_fields: Sequence[str] | None = None,
+    window_size: int | None = None,
+    concurrency: int = DEFAULT_CONCURRENCY,
 ) -> RerankResult:
     """`rerank` for asyncio: the backend call is awaited (the backend's `acomplete`), so many
     requests share one event loop. Arguments, result and errors are those of `rerank`."""
@@ -534,19 +567,27 @@ async def arerank(
         scoring={"meta_field": meta_field, "meta_weight": meta_weight, "meta_ranking_mode": meta_ranking_mode,
                  "meta_sort_order": meta_sort_order, "missing_meta": missing_meta,
                  "meta_value_type": meta_value_type, "embed_meta_fields": embed_meta_fields},
+        window_size=window_size,
+        concurrency=concurrency,
     )
+    if plan.window_size is not None:
+        from .windows import arun_windows
+
+        return await arun_windows(plan, api_key=api_key, policy=policy, strict=strict, fallback=fallback,
+                                  layout=layout, duplicate_threshold=duplicate_threshold)
     from .retry import acall_with_retries
 
     try:
-        outcome = await acall_with_retries(
-            plan.backend,
-            plan.ask,
-            plan.prompt,
-            guard_top_k=plan.ask.top_k,
-            policy=policy,
-            limits=plan.limits,
-            repair=not strict,
-        )
+        async with call_slot():  # inside a batch, the batch's bound on calls in flight
+            outcome = await acall_with_retries(
+                plan.backend,
+                plan.ask,
+                plan.prompt,
+                guard_top_k=plan.ask.top_k,
+                policy=policy,
+                limits=plan.limits,
+                repair=not strict,
+            )
     except BackendError as exc:
         if fallback != "local" or plan.backend_name == "local":
             raise _redacted(exc, api_key) from None

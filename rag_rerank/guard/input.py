@@ -314,8 +314,14 @@ def _as_record(item: Any) -> Any:
     return item
 
 
-def parse_chunks(source: ChunkSource, *, limits: Limits | None = None, query: str = "") -> list[Chunk]:
-    """Every chunk, or an `InputError` listing every problem found."""
+def parse_chunks(
+    source: ChunkSource, *, limits: Limits | None = None, query: str = "", window_size: int | None = None
+) -> list[Chunk]:
+    """Every chunk, or an `InputError` listing every problem found.
+
+    With `window_size` the candidates are ranked in windows of that many (`rag_rerank.windows`):
+    the size limit is then `max_total_chunks` and the token budget holds for each window's prompt
+    instead of for all the text at once."""
     lim = as_limits(limits)
     records, violations, n_records = _records_from(source)
     chunks: list[Chunk] = []
@@ -343,7 +349,7 @@ def parse_chunks(source: ChunkSource, *, limits: Limits | None = None, query: st
     if not n_records:
         msg = 'no chunks: give at least one {"id", "text"} record'
         violations.append(Violation(path="chunks", message=msg))
-    violations.extend(_collection_violations(chunks, where, n_records, lim, query))
+    violations.extend(_collection_violations(chunks, where, n_records, lim, query, window_size))
     if violations:
         raise InputError(violations, headline="invalid chunks")
     return chunks
@@ -359,7 +365,7 @@ def _first(items: list[str], what: str) -> str:
 
 
 def _collection_violations(
-    chunks: list[Chunk], where: list[str], n_records: int, lim: Limits, query: str
+    chunks: list[Chunk], where: list[str], n_records: int, lim: Limits, query: str, window_size: int | None
 ) -> list[Violation]:
     out: list[Violation] = []
     places: dict[str, list[str]] = defaultdict(list)
@@ -371,31 +377,93 @@ def _collection_violations(
         more = f"; and {len(dupes) - _SHOWN} more duplicated ids" if len(dupes) > _SHOWN else ""
         out.append(Violation(path="chunks", message=f"duplicate ids (ids must be unique): {named}{more}",
                              value=list(dupes)))
-    if n_records > lim.max_chunks:
-        out.append(
-            Violation(
-                path="chunks",
-                message=f"{n_records} chunks is over the limit of {lim.max_chunks} (max_chunks); "
-                "split the set or pre-filter it",
-                value=n_records,
-            )
-        )
-    n_chars = sum(len(c.text) for c in chunks) + len(query)
-    est = lim.estimate_tokens(n_chars)
-    if est > lim.max_context_tokens:
-        out.append(
-            Violation(
-                path="chunks",
-                message=f"about {est} tokens of text is over the budget of {lim.max_context_tokens} "
-                "(max_context_tokens); send fewer or shorter chunks or raise the budget",
-                value=est,
-            )
-        )
+    out.extend(_size_violations(chunks, n_records, lim, query, window_size))
     dims = {len(c.embedding) for c in chunks if c.embedding is not None}
     if len(dims) > 1:
         out.append(Violation(path="chunks[*].embedding", message=f"embeddings have different dimensions: "
                              f"{sorted(dims)}", value=sorted(dims)))
     return out
+
+
+def _size_violations(
+    chunks: list[Chunk], n_records: int, lim: Limits, query: str, window_size: int | None
+) -> list[Violation]:
+    """The count limit and the token budget: for the whole set in one prompt, or per window."""
+    out: list[Violation] = []
+    if window_size is None and n_records > lim.max_chunks:
+        more = min(lim.max_chunks, 20)
+        out.append(
+            Violation(
+                path="chunks",
+                message=f"{n_records} chunks is over the limit of {lim.max_chunks} (max_chunks); "
+                f"pass window_size (CLI --window-size N, e.g. {more}; at most {lim.max_chunks}) to rank up "
+                f"to {lim.max_total_chunks} in windows, or split the set or pre-filter it",
+                value=n_records,
+            )
+        )
+    elif window_size is not None and n_records > lim.max_total_chunks:
+        out.append(
+            Violation(
+                path="chunks",
+                message=f"{n_records} chunks is over the limit of {lim.max_total_chunks} (max_total_chunks), "
+                "even in windows; pre-filter the set",
+                value=n_records,
+            )
+        )
+    size = len(chunks) if window_size is None else window_size
+    over: list[tuple[int, int, int]] = []  # (first, end, estimated tokens) of each prompt over budget
+    for first in range(0, max(len(chunks), 1), max(size, 1)):
+        part = chunks[first : first + size]
+        est = lim.estimate_tokens(sum(len(c.text) for c in part) + len(query))
+        if est > lim.max_context_tokens:
+            over.append((first, first + len(part), est))
+    if over and window_size is None:
+        out.append(
+            Violation(
+                path="chunks",
+                message=f"about {over[0][2]} tokens of text is over the budget of {lim.max_context_tokens} "
+                "(max_context_tokens); send fewer or shorter chunks or raise the budget",
+                value=over[0][2],
+            )
+        )
+    elif over:
+        named = ", ".join(f"chunks[{a}:{b}] about {est} tokens" for a, b, est in over[:_SHOWN])
+        rest = f" and {len(over) - _SHOWN} more" if len(over) > _SHOWN else ""
+        out.append(
+            Violation(
+                path="chunks",
+                message=f"{len(over)} window(s) of {window_size} over the budget of {lim.max_context_tokens} "
+                f"tokens (max_context_tokens): {named}{rest}; pass a smaller window_size or shorter chunks",
+                value=[est for _, _, est in over],
+            )
+        )
+    return out
+
+
+def window_size_violations(window_size: Any, top_k: Any, lim: Limits) -> list[Violation]:
+    """`window_size` is None (one prompt) or an integer in [top_k, max_chunks]: the final pass ranks
+    at most `window_size` survivors, so a smaller window could never return `top_k` chunks."""
+    if window_size is None:
+        return []
+    if isinstance(window_size, bool) or not isinstance(window_size, numbers.Integral):
+        msg = f"window_size must be a positive integer or None, got {_short(window_size)}"
+        return [Violation(path="window_size", message=msg, value=window_size)]
+    if not 1 <= window_size <= lim.max_chunks:
+        msg = (f"window_size must be between 1 and {lim.max_chunks} (max_chunks, one prompt), "
+               f"got {window_size}")
+        return [Violation(path="window_size", message=msg, value=window_size)]
+    top_k_ok = not isinstance(top_k, bool) and isinstance(top_k, numbers.Integral) and top_k >= 1
+    if top_k_ok and window_size < top_k:
+        msg = (f"window_size {window_size} is below top_k {top_k}: the final pass ranks at most window_size "
+               "survivors; pass a window_size of at least top_k")
+        return [Violation(path="window_size", message=msg, value=window_size)]
+    return []
+
+
+def _usable_window(window_size: Any, lim: Limits) -> bool:
+    """A window size the count and budget checks can apply (it may still be below top_k)."""
+    ok_type = not isinstance(window_size, bool) and isinstance(window_size, numbers.Integral)
+    return ok_type and 1 <= window_size <= lim.max_chunks
 
 
 def _param_violations(query: Any, top_k: Any, lambda_: Any, lim: Limits) -> list[Violation]:
@@ -470,14 +538,22 @@ def validate_request(
     lambda_: Any = None,
     *,
     limits: Limits | None = None,
+    window_size: Any = None,
 ) -> RerankRequest:
-    """Check everything about a request at once; raise one `InputError` naming every problem."""
+    """Check everything about a request at once; raise one `InputError` naming every problem.
+
+    `window_size` (see `parse_chunks`) is checked here too; the request itself does not carry it."""
     lim = as_limits(limits)
     query, top_k, lambda_ = _defaults(query, top_k, lambda_, lim)
+    if isinstance(window_size, float) and window_size.is_integer():
+        window_size = int(window_size)
     violations = _param_violations(query, top_k, lambda_, lim)
+    bad_window = window_size_violations(window_size, top_k, lim)
+    violations.extend(bad_window)
     parsed: list[Chunk] = []
     try:
-        parsed = parse_chunks(chunks, limits=lim, query=query if isinstance(query, str) else "")
+        parsed = parse_chunks(chunks, limits=lim, query=query if isinstance(query, str) else "",
+                              window_size=window_size if _usable_window(window_size, lim) else None)
     except InputError as exc:
         violations.extend(exc.violations)
     if violations:

@@ -16,7 +16,8 @@ from ..paths import guard_dir
 
 @dataclass(frozen=True)
 class Limits:
-    max_chunks: int = 50
+    max_chunks: int = 50  # chunks in one prompt (one window)
+    max_total_chunks: int = 1000  # candidates of one request split into windows (`window_size`)
     max_context_tokens: int = 32000
     chars_per_token: int = 4
     max_query_chars: int = 4000

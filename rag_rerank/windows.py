@@ -1,0 +1,396 @@
+"""More candidates than one prompt takes: parallel windows, one final pass, then the post-pass.
+
+With `window_size=W` and N > W candidates, `rerank`/`arerank` run
+
+    windows   consecutive slices of at most W chunks in input order, each an ordinary call
+              (its own candidate_k, output guard, retries), all in flight at once up to the
+              concurrency bound (`concurrency.py`)
+    survivors every chunk a window ranked above the minimum score, best window score first (ties:
+              input order), at most W of them and no more than the token budget holds
+    final     ONE call over the survivors, shown in input order, for the global ranking
+    post-pass MMR and near-duplicates over the survivors (so across windows), as for any request
+
+that is ceil(N / W) + 1 calls in two round trips, against about (N - 20) / 10 + 1 sequential calls
+for a 20/10 sliding window (RankGPT, rank_llm). It works because the card's scores are on an
+absolute scale: a 0.8 in one window means what a 0.8 means in another, so windows need not see
+each other. The final pass fixes what they could not judge: one ordering of the best of all.
+
+Survivors are shown to the final call in input order rather than by window score: it keeps the
+first-stage order meaningful for a scorer that uses it (the local backend's prior), and does not
+hand an LLM the windows' verdicts as a position bias.
+
+Accounting: every input id is once in `ranked` or `dropped`. A chunk that lost in its window gets
+one of these reasons (the `token: detail` grammar of every dropped reason):
+
+* `below_min_score: window 2 of 5 scored it 0.150` (or dropped it with the model's own words);
+* `not_in_final: window 2 of 5 scored it 0.410; the final pass took the best 20 (down to 0.550)`;
+* `not_in_final: window 2 of 5 scored it 0.900; the final prompt's token budget was full`;
+* `not_in_final: window 2 of 5 dropped it (<the model's reason>)`;
+* `redundant_with:<id>` when its window called it a duplicate of a chunk that ended up ranked.
+
+Survivors get the post-pass's reasons (`redundant_with:`, `not_selected`, ...).
+
+Failure: a window whose call fails after its retries is ranked by the local backend when
+`fallback="local"` (the window's entry in `meta.windows` says `"fallback": "local"`, and
+`meta.notes` carries the error); otherwise the request fails with a `BackendError` that names the
+window (`window 2 of 5 (chunks[40:80]): ...`). The final pass fails or falls back the same way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+from .concurrency import call_slot
+from .errors import BackendError
+from .models import Dropped, RerankRequest, RerankResult
+from .postpass import BELOW_MIN, REDUNDANT
+from .render import render
+
+if TYPE_CHECKING:
+    from .rerank import _Plan
+
+NOT_IN_FINAL = "not_in_final"
+_REASON_CHARS = 120  # a window model's own reason quoted in a loser's detail is cut to this
+
+
+@dataclass(frozen=True)
+class Window:
+    """One call's share of the request: `ask` is the slice with top_k = its candidate_k."""
+
+    index: int  # 1-based; the final pass is index total + 1
+    total: int
+    first: int  # chunks[first:end] of the request
+    end: int
+    ask: RerankRequest
+    prompt: str
+    final: bool = False
+
+    @property
+    def label(self) -> str:
+        if self.final:
+            return f"final pass over {len(self.ask.chunks)} survivors"
+        return f"window {self.index} of {self.total} (chunks[{self.first}:{self.end}])"
+
+    @property
+    def name(self) -> str:
+        return "the final pass" if self.final else f"window {self.index} of {self.total}"
+
+
+@dataclass(frozen=True)
+class Scored:
+    """A window's (or the final pass's) guard-valid answer and how it was obtained."""
+
+    obj: Mapping[str, Any]
+    attempts: int
+    repairs: tuple[str, ...]
+    usage: Mapping[str, int]
+    model: str | None
+    latency_ms: float
+    fallback: str | None = None
+    note: str | None = None  # why the fallback answered
+
+
+def windowed(request: RerankRequest, window_size: int | None) -> bool:
+    """Whether `request` is ranked in windows: only when it has more candidates than one window."""
+    return window_size is not None and len(request.chunks) > window_size
+
+
+def _ask(request: RerankRequest) -> RerankRequest:
+    from .rerank import candidate_k
+
+    copies = len(request.chunks) - len({c.text for c in request.chunks})
+    return replace(request, top_k=candidate_k(len(request.chunks), request.top_k, copies))
+
+
+def split(request: RerankRequest, window_size: int) -> list[Window]:
+    """Consecutive windows of at most `window_size` chunks, in input order."""
+    n = len(request.chunks)
+    total = -(-n // window_size)
+    out = []
+    for index, first in enumerate(range(0, n, window_size), start=1):
+        end = min(first + window_size, n)
+        ask = _ask(replace(request, chunks=request.chunks[first:end]))
+        out.append(Window(index, total, first, end, ask, render(ask)))
+    return out
+
+
+# --------------------------------------------------------------------------- one call
+
+
+def _scored(outcome: Any, started: float, fallback: str | None = None, note: str | None = None) -> Scored:
+    return Scored(outcome.obj, len(outcome.attempts), tuple(outcome.repairs), dict(outcome.usage),
+                  outcome.model, (time.perf_counter() - started) * 1000.0, fallback, note)
+
+
+def _named(plan: _Plan, window: Window, error: BackendError, api_key: str | None) -> BackendError:
+    """The failure with the window it happened in at the front, API keys removed."""
+    from .rerank import _redacted
+
+    clean = _redacted(error, api_key)
+    head = str(clean).split(" [#", 1)[0]
+    return BackendError(f"{window.label}: {head}", clean.attempts)
+
+
+def _fallback_note(plan: _Plan, window: Window, error: BackendError, api_key: str | None) -> str:
+    from .rerank import _secrets, redact
+
+    summary = redact(str(error), _secrets(api_key))
+    return (f"{window.name}: {plan.backend_name} failed after {len(error.attempts)} attempt(s), "
+            f"ranked by the local backend: {summary}")
+
+
+def _covers(plan: _Plan, fallback: str | None) -> bool:
+    return fallback == "local" and plan.backend_name != "local"
+
+
+def _score(plan: _Plan, window: Window, policy: Any, strict: bool, fallback: str | None,
+           api_key: str | None) -> Scored:
+    from .rerank import make_backend
+    from .retry import call_with_retries
+
+    started = time.perf_counter()
+    kw = {"guard_top_k": window.ask.top_k, "policy": policy, "limits": plan.limits}
+    try:
+        return _scored(call_with_retries(plan.backend, window.ask, window.prompt, repair=not strict, **kw),
+                       started)
+    except BackendError as exc:
+        if not _covers(plan, fallback):
+            raise _named(plan, window, exc, api_key) from None
+        local = make_backend("local", embedder=plan.embedder)
+        try:
+            outcome = call_with_retries(local, window.ask, window.prompt, **kw)
+        except BackendError:
+            raise _named(plan, window, exc, api_key) from None
+        return _scored(outcome, started, "local", _fallback_note(plan, window, exc, api_key))
+
+
+async def _ascore(plan: _Plan, window: Window, policy: Any, strict: bool, fallback: str | None,
+                  api_key: str | None, limit: asyncio.Semaphore) -> Scored:
+    from .rerank import make_backend
+    from .retry import acall_with_retries
+
+    kw = {"guard_top_k": window.ask.top_k, "policy": policy, "limits": plan.limits}
+    async with call_slot(limit):
+        started = time.perf_counter()
+        try:
+            outcome = await acall_with_retries(plan.backend, window.ask, window.prompt, repair=not strict,
+                                               **kw)
+            return _scored(outcome, started)
+        except BackendError as exc:
+            error = exc
+    if not _covers(plan, fallback):
+        raise _named(plan, window, error, api_key)
+    local = make_backend("local", embedder=plan.embedder)
+    try:
+        outcome = await acall_with_retries(local, window.ask, window.prompt, **kw)
+    except BackendError:
+        raise _named(plan, window, error, api_key) from None
+    return _scored(outcome, started, "local", _fallback_note(plan, window, error, api_key))
+
+
+# --------------------------------------------------------------------------- survivors
+
+
+@dataclass(frozen=True)
+class Survivors:
+    """Which chunks go to the final pass, and the reasons of those that do not."""
+
+    indices: tuple[int, ...]  # request positions, input order
+    reasons: Mapping[int, str]  # position -> dropped reason, for the windows' losers
+    window_dropped: Mapping[int, tuple[Window, str]]  # position -> (window, the model's own reason)
+
+
+def _quoted(reason: str) -> str:
+    text = " ".join(str(reason).split())
+    return text if len(text) <= _REASON_CHARS else text[: _REASON_CHARS - 3] + "..."
+
+
+def select_survivors(plan: _Plan, windows: Sequence[Window], scored: Sequence[Scored], size: int
+                     ) -> Survivors:
+    """The best `size` window scores (ties: input order) above the minimum whose texts fit the token
+    budget of one prompt; everything else with its reason (module docstring)."""
+    request, lim = plan.view or plan.request, plan.limits  # the texts the scorer sees (embed_meta_fields)
+    floor = lim.min_score
+    entries: list[tuple[float, int, Window]] = []
+    reasons: dict[int, str] = {}
+    window_dropped: dict[int, tuple[Window, str]] = {}
+    for window, answer in zip(windows, scored, strict=True):
+        ranked = {r["id"]: float(r["score"]) for r in answer.obj.get("ranked", ())}
+        own = {d["id"]: d["reason"] for d in answer.obj.get("dropped", ()) or ()}
+        for i in range(window.first, window.end):
+            cid = request.chunks[i].id
+            if cid in ranked and ranked[cid] > floor:
+                entries.append((ranked[cid], i, window))
+            elif cid in ranked:
+                reasons[i] = f"{BELOW_MIN}: {window.name} scored it {ranked[cid]:.3f}"
+            else:
+                window_dropped[i] = (window, own.get(cid, ""))
+    entries.sort(key=lambda e: (-e[0], e[1]))
+    budget = lim.max_context_tokens
+    used = len(request.query)
+    taken: list[tuple[float, int, Window]] = []
+    for score, i, window in entries:
+        chars = len(request.chunks[i].text)
+        if len(taken) < size and lim.estimate_tokens(used + chars) <= budget:
+            taken.append((score, i, window))
+            used += chars
+        elif len(taken) < size:
+            reasons[i] = (f"{NOT_IN_FINAL}: {window.name} scored it {score:.3f}; "
+                          "the final prompt's token budget was full")
+    cut = taken[-1][0] if taken else 0.0
+    chosen = {i for _, i, _ in taken}
+    for score, i, window in entries:
+        if i not in chosen and i not in reasons:
+            reasons[i] = (f"{NOT_IN_FINAL}: {window.name} scored it {score:.3f}; the final pass took the "
+                          f"best {len(taken)} (down to {cut:.3f})")
+    return Survivors(tuple(sorted(chosen)), reasons, window_dropped)
+
+
+def _loser_reason(window: Window, own: str, ranked_ids: set[str]) -> str:
+    """A chunk its window dropped: the window's `redundant_with:` if it names a ranked chunk,
+    otherwise `below_min_score` / `not_in_final` with the model's own words as the detail."""
+    if own.startswith(REDUNDANT) and own[len(REDUNDANT):] in ranked_ids:
+        return own
+    token = BELOW_MIN if own.startswith(BELOW_MIN) else NOT_IN_FINAL
+    said = f" ({_quoted(own)})" if own else ""
+    return f"{token}: {window.name} dropped it{said}"
+
+
+# --------------------------------------------------------------------------- assembling the result
+
+
+def _final_window(plan: _Plan, survivors: Survivors, total: int) -> Window:
+    request = plan.view or plan.request
+    chunks = tuple(request.chunks[i] for i in survivors.indices)
+    ask = _ask(replace(request, chunks=chunks))
+    return Window(total + 1, total, 0, len(chunks), ask, render(ask), final=True)
+
+
+def _entry(window: Window, answer: Scored, survivors: Survivors | None) -> dict[str, Any]:
+    entry: dict[str, Any] = {"stage": "final" if window.final else "window", "index": window.index,
+                             "size": len(window.ask.chunks)}
+    if not window.final:
+        entry["chunks"] = [window.first, window.end]
+        if survivors is not None:
+            entry["survivors"] = sum(1 for i in survivors.indices if window.first <= i < window.end)
+    entry.update({"attempts": answer.attempts, "usage": dict(answer.usage), "fallback": answer.fallback,
+                  "latency_ms": round(answer.latency_ms, 3)})
+    return entry
+
+
+def assemble(plan: _Plan, windows: Sequence[Window], scored: Sequence[Scored], survivors: Survivors,
+             final: tuple[Window, Scored] | None, layout: str, duplicate_threshold: float | None
+             ) -> RerankResult:
+    """The post-pass over the survivors, the losers' reasons, and the meta of every call."""
+    from .rerank import _meta, _postpass, _scoring_notes
+
+    request = plan.request
+    if final is not None:
+        window, answer = final
+        kept = survivors.indices
+        sub = replace(plan, request=replace(request, chunks=tuple(request.chunks[i] for i in kept)),
+                      view=replace(plan.view, chunks=window.ask.chunks) if plan.view is not None else None)
+        result = _postpass(sub, answer.obj, layout, duplicate_threshold)
+    else:  # no chunk scored above the minimum in any window: nothing to rank
+        result = RerankResult(ranked=())
+    ranked_ids = {r.id for r in result.ranked}
+    reason_of = {d.id: d.reason for d in result.dropped}
+    for i, why in survivors.reasons.items():
+        reason_of[request.chunks[i].id] = why
+    for i, (window, own) in survivors.window_dropped.items():
+        reason_of[request.chunks[i].id] = _loser_reason(window, own, ranked_ids)
+    dropped = tuple(Dropped(c.id, reason_of[c.id]) for c in request.chunks if c.id not in ranked_ids)
+
+    calls = [*zip(windows, scored, strict=True), *([final] if final is not None else [])]
+    usage: dict[str, int] = {}
+    for _, answer in calls:
+        for key, value in answer.usage.items():
+            usage[key] = usage.get(key, 0) + int(value)
+    repairs = [f"{w.name}: {r}" for w, a in calls for r in a.repairs]
+    notes = [a.note for _, a in calls if a.note] + _scoring_notes(plan)
+    notes.append(f"windows: {len(windows)} of at most {windows[0].end - windows[0].first} chunks, "
+                 f"{len(survivors.indices)} survivors"
+                 + (", final pass skipped (no chunk above the minimum score)" if final is None else ""))
+    model = next((a.model for w, a in reversed(calls) if a.fallback is None and a.model), None)
+    meta = _meta(
+        plan,
+        model=model or getattr(plan.backend, "model", None),
+        attempts=sum(a.attempts for _, a in calls),
+        repairs=repairs,
+        usage=usage,
+        fallback="local" if any(a.fallback for _, a in calls) else None,
+        notes=notes,
+        calls=len(calls),
+        windows=tuple(_entry(w, a, survivors) for w, a in calls),
+    )
+    meta = replace(meta, embedder=result.meta.embedder or meta.embedder,
+                   notes=(*meta.notes, *result.meta.notes))
+    return RerankResult(ranked=result.ranked, dropped=dropped, meta=meta)
+
+
+# --------------------------------------------------------------------------- the two entry points
+
+
+def _workers(plan: _Plan, n: int) -> int:
+    """Threads for the synchronous path: the local backend is CPU-bound (the GIL would only add
+    switching), a remote one waits on the network."""
+    return 1 if plan.backend_name == "local" else max(1, min(plan.concurrency, n))
+
+
+def run_windows(plan: _Plan, *, api_key: str | None, policy: Any, strict: bool, fallback: str | None,
+                layout: str, duplicate_threshold: float | None) -> RerankResult:
+    """`rerank` over windows: window calls on a thread pool of `concurrency`, then the final pass."""
+    assert plan.window_size is not None
+    windows = split(plan.view or plan.request, plan.window_size)
+    with ThreadPoolExecutor(max_workers=_workers(plan, len(windows)),
+                            thread_name_prefix="rag-rerank-window") as pool:
+        futures = [pool.submit(_score, plan, w, policy, strict, fallback, api_key) for w in windows]
+        outcomes: list[Scored | BaseException] = []
+        for future in futures:
+            try:
+                outcomes.append(future.result())
+            except BaseException as exc:  # every window finishes; the first failure in order is raised
+                outcomes.append(exc)
+    scored = _raise_first(outcomes)
+    survivors = select_survivors(plan, windows, scored, plan.window_size)
+    final = None
+    if survivors.indices:
+        window = _final_window(plan, survivors, len(windows))
+        final = (window, _score(plan, window, policy, strict, fallback, api_key))
+    return assemble(plan, windows, scored, survivors, final, layout, duplicate_threshold)
+
+
+async def arun_windows(plan: _Plan, *, api_key: str | None, policy: Any, strict: bool,
+                       fallback: str | None, layout: str, duplicate_threshold: float | None) -> RerankResult:
+    """`arerank` over windows: window calls gathered under the call limit, then the final pass."""
+    from .rerank import _offload
+
+    assert plan.window_size is not None
+    windows = split(plan.view or plan.request, plan.window_size)
+    limit = asyncio.Semaphore(plan.concurrency)
+    outcomes = await asyncio.gather(
+        *(_ascore(plan, w, policy, strict, fallback, api_key, limit) for w in windows), return_exceptions=True
+    )
+    scored = _raise_first(list(outcomes))
+    survivors = select_survivors(plan, windows, scored, plan.window_size)
+    final = None
+    if survivors.indices:
+        window = _final_window(plan, survivors, len(windows))
+        final = (window, await _ascore(plan, window, policy, strict, fallback, api_key, limit))
+    return await _offload(plan, assemble, plan, windows, scored, survivors, final, layout,
+                          duplicate_threshold)
+
+
+def _raise_first(outcomes: Sequence[Scored | BaseException]) -> list[Scored]:
+    for outcome in outcomes:
+        if isinstance(outcome, BaseException):
+            raise outcome
+    return [o for o in outcomes if isinstance(o, Scored)]
+
+
+__all__ = ["NOT_IN_FINAL", "Scored", "Survivors", "Window", "select_survivors", "split", "windowed"]
