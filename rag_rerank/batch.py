@@ -4,8 +4,8 @@
 (an `asyncio.Semaphore`), sharing one backend instance (one HTTP connection pool) and one
 embedder. A failed request becomes an exception in its slot instead of stopping the others.
 
-`rag-rerank batch` reads one `{query, chunks, top_k?, lambda?, query_id?}` object per input line
-and writes one JSONL line per input line, in input order:
+`rag-rerank batch` reads one `{query, chunks, top_k?, lambda?, window_size?, query_id?}` object per
+input line and writes one JSONL line per input line, in input order:
 
     {"line": n, "query_id": ..., "result": {ranked, dropped}, "meta": {...}}
     {"line": n, "query_id": ..., "error": {"kind": "input"|"backend"|"internal", "message": ..., ...}}
@@ -29,6 +29,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import IO, Any
 
+from .concurrency import CALL_LIMIT
 from .errors import BackendError, InputError, RerankError, Violation
 from .guard.input import PATH_HINT, duplicate_keys_message, json_problem, loads_line
 from .models import RerankResult
@@ -39,7 +40,8 @@ EXIT_OK, EXIT_BAD_INPUT, EXIT_BACKEND, EXIT_INTERNAL = 0, 2, 3, 4
 # override the options given for the whole run.
 SCORING_KEYS = ("meta_field", "meta_weight", "meta_ranking_mode", "meta_sort_order", "missing_meta",
                 "meta_value_type", "embed_meta_fields")
-_LINE_KEYS = frozenset({"query", "chunks", "top_k", "lambda", "query_id", "qid", *SCORING_KEYS})
+_LINE_KEYS = frozenset({"query", "chunks", "top_k", "lambda", "query_id", "qid", "window_size",
+                        *SCORING_KEYS})
 MAX_MESSAGE_VIOLATIONS = 10  # violations quoted in one error record's one-line `message`
 
 Outcome = RerankResult | Exception
@@ -146,6 +148,8 @@ async def _run(
     opts = _shared_options(options)
     name = opts.pop("_backend_name")
     sem = asyncio.Semaphore(concurrency)
+    # The same bound on backend calls: a request with window_size makes several (concurrency.py).
+    token = CALL_LIMIT.set(asyncio.Semaphore(concurrency))
 
     async def one(index: int, item: Mapping[str, Any] | Exception) -> None:
         outcome: Outcome
@@ -155,8 +159,9 @@ async def _run(
             async with sem:
                 try:
                     query, chunks, top_k, lam = _request_args(item)
-                    own = {k: item[k] for k in SCORING_KEYS if k in item}
-                    rest = {k: v for k, v in item.items() if k not in SCORING_KEYS}
+                    # a line's own window_size and scoring options win over the run's
+                    own = {k: item[k] for k in (*SCORING_KEYS, "window_size") if k in item}
+                    rest = {k: v for k, v in item.items() if k not in own}
                     kwargs = {**opts, **own, **_extra_args(rest, opts)}
                     outcome = await arerank(query, chunks, top_k, lam, **kwargs)
                 except Exception as exc:  # recorded per line; one bad request never stops the rest
@@ -167,7 +172,10 @@ async def _run(
         if asyncio.iscoroutine(res):
             await res
 
-    await asyncio.gather(*(one(i, it) for i, it in enumerate(items)))
+    try:
+        await asyncio.gather(*(one(i, it) for i, it in enumerate(items)))
+    finally:
+        CALL_LIMIT.reset(token)
 
 
 def _rename(result: RerankResult, name: str) -> RerankResult:
@@ -182,7 +190,8 @@ async def arerank_many(
     progress: Callable[[int, int], None] | None = None,
     **options: Any,
 ) -> list[Outcome]:
-    """Rerank every `{query, chunks, top_k?, lambda?}` mapping with at most `concurrency` in flight.
+    """Rerank every `{query, chunks, top_k?, lambda?, window_size?}` mapping with at most `concurrency`
+    requests, and as many backend calls, in flight (a request's windows share the bound).
     A request may also carry its own metadata options (`meta_field`, ..., `embed_meta_fields`).
 
     Returns one entry per request, in input order: a `RerankResult`, or the exception that request

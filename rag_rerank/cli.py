@@ -94,6 +94,15 @@ def _add_backend_args(p: argparse.ArgumentParser) -> None:
                    "running is cut (default 120)")
 
 
+def _add_window_args(p: argparse.ArgumentParser, concurrency: bool = False) -> None:
+    p.add_argument("--window-size", type=int, default=None, metavar="N",
+                   help="more candidates than one prompt takes (up to 1000): score windows of N chunks "
+                   "concurrently, then one final pass over the best N (N at most 50)")
+    if concurrency:
+        p.add_argument("--concurrency", type=int, default=4,
+                       help="with --window-size: window calls in flight at most (default 4)")
+
+
 def _add_pipeline_args(p: argparse.ArgumentParser) -> None:
     """Options of `rerank` / `batch` only (engineer C): the post-pass layout and strict parsing."""
     p.add_argument("--layout", default="mmr", choices=["mmr", "diversity", "lost_in_the_middle"],
@@ -212,7 +221,7 @@ def _backend_options(args: argparse.Namespace) -> dict[str, Any]:
         raise UsageError(f"{flags} apply to --backend cross-encoder only")
     return {"backend": args.backend, "model": args.model, "base_url": args.base_url,
             "embedder": _embedder_option(args), "fallback": args.fallback, "policy": _policy(args),
-            "backend_options": knobs or None}
+            "backend_options": knobs or None, "window_size": getattr(args, "window_size", None)}
 
 
 _CE_FLAGS = ("device", "batch_size", "max_length", "calibration_factor")
@@ -233,8 +242,11 @@ def _policy(args: argparse.Namespace) -> Any:
 def cmd_rerank(args: argparse.Namespace) -> int:
     from .rerank import rerank
 
+    if args.concurrency < 1:
+        raise UsageError(f"--concurrency must be at least 1, got {args.concurrency}")
     result = rerank(args.query, read_text(args.chunks), args.top_k, args.lambda_, layout=args.layout,
-                    strict=args.strict, **_backend_options(args), **_meta_options(args))
+                    strict=args.strict, concurrency=args.concurrency, **_backend_options(args),
+                    **_meta_options(args))
     print(result.to_json(indent=args.indent))
     if args.meta:
         print(json.dumps(result.meta.to_dict(), ensure_ascii=False), file=sys.stderr)
@@ -314,6 +326,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--indent", type=int, default=None, help="pretty-print the JSON")
     _add_pipeline_args(p)
     _add_meta_args(p)
+    _add_window_args(p, concurrency=True)
     p.set_defaults(func=cmd_rerank)
 
     p = sub.add_parser("render", help="print the XML prompt that would be sent to an LLM")
@@ -356,6 +369,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_backend_args(p)
     _add_pipeline_args(p)
     _add_meta_args(p)
+    _add_window_args(p)
     p.set_defaults(func=cmd_batch)
 
     p = sub.add_parser("eval", help="measure nDCG@10 / Recall / MRR of input vs reranked order")
@@ -364,8 +378,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--qrels", required=True, metavar="FILE", help="TREC qrels")
     p.add_argument("--k", type=whole_number, default=10, help="top_k to keep and Recall@k cut-off")
     p.add_argument("--depth", type=whole_number, default=None,
-                   help="rerank the first N candidates of each query (default 50, the card's limit); "
-                   "the rest keep their input positions after them")
+                   help="rerank the first N candidates of each query (default 50, the card's limit; with "
+                   "--window-size, all of them up to 1000); the rest keep their input positions after them")
     p.add_argument("--rel-level", type=int, default=1,
                    help="lowest qrels grade that counts as relevant for Recall and MRR (DL19 convention: 2)")
     p.add_argument("--duplicate-threshold", type=float, default=None,
@@ -378,6 +392,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     p.add_argument("--no-progress", action="store_true")
     _add_backend_args(p)
+    _add_window_args(p)
     p.set_defaults(func=cmd_eval)
 
     p = sub.add_parser("mcp", help="serve the rerank tool over MCP stdio (needs rag-rerank[mcp])")

@@ -333,12 +333,20 @@ def pairwise_distance(embedder: Any, texts_by_query: Sequence[Sequence[str]]) ->
 # ----------------------------------------------------------------------------------------- reranking
 
 
+def default_depth(lim: Any, window_size: Any) -> int:
+    """How many candidates per query are reranked when `depth` is not given: one prompt's worth,
+    or with windows every candidate up to `max_total_chunks`."""
+    return lim.max_chunks if window_size is None else lim.max_total_chunks
+
+
 def _config(k: int, lambda_: float | None, depth: int, options: Mapping[str, Any], embedder: Any
             ) -> dict[str, Any]:
     backend = options.get("backend", "local")
     config = {"backend": backend if isinstance(backend, str) else str(getattr(backend, "model", backend)),
               "model": options.get("model"), "embedder": str(getattr(embedder, "name", embedder)), "k": k,
               "lambda": lambda_, "depth": depth, "duplicate_threshold": options.get("duplicate_threshold")}
+    if options.get("window_size") is not None:  # absent otherwise, so older resume files still match
+        config["window_size"] = options["window_size"]
     config.update(_embedder_server(embedder))
     return config
 
@@ -477,7 +485,7 @@ def rerank_queries(
     from .rerank import resolve_embedder
 
     lim = as_limits(options.get("limits"))
-    depth = lim.max_chunks if depth is None else depth
+    depth = default_depth(lim, options.get("window_size")) if depth is None else depth
     opts = dict(options)
     opts["embedder"] = resolve_embedder(
         opts.get("embedder", "lexical"), opts.get("backend", "local"), opts.get("base_url")
@@ -578,13 +586,24 @@ def evaluate(
         options.pop("embedder", "lexical"), options.get("backend", "local"), options.get("base_url")
     )
     lim = as_limits(options.get("limits"))
-    depth_used = lim.max_chunks if depth is None else depth
+    window_size = options.get("window_size")
+    if window_size is not None:  # checked once, not once per query
+        from .guard.input import window_size_violations
+
+        if problems := window_size_violations(window_size, k, lim):
+            raise InputError(problems)
+    depth_used = default_depth(lim, window_size) if depth is None else depth
     if depth_used < 1:
         raise InputError([Violation(path="depth", value=depth, message="depth must be a positive integer")])
-    if depth_used > lim.max_chunks:  # every query would fail the input guard (exit 3 per query)
+    if window_size is None and depth_used > lim.max_chunks:  # every query would fail the input guard
         raise InputError([Violation(path="depth", value=depth,
                                     message=f"depth {depth_used} is over the limit of {lim.max_chunks} "
-                                    "chunks per rerank (max_chunks)")])
+                                    "chunks per rerank (max_chunks); pass window_size (--window-size N) "
+                                    f"to rerank up to {lim.max_total_chunks} in windows")])
+    if depth_used > lim.max_total_chunks:
+        raise InputError([Violation(path="depth", value=depth,
+                                    message=f"depth {depth_used} is over the limit of "
+                                    f"{lim.max_total_chunks} chunks per rerank (max_total_chunks)")])
     if not {j.query_id for j in judgments} & {q.qid for q in queries}:
         # Every metric would be NaN (and `--json` would print invalid JSON): a mismatch of files.
         where = qrels if isinstance(qrels, (str, Path)) else "the qrels"
@@ -624,7 +643,8 @@ def format_table(report: EvalReport) -> str:
     lam_text = f"{load_limits().default_lambda:g} (default)" if lam is None else f"{lam:g}"
     lines.append(f"{report.n_queries} queries, backend {cfg.get('backend')}, embedder {cfg.get('embedder')}, "
                  f"k {cfg.get('k')}, lambda {lam_text}, depth {cfg.get('depth')}, "
-                 f"{report.wall_s:.1f} s" + (f", {len(report.failed)} failed" if report.failed else ""))
+                 + (f"windows of {cfg['window_size']}, " if cfg.get("window_size") else "")
+                 + f"{report.wall_s:.1f} s" + (f", {len(report.failed)} failed" if report.failed else ""))
     return "\n".join(lines)
 
 

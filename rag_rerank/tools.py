@@ -61,7 +61,8 @@ def _describe(card: SkillCard, name: str, lim: Limits) -> str:
         text += (
             f" Through this tool each record is an object {{id, text}} (plus an optional `meta` object "
             f"where the schema allows it); send between 1 and "
-            f"{min(card.max_chunks, lim.max_chunks)} records with unique ids."
+            f"{min(card.max_chunks, lim.max_chunks)} records with unique ids, or up to "
+            f"{lim.max_total_chunks} with window_size."
         )
     if name == "top_k":
         text += " A positive integer."
@@ -101,7 +102,7 @@ def parameters_schema(
             prop: dict[str, Any] = {"type": "array", "description": desc, "items": _chunk_item_schema(strict)}
             if not strict:
                 prop["minItems"] = 1
-                prop["maxItems"] = min(card.max_chunks, lim.max_chunks)
+                prop["maxItems"] = lim.max_total_chunks  # over max_chunks only with window_size
                 prop["items"]["properties"]["id"]["minLength"] = 1
         else:
             json_type = _JSON_TYPE.get(spec.type, "string")
@@ -120,6 +121,8 @@ def parameters_schema(
                     prop["minimum"] = 1
                 elif spec.name in ("lambda", "meta_weight"):
                     prop["minimum"], prop["maximum"] = 0, 1
+                elif spec.name == "window_size":
+                    prop["minimum"], prop["maximum"] = 1, lim.max_chunks
                 elif spec.name == "query":
                     prop["minLength"] = 1
                     prop["maxLength"] = lim.max_query_chars

@@ -228,7 +228,9 @@ def test_ids_differing_in_case_or_normalisation_are_distinct() -> None:
 def test_fifty_chunks_pass_fifty_one_fail() -> None:
     assert len(validate_request("q", [{"id": str(i), "text": "t"} for i in range(50)]).chunks) == 50
     out = reject(chunks=[{"id": str(i), "text": "t"} for i in range(51)])
-    assert out == ["chunks: 51 chunks is over the limit of 50 (max_chunks); split the set or pre-filter it"]
+    assert out == ["chunks: 51 chunks is over the limit of 50 (max_chunks); pass window_size (CLI "
+                   "--window-size N, e.g. 20; at most 50) to rank up to 1000 in windows, or split the set "
+                   "or pre-filter it"]
 
 
 def test_token_budget_is_configurable_and_inclusive() -> None:

@@ -59,6 +59,7 @@ def test_inputs_and_defaults(card: SkillCard) -> None:
         ("missing_meta", False, "bottom"),
         ("meta_value_type", False, "float"),
         ("embed_meta_fields", False, None),
+        ("window_size", False, None),
     ]
     # The card's defaults are the library's: a tool call that omits an option gets what rerank() does.
     import inspect

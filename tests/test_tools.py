@@ -98,9 +98,9 @@ def test_names_descriptions_and_defaults_come_from_the_card(card: SkillCard) -> 
                 in oa["function"]["parameters"]["properties"][spec.name]["description"]
             )
     assert an["input_schema"]["required"] == [s.name for s in card.inputs if s.required]
-    assert an["input_schema"]["properties"]["chunks"]["maxItems"] == min(
-        card.max_chunks, load_limits().max_chunks
-    )
+    # more than max_chunks only with window_size, which the input guard checks
+    assert an["input_schema"]["properties"]["chunks"]["maxItems"] == load_limits().max_total_chunks
+    assert an["input_schema"]["properties"]["window_size"]["maximum"] == load_limits().max_chunks
 
 
 def test_definitions_are_valid_json_schema(card: SkillCard) -> None:
@@ -111,6 +111,9 @@ def test_definitions_are_valid_json_schema(card: SkillCard) -> None:
         assert validator.is_valid(_args(card, strict=strict))
         assert not validator.is_valid({**_args(card, strict=strict), "extra": 1})
         assert not validator.is_valid({**_args(card, strict=strict), "chunks": [{"id": "a"}]})
+    loose = anthropic_tool(card)["input_schema"]
+    assert Draft202012Validator(loose).is_valid({**_args(card), "window_size": 20})
+    assert not Draft202012Validator(loose).is_valid({**_args(card), "window_size": 51})
 
 
 def test_openai_definition_is_strict_mode_compatible(card: SkillCard) -> None:
