@@ -113,6 +113,10 @@ class RerankRequest:
     chunks: tuple[Chunk, ...]
     top_k: int
     lambda_: float
+    # The first-stage rank (0-based position in the caller's whole list) of each chunk; None means
+    # chunks[i] is at rank i. Windows (windows.py) set it, so a scorer that uses the retriever's
+    # order (the local backend's prior) sees a window's or the survivors' true ranks, not 0..n-1.
+    ranks: tuple[int, ...] | None = None
 
     @property
     def ids(self) -> tuple[str, ...]:

@@ -114,7 +114,7 @@ def split(request: RerankRequest, window_size: int) -> list[Window]:
     out = []
     for index, first in enumerate(range(0, n, window_size), start=1):
         end = min(first + window_size, n)
-        ask = _ask(replace(request, chunks=request.chunks[first:end]))
+        ask = _ask(replace(request, chunks=request.chunks[first:end], ranks=tuple(range(first, end))))
         out.append(Window(index, total, first, end, ask, render(ask)))
     return out
 
@@ -267,7 +267,7 @@ def _loser_reason(window: Window, own: str, ranked_ids: set[str]) -> str:
 def _final_window(plan: _Plan, survivors: Survivors, total: int) -> Window:
     request = plan.view or plan.request
     chunks = tuple(request.chunks[i] for i in survivors.indices)
-    ask = _ask(replace(request, chunks=chunks))
+    ask = _ask(replace(request, chunks=chunks, ranks=survivors.indices))
     return Window(total + 1, total, 0, len(chunks), ask, render(ask), final=True)
 
 

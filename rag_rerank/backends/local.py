@@ -230,9 +230,11 @@ def lexical_scores(
     return np.clip(scores, 0.0, 1.0), terms, term_w, content
 
 
-def rank_prior(n: int, c: float) -> np.ndarray:
-    """RRF-style prior of input positions 0..n-1: 1 for the first, (c + 1) / (c + 1 + i) after."""
-    return (c + 1.0) / (c + 1.0 + np.arange(n, dtype=np.float64))
+def rank_prior(n: int, c: float, ranks: Sequence[int] | None = None) -> np.ndarray:
+    """RRF-style prior of input positions 0..n-1 (or of the given first-stage `ranks`, for a window
+    of a longer list): 1 for the first, (c + 1) / (c + 1 + i) after."""
+    at = np.arange(n, dtype=np.float64) if ranks is None else np.asarray(ranks, dtype=np.float64)
+    return (c + 1.0) / (c + 1.0 + at)
 
 
 def fuse_prior(topical: np.ndarray, prior: np.ndarray, share: float, minimum: float) -> np.ndarray:
@@ -309,7 +311,8 @@ class LocalBackend:
         lex, _, _, content = lexical_scores(query, texts, self.weights)
         return self._combine(query, texts, lex, content)
 
-    def _combine(self, query: str, texts: Sequence[str], lex: np.ndarray, content: np.ndarray) -> Scores:
+    def _combine(self, query: str, texts: Sequence[str], lex: np.ndarray, content: np.ndarray,
+                 ranks: Sequence[int] | None = None) -> Scores:
         if not texts:
             z = np.zeros(0)
             return Scores(z, z, z, z)
@@ -320,14 +323,14 @@ class LocalBackend:
             sem = np.where(content, sem, 0.0)
         w = self.weights
         topical = np.clip((w.semantic * sem + w.lexical * lex) / (w.semantic + w.lexical), 0.0, 1.0)
-        rel = fuse_prior(topical, rank_prior(len(texts), w.prior_c), w.prior, load_limits().min_score)
+        rel = fuse_prior(topical, rank_prior(len(texts), w.prior_c, ranks), w.prior, load_limits().min_score)
         return Scores(sem, lex, topical, rel)
 
     def rank(self, request: RerankRequest) -> dict[str, Any]:
         """The card's output object for `request`: at most `request.top_k` ranked, the rest dropped."""
         texts = [c.text for c in request.chunks]
         lex, terms, term_w, content = lexical_scores(request.query, texts, self.weights)
-        sc = self._combine(request.query, texts, lex, content)
+        sc = self._combine(request.query, texts, lex, content, request.ranks)
         weight_of = {t: float(x) for t, x in zip(terms, term_w, strict=True) if x > 0}
         min_score = load_limits().min_score
         rounded = np.round(sc.relevance, 3)
