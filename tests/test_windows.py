@@ -355,3 +355,15 @@ def test_eval_depth_over_max_chunks_needs_window_size(tmp_path: Path) -> None:
     # with window_size, depth defaults to every candidate (up to max_total_chunks)
     assert report.config["depth"] == 1000 and report.config["window_size"] == 25 and not report.failed
     assert report.reranked["MRR@10"] == 1.0 and report.input["MRR@10"] < 0.1
+
+
+def test_a_framework_component_passes_window_size_through() -> None:
+    pytest.importorskip("langchain_core")
+    from langchain_core.documents import Document
+
+    from rag_rerank.integrations.langchain import RagRerankCompressor
+
+    docs = [Document(page_content=c["text"], id=c["id"]) for c in make_chunks(120, {70: _TOPICAL[0]})]
+    compressor = RagRerankCompressor(top_n=3, window_size=30)
+    assert [d.id for d in compressor.compress_documents(docs, QUERY)] == ["d0070"]
+    assert compressor.last_result is not None and compressor.last_result.meta.calls == 5
