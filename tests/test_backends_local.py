@@ -277,3 +277,20 @@ def test_identical_copies_of_the_answer_keep_its_score(card):
     # (Not equal: the copies change the average chunk length BM25 normalises by.)
     assert copied[2] >= once[2] > 0.2
     assert (copied[len(texts):] == copied[2]).all()
+
+
+def test_ranks_place_a_window_at_its_first_stage_positions() -> None:
+    """A window of a longer list (windows.py sets `ranks`) gets the prior of its true positions."""
+    from dataclasses import replace
+
+    from rag_rerank.backends.local import LocalBackend
+    from rag_rerank.guard import validate_request
+
+    chunks = [{"id": f"c{i}", "text": f"IVF partitions vectors into cells, note {i}"} for i in range(5)]
+    request = validate_request("When should I prefer IVF over HNSW?", chunks, top_k=5)
+    backend = LocalBackend("lexical")
+    first = {r["id"]: r["score"] for r in backend.rank(request)["ranked"]}
+    late = {r["id"]: r["score"] for r in backend.rank(replace(request, ranks=(80, 81, 82, 83, 84)))["ranked"]}
+    assert first["c0"] > late.get("c0", 0.0)  # rank 80 is discounted (perhaps to the minimum), rank 0 not
+    same = backend.rank(replace(request, ranks=(0, 1, 2, 3, 4)))
+    assert same == backend.rank(request)
