@@ -286,7 +286,10 @@ def test_ranks_place_a_window_at_its_first_stage_positions() -> None:
     from rag_rerank.backends.local import LocalBackend
     from rag_rerank.guard import validate_request
 
-    chunks = [{"id": f"c{i}", "text": f"IVF partitions vectors into cells, note {i}"} for i in range(5)]
+    texts = ["IVF partitions vectors into cells; prefer IVF over HNSW when memory is tight",
+             "Risotto needs constant stirring", "The capital of France is Paris",
+             "JavaScript was created in 1995", "Copper conducts heat well"]
+    chunks = [{"id": f"c{i}", "text": t} for i, t in enumerate(texts)]
     request = validate_request("When should I prefer IVF over HNSW?", chunks, top_k=5)
     backend = LocalBackend("lexical")
     first = {r["id"]: r["score"] for r in backend.rank(request)["ranked"]}
