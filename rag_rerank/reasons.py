@@ -23,6 +23,7 @@ OVER_WORD_BUDGET = "over_word_budget"
 NO_CITABLE_PHRASE = "no_citable_phrase"
 DROPPED_BY_MODEL = "dropped_by_model"
 MISSING_META = "missing_meta"
+NOT_IN_FINAL = "not_in_final"
 
 TOKENS: Mapping[str, str] = {
     REDUNDANT_WITH: "a near-duplicate of the ranked chunk whose id follows the colon (no space); "
@@ -37,6 +38,8 @@ TOKENS: Mapping[str, str] = {
     "word for word",
     MISSING_META: "metadata fusion with missing_meta='drop': the chunk has no value for the field "
     "named in the detail",
+    NOT_IN_FINAL: "with window_size: it lost in its window (not among the best window_size survivors, "
+    "or dropped there) and never reached the final pass; the detail names the window and its score",
 }
 
 _SHAPE = re.compile(r"\A([a-z][a-z0-9_]*)(?::(.*))?\Z", re.DOTALL)

@@ -49,12 +49,12 @@ from .concurrency import call_slot
 from .errors import BackendError
 from .models import Dropped, RerankRequest, RerankResult
 from .postpass import BELOW_MIN, REDUNDANT
+from .reasons import NOT_IN_FINAL
 from .render import render
 
 if TYPE_CHECKING:
     from .rerank import _Plan
 
-NOT_IN_FINAL = "not_in_final"
 _REASON_CHARS = 120  # a window model's own reason quoted in a loser's detail is cut to this
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from rag_rerank import BackendError, InputError, arerank, arerank_many, rerank
+from rag_rerank import BackendError, InputError, arerank, arerank_many, reasons, rerank
 from rag_rerank.cli import main
 from rag_rerank.guard import load_limits, validate_request
 from rag_rerank.models import RerankResult
@@ -56,12 +56,12 @@ _LOSER = re.compile(r"(below_min_score|not_in_final): (window \d+ of \d+) (score
 
 
 def assert_accounted(result: RerankResult, chunks: list[dict[str, str]]) -> None:
-    """Every id once; every window loser's reason in the documented `token: detail` forms (the final
-    pass's own dropped reasons are the post-pass's business, tested in test_postpass)."""
+    """Every id once, every reason in the grammar, every window loser's in its documented forms."""
     got = ids_of(result)
     assert len(got) == len(set(got)), "an id appears twice"
     assert sorted(got) == sorted(c["id"] for c in chunks), "an id is missing or invented"
     for d in result.dropped:
+        assert reasons.split(d.reason) is not None, d.reason  # `token` / `token: detail`, a listed token
         if " window " in d.reason and not d.reason.startswith("redundant_with:"):
             assert _LOSER.fullmatch(d.reason), d.reason
 
