@@ -367,3 +367,16 @@ def test_a_framework_component_passes_window_size_through() -> None:
     compressor = RagRerankCompressor(top_n=3, window_size=30)
     assert [d.id for d in compressor.compress_documents(docs, QUERY)] == ["d0070"]
     assert compressor.last_result is not None and compressor.last_result.meta.calls == 5
+
+
+def test_metadata_options_apply_in_windows() -> None:
+    """embed_meta_fields reaches every window's scorer; meta fusion runs in the final post-pass."""
+    chunks = make_chunks(90, {10: "the right choice when RAM is short", 70: _TOPICAL[1]})
+    for i, c in enumerate(chunks):
+        c["meta"] = {"title": "IVF over HNSW for vector search" if i == 10 else "misc", "year": 2000 + i % 20}
+    plain = rerank(QUERY, chunks, top_k=3, window_size=30)
+    titled = rerank(QUERY, chunks, top_k=3, window_size=30, embed_meta_fields=["title"])
+    assert "d0010" not in plain.ids and "d0010" in titled.ids
+    fused = rerank(QUERY, chunks, top_k=3, window_size=30, meta_field="year")
+    assert_accounted(fused, chunks)
+    assert any(n.startswith("meta_fusion:") for n in fused.meta.notes)
