@@ -42,7 +42,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-DATA = Path(os.environ.get("RAG_RERANK_DATA", "/work/shared/data"))
+from tests.support.shared_data import data_dir  # noqa: E402
+
+DATA = data_dir()
 
 _SERVER = """
 import sys
