@@ -209,7 +209,7 @@ def bench_quality(args: argparse.Namespace) -> str:
                 name_ = f"local + {label}, depth 100 in windows of {size} ({windows + 1} calls), {what}"
                 rows.append(_run(name_, cands, qrels, depth=100, embedder=emb, window_size=size, **opts,
                                  **run)[1])
-    cols = ["nDCG@10", "Recall@10", "MRR@10", "distance@10"]
+    cols = ["nDCG@10", "novelty-nDCG@10", "Recall@10", "MRR@10", "distance@10"]
     title = "Quality: TREC DL19 passage (43 queries; Recall/MRR count grade >= 2), top_k 10"
     return _table(title, rows, cols)
 
