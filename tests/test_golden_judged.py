@@ -1,0 +1,28 @@
+"""The judged small-RAG sets in golden/judged/: well-formed, as the issue asks (15+ queries x 5-10
+chunks, several domains, graded 0/1/2, off-topic chunks marked). The scorer is not run here: these
+files are development (dev.jsonl) and held-out (heldout.jsonl) data for bench/tune_default.py."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from rag_rerank.paths import golden_dir
+
+
+@pytest.mark.parametrize("part", ["dev", "heldout"])
+def test_judged_set_is_well_formed(part: str) -> None:
+    rows = [json.loads(line) for line in (golden_dir() / "judged" / f"{part}.jsonl").read_text(
+        encoding="utf-8").splitlines() if line.strip()]
+    assert len(rows) >= 15
+    assert len({r["domain"] for r in rows}) >= 8
+    ids = [c["id"] for r in rows for c in r["chunks"]]
+    assert len(ids) == len(set(ids))
+    for r in rows:
+        assert r["query"].strip() and 5 <= len(r["chunks"]) <= 10, r["query_id"]
+        grades = [c["grade"] for c in r["chunks"]]
+        assert set(grades) <= {0, 1, 2} and 2 in grades, r["query_id"]
+        assert any(c["off_topic"] for c in r["chunks"]), r["query_id"]
+        assert all(c["grade"] == 0 for c in r["chunks"] if c["off_topic"]), r["query_id"]
+        assert all(c["text"].strip() for c in r["chunks"]), r["query_id"]
