@@ -341,7 +341,9 @@ def main() -> None:
     if args.shipped:
         backend = LocalBackend("lexical" if args.profile == "lexical" else _st_embedder())
         for q in base:
-            q.signals = Signals(*([backend.scores(q.query, q.texts)] * len(FEATURES)))
+            rel = backend.scores(q.query, q.texts)
+            rel = getattr(rel, "relevance", rel)  # earlier versions returned a Scores record
+            q.signals = Signals(*([rel] * len(FEATURES)))
         for line in report(base, np.array([0.0, 1.0, 1.0, 0, 0, 0, 0]), "shipped", parts, identity=True):
             print(line)
         return
