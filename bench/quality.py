@@ -190,20 +190,23 @@ def _llm_options(args: argparse.Namespace) -> dict[str, Any] | None:
 
 
 def _cosine_only(emb: Any) -> Any:
-    """The ablation row: the local backend with the lexical signal switched off."""
-    from rag_rerank.backends.local import LocalBackend, Weights
+    """The ablation row: the local backend scoring by the embedder's cosine alone (semantic weight 1,
+    every other weight 0, intercept 0, slope 1). The scores are then sigmoid(cosine), uncalibrated,
+    so every chunk clears the minimum score: this row measures the order, not the cut-off."""
+    from rag_rerank.backends.local import Fusion, LocalBackend
 
-    return LocalBackend(emb, weights=Weights(semantic=1.0, lexical=0.0))
+    return LocalBackend(emb, fusion=Fusion(intercept=0.0, slope=1.0, semantic=1.0, lexical=0.0, tokens=0.0,
+                                           outlier=0.0, position=0.0))
 
 
 def _no_prior(emb: Any) -> Any:
-    """The ablation row: the local backend's own profile with the first-stage prior switched off."""
+    """The ablation row: the local backend's own profile with the input-rank (position) weight at 0."""
     import dataclasses
 
     from rag_rerank.backends.local import LocalBackend
 
     backend = LocalBackend(emb)
-    return LocalBackend(emb, weights=dataclasses.replace(backend.weights, prior=0.0))
+    return LocalBackend(emb, fusion=dataclasses.replace(backend.fusion, position=0.0))
 
 
 def _relevance_rows(cands: Path, qrels: Path, depths: Sequence[int], embedders: dict[str, Any],
@@ -224,7 +227,7 @@ def _relevance_rows(cands: Path, qrels: Path, depths: Sequence[int], embedders: 
                              duplicate_threshold=1.0, **run)[1])
         lex = embedders.get("lexical")
         if lex is not None and depth == 50:
-            rows.append(_run("ablation: local + lexical, top-50, lambda 1.0, first-stage prior off",
+            rows.append(_run("ablation: local + lexical, top-50, lambda 1.0, input-rank weight off",
                              cands, qrels, lambda_=1.0, depth=50, embedder=lex, backend=_no_prior(lex),
                              **run)[1])
             rows.append(_run("local + lexical, top-50, lambda 0.7 (the default)", cands, qrels,
