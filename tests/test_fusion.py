@@ -68,9 +68,10 @@ def test_partial_weight_blends_the_two_orders() -> None:
     # RRF uses ranks only: old (1st, 3rd) and new (3rd, 1st) tie and the scorer breaks it; both
     # beat mid (2nd, 2nd) since 1/61 + 1/63 > 2/62
     assert _run(**half).ids == ["old", "new", "mid", "none"]
-    # linear_score uses the score's size: old's lead in relevance (0.857 vs 0.34) is worth less than
-    # new's lead in date: 0.5 * 0.82 + 0.5 * 1/3 < 0.5 * 0.175 + 0.5 * 1
-    assert _run(**half, meta_ranking_mode="linear_score").ids == ["new", "old", "mid", "none"]
+    # linear_score uses the score's size: scores old 0.953, mid 0.722, new 0.709, rescaled from (0.2, 1]
+    # to 0.941, 0.653, 0.636; with date m = 1/3, 2/3, 1: new 0.818 > mid 0.660 > old 0.637, so the
+    # date lead outweighs old's relevance lead and mid's near-tie with new in score (unlike RRF's ranks)
+    assert _run(**half, meta_ranking_mode="linear_score").ids == ["new", "mid", "old", "none"]
 
 
 def test_fuse_ranks_ties_and_linear_scores() -> None:
