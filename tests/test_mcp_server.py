@@ -139,7 +139,7 @@ def test_missing_sdk_raises_missing_dependency(monkeypatch: pytest.MonkeyPatch) 
 
 # --- configuration errors stop the server at start-up ---------------------------------------------
 
-EMBEDDERS = "lexical, sentence-transformers[:MODEL_OR_PATH], openai[:MODEL], caller"
+EMBEDDERS = "lexical, static, sentence-transformers[:MODEL_OR_PATH], openai[:MODEL], caller"
 
 
 def _start(settings: dict[str, str]) -> subprocess.CompletedProcess[str]:
