@@ -36,49 +36,33 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from rag_rerank.backends.local import LocalBackend, lexical_scores  # noqa: E402
+from rag_rerank.backends.local import (  # noqa: E402
+    FEATURES,
+    LocalBackend,
+    Signals,
+    compute_signals,
+    lexical_scores,
+)
 from rag_rerank.embed.static import StaticEmbedder, token_match  # noqa: E402
 from rag_rerank.guard.limits import load_limits  # noqa: E402
 from rag_rerank.paths import golden_dir  # noqa: E402
 
 MIN_SCORE = load_limits().min_score
-FEATURES = ("semantic", "lexical", "tokens", "outlier", "position")
 
 
-@dataclass
-class Signals:
-    """Per-chunk evidence in input order: the candidate features of a calibrated fusion."""
-
-    semantic: np.ndarray  # cosine(query, chunk), static MiniLM-distilled vectors
-    lexical: np.ndarray  # BM25 over the candidate set, as coverage of the query
-    tokens: np.ndarray  # static token-level match (rag_rerank.embed.static.token_match)
-    outlier: np.ndarray  # how far below the set's median cohesion the chunk sits (0 for most)
-    position: np.ndarray  # log(1 + input index)
-
-    def matrix(self, mask_position: bool = False) -> np.ndarray:
-        cols = [getattr(self, f) for f in FEATURES]
-        if mask_position:  # a shuffled input order carries no information
-            cols[-1] = np.full_like(self.position, self.position.mean())
-        return np.column_stack(cols)
+def features(sig: Signals, mask_position: bool = False) -> np.ndarray:
+    """The fusion's feature matrix; `mask_position` for the judged sets, whose order is shuffled."""
+    x = sig.matrix()
+    if mask_position:
+        x[:, FEATURES.index("position")] = sig.position.mean() if len(sig.position) else 0.0
+    return x
 
 
-def cohesion_outlier(vectors: np.ndarray) -> np.ndarray:
-    """Each chunk's cosine to the centroid of the other candidates, minus the median of those
-    cosines, capped at 0: a retriever's list is mostly about one subject, the odd one out is not."""
-    n = len(vectors)
-    if n < 3:
-        return np.zeros(n)
-    others = vectors.sum(axis=0)[None, :] - vectors
-    norms = np.linalg.norm(others, axis=1)
-    cohesion = np.divide(np.einsum("ij,ij->i", others, vectors), norms, out=np.zeros(n), where=norms > 0)
-    return np.minimum(0.0, cohesion - np.median(cohesion))
-
-
-def compute_signals(embedder: object, query: str, texts: list[str]) -> Signals:
+def signals_for(embedder: object, query: str, texts: list[str]) -> Signals:
+    """The library's own signals (`backends/local.py`) with `embedder` as the semantic scorer."""
     vecs = np.asarray(embedder.embed([query, *texts]), dtype=np.float64)  # type: ignore[attr-defined]
-    lex = lexical_scores(query, texts)[0]
-    return Signals(vecs[1:] @ vecs[0], lex, token_match(query, texts), cohesion_outlier(vecs[1:]),
-                   np.log1p(np.arange(len(texts), dtype=np.float64)))
+    lexical = lexical_scores(query, texts)[0]
+    return compute_signals(vecs[0], vecs[1:], lexical, token_match(query, texts), texts)
 
 
 @dataclass
@@ -143,7 +127,7 @@ def load_trec(name: str, depth: int = 50) -> list[Query]:
 
 def attach_signals(queries: Sequence[Query], embedder: object) -> None:
     for q in queries:
-        q.signals = compute_signals(embedder, q.query, q.texts)
+        q.signals = signals_for(embedder, q.query, q.texts)
 
 
 def ndcg(gains_in_order: np.ndarray, ideal: np.ndarray, k: int) -> float:
@@ -209,7 +193,7 @@ def fit_ranking(queries: Sequence[Query], position: float, l2: float = 1e-3) -> 
     data = []
     for q in useful:
         assert q.signals is not None
-        x = q.signals.matrix()
+        x = features(q.signals)
         offset = 0.0 if q.collection == "judged" else position * q.signals.position
         data.append((x[:, :-1], offset, q.labels / q.labels.sum(), 1.0 / per[q.collection]))
 
@@ -237,11 +221,11 @@ def fit_calibration(judged: Sequence[Query], negatives: Sequence[Signals], weigh
     n_neg = sum(len(s.semantic) for s in negatives)
     for q in judged:
         assert q.signals is not None
-        xs.append(q.signals.matrix(mask_position=True) @ weights)
+        xs.append(features(q.signals, mask_position=True) @ weights)
         ys.append(q.labels)
         ws.append(np.ones(len(q.texts)))
     for sig in negatives:
-        xs.append(sig.matrix(mask_position=True) @ weights)
+        xs.append(features(sig, mask_position=True) @ weights)
         ys.append(np.zeros(len(sig.semantic)))
         ws.append(np.full(len(sig.semantic), negative_weight * n_judged / n_neg))
     beta = fit_logistic(np.concatenate(xs)[:, None], np.concatenate(ys), np.concatenate(ws), 1e-4)
@@ -319,7 +303,7 @@ def card_check(embedder: object, beta: np.ndarray) -> str:
     for name in ("happy-path", "adversarial"):
         ex = card.example(name)
         chunks = parse_chunks(ex.chunks)
-        sig = compute_signals(embedder, ex.query, [c.text for c in chunks])
+        sig = signals_for(embedder, ex.query, [c.text for c in chunks])
         p = sigmoid(beta[0] + beta[1] * (sig.matrix() @ beta[2:]))
         kept = [(chunks[i].id, round(float(p[i]), 3)) for i in np.argsort(-p, kind="stable")
                 if round(float(p[i]), 3) > MIN_SCORE]
@@ -351,7 +335,7 @@ def main() -> None:
     attach_signals(base, semantic)
     dev = [q for q in base if q.part == "dev"]
     judged = [q for q in dev if q.collection == "judged"]
-    negatives = [compute_signals(semantic, query, texts) for query, texts in negative_sets(judged)]
+    negatives = [signals_for(semantic, query, texts) for query, texts in negative_sets(judged)]
     weights = fit_ranking(dev, args.position)
     intercept, slope = fit_calibration(judged, negatives, weights, args.negative_weight)
     beta = np.array([intercept, slope, *weights])

@@ -146,10 +146,10 @@ class Profile:
 # Per embedder family (matched on the embedder's name prefix); numbers from
 # `python bench/tune_default.py` (lexical) and `... --profile sentence-transformers --negative-weight 0.1`.
 PROFILES: dict[str, Profile] = {
-    "lexical": Profile(Fusion(intercept=-3.5494, slope=0.9189, semantic=2.8651, lexical=1.6091,
-                              tokens=4.0557, outlier=3.9185, position=-0.2), semantic="static"),
-    "sentence-transformers": Profile(Fusion(intercept=-2.2915, slope=0.6406, semantic=6.7188,
-                                            lexical=1.2817, tokens=0.9868, outlier=0.5817, position=-0.2)),
+    "lexical": Profile(Fusion(intercept=-3.5470, slope=0.9168, semantic=2.8661, lexical=1.6068,
+                              tokens=4.0619, outlier=3.8606, position=-0.2), semantic="static"),
+    "sentence-transformers": Profile(Fusion(intercept=-2.3205, slope=0.6400, semantic=6.7821,
+                                            lexical=1.2682, tokens=0.9940, outlier=0.2267, position=-0.2)),
 }
 PROFILES["static"] = PROFILES["lexical"]
 # Unknown embedders (OpenAI, caller models) get the dense-model profile.
@@ -163,10 +163,20 @@ def profile_for(embedder_name: str) -> Profile:
     return DEFAULT_PROFILE
 
 
-def cohesion_outlier(vectors: np.ndarray) -> np.ndarray:
+def cohesion_outlier(vectors: np.ndarray, texts: Sequence[str] | None = None) -> np.ndarray:
     """How far each chunk's cosine to the centroid of all the other candidates falls below the
     median of those cosines (0 for chunks at or above it): a retriever's list is mostly about one
-    subject, and a chunk from another domain is the odd one out."""
+    subject, and a chunk from another domain is the odd one out.
+
+    With `texts`, identical texts count once (as BM25's document frequency does): ten copies of
+    the answer would otherwise become "the subject" and make every other chunk an outlier."""
+    vectors = np.asarray(vectors, dtype=np.float64)
+    if texts is not None:
+        first = {t: i for i, t in reversed(list(enumerate(texts)))}
+        distinct = sorted(first.values())
+        slot = {i: k for k, i in enumerate(distinct)}
+        per_distinct = cohesion_outlier(vectors[distinct])
+        return np.array([per_distinct[slot[first[t]]] for t in texts], dtype=np.float64)
     n = len(vectors)
     if n < 3:
         return np.zeros(n)
@@ -176,14 +186,17 @@ def cohesion_outlier(vectors: np.ndarray) -> np.ndarray:
     return np.minimum(0.0, cohesion - np.median(cohesion))
 
 
-def compute_signals(query_vec: np.ndarray, vectors: np.ndarray, lexical: np.ndarray,
-                    tokens: np.ndarray) -> Signals:
+def compute_signals(query_vec: np.ndarray, vectors: np.ndarray, lexical: np.ndarray, tokens: np.ndarray,
+                    texts: Sequence[str] | None = None, ranks: Sequence[int] | None = None) -> Signals:
     """Every feature of the fusion, in input order, from the query and chunk vectors of the scoring
-    embedder, the BM25 coverage and the static token match."""
+    embedder, the BM25 coverage and the static token match. `texts` lets copies count once in the
+    cohesion; `ranks` are first-stage positions when the chunks are a window of a longer list
+    (`RerankRequest.ranks`), else 0..n-1."""
     vectors = np.asarray(vectors, dtype=np.float64).reshape(len(lexical), -1)
     semantic = vectors @ np.asarray(query_vec, dtype=np.float64) if len(vectors) else np.zeros(0)
-    position = np.log1p(np.arange(len(vectors), dtype=np.float64))
-    return Signals(semantic, lexical, tokens, cohesion_outlier(vectors), position)
+    at = np.arange(len(vectors)) if ranks is None else np.asarray(ranks)
+    position = np.log1p(at.astype(np.float64))
+    return Signals(semantic, lexical, tokens, cohesion_outlier(vectors, texts), position)
 
 
 @dataclass(frozen=True)
@@ -307,16 +320,17 @@ class LocalBackend:
     # -- scoring -------------------------------------------------------------------------------
 
     def signals(self, query: str, texts: Sequence[str],
-                lexical: tuple[np.ndarray, list[str], np.ndarray, np.ndarray] | None = None) -> Signals:
-        """The fusion's features of each text for `query`, `texts` in first-stage order;
-        `lexical` is `lexical_scores`' answer when the caller already has it."""
+                lexical: tuple[np.ndarray, list[str], np.ndarray, np.ndarray] | None = None,
+                ranks: Sequence[int] | None = None) -> Signals:
+        """The fusion's features of each text for `query`, `texts` in first-stage order (or at
+        first-stage positions `ranks`); `lexical` is `lexical_scores`' answer when already known."""
         from ..embed.static import token_match
 
         lex = (lexical or lexical_scores(query, texts, self.bm25))[0]
         if not texts:
             return compute_signals(np.zeros(1), np.zeros((0, 1)), lex, np.zeros(0))
         vecs = np.asarray(self.scorer.embed([query, *texts]), dtype=np.float64)
-        return compute_signals(vecs[0], vecs[1:], lex, token_match(query, list(texts)))
+        return compute_signals(vecs[0], vecs[1:], lex, token_match(query, list(texts)), texts, ranks)
 
     def scores(self, query: str, texts: Sequence[str]) -> np.ndarray:
         """The calibrated relevance of each text: the estimated probability it is judged relevant."""
@@ -327,7 +341,7 @@ class LocalBackend:
         texts = [c.text for c in request.chunks]
         lexical = lexical_scores(request.query, texts, self.bm25)
         _, terms, term_w, _ = lexical
-        sig = self.signals(request.query, texts, lexical)
+        sig = self.signals(request.query, texts, lexical, request.ranks)
         weight_of = {t: float(x) for t, x in zip(terms, term_w, strict=True) if x > 0}
         min_score = load_limits().min_score
         rounded = np.round(self.fusion(sig), 3) if texts else np.zeros(0)
