@@ -255,7 +255,7 @@ def bench_dl19(args: argparse.Namespace, embedders: dict[str, Any]) -> str:
              Row("published", "RankZephyr-7B, top-100 (RankLLM, SIGIR 2025)", {"nDCG@10": 0.7365}),
              Row("published", "monoT5-3B, top-100 (RankLLM, SIGIR 2025)", {"nDCG@10": 0.7173}),
              Row("published", "RankGPT gpt-3.5 (rank_llm run file)", {"nDCG@10": 0.680})]
-    cols = ["nDCG@10", "Recall@10", "MRR@10", "distance@10"]
+    cols = ["nDCG@10", "novelty-nDCG@10", "Recall@10", "MRR@10", "distance@10"]
     return _table("TREC DL19 passage (43 queries; Recall/MRR count grade >= 2)", rows, cols)
 
 
@@ -266,7 +266,7 @@ def bench_scifact(args: argparse.Namespace, embedders: dict[str, Any]) -> str:
     rows = _relevance_rows(cands, qrels, (50,), embedders, args,
                            "BM25 top-50, bm25s over title + text (input order)")
     rows.append(Row("published", "Anserini BM25-flat (data README)", {"nDCG@10": 0.6789}))
-    cols = ["nDCG@10", "Recall@10", "MRR@10", "distance@10"]
+    cols = ["nDCG@10", "novelty-nDCG@10", "Recall@10", "MRR@10", "distance@10"]
     return _table("SciFact test (300 queries)", rows, cols)
 
 

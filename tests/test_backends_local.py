@@ -259,9 +259,34 @@ def test_a_chunk_from_another_domain_scores_below_every_in_domain_chunk(card):
 def test_cohesion_outlier_flags_the_odd_one_out_and_needs_three_chunks():
     vecs = np.array([[1.0, 0.1, 0.0], [0.9, 0.2, 0.0], [1.0, 0.0, 0.1], [0.0, 0.0, 1.0]])
     vecs /= np.linalg.norm(vecs, axis=1, keepdims=True)
-    out = cohesion_outlier(vecs)
+    sem = np.array([0.6, 0.5, 0.55, 0.1])
+    out = cohesion_outlier(vecs, sem)
     assert out[3] < out[:3].min() <= 0 and out.max() == 0
-    assert np.array_equal(cohesion_outlier(vecs[:2]), np.zeros(2))
+    assert np.array_equal(cohesion_outlier(vecs[:2], sem[:2]), np.zeros(2))
+
+
+def test_in_a_noisy_list_the_noise_is_the_outlier_not_the_few_answers():
+    """Three answers among many unrelated chunks: the centroid is weighted toward the query."""
+    rng = np.random.default_rng(7)
+    pad = [0.0] * 7
+    answers = np.array([[1.0, 0.1, 0.0, *pad], [0.9, 0.2, 0.0, *pad], [1.0, 0.0, 0.2, *pad]])
+    noise = np.abs(rng.normal(size=(30, 10))) * np.r_[0.0, 0.0, 0.0, np.ones(7)]
+    vecs = np.vstack([answers, noise])
+    vecs /= np.linalg.norm(vecs, axis=1, keepdims=True)
+    sem = np.r_[[0.7, 0.65, 0.6], np.full(30, 0.1)]
+    out = cohesion_outlier(vecs, sem)
+    assert np.all(out[:3] == 0.0) and out[3:].min() < 0
+
+
+def test_copies_count_once_in_the_cohesion():
+    vecs = np.array([[1.0, 0.0, 0.0], [0.9, 0.3, 0.0], [0.8, 0.0, 0.6], [0.0, 0.0, 1.0]])
+    vecs /= np.linalg.norm(vecs, axis=1, keepdims=True)
+    sem = np.array([0.6, 0.5, 0.55, 0.1])
+    texts = ["a", "b", "c", "d"]
+    once = cohesion_outlier(vecs, sem, texts)
+    copies = np.repeat(vecs[:1], 10, axis=0)
+    copied = cohesion_outlier(np.vstack([vecs, copies]), np.r_[sem, np.full(10, 0.6)], [*texts, *["a"] * 10])
+    assert np.allclose(copied[:4], once) and np.allclose(copied[4:], once[0])
 
 
 def test_compute_signals_gives_log_rank_positions_and_cosines():

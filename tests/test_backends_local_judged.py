@@ -92,8 +92,6 @@ def test_never_worse_than_the_shuffled_input_order(embedder: str) -> None:
 
 
 @pytest.mark.st
-@pytest.mark.xfail(strict=True, reason="held-out: the sentence-transformers profile ranks nDCG@3 "
-                   "0.045 above the shuffled input (target +0.05)")
 def test_sentence_transformers_ranks_clearly_better_than_the_shuffled_input() -> None:
     _, _, ndcg, baseline = _measured("sentence-transformers")
     assert ndcg >= baseline + 0.05, f"nDCG@3 {ndcg:.4f} vs shuffled input {baseline:.4f}"
@@ -102,7 +100,7 @@ def test_sentence_transformers_ranks_clearly_better_than_the_shuffled_input() ->
 # The targets that the held-out set shows are not met yet (measured once, after the fit;
 # see docs/quality.md). Strict: when a later scorer meets them, these fail and must become plain
 # tests. Meanwhile the floors below, one judged chunk under the measurement, catch a regression.
-@pytest.mark.xfail(strict=True, reason="held-out: the default ranks nDCG@3 only ~0.01 above the "
+@pytest.mark.xfail(strict=True, reason="held-out: the default ranks nDCG@3 only 0.008 above the "
                    "shuffled input (target +0.05)")
 def test_default_ranks_clearly_better_than_the_shuffled_input() -> None:
     _, _, ndcg, baseline = _measured("lexical")
@@ -111,10 +109,10 @@ def test_default_ranks_clearly_better_than_the_shuffled_input() -> None:
 
 @pytest.mark.parametrize("embedder", [
     pytest.param("lexical", marks=pytest.mark.xfail(
-        strict=True, reason="held-out: 64% of off-topic chunks dropped (target 95%); those kept share a "
+        strict=True, reason="held-out: 60% of off-topic chunks dropped (target 95%); those kept share a "
         "word but not the subject with the query")),
     pytest.param("sentence-transformers", marks=[pytest.mark.st, pytest.mark.xfail(
-        strict=True, reason="held-out: 36% of off-topic chunks dropped (target 95%)")]),
+        strict=True, reason="held-out: 52% of off-topic chunks dropped (target 95%)")]),
 ])
 def test_off_topic_chunks_are_dropped(embedder: str) -> None:
     _, dropped, _, _ = _measured(embedder)
@@ -122,8 +120,8 @@ def test_off_topic_chunks_are_dropped(embedder: str) -> None:
 
 
 @pytest.mark.parametrize("embedder, floor", [
-    ("lexical", 15 / 25),
-    pytest.param("sentence-transformers", 8 / 25, marks=pytest.mark.st),
+    ("lexical", 14 / 25),
+    pytest.param("sentence-transformers", 12 / 25, marks=pytest.mark.st),
 ])
 def test_off_topic_floor(embedder: str, floor: float) -> None:
     _, dropped, _, _ = _measured(embedder)

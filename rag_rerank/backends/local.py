@@ -13,8 +13,8 @@ error in docs/quality.md):
 * `tokens`: for each query token, its best static-vector match anywhere in the chunk, weighted by
   rarity (`embed.static.token_match`), so "kubectl" counts for "Kubernetes" in a long chunk;
 * `outlier`: how far the chunk sits below the set's median cohesion (cosine to the centroid of
-  the other candidates); a retriever's list is mostly about one subject, and a chunk from another
-  domain is the odd one out;
+  the other candidates, weighted toward those most like the query); a chunk from another domain is
+  the odd one out, and in a noisy list the noise is, not the few answers;
 * `position`: log(1 + input index), the caller's first-stage rank, with a small fixed weight: it
   breaks near-ties toward the retriever's order and never lifts an unrelated chunk far.
 
@@ -146,10 +146,10 @@ class Profile:
 # Per embedder family (matched on the embedder's name prefix); numbers from
 # `python bench/tune_default.py` (lexical) and `... --profile sentence-transformers --negative-weight 0.1`.
 PROFILES: dict[str, Profile] = {
-    "lexical": Profile(Fusion(intercept=-3.5470, slope=0.9168, semantic=2.8661, lexical=1.6068,
-                              tokens=4.0619, outlier=3.8606, position=-0.2), semantic="static"),
-    "sentence-transformers": Profile(Fusion(intercept=-2.3205, slope=0.6400, semantic=6.7821,
-                                            lexical=1.2682, tokens=0.9940, outlier=0.2267, position=-0.2)),
+    "lexical": Profile(Fusion(intercept=-3.2392, slope=0.8998, semantic=2.3977, lexical=1.6698,
+                              tokens=3.9827, outlier=4.1876, position=-0.2), semantic="static"),
+    "sentence-transformers": Profile(Fusion(intercept=-2.1443, slope=0.6365, semantic=6.4117,
+                                            lexical=1.3215, tokens=0.9804, outlier=2.2010, position=-0.2)),
 }
 PROFILES["static"] = PROFILES["lexical"]
 # Unknown embedders (OpenAI, caller models) get the dense-model profile.
@@ -163,26 +163,37 @@ def profile_for(embedder_name: str) -> Profile:
     return DEFAULT_PROFILE
 
 
-def cohesion_outlier(vectors: np.ndarray, texts: Sequence[str] | None = None) -> np.ndarray:
-    """How far each chunk's cosine to the centroid of all the other candidates falls below the
-    median of those cosines (0 for chunks at or above it): a retriever's list is mostly about one
-    subject, and a chunk from another domain is the odd one out.
+COHESION_TEMPERATURE = 0.05  # softmax temperature of the query-weighted centroid (set a priori, not tuned)
+
+
+def cohesion_outlier(vectors: np.ndarray, semantic: np.ndarray,
+                     texts: Sequence[str] | None = None) -> np.ndarray:
+    """How far each chunk's cosine to the query-weighted centroid of the *other* candidates falls
+    below the median of those cosines (0 for chunks at or above it).
+
+    The centroid weighs each candidate by softmax(semantic / COHESION_TEMPERATURE): it sits on the
+    chunks most like the query. In a typical retriever list (mostly one subject) a chunk from
+    another domain is then the odd one out; in a noisy list of 200 where three chunks answer, the
+    centroid sits on those three and the noise is the odd one out, not the answers.
 
     With `texts`, identical texts count once (as BM25's document frequency does): ten copies of
-    the answer would otherwise become "the subject" and make every other chunk an outlier."""
+    the answer would otherwise outweigh everything else."""
     vectors = np.asarray(vectors, dtype=np.float64)
+    semantic = np.asarray(semantic, dtype=np.float64)
     if texts is not None:
         first = {t: i for i, t in reversed(list(enumerate(texts)))}
         distinct = sorted(first.values())
         slot = {i: k for k, i in enumerate(distinct)}
-        per_distinct = cohesion_outlier(vectors[distinct])
+        per_distinct = cohesion_outlier(vectors[distinct], semantic[distinct])
         return np.array([per_distinct[slot[first[t]]] for t in texts], dtype=np.float64)
     n = len(vectors)
     if n < 3:
         return np.zeros(n)
-    others = vectors.sum(axis=0)[None, :] - vectors
+    w = np.exp((semantic - semantic.max()) / COHESION_TEMPERATURE)
+    weighted = w[:, None] * vectors
+    others = weighted.sum(axis=0)[None, :] - weighted
     norms = np.linalg.norm(others, axis=1)
-    cohesion = np.divide(np.einsum("ij,ij->i", others, vectors), norms, out=np.zeros(n), where=norms > 0)
+    cohesion = np.divide(np.einsum("ij,ij->i", others, vectors), norms, out=np.zeros(n), where=norms > 1e-12)
     return np.minimum(0.0, cohesion - np.median(cohesion))
 
 
@@ -196,7 +207,7 @@ def compute_signals(query_vec: np.ndarray, vectors: np.ndarray, lexical: np.ndar
     semantic = vectors @ np.asarray(query_vec, dtype=np.float64) if len(vectors) else np.zeros(0)
     at = np.arange(len(vectors)) if ranks is None else np.asarray(ranks)
     position = np.log1p(at.astype(np.float64))
-    return Signals(semantic, lexical, tokens, cohesion_outlier(vectors, texts), position)
+    return Signals(semantic, lexical, tokens, cohesion_outlier(vectors, semantic, texts), position)
 
 
 @dataclass(frozen=True)
