@@ -81,6 +81,22 @@ class Reranked(Generic[T]):
         return self.result.meta
 
 
+def collect_options(data: Any, fields: set[str], *, component: str) -> Any:
+    """A pydantic component's constructor keywords (LangChain, LlamaIndex): keywords that are not
+    fields are rerank() options, checked by name now (an `InputError` naming any unknown one) and
+    kept in `rerank_options` to pass on later; a field given inside `rerank_options` is refused."""
+    if not isinstance(data, Mapping):
+        return data
+    extra = {k: v for k, v in data.items() if k not in fields}
+    options = {**dict(data.get("rerank_options") or {}), **extra}
+    check_options(options, component=component, count_name="top_n")
+    clash = sorted(set(options) & fields)
+    if clash:
+        msg = f"give {', '.join(clash)} as a constructor argument, not in rerank_options"
+        raise InputError([Violation(path="rerank_options", message=msg)])
+    return {**{k: v for k, v in data.items() if k in fields}, "rerank_options": options}
+
+
 def records(ids: Sequence[str], texts: Sequence[Any], metas: Sequence[Mapping[str, Any] | None] | None = None,
             options: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
     """What goes to the reranker: id and text, plus the metadata keys the options name (module

@@ -71,17 +71,7 @@ class RagRerankCompressor(BaseDocumentCompressor, RunnableSerializable[dict[str,
     @classmethod
     def _collect_options(cls, data: Any) -> Any:
         """Keywords that are not fields are rerank() options: checked by name now, passed on later."""
-        if not isinstance(data, Mapping):
-            return data
-        fields = set(cls.model_fields)
-        extra = {k: v for k, v in data.items() if k not in fields}
-        options = {**dict(data.get("rerank_options") or {}), **extra}
-        _common.check_options(options, component="RagRerankCompressor", count_name="top_n")
-        clash = sorted(set(options) & fields)
-        if clash:
-            msg = f"give {', '.join(clash)} as a constructor argument, not in rerank_options"
-            raise InputError([Violation(path="rerank_options", message=msg)])
-        return {**{k: v for k, v in data.items() if k in fields}, "rerank_options": options}
+        return _common.collect_options(data, set(cls.model_fields), component="RagRerankCompressor")
 
     @property
     def last_result(self) -> RerankResult | None:

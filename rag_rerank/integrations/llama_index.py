@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from typing import Any
 
-from ..errors import InputError, MissingDependencyError, Violation
+from ..errors import MissingDependencyError
 from ..models import RerankResult
 from . import _common
 from ._common import DROPPED_KEY, NOTE_KEY, REASON_KEY, Reranked
@@ -75,17 +75,7 @@ class RagRerankPostprocessor(BaseNodePostprocessor):
     @classmethod
     def _collect_options(cls, data: Any) -> Any:
         """Keywords that are not fields are rerank() options: checked by name now, passed on later."""
-        if not isinstance(data, dict):
-            return data
-        fields = set(cls.model_fields)
-        extra = {k: v for k, v in data.items() if k not in fields}
-        options = {**dict(data.get("rerank_options") or {}), **extra}
-        _common.check_options(options, component="RagRerankPostprocessor", count_name="top_n")
-        clash = sorted(set(options) & fields)
-        if clash:
-            msg = f"give {', '.join(clash)} as a constructor argument, not in rerank_options"
-            raise InputError([Violation(path="rerank_options", message=msg)])
-        return {**{k: v for k, v in data.items() if k in fields}, "rerank_options": options}
+        return _common.collect_options(data, set(cls.model_fields), component="RagRerankPostprocessor")
 
     @classmethod
     def class_name(cls) -> str:
