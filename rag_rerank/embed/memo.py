@@ -26,7 +26,6 @@ class Memo:
         self.name = str(getattr(inner, "name", type(inner).__name__))
         self.duplicate_threshold = inner.duplicate_threshold
         self.max_texts = max_texts
-        self.calls = 0  # texts sent to the inner embedder, for tests and benchmarks
         self._rows: OrderedDict[str, np.ndarray] = OrderedDict()
         self._lock = threading.Lock()
 
@@ -42,7 +41,6 @@ class Memo:
         if missing:
             fresh = np.asarray(self.inner.embed(missing))
             with self._lock:
-                self.calls += len(missing)
                 for text, row in zip(missing, fresh, strict=True):
                     rows[text] = row
                     self._rows[text] = row

@@ -177,22 +177,3 @@ def _unit_table() -> np.ndarray:
     v = _table().vectors
     n = np.linalg.norm(v, axis=1, keepdims=True)
     return np.divide(v, n, out=np.zeros_like(v), where=n > 0)
-
-
-def token_similarities(query: str, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
-    """(best cosine of each distinct query token in each text: (n_texts, n_query_tokens), and the
-    query tokens' SIF weights (raw vector norms, summing to 1)). Texts without tokens get zeros."""
-    table = _table()
-    q_ids = sorted(set(token_ids(query)))
-    best = np.zeros((len(texts), len(q_ids)))
-    if not q_ids:
-        return best, np.zeros(0)
-    q_raw = table.vectors[q_ids]
-    q_norm = np.linalg.norm(q_raw, axis=1)
-    q_unit = q_raw / np.maximum(q_norm, 1e-12)[:, None]
-    unit = _unit_table()
-    for row, text in enumerate(texts):
-        ids = sorted(set(token_ids(text)))
-        if ids:
-            best[row] = (q_unit @ unit[ids].T).max(axis=1)
-    return best, q_norm / q_norm.sum()
