@@ -273,14 +273,16 @@ def _judged_gains(qrels: Sequence[Any]) -> dict[str, dict[str, float]]:
 
 
 def novelty_ndcg(qrels: Sequence[Any], orders: Mapping[str, Sequence[str]],
-                 texts: Mapping[str, Mapping[str, str]], k: int = 10) -> float:
+                 texts: Mapping[str, Mapping[str, str]], k: int = 10, lexical: Any = None) -> float:
     """Mean novelty-aware nDCG@k over the judged queries of `orders` (see the module docstring).
 
     `texts[qid][docid]` is each candidate's text; the near-duplicate test is the lexical
-    embedder's cosine at or above its threshold, the same for every system compared."""
+    embedder's cosine at or above its threshold, the same for every system compared. `lexical`
+    may be a memoised `LexicalEmbedder`, so that scoring several orders of the same candidates
+    embeds each text once."""
     from .embed.lexical import LexicalEmbedder
 
-    lexical = LexicalEmbedder()
+    lexical = lexical or LexicalEmbedder()
     judged = _judged_gains(qrels)
     discount = 1.0 / np.log2(np.arange(2, k + 2))
     values = []
@@ -565,6 +567,8 @@ def evaluate(
     pairwise distance, so tables comparing several embedders can share one yardstick.
     """
     from .embed import get_embedder
+    from .embed.lexical import LexicalEmbedder
+    from .embed.memo import Memo
     from .rerank import resolve_embedder
 
     _ir_measures()
@@ -618,10 +622,12 @@ def evaluate(
     input_orders = {q.qid: q.ids for q in queries}
     reranked_orders = {q.qid: reranked_order(q.ids, ranked.get(q.qid, [])) for q in queries}
     text_of = {q.qid: {str(c["id"]): str(c["text"]) for c in q.chunks} for q in queries}
+    # Both orders hold the same candidates: their near-duplicate vectors are computed once.
+    lexical = Memo(LexicalEmbedder(), max_texts=max(1, sum(len(t) for t in text_of.values())))
     result = {}
     for label, orders in (("input", input_orders), ("reranked", reranked_orders)):
         metrics = measure(judgments, orders, k=k, rel_level=rel_level, subtopics=subs)
-        metrics[f"novelty-nDCG@{k}"] = novelty_ndcg(judgments, orders, text_of, k)
+        metrics[f"novelty-nDCG@{k}"] = novelty_ndcg(judgments, orders, text_of, k, lexical)
         metrics[f"distance@{k}"] = pairwise_distance(
             yardstick, [[text_of[q][i] for i in ids[:k]] for q, ids in orders.items()])
         result[label] = metrics
