@@ -97,6 +97,25 @@ def collect_options(data: Any, fields: set[str], *, component: str) -> Any:
     return {**{k: v for k, v in data.items() if k in fields}, "rerank_options": options}
 
 
+def component_options(component: Any) -> dict[str, Any]:
+    """The rerank() keywords of a pydantic component (LangChain, LlamaIndex): its option fields,
+    the API key unwrapped from its SecretStr, then its further `rerank_options`."""
+    key = component.api_key
+    return {
+        "lambda_": component.lambda_,
+        "backend": component.backend,
+        "model": component.model,
+        "base_url": component.base_url,
+        "api_key": key.get_secret_value() if key is not None else None,
+        "embedder": component.embedder,
+        "fallback": component.fallback,
+        "policy": component.policy,
+        "layout": component.layout,
+        "strict": component.strict,
+        **component.rerank_options,
+    }
+
+
 def records(ids: Sequence[str], texts: Sequence[Any], metas: Sequence[Mapping[str, Any] | None] | None = None,
             options: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
     """What goes to the reranker: id and text, plus the metadata keys the options name (module

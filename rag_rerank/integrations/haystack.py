@@ -196,6 +196,16 @@ class RagRerankRanker:
 
     # --- running
 
+    def _call_args(self, documents: list[Document], top_k: int | None,
+                   lambda_: float | None) -> tuple[list[Any], Any, dict[str, Any], list[Any]]:
+        """(texts, top_k, rerank options, metadata) for `run` and `run_async`, with this run's
+        `top_k` / `lambda_` overrides applied."""
+        options = self._options()
+        if lambda_ is not None:
+            options["lambda_"] = lambda_
+        texts = [d.content for d in documents]
+        return texts, self.top_k if top_k is None else top_k, options, [d.meta for d in documents]
+
     def _assemble(self, documents: list[Document], ids: list[str], result: RerankResult) -> dict[str, Any]:
         self._last = result
         ranked, dropped = _common.placed(result, ids)
@@ -219,12 +229,7 @@ class RagRerankRanker:
         """
         documents = list(documents)
         ids = [d.id for d in documents]
-        options = self._options()
-        if lambda_ is not None:
-            options["lambda_"] = lambda_
-        texts = [d.content for d in documents]
-        result = _common.run(query, ids, texts, self.top_k if top_k is None else top_k, options,
-                             [d.meta for d in documents])
+        result = _common.run(query, ids, *self._call_args(documents, top_k, lambda_))
         return self._assemble(documents, ids, result)
 
     @component.output_types(documents=list[Document], dropped=list[Document])
@@ -233,10 +238,5 @@ class RagRerankRanker:
         """`run` for `Pipeline.run_async`: the backend call is awaited (`arerank`)."""
         documents = list(documents)
         ids = [d.id for d in documents]
-        options = self._options()
-        if lambda_ is not None:
-            options["lambda_"] = lambda_
-        texts = [d.content for d in documents]
-        result = await _common.arun(query, ids, texts, self.top_k if top_k is None else top_k, options,
-                                    [d.meta for d in documents])
+        result = await _common.arun(query, ids, *self._call_args(documents, top_k, lambda_))
         return self._assemble(documents, ids, result)

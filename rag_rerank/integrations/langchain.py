@@ -82,19 +82,7 @@ class RagRerankCompressor(BaseDocumentCompressor, RunnableSerializable[dict[str,
         return self._last
 
     def _options(self) -> dict[str, Any]:
-        return {
-            "lambda_": self.lambda_,
-            "backend": self.backend,
-            "model": self.model,
-            "base_url": self.base_url,
-            "api_key": self.api_key.get_secret_value() if self.api_key is not None else None,
-            "embedder": self.embedder,
-            "fallback": self.fallback,
-            "policy": self.policy,
-            "layout": self.layout,
-            "strict": self.strict,
-            **self.rerank_options,
-        }
+        return _common.component_options(self)
 
     @staticmethod
     def _ids(documents: Sequence[Document]) -> list[str]:

@@ -89,19 +89,7 @@ class RagRerankPostprocessor(BaseNodePostprocessor):
         return self._last
 
     def _options(self) -> dict[str, Any]:
-        return {
-            "lambda_": self.lambda_,
-            "backend": self.backend,
-            "model": self.model,
-            "base_url": self.base_url,
-            "api_key": self.api_key.get_secret_value() if self.api_key is not None else None,
-            "embedder": self.embedder,
-            "fallback": self.fallback,
-            "policy": self.policy,
-            "layout": self.layout,
-            "strict": self.strict,
-            **self.rerank_options,
-        }
+        return _common.component_options(self)
 
     def _model_name(self) -> str:
         name = self.backend if isinstance(self.backend, str) else getattr(self.backend, "name", "backend")
