@@ -26,14 +26,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import math
 import os
-import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -42,35 +40,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
+from batch import fake_server  # noqa: E402  (fake_llm in its own process, shared with bench/batch.py)
+
 from tests.support.shared_data import data_dir  # noqa: E402
 
 DATA = data_dir()
-
-_SERVER = """
-import sys
-sys.path.insert(0, sys.argv[1])
-from http.server import ThreadingHTTPServer
-from tests.support.fake_llm import FakeLLM
-from tests.support.quoting_ranker import quoting_ranker
-ThreadingHTTPServer.request_queue_size = 256
-with FakeLLM(handler=quoting_ranker(float(sys.argv[2]))) as srv:
-    print(srv.openai_url, flush=True)
-    sys.stdin.read()  # serve until the parent closes our stdin
-"""
-
-
-@contextlib.contextmanager
-def fake_server(latency: float) -> Iterator[str]:
-    """fake_llm in its own process, so its threads do not compete with the client for the GIL."""
-    proc = subprocess.Popen([sys.executable, "-c", _SERVER, str(ROOT), str(latency)],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    try:
-        assert proc.stdout is not None
-        yield proc.stdout.readline().strip()
-    finally:
-        if proc.stdin is not None:
-            proc.stdin.close()
-        proc.wait(timeout=10)
 
 
 def dl19_candidates(n: int) -> tuple[str, list[dict[str, str]]]:
