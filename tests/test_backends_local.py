@@ -437,3 +437,16 @@ def test_ranks_place_a_window_at_its_first_stage_positions() -> None:
     assert first["c0"] > late.get("c0", 0.0)  # rank 80 is discounted (perhaps to the minimum), rank 0 not
     same = backend.rank(replace(request, ranks=(0, 1, 2, 3, 4)))
     assert same == backend.rank(request)
+
+
+def test_scores_are_pinned_under_a_fixed_fusion() -> None:
+    """Exact doubles from the code before tokenisation was sped up; a fixed fusion (not the tuned
+    one) so that retuning the weights does not move them, while any change to a feature does."""
+    from tests.support.pinned import PIN_QUERY, PIN_TEXTS
+
+    fusion = Fusion(intercept=-3.0, slope=1.0, semantic=2.0, lexical=1.5, tokens=4.0, outlier=4.0,
+                    position=-0.2)
+    pinned = ["0x1.5e9ebca23ec1bp-1", "0x1.d1410987573abp-2", "0x1.43feec3b0115cp-4",
+              "0x1.f53916244813ep-4", "0x1.8a79792412798p-4", "0x1.c95493d4bedadp-7"]
+    scores = LocalBackend("lexical", fusion=fusion).scores(PIN_QUERY, PIN_TEXTS)
+    np.testing.assert_allclose(scores, [float.fromhex(h) for h in pinned], rtol=0, atol=1e-12)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rag_rerank.embed.static import StaticEmbedder, token_match, tokenize
+from rag_rerank.embed.static import StaticEmbedder, token_ids, token_match, tokenize
+from tests.support.pinned import PIN_QUERY, PIN_TEXTS
 
 TEXTS = [
     "Why is my Kubernetes pod stuck in CrashLoopBackOff?",
@@ -15,6 +16,7 @@ TEXTS = [
     "\x00ctrl\u200bzero\tTab\r\nnewline",
     "Straße ﬁne ½ ㎏ İstanbul 🙂 café",
     "kubectl logs --previous shows why the last container instance exited (exit code 137: OOMKilled).",
+    "Σ ΣΑ\u2028line\u2029para\u00a0nbsp\x0bvt ＡＢＣ ﬀ",
     "",
     "   ",
 ]
@@ -54,3 +56,36 @@ def test_token_match_rewards_a_related_token_that_the_mean_would_dilute() -> Non
     assert match.shape == (2,) and np.all(np.abs(match) <= 1.0)
     assert match[0] > match[1]
     assert np.all(token_match("", texts) == 0.0)
+
+
+# Pinned from the code before tokenisation was sped up (float.hex: the exact doubles): a faster
+# tokeniser or token match must not change a single output.
+PIN_IDS = [
+    [1342, 1518, 1029, 12973, 4680, 6162, 1232, 16494, 1565, 22821, 1078, 1010, 54, 4361, 14875, 1101, 32],
+    [12973, 3786, 5596, 1143, 14667, 14, 14, 2028, 2068, 1342, 999, 1200, 10664, 5016, 14287, 9, 5167,
+     2645, 13992, 27, 54, 4361, 14875, 1101, 10, 15],
+    [4336, 999, 2641, 4790, 1002, 999, 16494, 27702, 28, 999, 12973, 7674, 2391, 7566, 40, 10664, 1011,
+     22654, 1012, 15],
+    [14746, 26263, 520, 526, 15617, 527, 882, 758, 712, 29265, 29268, 12141, 13, 2432, 1578, 15, 5278, 44,
+     14, 4656, 172, 28725, 14300, 176, 1243, 10501],
+    [9674, 999, 7291, 11464, 4254, 1049, 999, 22804, 1001, 7673, 2492, 1008, 1874, 1784, 15],
+    [13934, 11193, 5293, 1083, 20631, 1050, 3182, 1361, 26810, 987, 1641, 95, 8963, 6671],
+    [],
+]
+PIN_COSINES = ["0x1.4963c88c6a6cbp-1", "0x1.0a411acc0858fp-1", "0x1.464e12c854314p-4",
+               "0x1.ece142475869fp-3", "0x1.8932668bc90e4p-3", "0x0.0p+0"]
+PIN_TOKEN_MATCH = ["0x1.25f2a60000000p-1", "0x1.c048560000000p-2", "0x1.911b880000000p-3",
+                   "0x1.a6c8020000000p-3", "0x1.de5c920000000p-3", "0x0.0p+0"]
+
+
+def _floats(hexes: list[str]) -> np.ndarray:
+    return np.array([float.fromhex(h) for h in hexes])
+
+
+def test_token_ids_vectors_and_token_match_are_pinned() -> None:
+    assert [token_ids(t) for t in [PIN_QUERY, *PIN_TEXTS]] == PIN_IDS
+    vecs = StaticEmbedder().embed([PIN_QUERY, *PIN_TEXTS]).astype(np.float64)
+    np.testing.assert_allclose(vecs[1:] @ vecs[0], _floats(PIN_COSINES), rtol=0, atol=1e-12)
+    match = token_match(PIN_QUERY, PIN_TEXTS)
+    np.testing.assert_allclose(match, _floats(PIN_TOKEN_MATCH), rtol=0, atol=1e-12)
+
