@@ -89,3 +89,13 @@ def test_token_ids_vectors_and_token_match_are_pinned() -> None:
     match = token_match(PIN_QUERY, PIN_TEXTS)
     np.testing.assert_allclose(match, _floats(PIN_TOKEN_MATCH), rtol=0, atol=1e-12)
 
+
+
+def test_token_ids_stop_at_max_tokens_and_are_the_tokens_in_order() -> None:
+    from rag_rerank.embed.static import MAX_TOKENS, _table
+
+    text = " ".join(f"kubectl{n} logs, (exit-code {n})" for n in range(200))
+    index = _table().index
+    every = [index[t] for t in tokenize(text)]
+    assert len(every) > MAX_TOKENS
+    assert token_ids(text) == every[:MAX_TOKENS]

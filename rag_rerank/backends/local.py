@@ -335,13 +335,18 @@ class LocalBackend:
                 ranks: Sequence[int] | None = None) -> Signals:
         """The fusion's features of each text for `query`, `texts` in first-stage order (or at
         first-stage positions `ranks`); `lexical` is `lexical_scores`' answer when already known."""
-        from ..embed.static import token_match
+        from ..embed.static import StaticEmbedder, embed_and_match, token_match
 
         lex = (lexical or lexical_scores(query, texts, self.bm25))[0]
         if not texts:
             return compute_signals(np.zeros(1), np.zeros((0, 1)), lex, np.zeros(0))
-        vecs = np.asarray(self.scorer.embed([query, *texts]), dtype=np.float64)
-        return compute_signals(vecs[0], vecs[1:], lex, token_match(query, list(texts)), texts, ranks)
+        if isinstance(self.scorer, StaticEmbedder):  # tokenise each text once for both signals
+            static_vecs, tokens = embed_and_match(query, list(texts))
+            vecs = np.asarray(static_vecs, dtype=np.float64)
+        else:
+            vecs = np.asarray(self.scorer.embed([query, *texts]), dtype=np.float64)
+            tokens = token_match(query, list(texts))
+        return compute_signals(vecs[0], vecs[1:], lex, tokens, texts, ranks)
 
     def scores(self, query: str, texts: Sequence[str]) -> np.ndarray:
         """The calibrated relevance of each text: the estimated probability it is judged relevant."""

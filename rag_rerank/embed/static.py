@@ -60,45 +60,90 @@ def _is_punct(ch: str) -> bool:
     return unicodedata.category(ch).startswith("P")
 
 
-def _normalise(text: str) -> str:
-    """BERT's normaliser: control characters out, white space to ' ', CJK spaced, no accents, lower."""
-    out = []
-    for ch in text:
-        if ch in "\t\n\r" or ch == " " or unicodedata.category(ch) == "Zs":
-            out.append(" ")
-        elif ch == "\x00" or ch == "\ufffd" or unicodedata.category(ch).startswith("C"):
-            continue
-        elif _is_cjk(ord(ch)):
-            out.append(f" {ch} ")
+class _CharMap(dict[int, str | None]):
+    """Each code point's replacement under BERT's per-character cleaning, for `str.translate`:
+    ' ' for white space, None (deleted) for control characters, a spaced CJK ideograph, else
+    itself. Filled on first sight of a code point, so a text costs one C-level pass."""
+
+    def __missing__(self, cp: int) -> str | None:
+        ch = chr(cp)
+        cat = unicodedata.category(ch)
+        out: str | None
+        if ch in "\t\n\r" or ch == " " or cat == "Zs":
+            out = " "
+        elif ch == "\x00" or ch == "\ufffd" or cat.startswith("C"):
+            out = None
+        elif _is_cjk(cp):
+            out = f" {ch} "
         else:
-            out.append(ch)
-    decomposed = unicodedata.normalize("NFD", "".join(out))
-    return "".join(ch for ch in decomposed if unicodedata.category(ch) != "Mn").lower()
+            out = ch
+        self[cp] = out
+        return out
+
+
+class _MarkMap(dict[int, str | None]):
+    """Deletes non-spacing marks (category Mn) with `str.translate`: the accents NFD splits off."""
+
+    def __missing__(self, cp: int) -> str | None:
+        ch = chr(cp)
+        out = None if unicodedata.category(ch) == "Mn" else ch
+        self[cp] = out
+        return out
+
+
+_CLEAN, _UNMARK = _CharMap(), _MarkMap()
+
+
+def _normalise(text: str) -> str:
+    """BERT's normaliser: control characters out, white space to ' ', CJK spaced, no accents, lower.
+    ASCII text (most text) skips the decomposition, which cannot change it."""
+    cleaned = text.translate(_CLEAN)
+    if cleaned.isascii():
+        return cleaned.lower()
+    return unicodedata.normalize("NFD", cleaned).translate(_UNMARK).lower()
+
+
+_CACHED_CHUNK_CHARS = 64  # longer white-space-free runs are split uncached (rare; keeps the cache small)
+
+
+def _split_punct(chunk: str) -> tuple[str, ...]:
+    """One white-space-free run as words: each punctuation character a word of its own."""
+    words: list[str] = []
+    start = 0
+    for i, ch in enumerate(chunk):
+        if _is_punct(ch):
+            if start < i:
+                words.append(chunk[start:i])
+            words.append(ch)
+            start = i + 1
+    if start < len(chunk):
+        words.append(chunk[start:])
+    return tuple(words)
+
+
+_split_punct_cached = lru_cache(maxsize=131072)(_split_punct)
+
+
+def _chunk_words(chunk: str) -> tuple[str, ...]:
+    return _split_punct_cached(chunk) if len(chunk) <= _CACHED_CHUNK_CHARS else _split_punct(chunk)
 
 
 def _words(text: str) -> list[str]:
     """BERT's pre-tokeniser: split on white space, each punctuation character a word of its own."""
-    words: list[str] = []
-    for chunk in _normalise(text).split():
-        start = 0
-        for i, ch in enumerate(chunk):
-            if _is_punct(ch):
-                if start < i:
-                    words.append(chunk[start:i])
-                words.append(ch)
-                start = i + 1
-        if start < len(chunk):
-            words.append(chunk[start:])
-    return words
+    return [w for chunk in _normalise(text).split() for w in _chunk_words(chunk)]
 
 
-@lru_cache(maxsize=131072)
 def _pieces(word: str) -> tuple[int, ...]:
     """Greedy longest-match WordPiece ids of one word; () when any part is unknown (BERT's [UNK],
     which model2vec drops from the mean)."""
-    index = _table().index
     if len(word) > _MAX_WORD_CHARS:
         return ()
+    return _word_pieces(word)
+
+
+@lru_cache(maxsize=131072)
+def _word_pieces(word: str) -> tuple[int, ...]:
+    index = _table().index
     ids: list[int] = []
     start = 0
     while start < len(word):
@@ -117,6 +162,13 @@ def _pieces(word: str) -> tuple[int, ...]:
     return tuple(ids)
 
 
+def _chunk_ids_uncached(chunk: str) -> tuple[int, ...]:
+    return tuple(i for w in _chunk_words(chunk) for i in _pieces(w))
+
+
+_chunk_ids_cached = lru_cache(maxsize=131072)(_chunk_ids_uncached)
+
+
 def tokenize(text: str) -> list[str]:
     """The WordPiece tokens of `text` (unknown words left out), for tests and for reading."""
     vocab = {i: t for t, i in _table().index.items()}
@@ -124,8 +176,24 @@ def tokenize(text: str) -> list[str]:
 
 
 def token_ids(text: str) -> list[int]:
-    ids = [i for w in _words(text) for i in _pieces(w)]
+    """The WordPiece ids of `text`, at most MAX_TOKENS. Memoised per white-space-separated run:
+    a run (a word with its punctuation) recurs across texts, so most cost one dictionary lookup."""
+    ids: list[int] = []
+    for chunk in _normalise(text).split():
+        ids += _chunk_ids_cached(chunk) if len(chunk) <= _CACHED_CHUNK_CHARS else _chunk_ids_uncached(chunk)
+        if len(ids) >= MAX_TOKENS:
+            break
     return ids[:MAX_TOKENS]
+
+
+def _mean_vectors(ids_per_text: list[list[int]]) -> np.ndarray:
+    table = _table()
+    out = np.zeros((len(ids_per_text), table.vectors.shape[1]), dtype=np.float32)
+    for row, ids in enumerate(ids_per_text):
+        if ids:
+            out[row] = table.vectors[ids].mean(axis=0)
+    norms = np.linalg.norm(out, axis=1, keepdims=True)
+    return np.divide(out, norms, out=np.zeros_like(out), where=norms > 0)
 
 
 @dataclass(frozen=True)
@@ -136,14 +204,7 @@ class StaticEmbedder:
     duplicate_threshold: float = STATIC_DUPLICATE_THRESHOLD
 
     def embed(self, texts: list[str]) -> np.ndarray:
-        table = _table()
-        out = np.zeros((len(texts), table.vectors.shape[1]), dtype=np.float32)
-        for row, text in enumerate(texts):
-            ids = token_ids(text)
-            if ids:
-                out[row] = table.vectors[ids].mean(axis=0)
-        norms = np.linalg.norm(out, axis=1, keepdims=True)
-        return np.divide(out, norms, out=np.zeros_like(out), where=norms > 0)
+        return _mean_vectors([token_ids(t) for t in texts])
 
 
 def token_match(query: str, texts: list[str]) -> np.ndarray:
@@ -154,9 +215,20 @@ def token_match(query: str, texts: list[str]) -> np.ndarray:
     tokens ("the", "how") have short vectors and count little, rare ones ("kubernetes") a lot,
     without any corpus statistics. Unlike the mean vector, one strong match ("kubectl" for
     "kubernetes") is not averaged away by a long chunk's other words."""
+    return _match_ids(token_ids(query), [token_ids(t) for t in texts])
+
+
+def embed_and_match(query: str, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """`StaticEmbedder().embed([query, *texts])` and `token_match(query, texts)` with each text
+    tokenised once: the local backend needs both for every chunk."""
+    ids = [token_ids(t) for t in [query, *texts]]
+    return _mean_vectors(ids), _match_ids(ids[0], ids[1:])
+
+
+def _match_ids(query_ids: list[int], ids_per_text: list[list[int]]) -> np.ndarray:
     table = _table()
-    q_ids = sorted(set(token_ids(query)))
-    out = np.zeros(len(texts))
+    q_ids = sorted(set(query_ids))
+    out = np.zeros(len(ids_per_text))
     if not q_ids:
         return out
     q_raw = table.vectors[q_ids]
@@ -164,8 +236,8 @@ def token_match(query: str, texts: list[str]) -> np.ndarray:
     q_unit = q_raw / np.maximum(q_norm, 1e-12)[:, None]
     weights = q_norm / q_norm.sum()
     unit = _unit_table()
-    for row, text in enumerate(texts):
-        ids = sorted(set(token_ids(text)))
+    for row, text_ids in enumerate(ids_per_text):
+        ids = sorted(set(text_ids))
         if ids:
             best = (q_unit @ unit[ids].T).max(axis=1)
             out[row] = float(weights @ best)
