@@ -266,3 +266,94 @@ def test_missing_ray_names_the_extra(monkeypatch: pytest.MonkeyPatch, tmp_path: 
     inp = _input_file(tmp_path / "in.jsonl", n=2)
     assert main(["batch", "-i", str(inp), "--engine", "ray", "-o", str(tmp_path / "o.jsonl")]) == 2
     assert "rag-rerank[ray]" in capsys.readouterr().err
+
+
+@pytest.fixture
+def dead_port() -> Iterator[int]:
+    """A port on 127.0.0.1 held bound but not listening for the test: a connection is refused."""
+    import socket
+
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    yield sock.getsockname()[1]
+    sock.close()
+
+
+def _cli(repo_root: Path, args: list[str], env: dict[str, str]) -> Any:
+    import subprocess
+
+    # The timeout only guards against a hang (Ray's own retries ran for minutes); no timing is asserted.
+    return subprocess.run([sys.executable, "-m", "rag_rerank.cli", *args], cwd=repo_root, env=env,
+                          capture_output=True, text=True, timeout=60, check=False)
+
+
+@needs_ray
+@pytest.mark.parametrize("form", ["127.0.0.1:{port}", "ray://127.0.0.1:{port}", "auto"])
+def test_cli_ray_address_where_nothing_listens_is_exit_2_naming_it(
+    form: str, dead_port: int, repo_root: Path, tmp_path: Path
+) -> None:
+    inp = _input_file(tmp_path / "in.jsonl", n=2)
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env["PYTHONPATH"] = os.pathsep.join([str(repo_root), *filter(None, [env.get("PYTHONPATH")])])
+    if form == "auto":  # `auto` is RAY_ADDRESS when set, as in Ray
+        env["RAY_ADDRESS"] = f"127.0.0.1:{dead_port}"
+    address = form.format(port=dead_port)
+    out = tmp_path / "out.jsonl"
+    proc = _cli(repo_root, ["batch", "-i", str(inp), "-o", str(out), "--no-progress", "--engine", "ray",
+                            "--ray-address", address], env)
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "--ray-address" in lines[0], proc.stderr
+    assert f"127.0.0.1:{dead_port}" in lines[0] and "connection refused" in lines[0]
+    assert not out.exists() or out.read_text(encoding="utf-8") == ""
+
+
+@needs_ray
+def test_cli_ray_address_from_ray_address_env_is_checked_too(dead_port: int, repo_root: Path,
+                                                             tmp_path: Path) -> None:
+    inp = _input_file(tmp_path / "in.jsonl", n=1)
+    env = {**os.environ, "RAY_ADDRESS": f"127.0.0.1:{dead_port}"}
+    env["PYTHONPATH"] = os.pathsep.join([str(repo_root), *filter(None, [os.environ.get("PYTHONPATH")])])
+    proc = _cli(repo_root, ["batch", "-i", str(inp), "--no-progress", "--engine", "ray"], env)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert f"127.0.0.1:{dead_port}" in proc.stderr and "RAY_ADDRESS" in proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("address", "expected"),
+    [
+        ("10.0.0.5:6379", ("10.0.0.5", 6379)),
+        ("ray://head.example:10002", ("head.example", 10002)),
+        ("ray://head.example", ("head.example", 10001)),
+        ("[::1]:6379", ("::1", 6379)),
+        ("anyscale://cluster", None),  # another scheme: Ray's to accept or refuse
+    ],
+)
+def test_ray_address_endpoint(address: str, expected: Any) -> None:
+    from rag_rerank.integrations.ray import _endpoint
+
+    assert _endpoint(address) == expected
+
+
+@pytest.mark.parametrize("address", ["head", "head:abc", "head:0", ":6379", "::1:6379"])
+def test_malformed_ray_addresses_are_named(address: str) -> None:
+    from rag_rerank.integrations.ray import _check_address
+
+    with pytest.raises(InputError) as err:
+        _check_address(address, "")
+    assert err.value.violations[0].path == "--ray-address" and address in str(err.value)
+
+
+def test_an_address_that_accepts_connections_passes_the_check() -> None:
+    import socket
+
+    from rag_rerank.integrations.ray import _check_address, _unreachable
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(4)
+        port = server.getsockname()[1]
+        assert _unreachable("127.0.0.1", port) is None
+        _check_address(f"127.0.0.1:{port}", "")
+        _check_address(f"ray://127.0.0.1:{port}", "")

@@ -16,7 +16,8 @@ apply to a row is null (a Ray dataset is a table).
 `run_lines` is the `rag-rerank batch --engine ray` engine: the CLI keeps reading, resuming and
 writing in input order (batch.py); requests travel to the actors as JSON text, so every value
 reaches the guards exactly as the local engine would see it (Arrow would unify the records'
-types and give every record every key).
+types and give every record every key). Before joining `--ray-address` it opens a TCP connection
+there with a few seconds' budget: Ray's own retries on an address nothing answers on last minutes.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ import asyncio
 import json
 import logging
 import os
+import socket
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -49,6 +52,10 @@ _INDEX, _LINE, _REQUEST, _RECORD = "_rr_index", "_rr_line", "_rr_request", "_rr_
 OUTPUT_COLUMNS = ("ranked", "dropped", "meta", "error")
 DEFAULT_BATCH_SIZE = 16
 DEFAULT_PER_ACTOR_CONCURRENCY = 4
+# How long `--ray-address` gets to accept a TCP connection (name lookup included) before the run
+# stops: Ray itself retries an unreachable address for minutes, which looks like a hang.
+ADDRESS_CHECK_TIMEOUT_S = 5.0
+RAY_CLIENT_PORT = 10001  # Ray Client's default port (ray://HOST)
 
 
 def _require_ray() -> Any:
@@ -258,12 +265,113 @@ def rerank_dataset(
 # ------------------------------------------------------------------------------ the CLI's engine
 
 
+def _endpoint(address: str) -> tuple[str, int] | str | None:
+    """The (host, port) a Ray address connects to first, a message when it cannot be one, or None
+    when it is not ours to check (another `scheme://`, which Ray itself accepts or refuses at once).
+
+    A GCS address is HOST:PORT (`ray start --head` listens on 6379); `ray://HOST[:PORT]` is Ray
+    Client (port 10001 unless given); `[::1]:6379` is an IPv6 host."""
+    default_port: int | None = None
+    if "://" in address:
+        scheme, _, address = address.partition("://")
+        if scheme != "ray":
+            return None
+        address = address.split("/", 1)[0]
+        default_port = RAY_CLIENT_PORT
+    if address.startswith("["):
+        host, _, rest = address[1:].partition("]")
+        port_text = rest[1:] if rest.startswith(":") else rest
+    elif address.count(":") == 1:
+        host, _, port_text = address.partition(":")
+    else:
+        host, port_text = address, ""
+    if not host:
+        return "no host; expected HOST:PORT (a GCS address, 6379 by default) or ray://HOST[:PORT]"
+    if not port_text:
+        if default_port is None:
+            return "no port; expected HOST:PORT (a GCS address, 6379 by default) or ray://HOST[:PORT]"
+        return host, default_port
+    if not port_text.isdigit() or not 1 <= int(port_text) <= 65535:
+        return f"the port {port_text!r} is not a number from 1 to 65535"
+    return host, int(port_text)
+
+
+def _unreachable(host: str, port: int, timeout: float = ADDRESS_CHECK_TIMEOUT_S) -> str | None:
+    """Why nothing at host:port accepts a TCP connection within `timeout` (None when something does).
+
+    The attempt runs in a daemon thread so that a name lookup that never answers (getaddrinfo
+    has no timeout of its own) cannot hold up the run or its exit."""
+    outcome: list[BaseException | None] = []
+
+    def attempt() -> None:
+        try:
+            with socket.create_connection((host, port), timeout=timeout):
+                outcome.append(None)
+        except OSError as exc:
+            outcome.append(exc)
+
+    thread = threading.Thread(target=attempt, name="rag-rerank-ray-address", daemon=True)
+    thread.start()
+    thread.join(timeout)
+    if not outcome:
+        return f"no answer within {timeout:g} s"
+    exc = outcome[0]
+    if exc is None:
+        return None
+    if isinstance(exc, socket.gaierror):
+        return f"the host name {host!r} does not resolve ({exc.strerror or exc})"
+    if isinstance(exc, ConnectionRefusedError):
+        return "connection refused: nothing listens on that port"
+    if isinstance(exc, TimeoutError):
+        return f"no answer within {timeout:g} s"
+    return " ".join(str(exc).split())
+
+
+def _resolve_auto(address: str) -> str | None:
+    """What Ray will join for `auto`: RAY_ADDRESS when set, else the cluster recorded by the last
+    `ray start` on this machine (None: Ray then looks for a running local cluster and says at once
+    when there is none)."""
+    if address != "auto":
+        return address
+    if os.environ.get("RAY_ADDRESS"):
+        return os.environ["RAY_ADDRESS"]
+    try:  # Ray's own reader of its cluster file; private, so any failure just skips the check
+        from ray._private.services import find_bootstrap_address
+
+        found = find_bootstrap_address(None)
+    except Exception:
+        return None
+    return found if isinstance(found, str) and found else None
+
+
+def _check_address(address: str, source: str) -> None:
+    """Refuse an address nothing answers on within seconds, naming it: Ray would retry for minutes."""
+    target = _resolve_auto(address)
+    if target is None or target == "local":
+        return
+    endpoint = _endpoint(target)
+    if endpoint is None:
+        return
+    if isinstance(endpoint, str):
+        reason = endpoint
+    else:
+        reason = _unreachable(*endpoint)
+        if reason is None:
+            return
+    shown = target if target == address else f"{target} (what {address!r} resolves to)"
+    msg = f"cannot reach the Ray cluster at {shown}{source}: {reason}"
+    raise InputError([Violation(path="--ray-address", value=address, message=msg)])
+
+
 def _connect(ray: Any, address: str | None) -> bool:
     """Join `address` (or RAY_ADDRESS), else start a local Ray with this machine's cores.
     True when this call started Ray (so the caller shuts it down)."""
     if ray.is_initialized():
         return False
+    source = "" if address else " (from RAY_ADDRESS)"
     address = address or os.environ.get("RAY_ADDRESS") or None
+    if address is not None:
+        _check_address(address, source)
     # A local Ray reports usage statistics over the network unless told not to; a reranker that
     # is offline by default keeps it off unless the user has chosen otherwise.
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
