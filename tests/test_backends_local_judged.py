@@ -1,13 +1,16 @@
 """The local backend on the held-out judged small-RAG set (golden/judged/heldout.jsonl).
 
-Written before the scorer was run on that file, with the thresholds of the issue that asked for a
-scorer whose scores mean something: at least 95% of the answers (grade 2) above the minimum score,
-at least 95% of the off-topic chunks at or below it, and nDCG@3 of the reranked list clearly above
-the input order after a seeded shuffle. The scorer was fitted on golden/judged/dev.jsonl (another
-author) and never on this file (bench/tune_default.py prints it only with --heldout).
+The held-out file is the fourth author's (30 queries, 20 domains, written before any scorer ran on
+it, by someone who saw neither the scorer nor the other sets). The scorer is fitted on the three
+development files (dev, dev2, dev3.jsonl: three other authors; dev2.jsonl was the first held-out
+set, measured three times during the first fit, so it became development data) and never on this
+file: bench/tune_default.py prints it only with --heldout.
 
-After that one measurement the targets it missed became strict xfails (the measured figure in the
-reason) and floors one judged chunk under the measurement were added; nothing was tuned after."""
+The thresholds are the issue's: at least 95% of the answers (grade 2) above the minimum score, at
+least 95% of the off-topic chunks at or below it, and nDCG@3 of the reranked list clearly above the
+input order after a seeded shuffle. They were written before the one measurement; a target that
+measurement missed becomes a strict xfail naming the measured figure, with a floor one judged chunk
+under it, and nothing is tuned afterwards."""
 
 from __future__ import annotations
 
@@ -31,10 +34,11 @@ def _cases() -> list[dict]:
 
 
 def _ndcg3(gains: list[float], ideal: list[float]) -> float:
+    """nDCG@3; a query whose chunks are all grade 0 has no ideal order and is left out (nan)."""
     disc = 1.0 / np.log2(np.arange(2, 5))
     dcg = sum(g * d for g, d in zip(gains[:3], disc, strict=False))
     best = sum(g * d for g, d in zip(sorted(ideal, reverse=True)[:3], disc, strict=False))
-    return dcg / best
+    return dcg / best if best > 0 else float("nan")
 
 
 def _measure(embedder: str) -> tuple[float, float, float, float]:
@@ -61,7 +65,7 @@ def _measure(embedder: str) -> tuple[float, float, float, float]:
         ideal = [c["grade"] for c in chunks]
         ours.append(_ndcg3([grade[i] for i in top], ideal))
         shuffled.append(_ndcg3([c["grade"] for c in chunks], ideal))
-    return kept / answers, off_dropped / off_total, float(np.mean(ours)), float(np.mean(shuffled))
+    return kept / answers, off_dropped / off_total, float(np.nanmean(ours)), float(np.nanmean(shuffled))
 
 
 _MEASURED: dict[str, tuple[float, float, float, float]] = {}
@@ -86,43 +90,12 @@ def test_answers_stay_above_the_minimum_score(embedder: str) -> None:
 
 
 @pytest.mark.parametrize("embedder", PROFILES)
-def test_never_worse_than_the_shuffled_input_order(embedder: str) -> None:
-    _, _, ndcg, baseline = _measured(embedder)
-    assert ndcg >= baseline, f"nDCG@3 {ndcg:.4f} vs shuffled input {baseline:.4f}"
-
-
-@pytest.mark.st
-def test_sentence_transformers_ranks_clearly_better_than_the_shuffled_input() -> None:
-    _, _, ndcg, baseline = _measured("sentence-transformers")
-    assert ndcg >= baseline + 0.05, f"nDCG@3 {ndcg:.4f} vs shuffled input {baseline:.4f}"
-
-
-# The issue's targets that the held-out set shows are not met yet (measured once, after the fit;
-# see docs/quality.md). Strict: when a later scorer meets them, these fail and must become plain
-# tests. Meanwhile the floors below, one judged chunk under the measurement, catch a regression.
-@pytest.mark.xfail(strict=True, reason="held-out: the default ranks nDCG@3 only 0.008 above the "
-                   "shuffled input (target +0.05)")
-def test_default_ranks_clearly_better_than_the_shuffled_input() -> None:
-    _, _, ndcg, baseline = _measured("lexical")
-    assert ndcg >= baseline + 0.05, f"nDCG@3 {ndcg:.4f} vs shuffled input {baseline:.4f}"
-
-
-@pytest.mark.parametrize("embedder", [
-    pytest.param("lexical", marks=pytest.mark.xfail(
-        strict=True, reason="held-out: 60% of off-topic chunks dropped (target 95%); those kept share a "
-        "word but not the subject with the query")),
-    pytest.param("sentence-transformers", marks=[pytest.mark.st, pytest.mark.xfail(
-        strict=True, reason="held-out: 52% of off-topic chunks dropped (target 95%)")]),
-])
 def test_off_topic_chunks_are_dropped(embedder: str) -> None:
     _, dropped, _, _ = _measured(embedder)
     assert dropped >= 0.95, f"off-topic chunks dropped: {dropped:.3f}"
 
 
-@pytest.mark.parametrize("embedder, floor", [
-    ("lexical", 14 / 25),
-    pytest.param("sentence-transformers", 12 / 25, marks=pytest.mark.st),
-])
-def test_off_topic_floor(embedder: str, floor: float) -> None:
-    _, dropped, _, _ = _measured(embedder)
-    assert dropped >= floor - 1e-9, f"off-topic chunks dropped: {dropped:.3f} (floor {floor:.2f})"
+@pytest.mark.parametrize("embedder", PROFILES)
+def test_ranks_clearly_better_than_the_shuffled_input(embedder: str) -> None:
+    _, _, ndcg, baseline = _measured(embedder)
+    assert ndcg >= baseline + 0.05, f"nDCG@3 {ndcg:.4f} vs shuffled input {baseline:.4f}"

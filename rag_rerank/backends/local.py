@@ -1,7 +1,7 @@
 """The embedded default backend: offline, deterministic, and judged like any LLM.
 
 **What a score means.** A chunk's score is the estimated probability that a person judges it
-relevant to the query, for candidate lists like a RAG retriever's: a logistic model over five
+relevant to the query, for candidate lists like a RAG retriever's: a logistic model over six
 signals, fitted on development data by `bench/tune_default.py` (held-out figures and calibration
 error in docs/quality.md):
 
@@ -15,6 +15,10 @@ error in docs/quality.md):
 * `outlier`: how far the chunk sits below the set's median cohesion (cosine to the centroid of
   the other candidates, weighted toward those most like the query); a chunk from another domain is
   the odd one out, and in a noisy list the noise is, not the few answers;
+* `context`: the same outlier measure on each chunk's static vector *without the query's tokens*
+  (`embed.static.context_vectors`), so a chunk that shares a keyword but not the subject ("vacuum
+  bags" for a Postgres VACUUM question) stands out even though the shared word pulls its whole-text
+  vector toward the others;
 * `position`: log(1 + input index), the caller's first-stage rank, with a small fixed weight: it
   breaks near-ties toward the retriever's order and never lifts an unrelated chunk far.
 
@@ -83,7 +87,7 @@ def stem(word: str) -> str:
     return w[:6]
 
 
-FEATURES = ("semantic", "lexical", "tokens", "outlier", "position")
+FEATURES = ("semantic", "lexical", "tokens", "outlier", "context", "position")
 
 
 @dataclass(frozen=True)
@@ -103,6 +107,7 @@ class Signals:
     lexical: np.ndarray
     tokens: np.ndarray
     outlier: np.ndarray
+    context: np.ndarray
     position: np.ndarray
 
     def matrix(self) -> np.ndarray:
@@ -124,6 +129,7 @@ class Fusion:
     lexical: float
     tokens: float
     outlier: float
+    context: float
     position: float
 
     def __call__(self, signals: Signals) -> np.ndarray:
@@ -147,9 +153,10 @@ class Profile:
 # `python bench/tune_default.py` (lexical) and `... --profile sentence-transformers --negative-weight 0.1`.
 PROFILES: dict[str, Profile] = {
     "lexical": Profile(Fusion(intercept=-3.2392, slope=0.8998, semantic=2.3977, lexical=1.6698,
-                              tokens=3.9827, outlier=4.1876, position=-0.2), semantic="static"),
+                              tokens=3.9827, outlier=4.1876, context=0.0, position=-0.2), semantic="static"),
     "sentence-transformers": Profile(Fusion(intercept=-2.1443, slope=0.6365, semantic=6.4117,
-                                            lexical=1.3215, tokens=0.9804, outlier=2.2010, position=-0.2)),
+                                            lexical=1.3215, tokens=0.9804, outlier=2.2010, context=0.0,
+                                            position=-0.2)),
 }
 PROFILES["static"] = PROFILES["lexical"]
 # Unknown embedders (OpenAI, caller models) get the dense-model profile.
@@ -198,16 +205,19 @@ def cohesion_outlier(vectors: np.ndarray, semantic: np.ndarray,
 
 
 def compute_signals(query_vec: np.ndarray, vectors: np.ndarray, lexical: np.ndarray, tokens: np.ndarray,
-                    texts: Sequence[str] | None = None, ranks: Sequence[int] | None = None) -> Signals:
+                    texts: Sequence[str] | None = None, ranks: Sequence[int] | None = None,
+                    context: np.ndarray | None = None) -> Signals:
     """Every feature of the fusion, in input order, from the query and chunk vectors of the scoring
-    embedder, the BM25 coverage and the static token match. `texts` lets copies count once in the
-    cohesion; `ranks` are first-stage positions when the chunks are a window of a longer list
-    (`RerankRequest.ranks`), else 0..n-1."""
+    embedder, the BM25 coverage, the static token match and the chunks' context vectors (static
+    vectors without the query's tokens; none: the context signal is 0). `texts` lets copies count
+    once in the cohesion; `ranks` are first-stage positions when the chunks are a window of a
+    longer list (`RerankRequest.ranks`), else 0..n-1."""
     vectors = np.asarray(vectors, dtype=np.float64).reshape(len(lexical), -1)
     semantic = vectors @ np.asarray(query_vec, dtype=np.float64) if len(vectors) else np.zeros(0)
     at = np.arange(len(vectors)) if ranks is None else np.asarray(ranks)
     position = np.log1p(at.astype(np.float64))
-    return Signals(semantic, lexical, tokens, cohesion_outlier(vectors, semantic, texts), position)
+    ctx = np.zeros(len(vectors)) if context is None else cohesion_outlier(context, semantic, texts)
+    return Signals(semantic, lexical, tokens, cohesion_outlier(vectors, semantic, texts), ctx, position)
 
 
 @dataclass(frozen=True)
@@ -335,18 +345,18 @@ class LocalBackend:
                 ranks: Sequence[int] | None = None) -> Signals:
         """The fusion's features of each text for `query`, `texts` in first-stage order (or at
         first-stage positions `ranks`); `lexical` is `lexical_scores`' answer when already known."""
-        from ..embed.static import StaticEmbedder, embed_and_match, token_match
+        from ..embed.static import StaticEmbedder, embed_and_match
 
         lex = (lexical or lexical_scores(query, texts, self.bm25))[0]
         if not texts:
             return compute_signals(np.zeros(1), np.zeros((0, 1)), lex, np.zeros(0))
-        if isinstance(self.scorer, StaticEmbedder):  # tokenise each text once for both signals
-            static_vecs, tokens = embed_and_match(query, list(texts))
+        # One tokenisation per text serves the static vectors, the token match and the context.
+        static_vecs, tokens, context = embed_and_match(query, list(texts))
+        if isinstance(self.scorer, StaticEmbedder):
             vecs = np.asarray(static_vecs, dtype=np.float64)
         else:
             vecs = np.asarray(self.scorer.embed([query, *texts]), dtype=np.float64)
-            tokens = token_match(query, list(texts))
-        return compute_signals(vecs[0], vecs[1:], lex, tokens, texts, ranks)
+        return compute_signals(vecs[0], vecs[1:], lex, tokens, texts, ranks, context)
 
     def scores(self, query: str, texts: Sequence[str]) -> np.ndarray:
         """The calibrated relevance of each text: the estimated probability it is judged relevant."""

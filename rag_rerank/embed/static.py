@@ -218,11 +218,12 @@ def token_match(query: str, texts: list[str]) -> np.ndarray:
     return _match_ids(token_ids(query), [token_ids(t) for t in texts])
 
 
-def embed_and_match(query: str, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
-    """`StaticEmbedder().embed([query, *texts])` and `token_match(query, texts)` with each text
-    tokenised once: the local backend needs both for every chunk."""
+def embed_and_match(query: str, texts: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """`StaticEmbedder().embed([query, *texts])`, `token_match(query, texts)` and
+    `context_vectors(query, texts)` with each text tokenised once: the local backend needs all
+    three for every chunk."""
     ids = [token_ids(t) for t in [query, *texts]]
-    return _mean_vectors(ids), _match_ids(ids[0], ids[1:])
+    return _mean_vectors(ids), _match_ids(ids[0], ids[1:]), _context_ids(ids[0], ids[1:])
 
 
 def _match_ids(query_ids: list[int], ids_per_text: list[list[int]]) -> np.ndarray:
@@ -249,3 +250,19 @@ def _unit_table() -> np.ndarray:
     v = _table().vectors
     n = np.linalg.norm(v, axis=1, keepdims=True)
     return np.divide(v, n, out=np.zeros_like(v), where=n > 0)
+
+
+def context_vectors(query: str, texts: list[str]) -> np.ndarray:
+    """Each text's static vector without the query's own tokens: what the chunk is about apart from
+    the words it shares with the query, L2-normalised (a zero row when nothing is left).
+
+    Why: a keyword retriever returns "vacuum bags for sous vide" for "postgres vacuum bloat". The
+    shared word pulls its whole-text vector toward the Postgres chunks; its context ("bags, sous
+    vide, seal") is nowhere near theirs ("dead tuples, autovacuum, table"). The local backend's
+    `context` signal compares these vectors across the candidate set."""
+    return _context_ids(token_ids(query), [token_ids(t) for t in texts])
+
+
+def _context_ids(query_ids: list[int], ids_per_text: list[list[int]]) -> np.ndarray:
+    shared = set(query_ids)
+    return _mean_vectors([[i for i in ids if i not in shared] for ids in ids_per_text])
