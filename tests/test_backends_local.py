@@ -377,12 +377,13 @@ def test_reordering_changes_scores_only_through_the_position_signal(query, texts
     shuffled_texts = [texts[i] for i in perm]
     before = _BACKEND.signals(query, texts)
     after = _BACKEND.signals(query, shuffled_texts)
-    for name in ("semantic", "lexical", "tokens", "outlier"):
+    for name in ("semantic", "lexical", "tokens", "outlier", "context"):
         assert np.allclose(getattr(after, name), getattr(before, name)[perm], atol=1e-9), name
     assert np.array_equal(after.position, before.position)
     # So the shuffled scores are the fusion of the moved text signals at their new positions ...
     moved = dataclasses.replace(before, semantic=before.semantic[perm], lexical=before.lexical[perm],
-                                tokens=before.tokens[perm], outlier=before.outlier[perm])
+                                tokens=before.tokens[perm], outlier=before.outlier[perm],
+                                context=before.context[perm])
     shuffled = _BACKEND.scores(query, shuffled_texts)
     assert np.allclose(shuffled, _BACKEND.fusion(moved), atol=1e-9)
     # ... and a chunk's logit moves by at most the position weight times the largest change of log rank.

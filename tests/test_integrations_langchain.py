@@ -147,8 +147,10 @@ def test_options_pass_through_and_redundant_duplicates_are_dropped() -> None:
     comp = RagRerankCompressor(top_n=3, duplicate_threshold=0.9, embedder="lexical", layout="mmr")
     assert comp.rerank_options == {"duplicate_threshold": 0.9}
     got = comp.rerank_documents(docs, QUERY)
-    assert [d.reason for d in got.result.dropped] == ["redundant_with:a"]
-    assert [d.metadata["rerank_dropped_reason"] for d in got.dropped] == ["redundant_with:a"]
+    # (Lyon does not say what the capital is: it may be dropped too, as below the minimum score.)
+    assert {d.id: d.reason for d in got.result.dropped}.get("b") == "redundant_with:a"
+    assert [d.metadata["rerank_dropped_reason"] for d in got.dropped if d.id == "b"] == ["redundant_with:a"]
+    assert [d.id for d in got.items][:1] == ["a"]
 
 
 def test_diversity_notes_land_in_metadata() -> None:

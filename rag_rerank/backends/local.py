@@ -22,10 +22,11 @@ error in docs/quality.md):
 * `position`: log(1 + input index), the caller's first-stage rank, with a small fixed weight: it
   breaks near-ties toward the retriever's order and never lifts an unrelated chunk far.
 
-The weights come from a listwise fit (which chunk beats which within a query) on judged small RAG
-sets, TREC DL19 and SciFact, so no collection's base rate leaks into the order; the intercept and
-slope then calibrate that ranking score on the judged sets plus cross-domain negative sets (lists
-where nothing is on the subject, as in the card's adversarial example).
+The weights come from one objective on development data: a listwise part (which chunk beats which
+within a query) over three judged small-RAG sets, TREC DL19 and SciFact, so no collection's base
+rate leaks into the order, plus a pointwise part on the judged chunks and cross-domain negative sets
+(lists where nothing is on the subject, as in the card's adversarial example) that sets the
+intercept and the scale, so the score is a calibrated probability.
 
 Chunks at or below the card's minimum score (0.2) go to `dropped` as `below_min_score`; the best
 `request.top_k` of the rest are `ranked`, each with a reason that quotes the chunk's own
@@ -118,10 +119,10 @@ class Signals:
 class Fusion:
     """relevance = sigmoid(intercept + slope * sum of weight x signal).
 
-    The weights rank (a listwise fit: which chunk beats which within a query, on the judged sets,
-    DL19 and SciFact); `intercept` and `slope` calibrate that ranking score to the probability that
-    a person judges the chunk relevant (Platt scaling on the judged sets and cross-domain negatives).
-    Fitted by `bench/tune_default.py` on development data only, then frozen."""
+    The shipped weights and intercept come from `bench/tune_default.py`'s joint fit (listwise on
+    the judged sets, DL19 and SciFact; pointwise on the judged sets and cross-domain negatives), so
+    the result is the probability that a person judges the chunk relevant. `slope` rescales a
+    caller's own fusion (or an older two-stage fit); it is 1 where the joint fit already set the scale."""
 
     intercept: float
     slope: float
@@ -152,10 +153,11 @@ class Profile:
 # Per embedder family (matched on the embedder's name prefix); numbers from
 # `python bench/tune_default.py` (lexical) and `... --profile sentence-transformers --negative-weight 0.1`.
 PROFILES: dict[str, Profile] = {
-    "lexical": Profile(Fusion(intercept=-3.2392, slope=0.8998, semantic=2.3977, lexical=1.6698,
-                              tokens=3.9827, outlier=4.1876, context=0.0, position=-0.2), semantic="static"),
-    "sentence-transformers": Profile(Fusion(intercept=-2.1443, slope=0.6365, semantic=6.4117,
-                                            lexical=1.3215, tokens=0.9804, outlier=2.2010, context=0.0,
+    "lexical": Profile(Fusion(intercept=-3.6000, slope=1.0, semantic=2.1170, lexical=1.4279,
+                              tokens=4.4370, outlier=3.6147, context=3.1717, position=-0.2),
+                       semantic="static"),
+    "sentence-transformers": Profile(Fusion(intercept=-2.7504, slope=1.0, semantic=5.6482,
+                                            lexical=1.1975, tokens=0.8088, outlier=3.4086, context=4.0602,
                                             position=-0.2)),
 }
 PROFILES["static"] = PROFILES["lexical"]
