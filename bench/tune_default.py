@@ -52,9 +52,14 @@ from rag_rerank.paths import golden_dir  # noqa: E402
 MIN_SCORE = load_limits().min_score
 
 
+WITHOUT: set[str] = set()  # signals left out (--without), to measure what each one is worth
+
+
 def features(sig: Signals, mask_position: bool = False) -> np.ndarray:
     """The fusion's feature matrix; `mask_position` for the judged sets, whose order is shuffled."""
     x = sig.matrix()
+    for name in WITHOUT:
+        x[:, FEATURES.index(name)] = 0.0
     if mask_position:
         x[:, FEATURES.index("position")] = sig.position.mean() if len(sig.position) else 0.0
     return x
@@ -233,7 +238,7 @@ def fit_joint(queries: Sequence[Query], negatives: Sequence[Signals], position: 
 def scores_of(q: Query, beta: np.ndarray) -> np.ndarray:
     """beta = [intercept, slope, *weights]: sigmoid(intercept + slope * weights . signals)."""
     assert q.signals is not None
-    return sigmoid(beta[0] + beta[1] * (q.signals.matrix() @ beta[2:]))
+    return sigmoid(beta[0] + beta[1] * (features(q.signals) @ beta[2:]))
 
 
 def report(queries: Sequence[Query], beta: np.ndarray, label: str, parts: Sequence[str],
@@ -342,10 +347,13 @@ def main() -> None:
     ap.add_argument("--negative-weight", type=float, default=0.5)
     ap.add_argument("--shipped", action="store_true", help="measure the shipped local backend instead")
     ap.add_argument("--cv", action="store_true", help="leave-one-judged-dev-set-out cross-validation")
+    ap.add_argument("--without", action="append", default=[], choices=FEATURES[:-1], metavar="SIGNAL",
+                    help="fit with this signal left out (repeatable): what it is worth")
     ap.add_argument("--heldout", action="store_true",
                     help="also print the held-out parts (report only; never tune on them)")
     args = ap.parse_args()
     parts = ("dev", "heldout") if args.heldout else ("dev",)
+    WITHOUT.update(args.without)
     base = load_judged() + load_trec("dl19") + load_trec("scifact")
     if args.shipped:
         backend = LocalBackend("lexical" if args.profile == "lexical" else _st_embedder())
