@@ -196,7 +196,7 @@ def _cosine_only(emb: Any) -> Any:
     from rag_rerank.backends.local import Fusion, LocalBackend
 
     return LocalBackend(emb, fusion=Fusion(intercept=0.0, slope=1.0, semantic=1.0, lexical=0.0, tokens=0.0,
-                                           outlier=0.0, position=0.0))
+                                           outlier=0.0, context=0.0, position=0.0))
 
 
 def _no_prior(emb: Any) -> Any:
