@@ -1,0 +1,35 @@
+"""The benchmark scripts still run against the library they measure: each answers `--help`, and the
+quality bench's ablation backends build. Figures are not checked here (benchmarks print numbers;
+tests never pin a timing); this catches a bench left behind by an API change, as happened when
+the local fusion gained a signal."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parent.parent / "bench"
+WITH_ARGPARSE = sorted(p.name for p in BENCH.glob("*.py") if "argparse" in p.read_text(encoding="utf-8"))
+
+
+@pytest.mark.parametrize("script", WITH_ARGPARSE)
+def test_bench_script_answers_help(script: str) -> None:
+    out = subprocess.run([sys.executable, str(BENCH / script), "--help"], capture_output=True, text=True,
+                         timeout=120, cwd=BENCH.parent)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "usage:" in out.stdout
+
+
+def test_quality_bench_ablation_backends_build() -> None:
+    sys.path.insert(0, str(BENCH))
+    try:
+        import quality
+    finally:
+        sys.path.remove(str(BENCH))
+    texts = ["IVF partitions vectors into cells.", "Risotto needs warm stock."]
+    for backend in (quality._cosine_only("lexical"), quality._no_prior("lexical")):
+        scores = backend.scores("How does an IVF index work?", texts)
+        assert scores.shape == (2,) and scores[0] > scores[1]
