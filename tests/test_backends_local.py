@@ -482,3 +482,22 @@ def test_the_context_signal_singles_out_a_chunk_that_shares_only_a_keyword() -> 
     sig = LocalBackend("lexical").signals(_VACUUM, _VACUUM_TEXTS)
     assert sig.context[4] < 0
     assert (sig.context[1:4] > sig.context[4] + 0.05).all()
+
+
+_NGINX_Q = "How do I rotate TLS certificates in nginx without downtime?"
+_NGINX_ANSWER = ("Reload nginx with `nginx -s reload` after replacing the certificate files; workers finish "
+                 "existing connections gracefully, so there is no downtime.")
+_NGINX_TOPICS = ["gzip compression", "rate limiting with limit_req", "proxy_pass to an upstream",
+                 "access log format", "worker_processes tuning", "client_max_body_size",
+                 "caching with proxy_cache", "location block matching order", "keepalive_timeout"]
+
+
+@pytest.mark.xfail(strict=True, reason="known limit (found by a QA pass): the outlier and context signals "
+                   "are relative to the list, so the one answer among 49 same-subject non-answers is the "
+                   "odd one out; it scores 0.310 there and ranks third (0.766 in a short mixed list)")
+def test_one_answer_among_many_same_subject_chunks_ranks_first() -> None:
+    fillers = [f"In nginx, {_NGINX_TOPICS[i % len(_NGINX_TOPICS)]} is configured in the server or http "
+               f"block (example {i}); reload the config after editing." for i in range(49)]
+    texts = [*fillers[:25], _NGINX_ANSWER, *fillers[25:]]
+    scores = LocalBackend("lexical").scores(_NGINX_Q, texts)
+    assert int(np.argmax(scores)) == 25
