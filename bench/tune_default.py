@@ -257,10 +257,11 @@ def report(queries: Sequence[Query], beta: np.ndarray, label: str, parts: Sequen
                 ours = np.mean([ndcg(q.gains[relevance_order(score(q, beta), 10)], q.ideal, 10)
                                 for q in qs])
                 base = np.mean([ndcg(q.gains, q.ideal, 10) for q in qs])
-                cos = np.mean([ndcg(q.gains[np.argsort(-q.signals.semantic, kind="stable")], q.ideal,
-                                    10) for q in qs if q.signals is not None])
+                # With --shipped the signals hold the shipped scores, not a cosine: no such column then.
+                cos = "n/a" if identity else "{:.4f}".format(np.mean(
+                    [ndcg(q.gains[np.argsort(-q.signals.semantic, kind="stable")], q.ideal, 10) for q in qs]))
                 lines.append(f"{label:10s} {coll:7s} {part:8s} nDCG@10 {ours:.4f}  input order {base:.4f}  "
-                             f"cosine only {cos:.4f}  (n={len(qs)})")
+                             f"cosine only {cos}  (n={len(qs)})")
     return lines
 
 
