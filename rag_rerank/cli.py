@@ -282,7 +282,7 @@ def cmd_mcp(args: argparse.Namespace) -> int:
 def cmd_eval(args: argparse.Namespace) -> int:
     from .evaluate import run_eval_cli
 
-    return run_eval_cli(args, backend_options=_backend_options(args))
+    return run_eval_cli(args, backend_options={**_backend_options(args), **_meta_options(args)})
 
 
 DESCRIPTION = """\
@@ -393,6 +393,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-progress", action="store_true")
     _add_backend_args(p)
     _add_window_args(p)
+    _add_meta_args(p)
     p.set_defaults(func=cmd_eval)
 
     p = sub.add_parser("mcp", help="serve the rerank tool over MCP stdio (needs rag-rerank[mcp])")

@@ -486,3 +486,29 @@ def test_eval_reports_novelty_ndcg_for_both_orders(dl19_slice):
     report = evaluate(cands, qrels, k=10, lambda_=1.0)
     for side in (report.input, report.reranked):
         assert 0.0 <= side["novelty-nDCG@10"] <= 1.0
+
+
+def test_metadata_flags_reach_the_reranker(tmp_path, capsys):
+    """`eval` takes rerank's metadata flags: candidates may carry `meta`, and `--meta-field year
+    --meta-weight 1` orders by it (newest first), so the newer, judged-relevant chunk leads."""
+    cands = tmp_path / "c.jsonl"
+    chunks = [{"id": f"{age}", "text": f"The {year} release notes list the HNSW index options.",
+               "meta": {"year": year}} for age, year in (("old", 2019), ("new", 2024))]
+    cands.write_text(json.dumps({"qid": "1", "query": "HNSW index options release notes",
+                                 "chunks": chunks}) + "\n", encoding="utf-8")
+    qrels = tmp_path / "q.txt"
+    qrels.write_text("1 0 new 1\n1 0 old 0\n", encoding="utf-8")
+    base = ["eval", "--candidates", str(cands), "--qrels", str(qrels), "--k", "2", "--json",
+            "--no-progress", "--duplicate-threshold", "1.0"]
+    assert main([*base, "--meta-field", "year", "--meta-weight", "1", "--meta-value-type", "int"]) == 0
+    by_year = json.loads(capsys.readouterr().out)
+    assert by_year["reranked"]["nDCG@10"] == pytest.approx(1.0)
+    assert by_year["input"]["nDCG@10"] < 0.7
+    assert main([*base, "--meta-weight", "1"]) == 2  # a --meta-* flag without --meta-field
+    assert "--meta-field" in capsys.readouterr().err
+    resume = tmp_path / "r.jsonl"
+    assert main([*base, "--resume", str(resume), "--meta-field", "year", "--meta-weight", "1"]) == 0
+    capsys.readouterr()
+    # The same resume file with another metadata weight would mix two orders: refused, naming it.
+    assert main([*base, "--resume", str(resume), "--meta-field", "year", "--meta-weight", "0.5"]) == 2
+    assert "meta_weight" in capsys.readouterr().err
