@@ -583,13 +583,14 @@ def evaluate(
         raise InputError([Violation(path="k", value=k, message=f"k must be a positive integer, got {k}")])
     # Options shared by every query are checked once: a bad one is bad input (exit 2), not one
     # "failed" rerank per query (which the CLI reports as a backend failure, exit 3).
-    shared = [("lambda", lambda_, "a number in [0, 1]", 0.0, 1.0),
-              ("duplicate_threshold", options.get("duplicate_threshold"), "a cosine in [0, 1]", 0.0, 1.0)]
-    for name, value, what, low, high in shared:
-        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
-                                  or not math.isfinite(value) or not low <= value <= high):
-            raise InputError([Violation(path=name, value=value,
-                                        message=f"{name} must be {what}, got {value!r}")])
+    from .guard.input import duplicate_threshold_violations
+
+    if lambda_ is not None and (isinstance(lambda_, bool) or not isinstance(lambda_, (int, float))
+                                or not math.isfinite(lambda_) or not 0.0 <= lambda_ <= 1.0):
+        raise InputError([Violation(path="lambda", value=lambda_,
+                                    message=f"lambda must be a number in [0, 1], got {lambda_!r}")])
+    if problems := duplicate_threshold_violations(options.get("duplicate_threshold")):
+        raise InputError(problems)
     queries = read_candidates(candidates) if isinstance(candidates, (str, Path)) else list(candidates)
     judgments = read_qrels(qrels) if isinstance(qrels, (str, Path)) else list(qrels)
     subs = read_subtopics(subtopics) if isinstance(subtopics, (str, Path)) else subtopics

@@ -33,7 +33,7 @@ from .concurrency import DEFAULT_CONCURRENCY, call_slot, check_concurrency
 from .errors import BackendError, InputError, Violation
 from .fusion import MetaFusion, check_embed_meta_fields, meta_fusion, meta_values, with_embedded_meta
 from .guard import validate_request
-from .guard.input import ChunkSource
+from .guard.input import ChunkSource, duplicate_threshold_violations
 from .guard.limits import Limits, as_limits
 from .models import Dropped, Ranked, RerankRequest, RerankResult, RunMeta
 from .render import render
@@ -218,6 +218,7 @@ def _plan(
     scoring: Mapping[str, Any] | None = None,
     window_size: Any = None,
     concurrency: Any = DEFAULT_CONCURRENCY,
+    duplicate_threshold: Any = None,
 ) -> _Plan:
     """Every check and decision shared by `rerank` and `arerank`, before the backend is called.
 
@@ -230,7 +231,8 @@ def _plan(
     concurrency = check_concurrency(concurrency)
     started = time.perf_counter()
     lim = as_limits(limits)
-    request, fields, fusion = _validated(query, chunks, top_k, lambda_, lim, scoring or {}, window_size)
+    request, fields, fusion = _validated(query, chunks, top_k, lambda_, lim, scoring or {}, window_size,
+                                         duplicate_threshold)
     values = meta_values(request, fusion) if fusion is not None else None
     view = with_embedded_meta(request, fields)
     emb = resolve_embedder(embedder, backend, base_url)
@@ -250,10 +252,11 @@ def _plan(
 def _validated(
     query: Any, chunks: ChunkSource, top_k: Any, lambda_: Any, lim: Limits, scoring: Mapping[str, Any],
     window_size: Any = None,
+    duplicate_threshold: Any = None,
 ) -> tuple[RerankRequest, tuple[str, ...], MetaFusion | None]:
-    """The request and the metadata options, every problem with any of them in one `InputError`."""
+    """The request and the options, every problem with any of them in one `InputError`."""
     opts = dict(scoring)
-    problems: list[Violation] = []
+    problems: list[Violation] = duplicate_threshold_violations(duplicate_threshold)
     fields: tuple[str, ...] = ()
     fusion: MetaFusion | None = None
     try:
@@ -495,6 +498,7 @@ def rerank(
                  "meta_value_type": meta_value_type, "embed_meta_fields": embed_meta_fields},
         window_size=window_size,
         concurrency=concurrency,
+        duplicate_threshold=duplicate_threshold,
     )
     if plan.window_size is not None:
         from .windows import run_windows
@@ -569,6 +573,7 @@ async def arerank(
                  "meta_value_type": meta_value_type, "embed_meta_fields": embed_meta_fields},
         window_size=window_size,
         concurrency=concurrency,
+        duplicate_threshold=duplicate_threshold,
     )
     if plan.window_size is not None:
         from .windows import arun_windows

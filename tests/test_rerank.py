@@ -373,3 +373,27 @@ def test_bad_limits_are_an_input_error(limits: object, path: str) -> None:
     with pytest.raises(InputError) as exc:
         rerank(QUERY, _examples("happy-path"), 3, limits=limits)  # type: ignore[arg-type]
     assert [v.path for v in exc.value.violations] == [path]
+
+
+@pytest.mark.parametrize("value", [-1, -0.5, 1.5, 5, float("nan"), float("inf"), "0.9", True])
+def test_duplicate_threshold_outside_0_1_is_refused_with_the_other_option_problems(value) -> None:
+    # Regression: a negative / too large / NaN threshold was accepted and silently dropped
+    # unrelated chunks as redundant. The rule is eval's (a cosine in [0, 1]) and every option
+    # problem comes back in the same InputError.
+    chunks = [{"id": "a", "text": "IVF is preferred when memory is tight."},
+              {"id": "b", "text": "Bananas ripen faster in a paper bag."}]
+    for call in (lambda: rerank(QUERY, chunks, 2, 1.5, duplicate_threshold=value),
+                 lambda: asyncio.run(arerank(QUERY, chunks, 2, 1.5, duplicate_threshold=value))):
+        with pytest.raises(InputError) as info:
+            call()
+        paths = [v.path for v in info.value.violations]
+        assert paths.count("duplicate_threshold") == 1 and "lambda" in paths
+        assert "duplicate_threshold must be a cosine in [0, 1]" in str(info.value)
+
+
+@pytest.mark.parametrize("value", [0, 0.0, 0.5, 1, 1.0])
+def test_duplicate_threshold_in_0_1_is_accepted(value) -> None:
+    chunks = [{"id": "a", "text": "IVF is preferred when memory is tight."},
+              {"id": "b", "text": "Bananas ripen faster in a paper bag."}]
+    result = rerank(QUERY, chunks, 2, duplicate_threshold=value)
+    assert sorted([r.id for r in result.ranked] + [d.id for d in result.dropped]) == ["a", "b"]

@@ -460,6 +460,18 @@ def window_size_violations(window_size: Any, top_k: Any, lim: Limits) -> list[Vi
     return []
 
 
+def duplicate_threshold_violations(value: Any) -> list[Violation]:
+    """`duplicate_threshold` is None (the embedder's own) or a cosine in [0, 1]: the one rule for
+    `rerank`, `arerank` and `eval`. A negative or NaN threshold would silently drop unrelated
+    chunks as near-duplicates; 1.0 already keeps all but identical vectors."""
+    if value is None:
+        return []
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0.0 <= value <= 1.0:
+        msg = f"duplicate_threshold must be a cosine in [0, 1], got {_short(value)}"
+        return [Violation(path="duplicate_threshold", message=msg, value=value)]
+    return []
+
+
 def _usable_window(window_size: Any, lim: Limits) -> bool:
     """A window size the count and budget checks can apply (it may still be below top_k)."""
     ok_type = not isinstance(window_size, bool) and isinstance(window_size, numbers.Integral)
