@@ -261,11 +261,12 @@ def embedded_text(chunk: Chunk, fields: Sequence[str]) -> str:
 
 
 def with_embedded_meta(request: RerankRequest, fields: Sequence[str]) -> RerankRequest:
-    """The request the scorers see: each chunk's text prefixed with its listed meta values."""
+    """The request the scorers see: each chunk's text prefixed with its listed meta values (the
+    caller's texts kept in `own_texts`, which reasons quote)."""
     if not fields:
         return request
     chunks = tuple(replace(c, text=embedded_text(c, fields)) for c in request.chunks)
-    return replace(request, chunks=chunks)
+    return replace(request, chunks=chunks, own_texts={c.id: c.text for c in request.chunks})
 
 
 __all__ = ["MISSING_META_TOKEN", "MetaFusion", "check_embed_meta_fields", "embedded_text", "fuse",

@@ -117,7 +117,15 @@ class RerankRequest:
     # chunks[i] is at rank i. Windows (windows.py) set it, so a scorer that uses the retriever's
     # order (the local backend's prior) sees a window's or the survivors' true ranks, not 0..n-1.
     ranks: tuple[int, ...] | None = None
+    # The caller's own text by chunk id when `chunks[i].text` has meta values put before it
+    # (`embed_meta_fields`, fusion.with_embedded_meta); None means every text is the caller's.
+    # A scorer may read the prefixed text, but a reason must quote the chunk, not its title.
+    own_texts: Mapping[str, str] | None = field(default=None, hash=False)
 
     @property
     def ids(self) -> tuple[str, ...]:
         return tuple(c.id for c in self.chunks)
+
+    def own_text(self, chunk: Chunk) -> str:
+        """`chunk`'s text as the caller gave it (without any embedded meta values): what reasons quote."""
+        return chunk.text if self.own_texts is None else self.own_texts.get(chunk.id, chunk.text)

@@ -501,3 +501,17 @@ def test_one_answer_among_many_same_subject_chunks_ranks_first() -> None:
     texts = [*fillers[:25], _NGINX_ANSWER, *fillers[25:]]
     scores = LocalBackend("lexical").scores(_NGINX_Q, texts)
     assert int(np.argmax(scores)) == 25
+
+
+def test_reasons_quote_the_chunk_text_not_the_embedded_title() -> None:
+    # Regression: with embed_meta_fields=["title"] the reason quoted "IVF IVF is preferred ..." (the
+    # title the scorer was shown, prepended): text that is not in the chunk.
+    chunks = [{"id": "c", "text": "IVF is preferred when memory is tight.", "meta": {"title": "IVF"}},
+              {"id": "d", "text": "HNSW gives the best recall, at a cost.", "meta": {"title": "HNSW"}},
+              {"id": "e", "text": "Bananas ripen faster in a paper bag.", "meta": {"title": "Fruit"}}]
+    result = rerank("IVF or HNSW?", chunks, 2, embed_meta_fields=["title"])
+    text_of = {c["id"]: c["text"] for c in chunks}
+    assert {r.id for r in result.ranked} == {"c", "d"}
+    for r in result.ranked:
+        quoted = json.loads(re.search(r'"(?:[^"\\]|\\.)*"', r.reason).group(0)).strip("…")
+        assert quoted and quoted in text_of[r.id], r.reason

@@ -387,10 +387,11 @@ class LocalBackend:
                 dropped.append({"id": chunk.id, "reason": reasons.reason(reasons.NOT_SELECTED,
                                                                         reasons.score_detail(score))})
                 continue
-            phrase, matched = best_phrase(chunk.text, weight_of)
+            own = request.own_text(chunk)  # the quote comes from the chunk, never an embedded title
+            phrase, matched = best_phrase(own, weight_of)
             matched = [m for m in matched if m.lower() not in _STOPWORDS] or matched
             reason = _reason(phrase, matched, float(sig.semantic[i]), float(sig.lexical[i]))
-            if not cites_chunk(reason, chunk.text):
+            if not cites_chunk(reason, own):
                 dropped.append({"id": chunk.id, "reason": reasons.reason(reasons.NO_CITABLE_PHRASE,
                                                                         "nothing concrete to quote")})
                 continue

@@ -46,6 +46,7 @@ def answer(request: RerankRequest, scores: Sequence[float | None], label: str,
     """The card's output object for `request` from per-chunk `scores` in [0, 1] (input order);
     a None score (a chunk the scorer did not return) is dropped with `unscored_reason`."""
     texts = [c.text for c in request.chunks]
+    own = [request.own_text(c) for c in request.chunks]  # reasons quote the chunk, not an embedded title
     weight_of = query_term_weights(request.query, texts)
     min_score = load_limits().min_score
     rounded = [None if s is None else round(float(s), 3) for s in scores]
@@ -63,8 +64,8 @@ def answer(request: RerankRequest, scores: Sequence[float | None], label: str,
             dropped.append({"id": cid, "reason": reasons.reason(reasons.NOT_SELECTED,
                                                                reasons.score_detail(score))})
         else:
-            reason = reason_for(request.query, texts, i, label, score, weight_of)
-            if cites_chunk(reason, texts[i]):
+            reason = reason_for(request.query, own, i, label, score, weight_of)
+            if cites_chunk(reason, own[i]):
                 ranked.append({"id": cid, "score": score, "reason": reason})
             else:
                 dropped.append({"id": cid, "reason": "no_citable_phrase: nothing concrete to quote"})
