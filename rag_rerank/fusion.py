@@ -139,7 +139,16 @@ def _parse(value: Any, value_type: str) -> float:
 
 def meta_values(request: RerankRequest, fusion: MetaFusion) -> dict[str, float | None]:
     """Each chunk's parsed value of the field (None when absent or null), keyed by id; an
-    `InputError` naming every chunk whose value does not parse as `value_type`."""
+    `InputError` naming every chunk whose value does not parse as `value_type`, or the field
+    when no chunk has it at all."""
+    metas = [c.meta if isinstance(c.meta, Mapping) else {} for c in request.chunks]
+    if metas and not any(fusion.field in m for m in metas):
+        # Every chunk would be `missing_meta` (with "drop": nothing ranked at all): almost surely a typo.
+        seen = sorted({str(k) for m in metas for k in m})
+        hint = f"; keys seen: {', '.join(seen[:8])}{', ...' if len(seen) > 8 else ''}" if seen else ""
+        raise InputError([Violation(path="meta_field", value=fusion.field,
+                                    message=f"no chunk has meta field {fusion.field!r} (meta_field); "
+                                    f"probably a typo{hint}")])
     out: dict[str, float | None] = {}
     bad: list[Violation] = []
     for index, chunk in enumerate(request.chunks):

@@ -199,3 +199,27 @@ def test_option_and_chunk_problems_are_reported_together() -> None:
         rerank(QUERY, [{"id": "", "text": "t"}], meta_field="published", meta_weight=5,
                embed_meta_fields="title")  # type: ignore[arg-type]
     assert {v.path for v in err.value.violations} == {"meta_weight", "embed_meta_fields", "chunks[0].id"}
+
+
+@pytest.mark.parametrize("missing", ["bottom", "drop"])
+def test_a_meta_field_no_chunk_has_is_refused_as_a_probable_typo(missing: str) -> None:
+    # Regression: meta_field="nope" with missing_meta="drop" silently ranked nothing (every chunk
+    # dropped as `missing_meta: nope`).
+    chunks = [{"id": "a", "text": "IVF partitions vectors into lists.", "meta": {"date": "2024-01-01"}},
+              {"id": "b", "text": "HNSW builds a layered graph."}]
+    for call in (lambda: rerank(QUERY, chunks, 2, meta_field="nope", missing_meta=missing),
+                 lambda: asyncio.run(arerank(QUERY, chunks, 2, meta_field="nope", missing_meta=missing))):
+        with pytest.raises(InputError) as info:
+            call()
+        [violation] = info.value.violations
+        assert violation.path == "meta_field" and "'nope'" in violation.message
+        assert "no chunk has" in violation.message and "typo" in violation.message
+        assert "date" in violation.message  # the keys that do exist, to spot the typo
+
+
+def test_a_meta_field_some_chunks_have_keeps_the_per_chunk_rule() -> None:
+    chunks = [{"id": "a", "text": "IVF partitions vectors into lists.", "meta": {"date": "2024-01-01"}},
+              {"id": "b", "text": "IVF index search probes the nearest lists."}]
+    result = rerank(QUERY, chunks, 2, meta_field="date", meta_value_type="date", missing_meta="drop")
+    assert [r.id for r in result.ranked] == ["a"]
+    assert [d.to_dict() for d in result.dropped] == [{"id": "b", "reason": "missing_meta: date"}]
