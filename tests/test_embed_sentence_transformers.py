@@ -125,3 +125,30 @@ def test_loading_the_model_prints_no_progress_bar(capfd):
     load_model(None, device=None)  # another cache key than the module's embedder: a real load
     assert "Loading weights" not in capfd.readouterr().err
     assert hf_logging.is_progress_bar_enabled()  # the caller's setting is restored
+
+
+_LOAD_SCRIPT = """
+from transformers.utils import logging as hf_logging
+from rag_rerank.embed.sentence_transformers import SentenceTransformerEmbedder, _quiet_loading
+
+before = hf_logging.get_verbosity()
+print(SentenceTransformerEmbedder().embed(["a first chunk"]).shape)
+assert hf_logging.get_verbosity() == before, "verbosity restored after the load"
+with _quiet_loading():
+    hf_logging.get_logger("transformers").error("a real transformers error stays visible")
+"""
+
+
+def test_loading_the_model_prints_no_transformers_load_report(embedder) -> None:
+    # Regression: loading printed a 7-line, ANSI-coloured "BertModel LOAD REPORT ...
+    # embeddings.position_ids | UNEXPECTED" block to stderr. A fresh process, so the model really loads.
+    import os
+    import subprocess
+
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1]), "HF_HUB_OFFLINE": "1"}
+    done = subprocess.run([sys.executable, "-c", _LOAD_SCRIPT], capture_output=True, text=True, env=env,
+                          timeout=300, check=False)
+    assert done.returncode == 0, done.stderr
+    assert "(1, 384)" in done.stdout
+    assert "LOAD REPORT" not in done.stderr and "UNEXPECTED" not in done.stderr and "\x1b[" not in done.stderr
+    assert "a real transformers error stays visible" in done.stderr

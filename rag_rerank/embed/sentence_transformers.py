@@ -58,18 +58,23 @@ def resolve_model(model: str | None) -> str:
 
 @contextlib.contextmanager
 def _quiet_loading() -> Iterator[None]:
-    """No "Loading weights" progress bar from transformers while the model loads: stderr carries
-    our one-line errors and `rerank --meta`'s JSON, which a bar would corrupt. Restored afterwards."""
+    """No "Loading weights" progress bar and no warning chatter from transformers while the model
+    loads: stderr carries our one-line errors and `rerank --meta`'s JSON, which a bar or the
+    multi-line, ANSI-coloured "BertModel LOAD REPORT" (an unused `position_ids` buffer in the
+    MiniLM weights) would corrupt. Errors still log and raise; both switches are restored afterwards."""
     try:
         from transformers.utils import logging as hf_logging
     except ImportError:  # an older sentence-transformers stack without this switch
         yield
         return
     was_enabled = hf_logging.is_progress_bar_enabled()
+    verbosity = hf_logging.get_verbosity()
     hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity(max(verbosity, hf_logging.ERROR))
     try:
         yield
     finally:
+        hf_logging.set_verbosity(verbosity)
         if was_enabled:
             hf_logging.enable_progress_bar()
 
