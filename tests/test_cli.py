@@ -413,3 +413,12 @@ def test_a_missing_api_key_is_a_usage_error_not_a_backend_failure(
                          "--backend", backend)
     assert code == EXIT_BAD_INPUT and out == ""
     assert len(err) == 1 and "no API key" in err[0] and "backend failure" not in err[0]
+
+
+def test_check_lists_each_violation_once(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    chunks = write(tmp_path, "c.jsonl", '{"id":"a","text":"IVF is good"}\n{"id":"b","text":"HNSW"}\n')
+    out = write(tmp_path, "o.json", '{"ranked":[{"id":"a","score":0.9,"reason":""}],'
+                '"dropped":[{"id":"b","reason":""}]}')
+    code, _, err = run(capsys, "check", "-c", chunks, "-k", "1", out)
+    assert code == EXIT_INVALID_OUTPUT
+    assert len(err) == len(set(err)) and sum("non-empty string" in line for line in err) == 2, err

@@ -461,3 +461,16 @@ def test_a_five_thousand_digit_score_is_not_told_to_raise_the_interpreter_limit(
     found = problems(raw, happy_chunks)
     assert found == ["$: a number in the output has 5001 digits; scores must be numbers in [0, 1]"]
     assert not any("sys.set_int_max_str_digits" in p for p in found)
+
+
+def test_each_violation_is_reported_once() -> None:
+    # Regression: an empty reason broke two schema rules with the same wording, so `check` listed
+    # "$.ranked[0].reason must be a non-empty string" twice (and the same for dropped).
+    chunks = [Chunk(id="a", text="IVF is good"), Chunk(id="b", text="HNSW")]
+    raw = json.dumps({"ranked": [{"id": "a", "score": 0.9, "reason": ""}],
+                      "dropped": [{"id": "b", "reason": ""}]})
+    _, violations = judge(raw, chunks, 1)
+    keys = [(v.path, v.message) for v in violations]
+    assert len(keys) == len(set(keys)), keys
+    assert ("$.ranked[0].reason", "must be a non-empty string") in keys
+    assert ("$.dropped[0].reason", "must be a non-empty string") in keys

@@ -311,6 +311,19 @@ def output_violations(
     if len(ranked) > top_k:
         msg = f"{len(ranked)} ranked items is more than top_k={top_k}"
         out.append(Violation(path="$.ranked", message=msg, value=len(ranked)))
+    return _unique(out)
+
+
+def _unique(violations: list[Violation]) -> list[Violation]:
+    """Each (path, message) once, first occurrence kept: two schema rules can fail one field with
+    the same wording (an empty reason breaks both minLength and the non-blank pattern), and a
+    repeated line reads like two problems."""
+    seen: set[tuple[str, str]] = set()
+    out: list[Violation] = []
+    for v in violations:
+        if (v.path, v.message) not in seen:
+            seen.add((v.path, v.message))
+            out.append(v)
     return out
 
 
