@@ -40,6 +40,15 @@ def _print_violations(violations: Sequence[Violation], prefix: str = "error") ->
         _err(f"{prefix}: {line}")
 
 
+def indent_width(text: str) -> int:
+    """An argparse type for `--indent`: 0 or more spaces (json.dumps would quietly read a negative
+    width as 0, so `--indent -5` is a usage error instead)."""
+    value = whole_number(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected 0 or more spaces, got {text!r}")
+    return value
+
+
 def whole_number(text: str) -> int:
     """An argparse type for counts: `3` and `3.0` (what the library and the tools accept) are 3;
     `3.5` or `three` are a usage error, reported by argparse as one line."""
@@ -138,7 +147,8 @@ def _meta_options(args: argparse.Namespace) -> dict[str, Any]:
             if getattr(args, key, None) is not None}
     given = [f"--{key.replace('_', '-')}" for key in _META_FLAGS if key in opts]
     if given and "meta_field" not in opts:
-        raise UsageError(f"{', '.join(given)} need --meta-field KEY (the field to fuse with)")
+        verb = "needs" if len(given) == 1 else "need"
+        raise UsageError(f"{', '.join(given)} {verb} --meta-field KEY (the field to fuse with)")
     return opts
 
 
@@ -323,7 +333,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_backend_args(p)
     p.add_argument("--meta", action="store_true",
                    help="print run metadata (attempts, usage, latency) to stderr")
-    p.add_argument("--indent", type=int, default=None, help="pretty-print the JSON")
+    p.add_argument("--indent", type=indent_width, default=None,
+                   help="pretty-print the JSON (N spaces, N >= 0)")
     _add_pipeline_args(p)
     _add_meta_args(p)
     _add_window_args(p, concurrency=True)

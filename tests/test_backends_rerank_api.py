@@ -234,3 +234,22 @@ def test_eval_measures_the_rerank_api_order(tmp_path: Any, capsys: pytest.Captur
     report = json.loads(capsys.readouterr().out)
     assert report["info"]["backend"] == "rerank-api" and report["info"]["failed"] == {}
     assert report["input"]["MRR@10"] == 0.5 and report["reranked"]["MRR@10"] == 1.0
+
+
+def test_no_url_and_no_key_are_both_reported_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Regression: with neither a base URL nor a key, only the key was reported; fixing it led to a
+    # second run that reported the URL. Every violation is collected, the options' too.
+    monkeypatch.delenv("RERANK_BASE_URL", raising=False)
+    monkeypatch.delenv("RERANK_API_KEY", raising=False)
+    query, chunks = _example()
+    with pytest.raises(InputError) as err:
+        rerank(query, chunks, backend="rerank-api")
+    assert [v.path for v in err.value.violations] == ["base_url", "api_key"]
+    assert "RERANK_BASE_URL" in str(err.value) and "RERANK_API_KEY" in str(err.value)
+    with pytest.raises(InputError) as err:
+        RerankAPIBackend(score_mapping="tanh")
+    assert [v.path for v in err.value.violations] == ["score_mapping", "base_url", "api_key"]
+    monkeypatch.setenv("RERANK_API_KEY", KEY)  # a key but no URL: only the URL is missing
+    with pytest.raises(InputError) as err:
+        rerank(query, chunks, backend="rerank-api")
+    assert [v.path for v in err.value.violations] == ["base_url"]

@@ -422,3 +422,33 @@ def test_check_lists_each_violation_once(tmp_path: Path, capsys: pytest.CaptureF
     code, _, err = run(capsys, "check", "-c", chunks, "-k", "1", out)
     assert code == EXIT_INVALID_OUTPUT
     assert len(err) == len(set(err)) and sum("non-empty string" in line for line in err) == 2, err
+
+
+def test_negative_indent_is_a_usage_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # Regression: json.dumps read --indent -5 as 0 and printed newline-separated JSON, exit 0.
+    chunks = str(EXAMPLES / "happy-path.jsonl")
+    code, _, err = run(capsys, "rerank", "-q", QUERY, "-c", chunks, "--indent", "-5")
+    assert code == EXIT_BAD_INPUT and "--indent" in err[-1] and "-5" in err[-1]
+    code, out, _ = run(capsys, "rerank", "-q", QUERY, "-c", chunks, "--indent", "2")
+    assert code == EXIT_OK and out.startswith('{\n  "ranked"')
+
+
+def test_a_meta_option_without_meta_field_says_needs(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run(capsys, "rerank", "-q", QUERY, "-c", str(EXAMPLES / "happy-path.jsonl"),
+                       "--meta-weight", "2")
+    assert code == EXIT_BAD_INPUT and "--meta-weight needs --meta-field KEY" in err[-1]
+
+
+def test_python_m_rag_rerank_is_the_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # Regression: there was no rag_rerank/__main__.py, so `python -m rag_rerank` failed.
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    argv = ["rerank", "-q", QUERY, "-c", str(EXAMPLES / "happy-path.jsonl"), "-k", "2"]
+    done = subprocess.run([sys.executable, "-m", "rag_rerank", *argv], capture_output=True, text=True,
+                          env=env, cwd=tmp_path, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    code, out, _ = run(capsys, *argv)
+    assert code == EXIT_OK and json.loads(done.stdout) == json.loads(out)
+    bad = subprocess.run([sys.executable, "-m", "rag_rerank", "rerank", "-q", QUERY, "-c", "/no/such/file"],
+                         capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120, check=False)
+    assert bad.returncode == EXIT_BAD_INPUT and bad.stderr.startswith("rag-rerank")
+

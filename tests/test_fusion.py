@@ -165,7 +165,7 @@ def test_cli_flags_batch_records_and_call_tool(tmp_path: Path, capsys: pytest.Ca
     assert main(["rerank", "-q", "HNSW indexes", "-c", str(titled), "--embed-meta-field", "title"]) == 0
     assert "t1" in [r["id"] for r in json.loads(capsys.readouterr().out)["ranked"]]
     assert main(["rerank", "-q", QUERY, "-c", str(path), "--meta-weight", "0.5"]) == 2
-    assert "need --meta-field" in capsys.readouterr().err
+    assert "--meta-weight needs --meta-field" in capsys.readouterr().err
     bad = tmp_path / "bad.jsonl"
     bad.write_text(json.dumps({"id": "x", "text": "t", "meta": {"d": "soon"}}) + "\n", encoding="utf-8")
     assert main(["rerank", "-q", "q", "-c", str(bad), "--meta-field", "d", "--meta-value-type", "date"]) == 2

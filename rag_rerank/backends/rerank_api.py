@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -92,13 +93,18 @@ class RerankAPIBackend:
             bad.append(Violation(path="timeout", value=timeout, message="must be a number of seconds > 0"))
         if model is not None and not isinstance(model, str):
             bad.append(Violation(path="model", value=model, message="model must be a string"))
+        if not (base_url or os.environ.get(URL_ENV)):
+            # Every missing piece at once: fixing the URL only to learn about the key next is a wasted run.
+            bad.append(Violation(path="base_url", message="the rerank-api backend needs the server's "
+                                 f"URL: pass base_url (CLI --base-url) or set {URL_ENV}, e.g. "
+                                 "http://127.0.0.1:8000/v1"))
+            if not (api_key or os.environ.get(KEY_ENV)):
+                bad.append(Violation(path="api_key", message="no API key: pass api_key= or set "
+                                     f"{KEY_ENV} (a server on 127.0.0.1 / localhost needs none)"))
         if bad:
             raise InputError(bad, headline="invalid rerank-api options")
         url, key = resolve_credentials("rerank-api", base_url, api_key, url_env=URL_ENV, key_env=KEY_ENV)
-        if url is None:
-            raise InputError([Violation(path="base_url", message="the rerank-api backend needs the server's "
-                                        f"URL: pass base_url (CLI --base-url) or set {URL_ENV}, e.g. "
-                                        "http://127.0.0.1:8000/v1")])
+        assert url is not None  # checked above
         from ..rerank import base_url_problem
 
         if problem := base_url_problem(url):
