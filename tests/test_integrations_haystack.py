@@ -201,3 +201,19 @@ def test_meta_field_and_embed_meta_fields_read_the_documents_meta() -> None:
     assert "t1" in [d.id for d in got["documents"]]
     assert "t1" not in [d.id for d in RagRerankRanker(top_k=3).run(query="HNSW indexes",
                                                                     documents=titled)["documents"]]
+
+
+def test_a_document_without_content_is_named_by_its_haystack_id() -> None:
+    # Regression: the error was the guard's "field 'text' must be a string, got null" naming only a
+    # hash, with no word about Haystack or content. Every such Document is reported at once.
+    docs = [*_docs()[:2], Document(id="doc-7", content=None), Document(content=None, meta={"k": 1})]
+    ranker = RagRerankRanker(top_k=2)
+    for call in (lambda: ranker.run(query=QUERY, documents=docs),
+                 lambda: asyncio.run(ranker.run_async(query=QUERY, documents=docs))):
+        with pytest.raises(InputError) as info:
+            call()
+        assert [(v.path, v.id) for v in info.value.violations] == [("documents[2].content", "doc-7"),
+                                                                    ("documents[3].content", docs[3].id)]
+        assert all("content is None" in v.message and "cannot be reranked" in v.message
+                   for v in info.value.violations)
+        assert "field 'text'" not in str(info.value)

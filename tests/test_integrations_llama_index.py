@@ -175,7 +175,12 @@ def test_empty_list_and_bad_input() -> None:
             pp.postprocess_nodes(nodes, query_str=query)
         with pytest.raises(InputError) as aours:
             asyncio.run(pp.apostprocess_nodes(nodes, query_str=query))
-        assert str(ours.value) == str(aours.value) == str(direct.value)
+        assert str(ours.value) == str(aours.value)
+        # The same error as rerank(), except a missing query, named in LlamaIndex's terms.
+        if query is None:
+            assert "query_bundle" in str(ours.value)
+        else:
+            assert str(ours.value) == str(direct.value)
         assert needle in str(ours.value)
 
 
@@ -206,3 +211,18 @@ def test_meta_field_reads_node_metadata() -> None:
     got = asyncio.run(RagRerankPostprocessor(top_n=3, embed_meta_fields=["title"]).arerank_nodes(
         titled, "HNSW indexes"))
     assert "t1" in [n.node.node_id for n in got.items]
+
+
+def test_postprocess_without_a_query_names_query_bundle_and_query_str() -> None:
+    # Regression: the error was the generic "query must be a string, got null", naming an argument
+    # a LlamaIndex caller never passed.
+    nodes = [NodeWithScore(node=n, score=0.5) for n in _nodes()]
+    pp = RagRerankPostprocessor(top_n=2)
+    for call in (lambda: pp.postprocess_nodes(nodes), lambda: asyncio.run(pp.apostprocess_nodes(nodes)),
+                 lambda: pp.postprocess_nodes([])):
+        with pytest.raises(InputError) as info:
+            call()
+        [violation] = info.value.violations
+        assert violation.path == "query_bundle" and "query_str" in violation.message
+        assert "got null" not in str(info.value)
+    assert len(pp.postprocess_nodes(nodes, query_str=QUERY)) == 2

@@ -200,6 +200,14 @@ class RagRerankRanker:
                    lambda_: float | None) -> tuple[list[Any], Any, dict[str, Any], list[Any]]:
         """(texts, top_k, rerank options, metadata) for `run` and `run_async`, with this run's
         `top_k` / `lambda_` overrides applied."""
+        # A Document may carry only a blob or a dataframe; the guard would name the hash-like id
+        # and "field 'text'", which says nothing to a Haystack user. Every such Document at once.
+        empty = [Violation(path=f"documents[{i}].content", id=d.id,
+                           message="this Haystack Document's content is None: documents without text "
+                           "cannot be reranked (filter them out before the ranker)")
+                 for i, d in enumerate(documents) if getattr(d, "content", None) is None]
+        if empty:
+            raise InputError(empty)
         options = self._options()
         if lambda_ is not None:
             options["lambda_"] = lambda_

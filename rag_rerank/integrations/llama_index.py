@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from typing import Any
 
-from ..errors import MissingDependencyError
+from ..errors import InputError, MissingDependencyError, Violation
 from ..models import RerankResult
 from . import _common
 from ._common import DROPPED_KEY, NOTE_KEY, REASON_KEY, Reranked
@@ -155,10 +155,18 @@ class RagRerankPostprocessor(BaseNodePostprocessor):
 
     def _postprocess_nodes(self, nodes: list[NodeWithScore],
                            query_bundle: QueryBundle | None = None) -> list[NodeWithScore]:
-        query = query_bundle.query_str if query_bundle is not None else None
-        return list(self.rerank_nodes(nodes, query).items)
+        return list(self.rerank_nodes(nodes, _query_of(query_bundle)).items)
 
     async def _apostprocess_nodes(self, nodes: list[NodeWithScore],
                                   query_bundle: QueryBundle | None = None) -> list[NodeWithScore]:
-        query = query_bundle.query_str if query_bundle is not None else None
-        return list((await self.arerank_nodes(nodes, query)).items)
+        return list((await self.arerank_nodes(nodes, _query_of(query_bundle))).items)
+
+
+def _query_of(query_bundle: QueryBundle | None) -> str:
+    """The query of a `postprocess_nodes` call; without one, an error in LlamaIndex's own terms
+    (the generic "query must be a string, got null" names an argument the caller never saw)."""
+    if query_bundle is None:
+        msg = ("RagRerankPostprocessor needs the query to rerank for: call postprocess_nodes(nodes, "
+               "query_str=...) or pass query_bundle=QueryBundle(...)")
+        raise InputError([Violation(path="query_bundle", message=msg)])
+    return query_bundle.query_str
