@@ -585,11 +585,12 @@ def evaluate(
     # "failed" rerank per query (which the CLI reports as a backend failure, exit 3).
     from .guard.input import duplicate_threshold_violations
 
+    problems = duplicate_threshold_violations(options.get("duplicate_threshold"))
     if lambda_ is not None and (isinstance(lambda_, bool) or not isinstance(lambda_, (int, float))
                                 or not math.isfinite(lambda_) or not 0.0 <= lambda_ <= 1.0):
-        raise InputError([Violation(path="lambda", value=lambda_,
-                                    message=f"lambda must be a number in [0, 1], got {lambda_!r}")])
-    if problems := duplicate_threshold_violations(options.get("duplicate_threshold")):
+        problems.insert(0, Violation(path="lambda", value=lambda_,
+                                     message=f"lambda must be a number in [0, 1], got {lambda_!r}"))
+    if problems:
         raise InputError(problems)
     queries = read_candidates(candidates) if isinstance(candidates, (str, Path)) else list(candidates)
     judgments = read_qrels(qrels) if isinstance(qrels, (str, Path)) else list(qrels)

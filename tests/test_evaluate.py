@@ -512,3 +512,10 @@ def test_metadata_flags_reach_the_reranker(tmp_path, capsys):
     # The same resume file with another metadata weight would mix two orders: refused, naming it.
     assert main([*base, "--resume", str(resume), "--meta-field", "year", "--meta-weight", "0.5"]) == 2
     assert "meta_weight" in capsys.readouterr().err
+
+
+def test_bad_lambda_and_duplicate_threshold_are_reported_together(tmp_path, capsys):
+    assert main([*_tiny(tmp_path), "--lambda", "5", "--duplicate-threshold", "-1"]) == 2
+    err = capsys.readouterr().err
+    assert "lambda must be a number in [0, 1]" in err
+    assert "duplicate_threshold must be a cosine in [0, 1]" in err
