@@ -42,7 +42,7 @@ BACKENDS = ("local", "openai", "anthropic", "cross-encoder", "rerank-api")
 _KEY_ENV = ("OPENAI_API_KEY", "ANTHROPIC_API_KEY", "RERANK_API_KEY")
 # Keyword options each named backend takes besides model / base_url / api_key (`backend_options`).
 BACKEND_OPTIONS: dict[str, tuple[str, ...]] = {
-    "local": ("weights", "calibration"),
+    "local": ("fusion", "bm25"),
     "openai": ("timeout", "temperature", "response_format"),
     "anthropic": ("timeout", "temperature"),
     "cross-encoder": ("batch_size", "device", "max_length", "calibration_factor"),
@@ -143,6 +143,15 @@ def _check_backend_options(name: str, options: Mapping[str, Any]) -> None:
                      message=f"the {name} backend takes no option {key!r}"
                      + (f"; it takes {', '.join(allowed)}" if allowed else ""))
            for key, value in options.items() if key not in allowed]
+    if name == "local":
+        # The local backend's knobs are objects, not numbers: a dict or a number here would
+        # otherwise fail deep inside scoring with an AttributeError.
+        from .backends.local import Bm25, Fusion
+
+        for key, kind in (("fusion", Fusion), ("bm25", Bm25)):
+            if key in options and not isinstance(options[key], kind):
+                bad.append(Violation(path=f"backend_options.{key}", value=options[key],
+                                     message=f"must be a rag_rerank.backends.local.{kind.__name__}"))
     if bad:
         raise InputError(bad)
 

@@ -397,3 +397,19 @@ def test_duplicate_threshold_in_0_1_is_accepted(value) -> None:
               {"id": "b", "text": "Bananas ripen faster in a paper bag."}]
     result = rerank(QUERY, chunks, 2, duplicate_threshold=value)
     assert sorted([r.id for r in result.ranked] + [d.id for d in result.dropped]) == ["a", "b"]
+
+
+def test_local_backend_options_are_its_own_and_typed() -> None:
+    """The local backend takes `fusion` and `bm25` objects; it once advertised `weights` and
+    `calibration`, which its constructor refused with a raw TypeError."""
+    from rag_rerank.backends.local import PROFILES, Bm25
+
+    chunks = [{"id": "a", "text": "IVF partitions vectors into cells."}, {"id": "b", "text": "Risotto."}]
+    for bad in ({"weights": 1}, {"calibration": 2}, {"fusion": {"semantic": 1.0}}, {"bm25": 1.2}):
+        with pytest.raises(InputError) as exc:
+            rerank("IVF?", chunks, top_k=1, backend_options=bad)
+        (key,) = bad
+        assert f"backend_options.{key}" in str(exc.value)
+    own = rerank("IVF?", chunks, top_k=1, backend_options={"fusion": PROFILES["lexical"].fusion,
+                                                            "bm25": Bm25(k1=1.5)})
+    assert [r.id for r in own.ranked] == ["a"]
