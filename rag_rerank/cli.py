@@ -466,7 +466,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # --help (0) or a usage error (2): a return code, so main() is testable
         return exc.code if isinstance(exc.code, int) else EXIT_BAD_INPUT
-    return _dispatch(args.func, args)
+    from .guard.input import PATH_HINT
+
+    # A file name piped to `-c -` gets advice for the command line, not for Python callers.
+    hint = PATH_HINT.set("; the chunks must be JSONL text: pass the file itself with -c FILE")
+    try:
+        return _dispatch(args.func, args)
+    finally:
+        PATH_HINT.reset(hint)
 
 
 if __name__ == "__main__":

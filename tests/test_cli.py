@@ -452,3 +452,14 @@ def test_python_m_rag_rerank_is_the_cli(tmp_path: Path, capsys: pytest.CaptureFi
                          capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120, check=False)
     assert bad.returncode == EXIT_BAD_INPUT and bad.stderr.startswith("rag-rerank")
 
+
+
+def test_a_file_name_piped_as_chunks_gets_command_line_advice(monkeypatch, capsys) -> None:
+    """`echo chunks.jsonl | rag-rerank rerank -c -` was told to "pass pathlib.Path(...)": advice
+    for Python callers. The CLI names its own way to read a file."""
+    import io
+
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(b"chunks.jsonl\n")))
+    assert main(["rerank", "-q", "x", "-c", "-"]) == 2
+    err = capsys.readouterr().err
+    assert "-c FILE" in err and "pathlib" not in err
