@@ -467,9 +467,12 @@ def rerank(
 
     `chunks` is JSONL text, a path, or a list of dicts / `Chunk`s. `backend` is "local" (offline,
     deterministic), "openai" (any OpenAI-compatible server through `base_url`), "anthropic", or a
-    backend instance. `embedder` drives the post-pass (MMR similarity, near-duplicates): "lexical",
-    "sentence-transformers[:MODEL]", "openai[:MODEL]" or an Embedder. `strict=True` turns off the
-    formatting-only repair (fences, prose, <think>) so the model's raw text must pass as is.
+    backend instance. `embedder` drives MMR similarity: "lexical", "sentence-transformers[:MODEL]",
+    "openai[:MODEL]" or an Embedder; with the local backend it also picks the scorer (the static
+    MiniLM-distilled table for "lexical", the model itself otherwise). Near-duplicates are judged on
+    lexical vectors whatever the embedder (`duplicate_threshold`, a cosine in [0, 1]). `strict=True`
+    turns off the formatting-only repair (fences, prose, <think>) so the model's raw text must pass
+    as is.
     `fallback="local"` returns the local ranking, flagged in `meta`, if the backend fails for good.
     `policy` is a `RetryPolicy` (attempts, re-asks, a wall-clock `deadline_s` that also cuts a call
     still running); `limits` a `Limits` or a mapping overriding some of its fields
