@@ -114,6 +114,17 @@ def _start_local_ray() -> float:
     return time.perf_counter() - t0
 
 
+@contextlib.contextmanager
+def workspace(args: argparse.Namespace) -> Iterator[tuple[Path, str, Path, Path]]:
+    """A temporary folder, the fake server's URL, the queries file and a 2-query warm-up file."""
+    with tempfile.TemporaryDirectory() as tmp, fake_server(args.latency) as url:
+        inp = Path(tmp) / "queries.jsonl"
+        write_queries(inp, args.data, args.queries, args.chunks)
+        warm = Path(tmp) / "warm.jsonl"
+        write_queries(warm, args.data, 2, args.chunks)
+        yield Path(tmp), url, inp, warm
+
+
 def engines(args: argparse.Namespace) -> None:
     """The local engine vs Ray with 1 and 2 workers, for a CPU-bound and an I/O-bound workload."""
     ray_start = _start_local_ray()
@@ -121,21 +132,17 @@ def engines(args: argparse.Namespace) -> None:
     setups = [("local", ()), ("ray, 1 worker", ("--engine", "ray", "--workers", "1")),
               ("ray, 2 workers", ("--engine", "ray", "--workers", "2"))]
     rows = []
-    with tempfile.TemporaryDirectory() as tmp, fake_server(args.latency) as url:
-        inp = Path(tmp) / "queries.jsonl"
-        write_queries(inp, args.data, args.queries, args.chunks)
-        warm = Path(tmp) / "warm.jsonl"
-        write_queries(warm, args.data, 2, args.chunks)
+    with workspace(args) as (tmp, url, inp, warm):
         minilm = ("--backend", "local", "--embedder", "sentence-transformers")
         workloads = [
             ("local backend + MiniLM", None, minilm),
             (f"openai -> fake_llm, {args.latency * 1000:.0f} ms", url, ()),
         ]
         for name, wl_url, wl_extra in workloads:
-            run(warm, Path(tmp) / "warm-out.jsonl", wl_url, 2, wl_extra)  # imports and the driver's model
+            run(warm, tmp / "warm-out.jsonl", wl_url, 2, wl_extra)  # imports and the driver's model
             reference: Path | None = None
             for label, engine in setups:
-                out = Path(tmp) / f"out-{len(rows)}.jsonl"
+                out = tmp / f"out-{len(rows)}.jsonl"
                 elapsed, n = run(inp, out, wl_url, c, (*wl_extra, *engine))
                 same = _same_records(reference, out) if reference else "(reference)"
                 reference = reference or out
@@ -178,14 +185,10 @@ def main() -> None:
         engines(args)
         return
     rows = []
-    with tempfile.TemporaryDirectory() as tmp, fake_server(args.latency) as url:
-        inp = Path(tmp) / "queries.jsonl"
-        write_queries(inp, args.data, args.queries, args.chunks)
-        warm = Path(tmp) / "warm.jsonl"
-        write_queries(warm, args.data, 2, args.chunks)
-        run(warm, Path(tmp) / "warm-out.jsonl", url, 2)  # imports (openai SDK), caches: not timed
+    with workspace(args) as (tmp, url, inp, warm):
+        run(warm, tmp / "warm-out.jsonl", url, 2)  # imports (openai SDK), caches: not timed
         for c in args.concurrency:
-            out = Path(tmp) / f"out-{c}.jsonl"
+            out = tmp / f"out-{c}.jsonl"
             elapsed, n = run(inp, out, url, c)
             ideal = min(c, args.queries) / args.latency
             rows.append((c, n, elapsed, n / elapsed, ideal))

@@ -45,7 +45,7 @@ from rag_rerank.backends.local import (  # noqa: E402
     compute_signals,
     lexical_scores,
 )
-from rag_rerank.embed.static import StaticEmbedder, context_vectors, token_match  # noqa: E402
+from rag_rerank.embed.static import StaticEmbedder, embed_and_match  # noqa: E402
 from rag_rerank.guard.limits import load_limits  # noqa: E402
 from rag_rerank.paths import golden_dir  # noqa: E402
 
@@ -69,8 +69,8 @@ def signals_for(embedder: object, query: str, texts: list[str]) -> Signals:
     """The library's own signals (`backends/local.py`) with `embedder` as the semantic scorer."""
     vecs = np.asarray(embedder.embed([query, *texts]), dtype=np.float64)  # type: ignore[attr-defined]
     lexical = lexical_scores(query, texts)[0]
-    return compute_signals(vecs[0], vecs[1:], lexical, token_match(query, texts), texts,
-                           context=context_vectors(query, texts))
+    _, tokens, context = embed_and_match(query, texts)  # one tokenisation for both static signals
+    return compute_signals(vecs[0], vecs[1:], lexical, tokens, texts, context=context)
 
 
 @dataclass

@@ -347,17 +347,15 @@ def _config(k: int, lambda_: float | None, depth: int, options: Mapping[str, Any
     config = {"backend": backend if isinstance(backend, str) else str(getattr(backend, "model", backend)),
               "model": options.get("model"), "embedder": str(getattr(embedder, "name", embedder)), "k": k,
               "lambda": lambda_, "depth": depth, "duplicate_threshold": options.get("duplicate_threshold")}
+    from .batch import SCORING_KEYS  # the metadata options: they change which chunks rank first
+
     # Each of these is recorded only when set, so older resume files still match.
-    for name in ("window_size", *_META_OPTIONS):
+    for name in ("window_size", *SCORING_KEYS):
         if options.get(name) is not None:
             config[name] = options[name]
     config.update(_embedder_server(embedder))
     return config
 
-
-# Options that change which chunks rank first: a resume file made without them must not be reused.
-_META_OPTIONS = ("meta_field", "meta_weight", "meta_ranking_mode", "meta_sort_order", "missing_meta",
-                 "meta_value_type", "embed_meta_fields")
 
 
 _EMBED_URL = "embed_base_url"
