@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import math
 import os
 import sys
 import time
@@ -581,13 +580,10 @@ def evaluate(
         raise InputError([Violation(path="k", value=k, message=f"k must be a positive integer, got {k}")])
     # Options shared by every query are checked once: a bad one is bad input (exit 2), not one
     # "failed" rerank per query (which the CLI reports as a backend failure, exit 3).
-    from .guard.input import duplicate_threshold_violations
+    from .guard.input import duplicate_threshold_violations, lambda_violations
 
-    problems = duplicate_threshold_violations(options.get("duplicate_threshold"))
-    if lambda_ is not None and (isinstance(lambda_, bool) or not isinstance(lambda_, (int, float))
-                                or not math.isfinite(lambda_) or not 0.0 <= lambda_ <= 1.0):
-        problems.insert(0, Violation(path="lambda", value=lambda_,
-                                     message=f"lambda must be a number in [0, 1], got {lambda_!r}"))
+    problems = [*([] if lambda_ is None else lambda_violations(lambda_)),
+                *duplicate_threshold_violations(options.get("duplicate_threshold"))]
     if problems:
         raise InputError(problems)
     queries = read_candidates(candidates) if isinstance(candidates, (str, Path)) else list(candidates)

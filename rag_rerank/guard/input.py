@@ -490,10 +490,16 @@ def _param_violations(query: Any, top_k: Any, lambda_: Any, lim: Limits) -> list
     elif (at := _surrogate_at(query)) is not None:
         out.append(Violation(path="query", message=_surrogate_message("query", at)))
     out.extend(top_k_violations(top_k))
-    if not _finite_real(lambda_) or not 0.0 <= lambda_ <= 1.0:
-        out.append(Violation(path="lambda", value=lambda_,
-                             message=f"lambda must be a number in [0, 1], got {_short(lambda_)}"))
+    out.extend(lambda_violations(lambda_))
     return out
+
+
+def lambda_violations(lambda_: Any) -> list[Violation]:
+    """MMR's `lambda` is a finite number in [0, 1]: the one rule for `rerank`, `arerank` and `eval`."""
+    if not _finite_real(lambda_) or not 0.0 <= lambda_ <= 1.0:
+        return [Violation(path="lambda", value=lambda_,
+                          message=f"lambda must be a number in [0, 1], got {_short(lambda_)}")]
+    return []
 
 
 def normal_top_k(top_k: Any) -> Any:
