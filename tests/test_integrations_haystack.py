@@ -21,7 +21,13 @@ from rag_rerank import InputError, rerank
 from rag_rerank.guard.limits import Limits
 from rag_rerank.integrations.haystack import RagRerankRanker
 from rag_rerank.retry import RetryPolicy
-from tests.support.corpus import MARKER, PASSAGES, QUERY, metadata, openai_options
+from tests.support.corpus import (
+    PASSAGES,
+    QUERY,
+    metadata,
+    openai_calls_sync_then_async,
+    openai_options,
+)
 from tests.support.fake_llm import FakeLLM, auto_ranker
 
 TRUSTED = ["rag_rerank.integrations.haystack"]  # Haystack 3 loads only allow-listed modules
@@ -105,12 +111,8 @@ def test_pipeline_run_run_async_and_yaml_round_trip(use_server: bool,
         assert pipe.run(_inputs(top_k=1))["ranker"]["documents"][0].id == out["ranker"]["documents"][0].id
 
     if use_server:
-        calls = [r for r in srv.requests if r.api == "openai"]
-        assert len(calls) == 3
-        assert calls[0].headers.get("x-stainless-async") == "false"
-        assert calls[1].headers.get("x-stainless-async", "").startswith("async")
+        calls = openai_calls_sync_then_async(srv.requests, 3)
         assert calls[0].headers.get("authorization") == "Bearer sk-test-from-env-0000"
-        assert all(MARKER not in r.prompt and "doc-paris" not in r.prompt for r in calls)
         assert again.last_result.meta.backend == "openai"
     else:
         assert again.last_result.meta.backend == "local"

@@ -20,7 +20,13 @@ from langchain_core.vectorstores import InMemoryVectorStore
 
 from rag_rerank import InputError, rerank
 from rag_rerank.integrations.langchain import RagRerankCompressor
-from tests.support.corpus import MARKER, PASSAGES, QUERY, metadata, openai_options
+from tests.support.corpus import (
+    PASSAGES,
+    QUERY,
+    metadata,
+    openai_calls_sync_then_async,
+    openai_options,
+)
 from tests.support.fake_llm import FakeLLM, auto_ranker
 
 
@@ -76,13 +82,7 @@ def test_contextual_compression_retriever_sync_and_async(retriever: Any, use_ser
         assert retriever.invoke(QUERY) == snapshot  # nothing written back into the store
 
     if use_server:
-        calls = [r for r in srv.requests if r.api == "openai"]
-        assert len(calls) == 2
-        # the sync path used the sync client, the async path awaited the async client (no thread)
-        assert calls[0].headers.get("x-stainless-async") == "false"
-        assert calls[1].headers.get("x-stainless-async", "").startswith("async")
-        # only id and text reach the model: no metadata value is in the prompt
-        assert all(MARKER not in r.prompt and "doc-paris" not in r.prompt for r in calls)
+        calls = openai_calls_sync_then_async(srv.requests, 2)
         assert "Paris is the capital city of France" in calls[0].prompt
         assert comp.last_result.meta.backend == "openai"
     else:

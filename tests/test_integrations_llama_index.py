@@ -26,7 +26,13 @@ from llama_index.core.schema import MetadataMode, NodeWithScore, QueryBundle, Te
 
 from rag_rerank import InputError, rerank
 from rag_rerank.integrations.llama_index import RagRerankPostprocessor
-from tests.support.corpus import MARKER, PASSAGES, QUERY, metadata, openai_options
+from tests.support.corpus import (
+    PASSAGES,
+    QUERY,
+    metadata,
+    openai_calls_sync_then_async,
+    openai_options,
+)
 from tests.support.fake_llm import FakeLLM, auto_ranker
 
 
@@ -119,11 +125,7 @@ def test_retriever_then_postprocessor_sync_and_async(index: VectorStoreIndex, re
     assert starts[0].top_n == 3 and len(starts[0].nodes) == len(PASSAGES)
     assert [n.node.node_id for n in ends[0].nodes] == [n.node.node_id for n in out]
     if use_server:
-        calls = [r for r in srv.requests if r.api == "openai"]
-        assert len(calls) == 2
-        assert calls[0].headers.get("x-stainless-async") == "false"
-        assert calls[1].headers.get("x-stainless-async", "").startswith("async")
-        assert all(MARKER not in r.prompt and "doc-paris" not in r.prompt for r in calls)
+        openai_calls_sync_then_async(srv.requests, 2)
         assert "openai" in starts[0].model_name
         assert pp.last_result.meta.backend == "openai"
 

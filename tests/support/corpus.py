@@ -38,3 +38,15 @@ def metadata(i: int, key: str) -> dict[str, Any]:
 def openai_options(url: str) -> dict[str, Any]:
     """The rerank() options that point the openai backend at the test server."""
     return {"backend": "openai", "model": "fake-gpt", "base_url": url, "api_key": "sk-test-0000"}
+
+
+def openai_calls_sync_then_async(requests: list[Any], expected: int) -> list[Any]:
+    """The test server's openai calls after a component ran once sync, then once async: `expected`
+    calls, the first through the sync client, the second awaited on the async one (no thread), and
+    no metadata value in any prompt (only id and text go to the model). Returns the calls."""
+    calls = [r for r in requests if r.api == "openai"]
+    assert len(calls) == expected
+    assert calls[0].headers.get("x-stainless-async") == "false"
+    assert calls[1].headers.get("x-stainless-async", "").startswith("async")
+    assert all(MARKER not in r.prompt and "doc-paris" not in r.prompt for r in calls)
+    return calls
