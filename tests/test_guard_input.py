@@ -71,6 +71,24 @@ def test_record_must_be_an_object() -> None:
 
 
 @pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (json.dumps([{"id": "a", "text": "t"}, {"id": "b", "text": "u"}], indent=2),
+         "one JSON array of 2 item(s) spread over 10 lines, not JSONL"),
+        (json.dumps([{"id": "a", "text": "t"}, {"id": "b", "text": "u"}]),
+         "one JSON array of 2 item(s), not JSONL"),
+        (json.dumps({"id": "a", "text": "t"}, indent=1), "one JSON object spread over 4 lines, not JSONL"),
+    ],
+)
+def test_a_json_array_or_pretty_printed_object_is_named_as_such(text: str, expected: str) -> None:
+    """A `chunks.json` array (the form most tools write) is one clear violation, not one "not valid
+    JSON" line per line of the file nor "a chunk must be a JSON object, got array"."""
+    out = reject(chunks=text + "\n")
+    assert len(out) == 1, out
+    assert expected in out[0] and out[0].startswith("line 1: chunks: ")
+
+
+@pytest.mark.parametrize(
     ("record", "expected"),
     [
         ({"text": "t"}, "chunks[0].id: missing required field 'id'"),

@@ -106,6 +106,7 @@ def test_every_input_error_family_is_documented() -> None:
     for fragment in (
         "not valid JSON",
         "a chunk must be a JSON object",
+        "not JSONL",
         "missing required field",
         "must not be empty",
         "score must be a finite number",

@@ -257,6 +257,9 @@ def _records_from(source: Any) -> tuple[list[tuple[Any, int | None, int]], list[
                 if lineno == 1 and "\n" not in source.strip() and _looks_like_a_path(line):
                     msg += PATH_HINT.get()
                 bad.append(Violation(path=f"chunks[{index - 1}]", message=msg, line=lineno))
+        whole = _one_json_document(source, records, bad)
+        if whole is not None:
+            return [], [whole], 1
         return records, bad, index
     if isinstance(source, Mapping):
         msg = "chunks must be a list of records, not one object"
@@ -267,6 +270,32 @@ def _records_from(source: Any) -> tuple[list[tuple[Any, int | None, int]], list[
         msg = f"chunks must be JSONL text, a path or a list, got {_json_type(source)}"
         raise InputError([Violation(path="chunks", message=msg)]) from None
     return [(item, None, i) for i, item in enumerate(items)], [], len(items)
+
+
+def _one_json_document(source: str, records: list[tuple[Any, int | None, int]],
+                       bad: list[Violation]) -> Violation | None:
+    """One violation for text that is a single JSON array or a pretty-printed object instead of
+    JSONL: read line by line, a `chunks.json` array gives a wall of "not valid JSON" lines (one
+    per line of the file) or "a chunk must be a JSON object, got array", none of which says
+    what is wrong. Only text that failed as JSONL is re-read whole, so valid JSONL costs nothing."""
+    one_array = not bad and len(records) == 1 and isinstance(records[0][0], list)
+    if not (bad or one_array) or source.lstrip()[:1] not in ("[", "{"):
+        return None
+    try:
+        value, _ = loads_line(source)
+    except (ValueError, RecursionError):
+        return None
+    lines = source.strip().count("\n") + 1
+    spread = f" spread over {lines} lines" if lines > 1 else ""
+    if isinstance(value, list):
+        msg = (f"the chunks are one JSON array of {len(value)} item(s){spread}, not JSONL; write one "
+               '{"id", "text"} object per line (jq -c \'.[]\' converts an array file)')
+    elif isinstance(value, dict):
+        msg = (f"the chunks are one JSON object{spread}, not JSONL; write each "
+               '{"id", "text"} record on one line')
+    else:
+        return None
+    return Violation(path="chunks", message=msg, line=1)
 
 
 # What to add when a one-line str that is not JSON looks like a file name. Python callers are told
