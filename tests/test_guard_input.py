@@ -256,9 +256,21 @@ def test_token_budget_is_configurable_and_inclusive() -> None:
     assert validate_request("qq", [{"id": "a", "text": "x" * 38}], limits=lim)  # 40 chars = 10 tokens
     out = reject(query="qq", chunks=[{"id": "a", "text": "x" * 39}], limits=lim)
     assert out == [
-        "chunks: about 11 tokens of text is over the budget of 10 (max_context_tokens); "
-        "send fewer or shorter chunks or raise the budget"
+        "chunks: about 11 tokens of text is over the budget of 10 (max_context_tokens); the longest: id 'a' "
+        "(chunks[0]) about 10 tokens; send fewer or shorter chunks or raise the budget"
     ]
+
+
+def test_an_over_budget_error_names_the_chunks_to_shorten() -> None:
+    """One huge document among short ones: the error names it (id, line, size), not only the total;
+    in windows too. Chunks that are each a small part of the budget are not listed."""
+    chunks = jl(*({"id": f"c{i}", "text": "x" * (200_000 if i == 33 else 100)} for i in range(40)))
+    out = reject(chunks=chunks)
+    assert len(out) == 1 and "the longest: id 'c33' (line 34) about 50000 tokens;" in out[0], out
+    out = reject(chunks=chunks, window_size=20)
+    assert len(out) == 1 and "chunks[20:40] about" in out[0] and "the longest: id 'c33' (line 34)" in out[0]
+    many = reject(chunks=[{"id": f"c{i}", "text": "x" * 3000} for i in range(50)])
+    assert len(many) == 1 and "longest" not in many[0]
 
 
 def test_no_chunks_is_an_error() -> None:

@@ -406,7 +406,7 @@ def _collection_violations(
         more = f"; and {len(dupes) - _SHOWN} more duplicated ids" if len(dupes) > _SHOWN else ""
         out.append(Violation(path="chunks", message=f"duplicate ids (ids must be unique): {named}{more}",
                              value=list(dupes)))
-    out.extend(_size_violations(chunks, n_records, lim, query, window_size))
+    out.extend(_size_violations(chunks, where, n_records, lim, query, window_size))
     dims = {len(c.embedding) for c in chunks if c.embedding is not None}
     if len(dims) > 1:
         out.append(Violation(path="chunks[*].embedding", message=f"embeddings have different dimensions: "
@@ -414,8 +414,18 @@ def _collection_violations(
     return out
 
 
+def _longest(chunks: list[Chunk], where: list[str], lim: Limits) -> str:
+    """The (at most 3) longest chunks that each take a tenth of the budget or more, with their place
+    and estimated tokens: an over-budget error must say which chunk to shorten, not only the total
+    (one 200,000-character document among fifty short ones is the usual cause)."""
+    size = {i: lim.estimate_tokens(len(c.text)) for i, c in enumerate(chunks)}
+    big = sorted((i for i in size if size[i] * 10 >= lim.max_context_tokens), key=lambda i: -size[i])[:3]
+    named = ", ".join(f"id {chunks[i].id!r} ({where[i]}) about {size[i]} tokens" for i in big)
+    return f"; the longest: {named}" if named else ""
+
+
 def _size_violations(
-    chunks: list[Chunk], n_records: int, lim: Limits, query: str, window_size: int | None
+    chunks: list[Chunk], where: list[str], n_records: int, lim: Limits, query: str, window_size: int | None
 ) -> list[Violation]:
     """The count limit and the token budget: for the whole set in one prompt, or per window."""
     out: list[Violation] = []
@@ -451,7 +461,8 @@ def _size_violations(
             Violation(
                 path="chunks",
                 message=f"about {over[0][2]} tokens of text is over the budget of {lim.max_context_tokens} "
-                "(max_context_tokens); send fewer or shorter chunks or raise the budget",
+                f"(max_context_tokens){_longest(chunks, where, lim)}; send fewer or shorter chunks or raise "
+                "the budget",
                 value=over[0][2],
             )
         )
@@ -462,7 +473,8 @@ def _size_violations(
             Violation(
                 path="chunks",
                 message=f"{len(over)} window(s) of {window_size} over the budget of {lim.max_context_tokens} "
-                f"tokens (max_context_tokens): {named}{rest}; pass a smaller window_size or shorter chunks",
+                f"tokens (max_context_tokens): {named}{rest}{_longest(chunks, where, lim)}; pass a smaller "
+                "window_size or shorter chunks",
                 value=[est for _, _, est in over],
             )
         )
