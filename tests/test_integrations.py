@@ -82,6 +82,33 @@ def test_placed_maps_ids_back_to_positions() -> None:
     assert sorted(i for i, _ in ranked + dropped) == [0, 1, 2]
 
 
+def test_named_metadata_of_loader_types_reaches_the_reranker_as_plain_json() -> None:
+    """DataFrame loaders give numpy scalars, SQL loaders Decimals, others UUIDs and paths: the keys
+    meta_field / embed_meta_fields name are sent as the plain values they stand for, so fusion
+    works instead of "meta is not plain JSON" for every document."""
+    import datetime
+    import decimal
+    import pathlib
+    import uuid
+
+    import numpy as np
+
+    metas = [{"year": np.int64(2019), "rating": decimal.Decimal("4.5"), "title": pathlib.Path("a/b.md"),
+              "key": uuid.UUID(int=1), "at": datetime.time(3, 4), "other": object()},
+             {"year": np.int64(2024), "rating": np.float32(2.5), "title": "b", "key": decimal.Decimal("12")}]
+    options = {"meta_field": "year", "embed_meta_fields": ["title", "rating", "key", "at"]}
+    recs = _common.records(["a", "b"], ["x", "y"], metas, options)
+    assert recs[0]["meta"] == {"year": 2019, "title": "a/b.md", "rating": 4.5,
+                               "key": "00000000-0000-0000-0000-000000000001", "at": "03:04:00"}
+    assert recs[1]["meta"] == {"year": 2024, "title": "b", "rating": 2.5, "key": 12}
+    assert type(recs[0]["meta"]["year"]) is int and type(recs[1]["meta"]["rating"]) is float
+    texts = ["Paris is the capital of France", "France has Paris as its capital city"]
+    newest = _common.run("capital of France", ["old", "new"], texts, 2,
+                         {"meta_field": "year", "lambda_": 1.0},
+                         [{"year": np.int64(2019)}, {"year": np.int64(2024)}])
+    assert newest.ids == ["new", "old"]
+
+
 def _doc_examples() -> list[tuple[str, str]]:
     text = (ROOT / "docs" / "integrations.md").read_text(encoding="utf-8")
     return re.findall(r"<!-- example: (\w+) -->\n```python\n(.*?)\n```", text, re.DOTALL)

@@ -8,8 +8,9 @@
   `placed` maps them back to the caller's items by position, so metadata of any type (datetimes,
   objects) never passes through JSON and comes back untouched. The one exception is metadata the
   options name (`meta_field`, `embed_meta_fields`): those keys alone are sent as the chunk's
-  `meta`, a `datetime` / `date` as its ISO 8601 text, so metadata fusion and embedded titles work
-  from every framework.
+  `meta`, a `datetime` / `date` as its ISO 8601 text and a numpy scalar, `Decimal`, `UUID` or path
+  as the plain value it stands for (`_plain`), so metadata fusion and embedded titles work from
+  every framework.
 * **Empty input.** A retriever may find nothing: an empty list gives an empty result, after the
   query and count are checked exactly as `rerank()` checks them.
 * **Keys.** The same metadata keys in all three frameworks (below).
@@ -133,10 +134,25 @@ def records(ids: Sequence[str], texts: Sequence[Any], metas: Sequence[Mapping[st
 
 
 def _plain(value: Any) -> Any:
-    """A date or datetime as ISO 8601 text (what meta_value_type="date" reads); anything else as is."""
+    """A named metadata value as the JSON value it stands for, since frameworks hand back whatever
+    the loader produced: a date, datetime or time as ISO 8601 text (what meta_value_type="date"
+    reads); a numpy scalar (pandas / DataFrame loaders, vector-store scores) as its Python number;
+    a Decimal (SQL loaders) as an int when integral, else a float; a UUID or a path as its text.
+    Anything else as is (the input guard names it if it is not plain JSON)."""
     import datetime
+    import decimal
+    import pathlib
+    import uuid
 
-    return value.isoformat() if isinstance(value, (datetime.date, datetime.datetime)) else value
+    if isinstance(value, (datetime.date, datetime.datetime, datetime.time)):
+        return value.isoformat()
+    if type(value).__module__ == "numpy" and hasattr(value, "item") and getattr(value, "ndim", None) == 0:
+        return value.item()
+    if isinstance(value, decimal.Decimal) and value.is_finite():
+        return int(value) if value == value.to_integral_value() else float(value)
+    if isinstance(value, (uuid.UUID, pathlib.PurePath)):
+        return str(value)
+    return value
 
 
 def _empty(query: Any, top_k: Any, options: Mapping[str, Any]) -> RerankResult:
