@@ -139,6 +139,18 @@ def test_position_is_the_id_when_documents_have_none() -> None:
     assert [texts[int(i)] for i in comp.last_result.ids] == [d.page_content for d in out]
 
 
+def test_a_position_taken_as_another_documents_id_is_not_a_duplicate() -> None:
+    """`Document(id="1")` first, an id-less Document second: position "1" is taken, so the second is
+    "#1" instead of a refused "duplicate id '1'" the caller never wrote."""
+    docs = [Document(id="1", page_content="Paris is the capital of France."),
+            Document(page_content="Lyon is a large city in France."),
+            Document(id="#1", page_content="Photosynthesis happens in green leaves.")]
+    got = RagRerankCompressor(top_n=3).rerank_documents(docs, QUERY)
+    assert sorted(got.result.ids + [d.id for d in got.result.dropped]) == ["##1", "#1", "1"]
+    assert got.items[0].id == "1" and len(got.items) + len(got.dropped) == 3
+    assert {d.page_content for d in got.items + got.dropped} == {d.page_content for d in docs}
+
+
 def test_options_pass_through_and_redundant_duplicates_are_dropped() -> None:
     # two near-identical passages: the duplicate is dropped as redundant with the kept one
     docs = [Document(id="a", page_content="Paris is the capital city of France."),

@@ -86,7 +86,20 @@ class RagRerankCompressor(BaseDocumentCompressor, RunnableSerializable[dict[str,
 
     @staticmethod
     def _ids(documents: Sequence[Document]) -> list[str]:
-        return [d.id if d.id is not None else str(i) for i, d in enumerate(documents)]
+        """Each Document's own id, else its position ("0", "1", ...); a position another Document
+        already has as its own id gets "#" in front until it is free, so a list mixing
+        `Document(id="1")` with id-less Documents is not refused for a duplicate the caller never wrote."""
+        own = {d.id for d in documents if d.id is not None}
+        out: list[str] = []
+        for i, d in enumerate(documents):
+            if d.id is not None:
+                out.append(d.id)
+                continue
+            name = str(i)
+            while name in own:
+                name = "#" + name
+            out.append(name)
+        return out
 
     def _assemble(self, documents: Sequence[Document], ids: list[str],
                   result: RerankResult) -> Reranked[Document]:
