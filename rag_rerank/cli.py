@@ -152,11 +152,22 @@ def _meta_options(args: argparse.Namespace) -> dict[str, Any]:
     return opts
 
 
+def _one_prompt(command: str) -> str:
+    """Advice over max_chunks for a command that takes one prompt's chunks (no --window-size)."""
+    return (f"{command} takes the chunks of one prompt: split the set or pre-filter it "
+            "(--window-size is a flag of rerank, batch and eval)")
+
+
 def cmd_render(args: argparse.Namespace) -> int:
     from .guard import validate_request
+    from .guard.input import ONE_PROMPT_ADVICE
     from .render import render
 
-    request = validate_request(args.query, read_text(args.chunks), args.top_k, args.lambda_)
+    advice = ONE_PROMPT_ADVICE.set(_one_prompt("render"))
+    try:
+        request = validate_request(args.query, read_text(args.chunks), args.top_k, args.lambda_)
+    finally:
+        ONE_PROMPT_ADVICE.reset(advice)
     sys.stdout.write(render(request))  # already ends with a newline: byte for byte the prompt
     return EXIT_OK
 
@@ -170,7 +181,13 @@ def cmd_check(args: argparse.Namespace) -> int:
         raise UsageError(f"--top-k must be a positive integer, got {args.top_k}")
     if args.chunks == "-" and args.output == "-":
         raise UsageError("--chunks and OUTPUT_FILE cannot both be read from stdin ('-')")
-    chunks = parse_chunks(read_text(args.chunks))
+    from .guard.input import ONE_PROMPT_ADVICE
+
+    advice = ONE_PROMPT_ADVICE.set(_one_prompt("check"))
+    try:
+        chunks = parse_chunks(read_text(args.chunks))
+    finally:
+        ONE_PROMPT_ADVICE.reset(advice)
     raw = read_text(args.output, what="OUTPUT_FILE")
     if args.repair:
         fixed = repair_output(raw)

@@ -463,3 +463,25 @@ def test_a_file_name_piped_as_chunks_gets_command_line_advice(monkeypatch, capsy
     assert main(["rerank", "-q", "x", "-c", "-"]) == 2
     err = capsys.readouterr().err
     assert "-c FILE" in err and "pathlib" not in err
+
+
+@pytest.mark.parametrize("command", ["render", "check"])
+def test_over_max_chunks_render_and_check_do_not_advise_a_flag_they_refuse(
+    command: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`render` and `check` take one prompt's chunks and have no --window-size: their advice over 50
+    chunks is to split or pre-filter, naming the commands that take --window-size; `rerank` still
+    advises --window-size."""
+    lines = "".join(json.dumps({"id": f"c{i}", "text": "t"}) + "\n" for i in range(60))
+    chunks = write(tmp_path, "c.jsonl", lines)
+    answer = write(tmp_path, "a.json", VALID)
+    argv = (["render", "-q", QUERY, "-c", chunks] if command == "render"
+            else ["check", "-c", chunks, "-k", "3", answer])
+    code, out, err = run(capsys, *argv)
+    assert code == EXIT_BAD_INPUT and out == ""
+    assert err == [f"rag-rerank: error: chunks: 60 chunks is over the limit of 50 (max_chunks); {command} "
+                   "takes the chunks of one prompt: split the set or pre-filter it (--window-size is a "
+                   "flag of rerank, batch and eval)"]
+    assert "unrecognized" in " ".join(run(capsys, command, "--window-size", "20", *argv[1:])[2])
+    code, _, err = run(capsys, "rerank", "-q", QUERY, "-c", chunks)
+    assert code == EXIT_BAD_INPUT and "pass window_size (CLI --window-size N" in err[0]

@@ -307,6 +307,13 @@ PATH_HINT: contextvars.ContextVar[str] = contextvars.ContextVar(
 _PATHISH = re.compile(r"\A\s*(?:[~.]?[/\\]|[A-Za-z]:[/\\]|[^{\[\"\s]\S*\.(?:jsonl|ndjson|json|txt)\s*\Z)")
 
 
+# What to advise for more than max_chunks chunks. None: pass window_size (rerank, batch, eval and
+# the tools take it). A command that works on one prompt's chunks (`render`, `check`) sets its own
+# advice, so a user is not sent to a --window-size flag that command refuses.
+ONE_PROMPT_ADVICE: contextvars.ContextVar[str | None] = contextvars.ContextVar("ONE_PROMPT_ADVICE",
+                                                                               default=None)
+
+
 def _looks_like_a_path(line: str) -> bool:
     """`/data/chunks.jsonl`, `./x`, `C:\\x`, `chunks.jsonl`: judged from the text alone."""
     return _PATHISH.match(line) is not None
@@ -431,12 +438,13 @@ def _size_violations(
     out: list[Violation] = []
     if window_size is None and n_records > lim.max_chunks:
         more = min(lim.max_chunks, 20)
+        advice = ONE_PROMPT_ADVICE.get() or (
+            f"pass window_size (CLI --window-size N, e.g. {more}; at most {lim.max_chunks}) to rank up "
+            f"to {lim.max_total_chunks} in windows, or split the set or pre-filter it")
         out.append(
             Violation(
                 path="chunks",
-                message=f"{n_records} chunks is over the limit of {lim.max_chunks} (max_chunks); "
-                f"pass window_size (CLI --window-size N, e.g. {more}; at most {lim.max_chunks}) to rank up "
-                f"to {lim.max_total_chunks} in windows, or split the set or pre-filter it",
+                message=f"{n_records} chunks is over the limit of {lim.max_chunks} (max_chunks); {advice}",
                 value=n_records,
             )
         )
