@@ -525,3 +525,27 @@ def test_a_duplicate_key_in_a_line_is_refused_naming_line_and_key(line: str, key
     (v,) = err.value.violations
     assert v.line == 2 and v.path == "chunks[1]"
     assert v.message.startswith(f"duplicate key{'s' if ',' in keys else ''} {keys} in one JSON object")
+
+
+def test_framework_documents_passed_to_rerank_name_the_component() -> None:
+    """LangChain / LlamaIndex / Haystack objects given to rerank() itself: besides one violation per
+    record, one line names the drop-in component for that framework."""
+    lc = pytest.importorskip("langchain_core.documents")
+    hs = pytest.importorskip("haystack")
+    li = pytest.importorskip("llama_index.core.schema")
+    cases = [
+        ([lc.Document(id="a", page_content="t"), lc.Document(id="b", page_content="u")],
+         "langchain_core Document objects: rerank them with "
+         "rag_rerank.integrations.langchain.RagRerankCompressor"),
+        ([hs.Document(id="a", content="t")],
+         "haystack Document objects: rerank them with rag_rerank.integrations.haystack.RagRerankRanker"),
+        ([li.NodeWithScore(node=li.TextNode(id_="a", text="t"))],
+         "llama_index NodeWithScore objects: rerank them with "
+         "rag_rerank.integrations.llama_index.RagRerankPostprocessor"),
+    ]
+    for docs, expected in cases:
+        out = reject(chunks=docs)
+        assert out[:-1] == [f"chunks[{i}]: a chunk must be a JSON object, got {type(d).__name__}"
+                            for i, d in enumerate(docs)]
+        assert out[-1].startswith(f"chunks: these are {expected}"), out
+    assert reject(chunks=["plain text"]) == ["chunks[0]: a chunk must be a JSON object, got string"]

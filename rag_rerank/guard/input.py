@@ -382,6 +382,7 @@ def parse_chunks(
         )
         where.append(f"line {line}" if line is not None else f"chunks[{index}]")
     violations.sort(key=lambda v: v.line if v.line is not None else 0)  # in the caller's line order
+    violations.extend(_framework_hint(item for item, _, _ in records))
     if not n_records:
         msg = 'no chunks: give at least one {"id", "text"} record'
         violations.append(Violation(path="chunks", message=msg))
@@ -389,6 +390,29 @@ def parse_chunks(
     if violations:
         raise InputError(violations, headline="invalid chunks")
     return chunks
+
+
+# A framework's document objects handed to rerank() itself: the component that takes them.
+_COMPONENTS = {
+    "langchain_core": "rag_rerank.integrations.langchain.RagRerankCompressor",
+    "llama_index": "rag_rerank.integrations.llama_index.RagRerankPostprocessor",
+    "haystack": "rag_rerank.integrations.haystack.RagRerankRanker",
+}
+
+
+def _framework_hint(items: Iterable[Any]) -> list[Violation]:
+    """One violation naming the drop-in component when the chunks are LangChain, LlamaIndex or
+    Haystack objects: "a chunk must be a JSON object, got Document" alone leaves a newcomer to
+    guess that a component exists which keeps their ids and metadata."""
+    for item in items:
+        if isinstance(item, (Mapping, Chunk)):
+            continue
+        root = type(item).__module__.split(".", 1)[0]
+        if root in _COMPONENTS:
+            msg = (f"these are {root} {type(item).__name__} objects: rerank them with {_COMPONENTS[root]} "
+                   '(it keeps your objects and metadata), or pass {"id", "text"} dicts')
+            return [Violation(path="chunks", message=msg)]
+    return []
 
 
 # One violation is one stderr line: 5,000 copies of three ids once made a 54,000-character line.
