@@ -271,13 +271,51 @@ def cmd_rerank(args: argparse.Namespace) -> int:
 
     if args.concurrency < 1:
         raise UsageError(f"--concurrency must be at least 1, got {args.concurrency}")
-    result = rerank(args.query, read_text(args.chunks), args.top_k, args.lambda_, layout=args.layout,
-                    strict=args.strict, concurrency=args.concurrency, **_backend_options(args),
-                    **_meta_options(args))
+    bar = _window_bar() if getattr(args, "window_size", None) else None
+    from .windows import WINDOW_PROGRESS
+
+    token = WINDOW_PROGRESS.set(bar.update if bar is not None else None)
+    try:
+        result = rerank(args.query, read_text(args.chunks), args.top_k, args.lambda_, layout=args.layout,
+                        strict=args.strict, concurrency=args.concurrency, **_backend_options(args),
+                        **_meta_options(args))
+    finally:
+        WINDOW_PROGRESS.reset(token)
+        if bar is not None:
+            bar.close()
     print(result.to_json(indent=args.indent))
     if args.meta:
         print(json.dumps(result.meta.to_dict(), ensure_ascii=False), file=sys.stderr)
     return EXIT_OK
+
+
+class _WindowBar:
+    """A tqdm bar over the window calls of one `rerank --window-size` (created on the first report,
+    when the number of calls is known), cleared when the result is printed."""
+
+    def __init__(self, tqdm: Any) -> None:
+        self.tqdm, self.bar = tqdm, None
+
+    def update(self, done: int, total: int) -> None:
+        if self.bar is None:
+            self.bar = self.tqdm(total=total, unit="call", desc="windows", file=sys.stderr, leave=False)
+        self.bar.n = done
+        self.bar.refresh()
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def _window_bar() -> _WindowBar | None:
+    """A progress bar when stderr is a terminal and tqdm is installed (as in `batch`), else None."""
+    if not sys.stderr.isatty():
+        return None
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return None
+    return _WindowBar(tqdm)
 
 
 def cmd_batch(args: argparse.Namespace) -> int:

@@ -39,9 +39,10 @@ window (`window 2 of 5 (chunks[40:80]): ...`). The final pass fails or falls bac
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import time
-from collections.abc import Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -56,6 +57,13 @@ if TYPE_CHECKING:
     from .rerank import _Plan
 
 _REASON_CHARS = 120  # a window model's own reason quoted in a loser's detail is cut to this
+
+# Called as `progress(calls_done, calls_total)` after each window call and after the final pass, in
+# the caller's thread, by the synchronous `rerank` (`run_windows`): 1,000 candidates are 21 LLM
+# calls, a minute or more of silence without it. `rag-rerank rerank` sets it to a progress bar when
+# stderr is a terminal; None (the default) reports nothing. (`batch` has its own bar, per request.)
+WINDOW_PROGRESS: contextvars.ContextVar[Callable[[int, int], None] | None] = contextvars.ContextVar(
+    "WINDOW_PROGRESS", default=None)
 
 
 @dataclass(frozen=True)
@@ -347,9 +355,14 @@ def run_windows(plan: _Plan, *, api_key: str | None, policy: Any, strict: bool, 
     """`rerank` over windows: window calls on a thread pool of `concurrency`, then the final pass."""
     assert plan.window_size is not None
     windows = split(plan.view or plan.request, plan.window_size)
+    progress = WINDOW_PROGRESS.get()
+    total = len(windows) + 1
     with ThreadPoolExecutor(max_workers=_workers(plan, len(windows)),
                             thread_name_prefix="rag-rerank-window") as pool:
         futures = [pool.submit(_score, plan, w, policy, strict, fallback, api_key) for w in windows]
+        if progress is not None:
+            for done, _ in enumerate(as_completed(futures), start=1):
+                progress(done, total)
         outcomes: list[Scored | BaseException] = []
         for future in futures:
             try:
@@ -362,6 +375,8 @@ def run_windows(plan: _Plan, *, api_key: str | None, policy: Any, strict: bool, 
     if survivors.indices:
         window = _final_window(plan, survivors, len(windows))
         final = (window, _score(plan, window, policy, strict, fallback, api_key))
+    if progress is not None:
+        progress(total, total)
     return assemble(plan, windows, scored, survivors, final, layout, duplicate_threshold)
 
 
@@ -393,4 +408,5 @@ def _raise_first(outcomes: Sequence[Scored | BaseException]) -> list[Scored]:
     return [o for o in outcomes if isinstance(o, Scored)]
 
 
-__all__ = ["NOT_IN_FINAL", "Scored", "Survivors", "Window", "select_survivors", "split", "windowed"]
+__all__ = ["NOT_IN_FINAL", "WINDOW_PROGRESS", "Scored", "Survivors", "Window", "select_survivors", "split",
+           "windowed"]

@@ -10,6 +10,7 @@ import asyncio
 import json
 import random
 import re
+import sys
 import threading
 from pathlib import Path
 
@@ -21,7 +22,7 @@ from rag_rerank.guard import load_limits, validate_request
 from rag_rerank.models import RerankResult
 from rag_rerank.render import extract_chunk_lines
 from rag_rerank.tools import call_tool
-from rag_rerank.windows import NOT_IN_FINAL, split
+from rag_rerank.windows import NOT_IN_FINAL, WINDOW_PROGRESS, split
 from tests.support.fake_llm import FakeLLM, InFlight, RecordedRequest, Reply
 from tests.support.quoting_ranker import quoting_ranker
 
@@ -82,6 +83,32 @@ def test_cli_accounts_for_all_200_ids_in_windows_of_50(tmp_path: Path, capsys) -
     assert {r["id"] for r in obj["ranked"]} == {"d0003", "d0077", "d0151"}  # one from each of 3 windows
     assert meta["calls"] == 5 and [w["stage"] for w in meta["windows"]] == ["window"] * 4 + ["final"]
     assert [w["chunks"] for w in meta["windows"][:4]] == [[0, 50], [50, 100], [100, 150], [150, 200]]
+
+
+def test_window_calls_report_progress_and_the_cli_shows_a_bar_on_a_terminal(
+        tmp_path: Path, capsys, monkeypatch) -> None:
+    """1,000 candidates are 21 calls: `rerank` reports each finished call through WINDOW_PROGRESS,
+    and `rag-rerank rerank --window-size` draws a tqdm bar on stderr when it is a terminal; none when
+    it is not (a log file), and stdout stays the result object alone."""
+    pytest.importorskip("tqdm")
+    seen: list[tuple[int, int]] = []
+    token = WINDOW_PROGRESS.set(lambda done, total: seen.append((done, total)))
+    try:
+        rerank(QUERY, make_chunks(200, {3: _TOPICAL[0]}), 5, window_size=50)
+    finally:
+        WINDOW_PROGRESS.reset(token)
+    assert seen == [(1, 5), (2, 5), (3, 5), (4, 5), (5, 5)]
+    path = tmp_path / "200.jsonl"
+    path.write_text("".join(json.dumps(c) + "\n" for c in make_chunks(200)), encoding="utf-8")
+    argv = ["rerank", "-q", QUERY, "-c", str(path), "--window-size", "50"]
+    assert main(argv) == 0
+    plain = capsys.readouterr()
+    assert plain.err == "" and json.loads(plain.out)["ranked"] is not None
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)  # the environment: stderr is a terminal
+    assert main(argv) == 0
+    shown = capsys.readouterr()
+    assert "windows:" in shown.err and "5/5" in shown.err
+    assert json.loads(shown.out) == json.loads(plain.out)
 
 
 def test_without_window_size_over_max_chunks_says_how_to_pass_it(tmp_path: Path, capsys) -> None:
