@@ -288,8 +288,9 @@ def _one_json_document(source: str, records: list[tuple[Any, int | None, int]],
     lines = source.strip().count("\n") + 1
     spread = f" spread over {lines} lines" if lines > 1 else ""
     if isinstance(value, list):
-        msg = (f"the chunks are one JSON array of {len(value)} item(s){spread}, not JSONL; write one "
-               '{"id", "text"} object per line (jq -c \'.[]\' converts an array file)')
+        msg = (f"the chunks are one JSON array of {len(value)} item(s) as text{spread}, not JSONL (one "
+               '{"id", "text"} object per line): pass the array itself as a list, or convert a file with '
+               "jq -c '.[]'")
     elif isinstance(value, dict):
         msg = (f"the chunks are one JSON object{spread}, not JSONL; write each "
                '{"id", "text"} record on one line')
