@@ -214,6 +214,21 @@ def test_construction_checks_option_names_and_hides_the_key() -> None:
     assert "sk-very-secret-123" not in str(comp.model_dump())
 
 
+def test_a_component_with_a_retry_policy_dumps_to_json_and_reloads_it() -> None:
+    """`model_dump_json()` with `policy=RetryPolicy(...)` raised a PydanticSerializationError (the
+    policy's clock and sleep functions); it writes the numeric fields and reloads as a RetryPolicy."""
+    import json
+
+    from rag_rerank import RetryPolicy
+
+    comp = RagRerankCompressor(top_n=2, policy=RetryPolicy(deadline_s=10, max_attempts=3))
+    data = json.loads(comp.model_dump_json())
+    assert data["policy"]["deadline_s"] == 10 and "clock" not in data["policy"]
+    back = RagRerankCompressor(**data)
+    assert back.policy == RetryPolicy(deadline_s=10, max_attempts=3)
+    assert back.compress_documents(_docs(), QUERY)
+
+
 def test_runnable_input_must_name_query_and_documents() -> None:
     with pytest.raises(InputError, match="documents"):
         RagRerankCompressor().invoke({"query": QUERY})

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -196,6 +197,20 @@ def test_options_checked_and_key_never_serialized() -> None:
     assert "sk-very-secret-123" not in repr(pp) and "sk-very-secret-123" not in pp.to_json()
     back = RagRerankPostprocessor.from_json(pp.to_json())
     assert back.top_n == 2 and back.rerank_options == {"duplicate_threshold": 0.9} and back.api_key is None
+
+
+def test_a_component_with_a_retry_policy_serializes_and_reloads_it() -> None:
+    """`to_json()` with `policy=RetryPolicy(...)` raised a TypeError (the policy's clock and sleep
+    functions); it writes the numeric fields and `from_json` gives the same RetryPolicy back."""
+    from rag_rerank import RetryPolicy
+
+    pp = RagRerankPostprocessor(top_n=2, policy=RetryPolicy(deadline_s=10, max_attempts=3))
+    data = json.loads(pp.to_json())
+    assert data["policy"]["deadline_s"] == 10 and "sleep" not in data["policy"]
+    back = RagRerankPostprocessor.from_json(pp.to_json())
+    assert back.policy == RetryPolicy(deadline_s=10, max_attempts=3)
+    with pytest.raises(InputError, match="'deadline'"):
+        RagRerankPostprocessor(policy={"deadline": 3})
 
 
 def test_meta_field_reads_node_metadata() -> None:

@@ -98,6 +98,36 @@ def collect_options(data: Any, fields: set[str], *, component: str) -> Any:
     return {**{k: v for k, v in data.items() if k in fields}, "rerank_options": options}
 
 
+def policy_data(policy: Any) -> Any:
+    """A `RetryPolicy` as the dict of its numeric fields, for a component's JSON dump (`to_json`,
+    `model_dump_json`): its clock and sleep functions are for tests, not configs, and cannot be
+    written. Anything else as it is."""
+    import dataclasses
+
+    from ..retry import RetryPolicy
+
+    if isinstance(policy, RetryPolicy):
+        return {f.name: getattr(policy, f.name) for f in dataclasses.fields(policy) if f.repr}
+    return policy
+
+
+def policy_value(value: Any) -> Any:
+    """A `policy` given to a component as such a dict (a reloaded dump) back as a `RetryPolicy`;
+    an unknown key is an `InputError` naming it. Anything else as it is (rerank() judges it)."""
+    import dataclasses
+
+    from ..retry import RetryPolicy
+
+    if not isinstance(value, Mapping):
+        return value
+    known = [f.name for f in dataclasses.fields(RetryPolicy) if f.repr]
+    bad = [k for k in value if k not in known]
+    if bad:
+        msg = f"unknown RetryPolicy field(s) {', '.join(map(repr, bad))}; known: {', '.join(known)}"
+        raise InputError([Violation(path="policy", message=msg)])
+    return RetryPolicy(**value)
+
+
 def component_options(component: Any) -> dict[str, Any]:
     """The rerank() keywords of a pydantic component (LangChain, LlamaIndex): its option fields,
     the API key unwrapped from its SecretStr, then its further `rerank_options`."""

@@ -20,7 +20,14 @@ from . import _common
 from ._common import DROPPED_KEY, NOTE_KEY, REASON_KEY, Reranked
 
 try:
-    from llama_index.core.bridge.pydantic import Field, PrivateAttr, SecretStr, model_validator
+    from llama_index.core.bridge.pydantic import (
+        Field,
+        PrivateAttr,
+        SecretStr,
+        field_serializer,
+        field_validator,
+        model_validator,
+    )
     from llama_index.core.callbacks import CBEventType, EventPayload
     from llama_index.core.instrumentation import get_dispatcher
     from llama_index.core.instrumentation.events.rerank import ReRankEndEvent, ReRankStartEvent
@@ -76,6 +83,17 @@ class RagRerankPostprocessor(BaseNodePostprocessor):
     def _collect_options(cls, data: Any) -> Any:
         """Keywords that are not fields are rerank() options: checked by name now, passed on later."""
         return _common.collect_options(data, set(cls.model_fields), component="RagRerankPostprocessor")
+
+    @field_validator("policy", mode="before")
+    @classmethod
+    def _policy_value(cls, value: Any) -> Any:
+        """A policy reloaded from a dump (a dict of its numeric fields) is a RetryPolicy again."""
+        return _common.policy_value(value)
+
+    @field_serializer("policy")
+    def _policy_data(self, policy: Any) -> Any:
+        """A RetryPolicy dumps as its numeric fields (its clock and sleep functions cannot be written)."""
+        return _common.policy_data(policy)
 
     @classmethod
     def class_name(cls) -> str:
