@@ -33,18 +33,20 @@ pytestmark = pytest.mark.mcp
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _params() -> StdioServerParameters:
-    env = {"PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""), "HF_HUB_OFFLINE": "1"}
+def _params(**extra: str) -> StdioServerParameters:
+    env = {"PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""), "HF_HUB_OFFLINE": "1",
+           **extra}
     return StdioServerParameters(
         command=sys.executable, args=["-m", "rag_rerank.cli", "mcp"], env=env, cwd=str(ROOT)
     )
 
 
-async def _session_do(calls: list[tuple[str, dict[str, Any] | None]]) -> tuple[Any, list[Any]]:
-    """List the tools, then make each call, in one server session."""
+async def _session_do(calls: list[tuple[str, dict[str, Any] | None]],
+                      env: dict[str, str] | None = None) -> tuple[Any, list[Any]]:
+    """List the tools, then make each call, in one server session (with `env` added to its environment)."""
     with open(os.devnull, "w") as devnull:
         async with (
-            stdio_client(_params(), errlog=devnull) as (read, write),
+            stdio_client(_params(**(env or {})), errlog=devnull) as (read, write),
             ClientSession(read, write) as session,
         ):
             await session.initialize()
@@ -116,6 +118,16 @@ def test_unknown_tool_is_a_protocol_error() -> None:
     _, (answer,) = _run([("no_such_tool", {})])
     assert isinstance(answer, MCPError)
     assert "rerank_chunks" in str(answer)
+
+
+def test_a_missing_api_key_names_the_servers_own_variable() -> None:
+    """RAG_RERANK_BACKEND=openai and no key: the tool error tells an MCP operator what to set, not
+    only the Python argument and the CLI flag the server's user cannot pass."""
+    _, (answer,) = anyio.run(_session_do, [("rerank_chunks", _happy_args())],
+                             {"RAG_RERANK_BACKEND": "openai"})
+    assert answer.is_error
+    message = json.loads(answer.content[0].text)["error"]["message"]
+    assert "OPENAI_API_KEY" in message and "RAG_RERANK_BASE_URL" in message
 
 
 def test_backend_options_come_from_the_environment() -> None:

@@ -137,8 +137,10 @@ def resolve_credentials(
             key = LOCAL_DUMMY_KEY
         else:
             where = url or f"the {provider} API"
-            raise ConfigError(f"{provider}: no API key for {where}; pass api_key= or set {key_env} "
-                               "(a local server given with --base-url needs none)")
+            # Every surface's spelling: a Python caller, the CLI and the MCP server's environment.
+            raise ConfigError(f"{provider}: no API key for {where}; pass api_key= or set {key_env} (a local "
+                              f"server needs none: give its URL as base_url=, --base-url, {url_env} or, "
+                              "for `rag-rerank mcp`, RAG_RERANK_BASE_URL)")
     return url, key
 
 
