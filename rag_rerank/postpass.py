@@ -308,9 +308,14 @@ def postpass(
     )
     sim_all = _similarity(vectors)
     dup_all = sim_all
-    if duplicates_by == "text" and emb_name not in ("caller", LEXICAL_NAME):
+    # Near-duplicates, conciseness and the word budget are about the chunks' own texts: with
+    # `embed_meta_fields` the texts here carry the meta values too, and sibling chunks of one
+    # document (one title) would otherwise be judged copies of each other and dropped as redundant.
+    own = [request.own_text(c) for c in chunks]
+    embedded = request.own_texts is not None
+    if duplicates_by == "text" and emb_name != "caller" and (emb_name != LEXICAL_NAME or embedded):
         lexical = get_embedder(LEXICAL_NAME)
-        dup_all = _similarity(embed_texts(lexical, [c.text for c in chunks]))
+        dup_all = _similarity(embed_texts(lexical, own))
         default_thr = float(lexical.duplicate_threshold)
     threshold = default_thr if duplicate_threshold is None else float(duplicate_threshold)
 
@@ -318,7 +323,7 @@ def postpass(
     rel = np.array([score_of[chunks[i].id].score for i in cand], dtype=np.float64)
     sim = sim_all[np.ix_(cand, cand)]
     dup_sim = None if dup_all is sim_all else dup_all[np.ix_(cand, cand)]
-    lengths = np.array([_concise_length(chunks[i].text) for i in cand], dtype=np.int64)
+    lengths = np.array([_concise_length(own[i]) for i in cand], dtype=np.int64)
     q_sim = None
     if q_row is not None:
         q_sim = (vectors.astype(np.float64) @ q_row.astype(np.float64).ravel())[cand]
@@ -339,7 +344,7 @@ def postpass(
     if word_budget is not None:
         used, cut = 0, len(picked)
         for pos, local in enumerate(picked):
-            used += len(chunks[cand[local]].text.split())
+            used += len(own[cand[local]].split())
             if used >= word_budget:
                 cut = pos + 1
                 break

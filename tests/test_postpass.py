@@ -458,3 +458,34 @@ def test_cosine_exactly_at_the_embedders_own_threshold_is_a_duplicate() -> None:
     # y is picked first (more relevant); x ties with it at 0.5 and is the more concise: x stands in
     assert [r.id for r in result.ranked] == ["x"]
     assert [(d.id, d.reason) for d in result.dropped] == [("y", "redundant_with:x")]
+
+
+def test_sibling_chunks_sharing_an_embedded_title_are_not_near_duplicates() -> None:
+    """With `embed_meta_fields=["title"]` the post-pass sees each text with its title before it;
+    three chunks of one document (one long title) must still be judged on their own texts, not
+    dropped as `redundant_with:` one another, and the "more concise" choice reads the own text."""
+    from rag_rerank import rerank
+    from rag_rerank.fusion import with_embedded_meta
+
+    title = "Approximate nearest neighbour indexes in FAISS: a practical guide to HNSW, IVF and PQ"
+    chunks = [
+        {"id": "p1", "meta": {"title": title},
+         "text": "HNSW builds a layered proximity graph; search descends greedily from the top layer."},
+        {"id": "p2", "meta": {"title": title},
+         "text": "IVF clusters vectors with k-means and scans only the nprobe closest lists at query time."},
+        {"id": "p3", "text": "Product quantization compresses vectors into short codes to cut memory use.",
+         "meta": {"title": title}},
+    ]
+    view = with_embedded_meta(validate_request("how do HNSW and IVF indexes work", chunks, 3, 0.7), ["title"])
+    scored = [Ranked("p1", 0.9, "cites the layered proximity graph"),
+              Ranked("p2", 0.85, "cites nprobe lists"), Ranked("p3", 0.8, "cites short codes")]
+    out = postpass(view, scored, [])
+    assert out.ids == ["p1", "p2", "p3"] and out.dropped == ()
+    both = rerank("how do HNSW and IVF indexes work", chunks, 3, embed_meta_fields=["title"])
+    assert not [d for d in both.dropped if d.reason.startswith("redundant_with:")], both.dropped
+    # the own texts are still compared: the same passage twice under two titles is one passage
+    copies = [{"id": "a", "text": chunks[0]["text"], "meta": {"title": "Guide"}},
+              {"id": "b", "text": chunks[0]["text"], "meta": {"title": "Another guide to graphs"}}]
+    view = with_embedded_meta(validate_request("how does HNSW search", copies, 2, 0.7), ["title"])
+    out = postpass(view, [Ranked("a", 0.9, "cites the graph"), Ranked("b", 0.85, "cites the graph")], [])
+    assert out.ids == ["a"] and out.dropped[0].reason == "redundant_with:a"
