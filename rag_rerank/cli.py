@@ -515,7 +515,31 @@ def _quiet_stdout() -> None:
         pass
 
 
+def _utf8_stdout() -> None:
+    """Results are JSON on stdout, and JSON between programs is UTF-8 (RFC 8259). A stdout whose
+    encoding cannot carry every character (a pipe on Windows in cp1252, PYTHONIOENCODING=ascii)
+    ended a run at the first non-ASCII id with a UnicodeEncodeError (exit 4), after the work was
+    done: such a pipe or file is switched to UTF-8; a terminal keeps its encoding and shows what it
+    cannot display escaped. (stderr already escapes: Python opens it with backslashreplace.)"""
+    import codecs
+
+    stream = sys.stdout
+    try:
+        if codecs.lookup(stream.encoding or "").name == "utf-8":
+            return
+    except (LookupError, AttributeError, TypeError):
+        pass
+    try:
+        if stream.isatty():
+            stream.reconfigure(errors="backslashreplace")  # type: ignore[union-attr]
+        else:
+            stream.reconfigure(encoding="utf-8")  # type: ignore[union-attr]
+    except (AttributeError, ValueError, OSError):  # not a TextIOWrapper (replaced by a caller): leave it
+        pass
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    _utf8_stdout()
     parser = build_parser()
     try:
         args = parser.parse_args(argv)

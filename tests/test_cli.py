@@ -485,3 +485,18 @@ def test_over_max_chunks_render_and_check_do_not_advise_a_flag_they_refuse(
     assert "unrecognized" in " ".join(run(capsys, command, "--window-size", "20", *argv[1:])[2])
     code, _, err = run(capsys, "rerank", "-q", QUERY, "-c", chunks)
     assert code == EXIT_BAD_INPUT and "pass window_size (CLI --window-size N" in err[0]
+
+
+@pytest.mark.parametrize("encoding", ["ascii", "cp1252"])
+def test_non_ascii_ids_reach_a_pipe_whose_encoding_cannot_carry_them(tmp_path: Path, encoding: str) -> None:
+    """stdout piped with a narrow encoding (PYTHONIOENCODING=ascii, a Windows pipe in cp1252) ended the
+    run with a UnicodeEncodeError, exit 4, after the work was done. JSON on a pipe is UTF-8."""
+    chunks = write(tmp_path, "c.jsonl", '{"id": "café", "text": "le café à Paris"}\n'
+                                        '{"id": "東京", "text": "東京は日本の首都です"}\n')
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONIOENCODING": encoding}
+    done = subprocess.run([sys.executable, "-m", "rag_rerank", "rerank", "-q", "café Paris", "-c", chunks],
+                          capture_output=True, env=env, cwd=tmp_path, timeout=120, check=False)
+    assert done.returncode == EXIT_OK, done.stderr
+    result = json.loads(done.stdout.decode("utf-8"))
+    ids = [r["id"] for r in result["ranked"]] + [d["id"] for d in result["dropped"]]
+    assert sorted(ids) == ["café", "東京"]
