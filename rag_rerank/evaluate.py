@@ -681,7 +681,7 @@ def run_eval_cli(args: Any, backend_options: Mapping[str, Any]) -> int:
         value = getattr(args, name, None)
         if value is not None and Path(value).is_dir():
             raise InputError([Violation(path=f"--{name}", message=f"{value} is a directory, not a file")])
-        if value is not None and not Path(value).is_file():
+        if value is not None and not Path(value).exists():  # a pipe (`<(...)`) is read like a file
             raise InputError([Violation(path=f"--{name}", message=f"no such file: {value}")])
     if args.concurrency < 1:
         raise InputError([Violation(path="--concurrency", message="must be at least 1",

@@ -52,7 +52,7 @@ def read_text(source: str, what: str = "chunks") -> str:
         path = Path(source)
         if path.is_dir():
             raise UsageError(f"{label}: {source} is a directory, not a file")
-        if not path.is_file():
+        if not path.exists():  # not is_file(): a pipe (`-c <(jq -c '.[]' chunks.json)`, a FIFO) is read too
             raise UsageError(f"{label}: no such file: {source}")
         try:
             data = path.read_bytes()

@@ -500,3 +500,24 @@ def test_non_ascii_ids_reach_a_pipe_whose_encoding_cannot_carry_them(tmp_path: P
     result = json.loads(done.stdout.decode("utf-8"))
     ids = [r["id"] for r in result["ranked"]] + [d["id"] for d in result["dropped"]]
     assert sorted(ids) == ["café", "東京"]
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="named pipes are POSIX")
+def test_chunks_from_a_pipe_path_are_read(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`-c <(jq -c '.[]' chunks.json)` hands over /dev/fd/N, a pipe, not a regular file: it was refused
+    as "no such file". A named pipe stands for it here; a missing path is still refused."""
+    import threading
+
+    fifo = tmp_path / "chunks.pipe"
+    os.mkfifo(fifo)
+    text = (EXAMPLES / "happy-path.jsonl").read_bytes()
+    writer = threading.Thread(target=lambda: fifo.write_bytes(text), daemon=True)
+    writer.start()
+    code, out, err = run(capsys, "rerank", "-q", QUERY, "-c", str(fifo), "-k", "2")
+    writer.join(timeout=10)
+    assert code == EXIT_OK, err
+    assert sorted(r["id"] for r in [*json.loads(out)["ranked"], *json.loads(out)["dropped"]]) == [
+        "c1", "c2", "c3", "c4", "c5"]
+    missing = tmp_path / "missing.jsonl"
+    code, _, err = run(capsys, "rerank", "-q", QUERY, "-c", str(missing))
+    assert code == EXIT_BAD_INPUT and err == [f"rag-rerank: error: --chunks: no such file: {missing}"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 
 import pytest
@@ -155,6 +156,28 @@ def test_bad_candidates_name_the_line(tmp_path, capsys):
     qrels.write_text("1 0 a 1\n", encoding="utf-8")
     assert main(["eval", "--candidates", str(bad), "--qrels", str(qrels), "--no-progress"]) == 2
     assert "line 2" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="named pipes are POSIX")
+def test_candidates_and_qrels_from_pipe_paths_are_read(tmp_path, capsys):
+    """`--candidates <(...) --qrels <(...)` hands over pipes, not regular files: they were refused as
+    "no such file". Named pipes stand for them here."""
+    import threading
+
+    argv = _tiny(tmp_path)
+    writers = []
+    for flag in ("--candidates", "--qrels"):
+        at = argv.index(flag) + 1
+        data, fifo = Path(argv[at]).read_bytes(), tmp_path / f"{flag[2:]}.pipe"
+        os.mkfifo(fifo)
+        writers.append(threading.Thread(target=lambda f=fifo, d=data: f.write_bytes(d), daemon=True))
+        argv[at] = str(fifo)
+    for w in writers:
+        w.start()
+    assert main(argv) == 0, capsys.readouterr().err
+    assert "nDCG@10" in capsys.readouterr().out
+    for w in writers:
+        w.join(timeout=10)
 
 
 def test_missing_file_is_a_usage_error(tmp_path, capsys):
