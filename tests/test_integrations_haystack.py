@@ -219,3 +219,21 @@ def test_a_document_without_content_is_named_by_its_haystack_id() -> None:
         assert all("content is None" in v.message and "cannot be reranked" in v.message
                    for v in info.value.violations)
         assert "field 'text'" not in str(info.value)
+
+
+def test_a_hand_edited_pipeline_file_reads_policy_and_limits_as_rerank_does() -> None:
+    """A YAML with only some limits gets the rest from guard/limits.json; a misspelt policy or limit
+    key is refused naming it and the known keys (it was a bare TypeError from the dataclass)."""
+    pipe = Pipeline()
+    pipe.add_component("ranker", RagRerankRanker(top_k=2))
+    text = pipe.dumps()
+    partial = text.replace("policy: null",
+                           "policy:\n        deadline_s: 3\n      limits:\n        max_chunks: 100")
+    ranker = Pipeline.loads(partial, allowed_modules=TRUSTED).get_component("ranker")
+    assert ranker.policy == RetryPolicy(deadline_s=3)
+    assert ranker.rerank_options["limits"] == Limits(max_chunks=100)
+    for bad, named in (("policy:\n        deadline: 3", "unknown RetryPolicy field(s) 'deadline'"),
+                       ("policy: null\n      limits:\n        max_chunk: 3", "unknown limit 'max_chunk'")):
+        with pytest.raises(Exception) as err:  # Haystack wraps it in a DeserializationError
+            Pipeline.loads(text.replace("policy: null", bad), allowed_modules=TRUSTED)
+        assert named in str(err.value)

@@ -16,7 +16,7 @@ import dataclasses
 from typing import Any
 
 from ..errors import InputError, MissingDependencyError, Violation
-from ..guard.limits import Limits
+from ..guard.limits import Limits, as_limits
 from ..models import RerankResult
 from ..rerank import make_backend, resolve_embedder
 from ..retry import RetryPolicy
@@ -189,9 +189,13 @@ class RagRerankRanker:
     def from_dict(cls, data: dict[str, Any]) -> RagRerankRanker:
         init = dict(data.get("init_parameters", {}))
         deserialize_secrets_inplace(init, keys=["api_key"])
-        for name, kind in _DATACLASS_OPTIONS.items():
-            if isinstance(init.get(name), dict):
-                init[name] = kind(**init[name])
+        # A hand-edited pipeline file may hold a typo ({"deadline": 3}) or only some fields
+        # ({"max_chunks": 100}): each is read as rerank() reads it, an InputError naming the key
+        # instead of a TypeError from the dataclass, and missing limits from guard/limits.json.
+        if isinstance(init.get("policy"), dict):
+            init["policy"] = _common.policy_value(init["policy"])
+        if isinstance(init.get("limits"), dict):
+            init["limits"] = as_limits(init["limits"])
         return default_from_dict(cls, {**data, "init_parameters": init})
 
     # --- running
