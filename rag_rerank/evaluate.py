@@ -99,9 +99,17 @@ def _ir_measures() -> Any:
 def read_candidates(path: str | Path) -> list[CandidateQuery]:
     """Every line of a candidates file, or an `InputError` naming each bad line."""
     try:
-        text = Path(path).read_text(encoding="utf-8-sig")
-    except (OSError, UnicodeDecodeError) as exc:
+        data = Path(path).read_bytes()
+    except OSError as exc:
         raise InputError([Violation(path="candidates", message=f"cannot read {path}: {exc}")]) from None
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        from .guard.input import not_utf8
+
+        line = data[: exc.start].count(b"\n") + 1
+        raise InputError([Violation(path="candidates", line=line,
+                                    message=f"{path}: {not_utf8(data, exc)}")]) from None
     out: list[CandidateQuery] = []
     problems: list[Violation] = []
     seen: set[str] = set()
@@ -193,8 +201,9 @@ def _read_judgments(path: str | Path, option: str, expected: str) -> str:
         text = data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
         line = data[: exc.start].count(b"\n") + 1
+        utf16 = " (it looks like UTF-16; save it as UTF-8)" if data[:2] in (b"\xff\xfe", b"\xfe\xff") else ""
         raise InputError([Violation(path=option, line=line, message=f"{path} is not a text file (byte "
-                                    f"{exc.start} is not UTF-8); expected {expected}")]) from None
+                                    f"{exc.start} is not UTF-8){utf16}; expected {expected}")]) from None
     if "\x00" in text:
         at = text.index("\x00")
         raise InputError([Violation(path=option, line=text[:at].count("\n") + 1, message=f"{path} is a "

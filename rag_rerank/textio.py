@@ -63,7 +63,9 @@ def read_text(source: str, what: str = "chunks") -> str:
         return data.decode("utf-8-sig")  # a BOM (Windows editors) is not part of the content
     except UnicodeDecodeError as exc:
         line = data[: exc.start].count(b"\n") + 1
-        raise UsageError(f"{name}: line {line}: not UTF-8 text (byte {exc.start})") from None
+        from .guard.input import not_utf8
+
+        raise UsageError(f"{name}: line {line}: {not_utf8(data, exc)}") from None
 
 
 __all__ = ["MAX_SHOWN_VIOLATIONS", "UsageError", "read_text", "violation_lines"]

@@ -521,3 +521,12 @@ def test_chunks_from_a_pipe_path_are_read(tmp_path: Path, capsys: pytest.Capture
     missing = tmp_path / "missing.jsonl"
     code, _, err = run(capsys, "rerank", "-q", QUERY, "-c", str(missing))
     assert code == EXIT_BAD_INPUT and err == [f"rag-rerank: error: --chunks: no such file: {missing}"]
+
+
+def test_a_utf16_file_is_named_as_utf16(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    text = (EXAMPLES / "happy-path.jsonl").read_text(encoding="utf-8")
+    chunks = write(tmp_path, "c.jsonl", text.encode("utf-16"))
+    code, _, err = run(capsys, "rerank", "-q", QUERY, "-c", chunks)
+    assert code == EXIT_BAD_INPUT
+    assert err == [f"rag-rerank: error: {chunks}: line 1: not UTF-8 text (byte 0) (it looks like UTF-16; "
+                   "save it as UTF-8)"]

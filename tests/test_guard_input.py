@@ -352,7 +352,8 @@ def test_sources_str_bytes_path_list_chunks_generator(tmp_path: Path) -> None:
 
 
 def test_bad_sources(tmp_path: Path) -> None:
-    assert reject(chunks=b"\xff\xfe{") == ["line 1: chunks: not UTF-8 text (byte 0)"]
+    assert reject(chunks=b"\xff\xfe{") == [
+        "line 1: chunks: not UTF-8 text (byte 0) (it looks like UTF-16; save it as UTF-8)"]
     missing = tmp_path / "nope.jsonl"
     out = reject(chunks=missing)
     assert out[0].startswith(f"{missing}: cannot read chunks file")
@@ -549,3 +550,14 @@ def test_framework_documents_passed_to_rerank_name_the_component() -> None:
                             for i, d in enumerate(docs)]
         assert out[-1].startswith(f"chunks: these are {expected}"), out
     assert reject(chunks=["plain text"]) == ["chunks[0]: a chunk must be a JSON object, got string"]
+
+
+def test_utf16_bytes_are_named_as_utf16(tmp_path: Path) -> None:
+    """Windows PowerShell 5 writes UTF-16 with `>`: the error says so instead of only "byte 0"."""
+    data = jl({"id": "a", "text": "t"}).encode("utf-16")
+    for source in (data, tmp_path / "c.jsonl"):
+        (tmp_path / "c.jsonl").write_bytes(data)
+        out = reject(chunks=source)
+        assert len(out) == 1
+        assert out[0].endswith("not UTF-8 text (byte 0) (it looks like UTF-16; save it as UTF-8)")
+    assert "UTF-16" not in reject(chunks=b"\x85 latin-1\n")[0]

@@ -214,13 +214,19 @@ def _read_path(path: Path) -> str:
     return _decode(data, str(path))
 
 
+def not_utf8(data: bytes, exc: UnicodeDecodeError) -> str:
+    """`not UTF-8 text (byte N)`, saying so when the bytes start with a UTF-16 byte-order mark:
+    what Windows PowerShell 5 writes with `>` / `Out-File`, and a newcomer's likeliest cause."""
+    hint = " (it looks like UTF-16; save it as UTF-8)" if data[:2] in (b"\xff\xfe", b"\xfe\xff") else ""
+    return f"not UTF-8 text (byte {exc.start}){hint}"
+
+
 def _decode(data: bytes, where: str) -> str:
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
         line = data[: exc.start].count(b"\n") + 1
-        msg = f"not UTF-8 text (byte {exc.start})"
-        raise InputError([Violation(path=where, message=msg, line=line)]) from None
+        raise InputError([Violation(path=where, message=not_utf8(data, exc), line=line)]) from None
 
 
 def _records_from(source: Any) -> tuple[list[tuple[Any, int | None, int]], list[Violation], int]:
