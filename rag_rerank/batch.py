@@ -96,18 +96,22 @@ def _extra_args(item: Mapping[str, Any], opts: Mapping[str, Any]) -> dict[str, A
     )
     bad = [k for k in extra if k not in per_request]
     if bad:
-        allowed = ", ".join(sorted({"query", "chunks", "top_k", "lambda", "query_id", *per_request}))
-        raise InputError(
-            [
-                Violation(
-                    path=str(k),
-                    message=f"{k!r} cannot be set per request (a request takes: {allowed}"
-                    + (f"; {k!r} is set for the whole run" if k in opts or k in _PER_RUN_KEYS else "")
-                    + ")",
-                )
-                for k in bad
-            ]
-        )
+        import difflib
+
+        takes = sorted({"query", "chunks", "top_k", "lambda", "query_id", *per_request})
+        allowed = ", ".join(takes)
+
+        def message(k: Any) -> str:
+            # A key arerank() does not take at all is a typo to name as such ('topk' -> 'top_k'), not
+            # an option that "cannot be set per request".
+            if k not in params and k not in opts:
+                near = difflib.get_close_matches(str(k), takes, n=1)
+                meant = f"; did you mean {near[0]!r}?" if near else ""
+                return f"unknown key {k!r}{meant} (a request takes: {allowed})"
+            return (f"{k!r} cannot be set per request (a request takes: {allowed}"
+                    + (f"; {k!r} is set for the whole run" if k in opts or k in _PER_RUN_KEYS else "") + ")")
+
+        raise InputError([Violation(path=str(k), message=message(k)) for k in bad])
     return extra
 
 

@@ -438,3 +438,13 @@ def test_arerank_many_passes_per_request_options_to_arerank() -> None:
     for i, key in ((1, "colour"), (2, "strict"), (3, "backend")):
         assert isinstance(out[i], InputError) and repr(key) in str(out[i])
     assert "set for the whole run" in str(out[2]) and "set for the whole run" in str(out[3])
+
+
+def test_arerank_many_names_a_misspelt_request_key_as_a_typo() -> None:
+    """`topk` is not an option that "cannot be set per request": it is an unknown key, and the
+    message says which key was meant."""
+    out = asyncio.run(arerank_many([{"query": QUERY, "chunks": HAPPY, "topk": 3},
+                                    {"query": QUERY, "chunks": HAPPY, "zzzqqq": 1}]))
+    assert isinstance(out[0], InputError) and isinstance(out[1], InputError)
+    assert "unknown key 'topk'; did you mean 'top_k'?" in str(out[0]) and "per request" not in str(out[0])
+    assert "unknown key 'zzzqqq' (a request takes:" in str(out[1])
