@@ -96,8 +96,6 @@ def _extra_args(item: Mapping[str, Any], opts: Mapping[str, Any]) -> dict[str, A
     )
     bad = [k for k in extra if k not in per_request]
     if bad:
-        import difflib
-
         takes = sorted({"query", "chunks", "top_k", "lambda", "query_id", *per_request})
         allowed = ", ".join(takes)
 
@@ -105,9 +103,7 @@ def _extra_args(item: Mapping[str, Any], opts: Mapping[str, Any]) -> dict[str, A
             # A key arerank() does not take at all is a typo to name as such ('topk' -> 'top_k'), not
             # an option that "cannot be set per request".
             if k not in params and k not in opts:
-                near = difflib.get_close_matches(str(k), takes, n=1)
-                meant = f"; did you mean {near[0]!r}?" if near else ""
-                return f"unknown key {k!r}{meant} (a request takes: {allowed})"
+                return f"unknown key {k!r}{_meant(str(k), takes)} (a request takes: {allowed})"
             return (f"{k!r} cannot be set per request (a request takes: {allowed}"
                     + (f"; {k!r} is set for the whole run" if k in opts or k in _PER_RUN_KEYS else "") + ")")
 
@@ -227,6 +223,14 @@ class _Line:
     item: Mapping[str, Any] | Exception
 
 
+def _meant(key: str, known: Iterable[str]) -> str:
+    """`; did you mean 'top_k'?` for a key close to a known one (`topk`), else nothing."""
+    import difflib
+
+    near = difflib.get_close_matches(key, sorted(known), n=1)
+    return f"; did you mean {near[0]!r}?" if near else ""
+
+
 def parse_input(text: str) -> list[_Line]:
     """One `_Line` per non-blank input line; a line that is not a valid request object carries an
     `InputError` naming the line instead of stopping the batch."""
@@ -260,7 +264,8 @@ def parse_input(text: str) -> list[_Line]:
         qid = obj.get("query_id", obj.get("qid"))
         allowed = ", ".join(sorted(_LINE_KEYS))
         problems = [
-            Violation(path="$", message=f"unknown key {k!r} (allowed: {allowed})", line=number)
+            Violation(path="$", message=f"unknown key {k!r}{_meant(k, _LINE_KEYS)} (allowed: {allowed})",
+                      line=number)
             for k in obj
             if k not in _LINE_KEYS
         ]

@@ -109,6 +109,7 @@ def test_parse_input_reports_bad_lines_by_number() -> None:
     for ln in lines[1:5]:
         assert isinstance(ln.item, InputError) and ln.item.violations[0].line == ln.number
     assert "chunks" in str(lines[3].item) and "topk" in str(lines[4].item)
+    assert "unknown key 'topk'; did you mean 'top_k'? (allowed:" in str(lines[4].item)
 
 
 def _write_input(path: Path, rows: list[str]) -> None:
