@@ -46,6 +46,9 @@ def read_text(source: str, what: str = "chunks") -> str:
     if source == "-":
         if sys.stdin is None:  # started with stdin closed (`<&-`)
             raise UsageError(f"{label}: '-' reads stdin, but stdin is closed")
+        if sys.stdin.isatty():  # nothing piped in: say what it waits for instead of hanging silently
+            print(f"rag-rerank: reading {label} from the terminal; paste it, then press Ctrl-D "
+                  "(Ctrl-Z Enter on Windows)", file=sys.stderr)
         data = sys.stdin.buffer.read()
         name = "<stdin>"
     else:

@@ -530,3 +530,23 @@ def test_a_utf16_file_is_named_as_utf16(tmp_path: Path, capsys: pytest.CaptureFi
     assert code == EXIT_BAD_INPUT
     assert err == [f"rag-rerank: error: {chunks}: line 1: not UTF-8 text (byte 0) (it looks like UTF-16; "
                    "save it as UTF-8)"]
+
+
+def test_chunks_from_a_terminal_say_what_they_wait_for(monkeypatch, capsys) -> None:
+    """`-c -` with nothing piped in used to wait in silence; on a terminal it says how to end the
+    input. Piped stdin gets no such line."""
+    import io
+
+    class Terminal(io.TextIOWrapper):
+        def isatty(self) -> bool:
+            return True
+
+    text = (EXAMPLES / "happy-path.jsonl").read_bytes()
+    monkeypatch.setattr(sys, "stdin", Terminal(io.BytesIO(text)))
+    code, out, err = run(capsys, "rerank", "-q", QUERY, "-c", "-", "-k", "2")
+    assert code == EXIT_OK and json.loads(out)["ranked"]
+    assert err == ["rag-rerank: reading --chunks from the terminal; paste it, then press Ctrl-D (Ctrl-Z "
+                   "Enter on Windows)"]
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(text)))
+    code, _, err = run(capsys, "rerank", "-q", QUERY, "-c", "-", "-k", "2")
+    assert code == EXIT_OK and err == []
