@@ -6,12 +6,13 @@ rank), fits a logistic model on the development parts so a score is the estimate
 a person judges the chunk relevant, and prints the development figures and whether the card's two
 examples hold (happy path: c3 first with three ranked; adversarial: nothing ranked).
 
-Development: three judged small-RAG sets by three authors, `golden/judged/dev.jsonl`, `dev2.jsonl`
-(the first held-out set: measured three times during the first fit, so it became development data)
-and `dev3.jsonl`, plus the odd-numbered qids of TREC DL19 and of SciFact (BM25 top-50). Held-out:
-`golden/judged/heldout.jsonl` (a fourth author who saw neither the scorer nor the other sets) and
-the even-numbered qids, printed only with --heldout, which tuning never uses. Labels: judged grade
-/ 2; DL19 grade >= 2 is 1, grade 1 is 0.5; SciFact relevant is 1.
+Development: four judged small-RAG sets by four authors, `golden/judged/dev.jsonl`, `dev2.jsonl`,
+`dev3.jsonl` and `heldout.jsonl` (the first two held-out sets, each spent by its measurement, so
+now development data), plus the odd-numbered qids of TREC DL19 and of SciFact (BM25 top-50).
+Held-out: `golden/judged/reserve.jsonl` (a fifth author who saw neither the scorer nor the other
+sets) and the even-numbered qids, printed only with --heldout, which tuning never uses.
+`reserve2.jsonl` (a sixth author) is read by nothing here: the held-out set of the next refit.
+Labels: judged grade / 2; DL19 grade >= 2 is 1, grade 1 is 0.5; SciFact relevant is 1.
 
     python bench/tune_default.py            # fit on dev, print dev figures and the card check
     python bench/tune_default.py --cv       # leave one judged dev set out: how signals were chosen
@@ -97,13 +98,14 @@ def _qrels(path: Path) -> dict[str, dict[str, int]]:
     return out
 
 
-JUDGED_DEV = ("dev", "dev2", "dev3")  # one file per author; "heldout" is the fourth author's
+JUDGED_DEV = ("dev", "dev2", "dev3", "heldout")  # one file per author
+JUDGED_HELDOUT = "reserve"  # the fifth author's set: reported with --heldout, never tuned on
 
 
 def load_judged() -> list[Query]:
     out = []
-    for name in (*JUDGED_DEV, "heldout"):
-        part = "heldout" if name == "heldout" else "dev"
+    for name in (*JUDGED_DEV, JUDGED_HELDOUT):
+        part = "heldout" if name == JUDGED_HELDOUT else "dev"
         for line in (golden_dir() / "judged" / f"{name}.jsonl").read_text(encoding="utf-8").splitlines():
             row = json.loads(line)
             grades = np.array([c["grade"] for c in row["chunks"]], dtype=float)

@@ -492,10 +492,11 @@ _NGINX_TOPICS = ["gzip compression", "rate limiting with limit_req", "proxy_pass
                  "caching with proxy_cache", "location block matching order", "keepalive_timeout"]
 
 
-@pytest.mark.xfail(strict=True, reason="known limit (found by a QA pass): the outlier and context signals "
-                   "are relative to the list, so the one answer among 49 same-subject non-answers is the "
-                   "odd one out; it scores 0.310 there and ranks third (0.766 in a short mixed list)")
 def test_one_answer_among_many_same_subject_chunks_ranks_first() -> None:
+    """Found by a QA pass: the outlier and context signals compare a chunk with its list, so the one
+    answer among 49 same-subject non-answers is the odd one out. It was a strict xfail (0.310,
+    third) until the refit on four judged dev sets; now first, by a small margin (0.359 against
+    0.326), and its score still depends on the list (0.767 in a short mixed one): docs/windows.md."""
     fillers = [f"In nginx, {_NGINX_TOPICS[i % len(_NGINX_TOPICS)]} is configured in the server or http "
                f"block (example {i}); reload the config after editing." for i in range(49)]
     texts = [*fillers[:25], _NGINX_ANSWER, *fillers[25:]]

@@ -1,10 +1,11 @@
-"""The local backend on the held-out judged small-RAG set (golden/judged/heldout.jsonl).
+"""The local backend on the held-out judged small-RAG set (golden/judged/reserve.jsonl).
 
-The held-out file is the fourth author's (30 queries, 20 domains, written before any scorer ran on
-it, by someone who saw neither the scorer nor the other sets). The scorer is fitted on the three
-development files (dev, dev2, dev3.jsonl: three other authors; dev2.jsonl was the first held-out
-set, measured three times during the first fit, so it became development data) and never on this
-file: bench/tune_default.py prints it only with --heldout.
+The held-out file is the fifth author's (30 queries, 20 domains, six of them long single-product
+lists; written before any scorer ran on it, by someone who saw neither the scorer nor the other
+sets). The scorer is fitted on the four development files (dev, dev2, dev3 and heldout.jsonl: four
+other authors; dev2 and heldout.jsonl were the first two held-out sets, each spent by its one
+measurement, so they became development data) and never on this file: bench/tune_default.py
+prints it only with --heldout.
 
 The thresholds are the issue's: at least 95% of the answers (grade 2) above the minimum score, at
 least 95% of the off-topic chunks at or below it, and nDCG@3 of the reranked list clearly above the
@@ -29,7 +30,7 @@ MIN = load_limits().min_score
 
 
 def _cases() -> list[dict]:
-    text = (golden_dir() / "judged" / "heldout.jsonl").read_text(encoding="utf-8")
+    text = (golden_dir() / "judged" / "reserve.jsonl").read_text(encoding="utf-8")
     return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
@@ -86,11 +87,7 @@ PROFILES = ["lexical", pytest.param("sentence-transformers", marks=pytest.mark.s
 # Measured once on this file after the fit (docs/quality.md). The targets it missed are strict
 # xfails naming the figure: when a later scorer meets them they fail and must become plain tests.
 # The floors below, one judged chunk under each measurement, catch a regression meanwhile.
-@pytest.mark.parametrize("embedder", [
-    pytest.param("lexical", marks=pytest.mark.xfail(
-        strict=True, reason="held-out: 46 of 50 answers (92.0%) above the minimum score (target 95%)")),
-    pytest.param("sentence-transformers", marks=pytest.mark.st),
-])
+@pytest.mark.parametrize("embedder", PROFILES)
 def test_answers_stay_above_the_minimum_score(embedder: str) -> None:
     kept, _, _, _ = _measured(embedder)
     assert kept >= 0.95, f"answers above the minimum score: {kept:.3f}"
@@ -98,10 +95,10 @@ def test_answers_stay_above_the_minimum_score(embedder: str) -> None:
 
 @pytest.mark.parametrize("embedder", [
     pytest.param("lexical", marks=pytest.mark.xfail(
-        strict=True, reason="held-out: 45 of 53 off-topic chunks (84.9%) dropped (target 95%); those kept "
-        "share a word or a setting with the query")),
+        strict=True, reason="held-out: 37 of 50 off-topic chunks (74.0%) dropped (target 95%); those kept "
+        "share a word in another sense (log scale / timber log scaling, SPF sunscreen / SPF record)")),
     pytest.param("sentence-transformers", marks=[pytest.mark.st, pytest.mark.xfail(
-        strict=True, reason="held-out: 46 of 53 off-topic chunks (86.8%) dropped (target 95%)")]),
+        strict=True, reason="held-out: 41 of 50 off-topic chunks (82.0%) dropped (target 95%)")]),
 ])
 def test_off_topic_chunks_are_dropped(embedder: str) -> None:
     _, dropped, _, _ = _measured(embedder)
@@ -115,8 +112,8 @@ def test_ranks_clearly_better_than_the_shuffled_input(embedder: str) -> None:
 
 
 @pytest.mark.parametrize("embedder, answers, off_topic", [
-    ("lexical", 45 / 50, 44 / 53),
-    pytest.param("sentence-transformers", 47 / 50, 45 / 53, marks=pytest.mark.st),
+    ("lexical", 40 / 41, 36 / 50),
+    pytest.param("sentence-transformers", 39 / 41, 40 / 50, marks=pytest.mark.st),
 ])
 def test_floors_one_judged_chunk_under_the_measurement(embedder: str, answers: float,
                                                        off_topic: float) -> None:

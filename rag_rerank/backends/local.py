@@ -153,11 +153,11 @@ class Profile:
 # Per embedder family (matched on the embedder's name prefix); numbers from
 # `python bench/tune_default.py` (lexical) and `... --profile sentence-transformers --negative-weight 0.1`.
 PROFILES: dict[str, Profile] = {
-    "lexical": Profile(Fusion(intercept=-3.6000, slope=1.0, semantic=2.1170, lexical=1.4279,
-                              tokens=4.4370, outlier=3.6147, context=3.1717, position=-0.2),
+    "lexical": Profile(Fusion(intercept=-3.8136, slope=1.0, semantic=2.1422, lexical=1.4289,
+                              tokens=4.7813, outlier=3.5750, context=2.4450, position=-0.2),
                        semantic="static"),
-    "sentence-transformers": Profile(Fusion(intercept=-2.7504, slope=1.0, semantic=5.6482,
-                                            lexical=1.1975, tokens=0.8088, outlier=3.4086, context=4.0602,
+    "sentence-transformers": Profile(Fusion(intercept=-2.9675, slope=1.0, semantic=5.6345,
+                                            lexical=1.2156, tokens=1.1452, outlier=3.5459, context=3.2410,
                                             position=-0.2)),
 }
 PROFILES["static"] = PROFILES["lexical"]
