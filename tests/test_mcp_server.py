@@ -114,6 +114,16 @@ def test_bad_input_is_a_tool_error_naming_each_field(session_results: tuple[Any,
     assert any(v["path"] == "query" for v in err2["violations"])  # missing required argument
 
 
+def test_over_the_chunk_limit_advises_the_tools_window_size_argument_not_a_cli_flag() -> None:
+    """Regression: an MCP caller was told "(CLI --window-size N ...)", a flag it cannot pass."""
+    chunks = [{"id": f"c{i}", "text": f"text {i}"} for i in range(51)]
+    _, (answer,) = _run([("rerank_chunks", {"query": "q", "chunks": chunks})])
+    assert answer.is_error
+    (message,) = [v["message"] for v in json.loads(answer.content[0].text)["error"]["violations"]
+                  if v["path"] == "chunks"]
+    assert "window_size" in message and "--window-size" not in message and "CLI" not in message
+
+
 def test_unknown_tool_is_a_protocol_error() -> None:
     _, (answer,) = _run([("no_such_tool", {})])
     assert isinstance(answer, MCPError)

@@ -17,6 +17,7 @@ import openai
 import pytest
 from jsonschema import Draft202012Validator
 
+from rag_rerank.errors import InputError
 from rag_rerank.guard.limits import load_limits
 from rag_rerank.paths import guard_dir
 from rag_rerank.skill import SkillCard
@@ -383,3 +384,18 @@ def test_call_tool_answers_an_existing_and_a_missing_path_alike(tmp_path: Any) -
         answers.append(re.sub(r"'[^']*'", "'PATH'", json.dumps(out)))  # the echoed (cut) line
     assert answers[0] == answers[1] == answers[2]
     assert "pathlib" not in answers[0] and "file name" not in answers[0]
+
+
+def test_call_tool_over_the_chunk_limit_advises_the_tools_own_argument_not_a_cli_flag() -> None:
+    """Regression: a calling model was told "(CLI --window-size N ...)", a flag it cannot pass."""
+    lim = load_limits()
+    chunks = [{"id": f"c{i}", "text": f"text {i}"} for i in range(lim.max_chunks + 1)]
+    (v,) = [v for v in _violations(call_tool({"query": "q", "chunks": chunks})) if v["path"] == "chunks"]
+    assert "window_size" in v["message"] and f"at most {lim.max_chunks}" in v["message"]
+    assert "CLI" not in v["message"] and "--" not in v["message"]
+    # and the CLI wording is back for a Python caller afterwards
+    from rag_rerank import rerank
+
+    with pytest.raises(InputError) as err:
+        rerank("q", chunks)
+    assert "--window-size" in str(err.value)
