@@ -40,7 +40,7 @@ import os
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -620,6 +620,9 @@ def evaluate(
         raise InputError([Violation(path="depth", value=depth,
                                     message=f"depth {depth_used} is over the limit of "
                                     f"{lim.max_total_chunks} chunks per rerank (max_total_chunks)")])
+    problems = rel_level_violations(rel_level, judgments, qrels if isinstance(qrels, (str, Path)) else None)
+    if problems:
+        raise InputError(problems)
     if not {j.query_id for j in judgments} & {q.qid for q in queries}:
         # Every metric would be NaN (and `--json` would print invalid JSON): a mismatch of files.
         where = qrels if isinstance(qrels, (str, Path)) else "the qrels"
@@ -645,6 +648,23 @@ def evaluate(
         result[label] = metrics
     config = _config(k, lambda_, depth_used, options, embedder)
     return EvalReport(result["input"], result["reranked"], len(queries), failed, wall, config, kinds)
+
+
+def rel_level_violations(rel_level: Any, judgments: Sequence[Any], source: str | Path | None = None
+                         ) -> list[Violation]:
+    """`rel_level` must be a grade the qrels use for relevant documents: from 1 (0 is the grade of
+    judged non-relevant ones, and ir-measures refuses it) to the highest grade in the qrels (above
+    it nothing is relevant and Recall and MRR would be 0 for every query, silently)."""
+    top = max((int(j.relevance) for j in judgments), default=1)
+    where = f" in {source}" if source is not None else ""
+    allowed = f"from 1 to {top} (the highest grade{where})" if top > 1 else f"1 (the highest grade{where})"
+    if isinstance(rel_level, bool) or not isinstance(rel_level, int):
+        return [Violation(path="rel_level", value=rel_level,
+                          message=f"rel_level must be an integer {allowed}, got {rel_level!r}")]
+    if not 1 <= rel_level <= max(top, 1):
+        return [Violation(path="rel_level", value=rel_level,
+                          message=f"rel_level must be {allowed}, got {rel_level}")]
+    return []
 
 
 # ----------------------------------------------------------------------------------------- CLI
@@ -695,14 +715,19 @@ def run_eval_cli(args: Any, backend_options: Mapping[str, Any]) -> int:
     if args.concurrency < 1:
         raise InputError([Violation(path="--concurrency", message="must be at least 1",
                                     value=args.concurrency)])
+    rel_level = getattr(args, "rel_level", 1)
     progress, bar = _progress_printer(not args.no_progress)
     opts = {key: v for key, v in backend_options.items() if v is not None}
     try:
         report = evaluate(args.candidates, args.qrels, k=args.k, lambda_=args.lambda_,
                           depth=getattr(args, "depth", None), subtopics=args.subtopics,
-                          rel_level=getattr(args, "rel_level", 1), concurrency=args.concurrency,
+                          rel_level=rel_level, concurrency=args.concurrency,
                           duplicate_threshold=getattr(args, "duplicate_threshold", None),
                           progress=progress, resume=args.resume, **opts)
+    except InputError as exc:  # the CLI's user knows the flag, not the keyword
+        named = [replace(v, path="--rel-level", message=v.message.replace("rel_level ", "", 1))
+                 if v.path == "rel_level" else v for v in exc.violations]
+        raise InputError(named, exc.headline) from None
     finally:
         if bar is not None:
             bar.close()

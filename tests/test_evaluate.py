@@ -542,3 +542,25 @@ def test_bad_lambda_and_duplicate_threshold_are_reported_together(tmp_path, caps
     err = capsys.readouterr().err
     assert "lambda must be a number in [0, 1]" in err
     assert "duplicate_threshold must be a cosine in [0, 1]" in err
+
+
+@pytest.mark.parametrize("level", ["-1", "0", "3"])
+def test_a_rel_level_outside_the_qrels_grades_is_an_error_naming_the_flag_and_range(tmp_path, capsys, level):
+    """Regression: --rel-level -1 printed Recall 0 and MRR 1 (every document "relevant"), 0 crashed
+    with an internal TypeError from ir-measures (exit 4), and one above the highest grade printed
+    zeros for Recall and MRR, all without a word."""
+    argv = _tiny(tmp_path)
+    Path(argv[4]).write_text("1 0 a 2\n1 0 b 0\n", encoding="utf-8")
+    assert main([*argv, "--rel-level", level]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.count("\n") == 1
+    assert "--rel-level" in captured.err and "from 1 to 2" in captured.err and f"got {level}" in captured.err
+
+
+def test_evaluate_refuses_a_rel_level_that_is_not_a_grade(tmp_path):
+    argv = _tiny(tmp_path)
+    for bad in (0, 2, 1.5, True):
+        with pytest.raises(InputError) as err:
+            evaluate(argv[2], argv[4], rel_level=bad)
+        (v,) = err.value.violations
+        assert v.path == "rel_level" and "1 (the highest grade" in v.message
