@@ -77,10 +77,14 @@ class EvalReport:
     config: Mapping[str, Any] = field(default_factory=dict)
     # Per failed qid: "input", "backend" or "internal"; the CLI's exit code follows the worst.
     failure_kinds: Mapping[str, str] = field(default_factory=dict)
+    # The lowest grade counted relevant by Recall and MRR: kept out of `config` (the resume
+    # header), since it changes the scoring, not the reranking.
+    rel_level: int = 1
 
     def to_dict(self) -> dict[str, Any]:
         info = {"queries": self.n_queries, "failed": dict(self.failed),
-                "failure_kinds": dict(self.failure_kinds), "wall_s": round(self.wall_s, 3)}
+                "failure_kinds": dict(self.failure_kinds), "wall_s": round(self.wall_s, 3),
+                "rel_level": self.rel_level}
         return {"input": dict(self.input), "reranked": dict(self.reranked),
                 "info": {**info, **dict(self.config)}}
 
@@ -647,7 +651,8 @@ def evaluate(
             yardstick, [[text_of[q][i] for i in ids[:k]] for q, ids in orders.items()])
         result[label] = metrics
     config = _config(k, lambda_, depth_used, options, embedder)
-    return EvalReport(result["input"], result["reranked"], len(queries), failed, wall, config, kinds)
+    return EvalReport(result["input"], result["reranked"], len(queries), failed, wall, config, kinds,
+                      rel_level)
 
 
 def rel_level_violations(rel_level: Any, judgments: Sequence[Any], source: str | Path | None = None
@@ -677,6 +682,12 @@ def format_table(report: EvalReport) -> str:
         after = report.reranked.get(name, float("nan"))
         lines.append(f"{name:<16}{before:>10.4f}{after:>10.4f}{after - before:>+10.4f}")
     cfg = report.config
+    k = cfg.get("k")
+    # What the columns and the less common rows are: a table pasted into a report must stand alone.
+    lines += [f"input: the candidates' order; reranked: the reranker's top {k}, then the rest in input order",
+              f"Recall, MRR: grade >= {report.rel_level} is relevant; "
+              "novelty-nDCG: no gain for a near-copy of a chunk above",
+              f"distance@{k}: mean pairwise cosine distance of the first {k} (higher = more varied)"]
     lam = cfg.get("lambda")
     lam_text = f"{load_limits().default_lambda:g} (default)" if lam is None else f"{lam:g}"
     lines.append(f"{report.n_queries} queries, backend {cfg.get('backend')}, embedder {cfg.get('embedder')}, "

@@ -564,3 +564,16 @@ def test_evaluate_refuses_a_rel_level_that_is_not_a_grade(tmp_path):
             evaluate(argv[2], argv[4], rel_level=bad)
         (v,) = err.value.violations
         assert v.path == "rel_level" and "1 (the highest grade" in v.message
+
+
+def test_the_table_says_what_the_columns_and_rows_are_and_which_grade_counts(tmp_path, capsys):
+    """Regression: the table did not say what "input" and "reranked" were, what distance@k measures,
+    or which --rel-level its Recall and MRR used (nor did --json)."""
+    argv = _tiny(tmp_path)
+    Path(argv[4]).write_text("1 0 a 2\n", encoding="utf-8")
+    assert main([*argv, "--rel-level", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "input: the candidates' order" in out and "grade >= 2 is relevant" in out
+    assert "distance@10: mean pairwise cosine distance" in out
+    assert main([*argv, "--rel-level", "2", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["info"]["rel_level"] == 2
