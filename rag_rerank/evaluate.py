@@ -80,10 +80,14 @@ class EvalReport:
     # The lowest grade counted relevant by Recall and MRR: kept out of `config` (the resume
     # header), since it changes the scoring, not the reranking.
     rel_level: int = 1
+    # How many of the queries the qrels judge: nDCG, Recall, MRR and novelty-nDCG average over
+    # those only, distance@k over all of them (None: all judged).
+    n_judged: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         info = {"queries": self.n_queries, "failed": dict(self.failed),
                 "failure_kinds": dict(self.failure_kinds), "wall_s": round(self.wall_s, 3),
+                "judged_queries": self.n_queries if self.n_judged is None else self.n_judged,
                 "rel_level": self.rel_level}
         return {"input": dict(self.input), "reranked": dict(self.reranked),
                 "info": {**info, **dict(self.config)}}
@@ -627,7 +631,8 @@ def evaluate(
     problems = rel_level_violations(rel_level, judgments, qrels if isinstance(qrels, (str, Path)) else None)
     if problems:
         raise InputError(problems)
-    if not {j.query_id for j in judgments} & {q.qid for q in queries}:
+    judged = {j.query_id for j in judgments} & {q.qid for q in queries}
+    if not judged:
         # Every metric would be NaN (and `--json` would print invalid JSON): a mismatch of files.
         where = qrels if isinstance(qrels, (str, Path)) else "the qrels"
         raise InputError([Violation(path="qrels", message=f"{where} judges none of the "
@@ -652,7 +657,7 @@ def evaluate(
         result[label] = metrics
     config = _config(k, lambda_, depth_used, options, embedder)
     return EvalReport(result["input"], result["reranked"], len(queries), failed, wall, config, kinds,
-                      rel_level)
+                      rel_level, len(judged))
 
 
 def rel_level_violations(rel_level: Any, judgments: Sequence[Any], source: str | Path | None = None
@@ -690,6 +695,10 @@ def format_table(report: EvalReport) -> str:
               f"distance@{k}: mean pairwise cosine distance of the first {k} (higher = more varied)"]
     lam = cfg.get("lambda")
     lam_text = f"{load_limits().default_lambda:g} (default)" if lam is None else f"{lam:g}"
+    unjudged = report.n_queries - (report.n_queries if report.n_judged is None else report.n_judged)
+    if unjudged:
+        lines.append(f"{unjudged} of the {report.n_queries} queries have no judgments in the qrels: nDCG, "
+                     "Recall, MRR and novelty-nDCG average over the others")
     lines.append(f"{report.n_queries} queries, backend {cfg.get('backend')}, embedder {cfg.get('embedder')}, "
                  f"k {cfg.get('k')}, lambda {lam_text}, depth {cfg.get('depth')}, "
                  + (f"windows of {cfg['window_size']}, " if cfg.get("window_size") else "")

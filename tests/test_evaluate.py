@@ -577,3 +577,17 @@ def test_the_table_says_what_the_columns_and_rows_are_and_which_grade_counts(tmp
     assert "distance@10: mean pairwise cosine distance" in out
     assert main([*argv, "--rel-level", "2", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["info"]["rel_level"] == 2
+
+
+def test_queries_the_qrels_do_not_judge_are_counted_in_the_table_and_json(tmp_path, capsys):
+    """Regression: with qrels for 1 of 2 queries the table said "2 queries" while nDCG, Recall and
+    MRR averaged over the 1 judged query only, and nothing said so."""
+    argv = _tiny(tmp_path)
+    rows = [{"qid": "1", "query": "ivf memory", "chunks": [{"id": "a", "text": "IVF saves memory"}]},
+            {"qid": "2", "query": "hnsw", "chunks": [{"id": "b", "text": "HNSW is a graph"}]}]
+    Path(argv[2]).write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    assert main(argv) == 0
+    assert "1 of the 2 queries have no judgments in the qrels" in capsys.readouterr().out
+    assert main([*argv, "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)["info"]
+    assert info["queries"] == 2 and info["judged_queries"] == 1
