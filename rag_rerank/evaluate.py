@@ -637,6 +637,11 @@ def evaluate(
         where = qrels if isinstance(qrels, (str, Path)) else "the qrels"
         raise InputError([Violation(path="qrels", message=f"{where} judges none of the "
                                     f"{len(queries)} candidate queries (check the qid columns)")])
+    if subs is not None and not {j.query_id for j in subs} & judged:
+        # The subtopic rows would be left out of the table without a word.
+        where = subtopics if isinstance(subtopics, (str, Path)) else "the subtopics"
+        raise InputError([Violation(path="subtopics", message=f"{where} judges none of the {len(judged)} "
+                                    "candidate queries the qrels judge (check the qid columns)")])
     yardstick = embedder if distance_embedder is None else get_embedder(distance_embedder)
     started = time.perf_counter()
     ranked, failed, kinds = rerank_queries(queries, k=k, lambda_=lambda_, depth=depth_used,

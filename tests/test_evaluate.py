@@ -591,3 +591,15 @@ def test_queries_the_qrels_do_not_judge_are_counted_in_the_table_and_json(tmp_pa
     assert main([*argv, "--json"]) == 0
     info = json.loads(capsys.readouterr().out)["info"]
     assert info["queries"] == 2 and info["judged_queries"] == 1
+
+
+@pytest.mark.parametrize("content", ["", "other 1 a 1\n"])
+def test_subtopics_that_judge_no_candidate_query_are_bad_input(tmp_path, capsys, content):
+    """Regression: an empty or mismatched --subtopics file printed the table without the subtopic
+    rows the user asked for, exit 0."""
+    argv = _tiny(tmp_path)
+    subs = tmp_path / "subs.txt"
+    subs.write_text(content, encoding="utf-8")
+    assert main([*argv, "--subtopics", str(subs)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and "subtopics" in captured.err and "judges none" in captured.err
