@@ -357,3 +357,26 @@ def test_an_address_that_accepts_connections_passes_the_check() -> None:
         assert _unreachable("127.0.0.1", port) is None
         _check_address(f"127.0.0.1:{port}", "")
         _check_address(f"ray://127.0.0.1:{port}", "")
+
+
+@needs_ray
+def test_joining_a_token_cluster_by_address_without_ray_auth_mode_says_what_to_set(
+    local_ray: Any, repo_root: Path, tmp_path: Path
+) -> None:
+    """Regression: `ray start --head` turns on token authentication, and Ray sends the token to an
+    address given explicitly only with RAY_AUTH_MODE=token; without it the run ended, after 20 s of
+    warnings, with a bare "Failed to connect to Ray cluster at ...". The message now names the
+    variable, and with it set the same command runs."""
+    address = local_ray.get_runtime_context().gcs_address
+    inp = _input_file(tmp_path / "in.jsonl", n=2)
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_AUTH_MODE")}
+    env["PYTHONPATH"] = os.pathsep.join([str(repo_root), *filter(None, [env.get("PYTHONPATH")])])
+    args = ["batch", "-i", str(inp), "-o", str(tmp_path / "out.jsonl"), "--no-progress", "--engine", "ray",
+            "--ray-address", address]
+    proc = _cli(repo_root, args, env)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert "--ray-address" in last and "RAY_AUTH_MODE=token" in last
+    proc = _cli(repo_root, args, {**env, "RAY_AUTH_MODE": "token"})
+    assert proc.returncode == 2, proc.stderr  # the file's bad lines; every good one ran on the cluster
+    assert len((tmp_path / "out.jsonl").read_text(encoding="utf-8").splitlines()) == 2 + len(BAD_LINES)
