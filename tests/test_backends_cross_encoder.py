@@ -159,6 +159,23 @@ def test_missing_model_and_bad_options_are_named(model_dir: str, tmp_path: Path)
         CrossEncoderBackend(str(two))
 
 
+def test_a_missing_folder_or_a_file_as_model_is_named_as_such_not_sent_to_the_hub(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """Regression: the docs' `--model ./ms-marco-MiniLM-L-6-v2` typed before the folder existed got
+    "fetch it once with `hf download ./ms-marco-MiniLM-L-6-v2`" and a hub warning on stderr, and a
+    file got the same advice."""
+    a_file = tmp_path / "model.bin"
+    a_file.write_bytes(b"x")
+    cases = ((str(tmp_path / "not-there"), "no such folder"), ("./not-there", "no such folder"),
+             (str(a_file), "is a file, not a model folder"))
+    for model, expected in cases:
+        with pytest.raises(InputError) as err:
+            CrossEncoderBackend(model)
+        assert expected in str(err.value) and "hf download" not in str(err.value), model
+    assert "Repo id" not in capfd.readouterr().err
+
+
 def test_cli_batch_and_call_tool(model_dir: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     query, chunks = _example()
     path = tmp_path / "chunks.jsonl"

@@ -114,6 +114,23 @@ def test_a_model_that_cannot_be_loaded_is_an_input_error(tmp_path, monkeypatch, 
     assert exc.value.violations[0].path == "embedder"
 
 
+@pytest.mark.parametrize("model", ["./no-such-folder", "~/no/such/folder", "FILE"])
+def test_a_missing_folder_or_a_file_is_named_as_such(tmp_path, monkeypatch, capfd, model):
+    """Regression: `sentence-transformers:./my-model` (a folder not there) answered with the hub's
+    "Repo id must use alphanumeric chars" and a stray "Could not resolve the revision" line."""
+    pytest.importorskip("sentence_transformers")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    if model == "FILE":
+        model = str(tmp_path / "weights.bin")
+        Path(model).write_bytes(b"x")
+    with pytest.raises(InputError) as exc:
+        get_embedder(f"sentence-transformers:{model}").embed(["x"])
+    message = exc.value.violations[0].message
+    assert "no such folder" in message or "is a file, not a model folder" in message
+    assert "Repo id" not in message
+    assert "Repo id" not in capfd.readouterr().err
+
+
 def test_loading_the_model_prints_no_progress_bar(capfd):
     """Regression: transformers' "Loading weights" bar went to stderr, so `rerank --meta` (JSON on
     stderr) could not be parsed when `-e sentence-transformers` was used."""

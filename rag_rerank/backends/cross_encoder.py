@@ -59,6 +59,10 @@ def load_cross_encoder(model: str, device: str | None = "cpu", max_length: int |
         except ImportError:
             raise MissingDependencyError("the cross-encoder backend", "cross-encoder",
                                          "sentence-transformers") from None
+        from ..embed.sentence_transformers import model_folder_problem
+
+        if problem := model_folder_problem(model):
+            raise _model_error(model, f"cannot load cross-encoder model {model!r}: {problem}")
         local = os.path.isdir(os.path.expanduser(model))
         target = os.path.expanduser(model) if local else model
         try:

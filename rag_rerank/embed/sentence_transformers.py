@@ -9,6 +9,7 @@ Loaded models are cached per process: loading costs seconds, encoding 50 chunks 
 from __future__ import annotations
 
 import contextlib
+import re
 import threading
 from collections import OrderedDict
 from collections.abc import Iterator
@@ -56,6 +57,25 @@ def resolve_model(model: str | None) -> str:
     return model
 
 
+# What a Hugging Face hub name can look like: `name` or `org/name`, starting with a letter or digit.
+_HUB_NAME = re.compile(r"\A[A-Za-z0-9][\w.-]*(?:/[A-Za-z0-9][\w.-]*)?\Z")
+
+
+def model_folder_problem(model: str) -> str | None:
+    """Why `model` can be neither a model folder nor a hub name, judged before loading anything.
+
+    Without this, `./my-model` (a folder that is not there) or a file got the hub's answer: a
+    "Repo id must use alphanumeric chars" error, or advice to `hf download ./my-model`."""
+    path = Path(model).expanduser()
+    if path.is_dir():
+        return None
+    if path.exists():
+        return f"{model} is a file, not a model folder (a folder holding config.json and the weights)"
+    if not _HUB_NAME.match(model):
+        return f"no such folder: {model} (and not a Hugging Face name such as 'org/name')"
+    return None
+
+
 @contextlib.contextmanager
 def _quiet_loading() -> Iterator[None]:
     """No "Loading weights" progress bar and no warning chatter from transformers while the model
@@ -91,6 +111,9 @@ def load_model(model: str | None = None, device: str | None = "cpu") -> Any:
                 raise MissingDependencyError(
                     "the sentence-transformers embedder", "st", "sentence-transformers"
                 ) from None
+            if problem := model_folder_problem(target):
+                raise InputError([Violation(path="embedder", value=model, message="cannot load "
+                                            f"sentence-transformers model {target!r}: {problem}")])
             try:
                 with _quiet_loading():
                     _models[key] = SentenceTransformer(target, device=device)
