@@ -101,8 +101,21 @@ class BackendError(RerankError):
 
     def __init__(self, message: str, attempts: Sequence[Attempt] = ()) -> None:
         self.attempts: tuple[Attempt, ...] = tuple(attempts)
-        detail = "; ".join(f"#{a.number} {a.kind}: {a.detail}" for a in self.attempts)
+        detail = "; ".join(_attempt_runs(self.attempts))
         super().__init__(f"{message}" + (f" [{detail}]" if detail else ""))
+
+
+def _attempt_runs(attempts: Sequence[Attempt]) -> list[str]:
+    """`#1 kind: detail`, with a run of attempts that failed alike as one `#1-#6 kind: detail`: six
+    copies of the same 300-character error page made the one line unreadable."""
+    runs: list[list[Attempt]] = []
+    for a in attempts:
+        if runs and (runs[-1][-1].kind, runs[-1][-1].detail) == (a.kind, a.detail):
+            runs[-1].append(a)
+        else:
+            runs.append([a])
+    return [f"#{run[0].number}" + (f"-#{run[-1].number}" if len(run) > 1 else "") + f" {run[0].kind}: "
+            f"{run[0].detail}" for run in runs]
 
 
 class ConfigError(RerankError):

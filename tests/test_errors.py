@@ -52,3 +52,12 @@ def test_missing_dependency_says_what_to_install() -> None:
     err = MissingDependencyError("the MCP server", "mcp", "mcp")
     assert str(err) == ("the MCP server needs the optional package 'mcp': pip install 'rag-rerank[mcp]' "
                         "(from a source checkout: pip install '.[mcp]')")
+
+
+def test_backend_error_names_a_run_of_identical_attempts_once() -> None:
+    """Regression: six retries of the same HTTP 501 error page repeated the page six times in the
+    one-line message."""
+    page = "HTTP 501 from http://127.0.0.1:8765/v1/rerank: <html>Unsupported method ('POST')</html>"
+    attempts = [*(Attempt(i, "transient", page) for i in range(1, 6)), Attempt(6, "fatal", "HTTP 401")]
+    assert str(BackendError("rerank-api failed", attempts)) == (
+        f"rerank-api failed [#1-#5 transient: {page}; #6 fatal: HTTP 401]")
