@@ -1,6 +1,6 @@
 """The single owner of retries: every failure is classified first, then handled by its own rule.
 
-  transient  (429, 5xx, 529 overloaded, timeouts, connection errors)
+  transient  (429, 5xx but 501 and 505, 529 overloaded, timeouts, connection errors)
              -> exponential backoff with jitter; a server's Retry-After / retry-after-ms wins
   invalid    (the output guard rejected the answer)
              -> re-ask, at most `max_reasks` times, quoting every violation to the model

@@ -129,6 +129,18 @@ def test_500_is_retried_and_401_fails_fast_without_the_key() -> None:
     assert KEY not in str(err.value) and "***" in str(err.value)
 
 
+def test_a_server_that_does_not_implement_post_fails_at_once() -> None:
+    """Regression: a base URL pointing at a static file server (`python -m http.server` answers a
+    POST with 501 Not Implemented) was retried six times, as if the server were overloaded."""
+    query, chunks = _example()
+    waits: list[float] = []
+    with FakeLLM([Reply(501, "Unsupported method ('POST')")], handler=reranker()) as srv, \
+            pytest.raises(BackendError) as err:
+        rerank(query, chunks, 3, backend="rerank-api", base_url=srv.url, policy=_policy(waits))
+    assert len(srv.requests) == 1 and waits == []
+    assert [a.kind for a in err.value.attempts] == ["fatal"] and "HTTP 501" in str(err.value)
+
+
 def test_malformed_json_and_bad_indexes_are_fatal_and_named() -> None:
     query, chunks = _example()
     request = validate_request(query, chunks)

@@ -154,6 +154,14 @@ def scrub(text: str, secret: str | None) -> str:
 # --- failure classification ----------------------------------------------------------------
 
 TRANSIENT_STATUSES = frozenset({408, 409, 425, 429, 500, 502, 503, 504, 520, 522, 524, 529})
+# 5xx answers that say the server cannot do this at all, however often it is asked: 501 (not
+# implemented: a static file server answering a POST) and 505 (HTTP version not supported).
+PERMANENT_5XX = frozenset({501, 505})
+
+
+def is_transient_status(status: int) -> bool:
+    """Worth retrying: the listed statuses and any other 5xx except the permanent ones."""
+    return status in TRANSIENT_STATUSES or (status >= 500 and status not in PERMANENT_5XX)
 
 
 def retry_after_seconds(headers: Mapping[str, str] | None) -> float | None:
@@ -196,7 +204,7 @@ def classify_sdk_error(exc: Exception, sdk: Any, secret: str | None, provider: s
         status = int(exc.status_code)
         message = scrub(error_message(exc), secret)[:300]
         detail = f"{provider}: HTTP {status} {name}: {message}"
-        if status in TRANSIENT_STATUSES or status >= 500:
+        if is_transient_status(status):
             headers = getattr(getattr(exc, "response", None), "headers", None)
             return TransientFailure(detail, status=status, retry_after=retry_after_seconds(headers))
         return FatalFailure(detail, status=status)

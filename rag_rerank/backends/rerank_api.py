@@ -35,8 +35,8 @@ from ..errors import InputError, Violation
 from ..models import RerankRequest
 from .base import Completion, FatalFailure, TransientFailure
 from .common import (
-    TRANSIENT_STATUSES,
     SDKClients,
+    is_transient_status,
     resolve_credentials,
     retry_after_seconds,
     scrub,
@@ -156,7 +156,7 @@ class RerankAPIBackend:
             return
         text = " ".join(scrub(response.text, self._key).split())[:300]
         detail = f"rerank-api: HTTP {status} from {self.url}: {text}"
-        if status in TRANSIENT_STATUSES or status >= 500:
+        if is_transient_status(status):
             raise TransientFailure(detail, status=status, retry_after=retry_after_seconds(response.headers))
         if status in (401, 403):
             detail += f" (check api_key / {KEY_ENV})"
