@@ -474,6 +474,18 @@ def _load_resume(path: Path, config: Mapping[str, Any]) -> tuple[dict[str, dict[
     return done, where
 
 
+def _drop_partial_line(path: Path) -> None:
+    """Cut a half-written last line (an interrupted run) that `_load_resume` skipped: the records
+    appended next would otherwise continue it, and the next resume would find a broken line in the
+    middle of the file and refuse it."""
+    if not path.is_file():
+        return
+    with path.open("rb+") as fh:
+        data = fh.read()
+        if data and not data.endswith(b"\n"):
+            fh.truncate(data.rfind(b"\n") + 1)
+
+
 def _check_resumed(done: Mapping[str, Mapping[str, Any]], where: Mapping[str, int],
                    queries: Sequence[CandidateQuery], depth: int, path: Path) -> None:
     """Ranked ids a query does not have mean the file was written for other candidates (same
@@ -518,7 +530,8 @@ def rerank_queries(
     done, where = _load_resume(path, config) if path else ({}, {})
     if path:
         _check_resumed(done, where, queries, depth, path)
-    if path and not path.is_file():
+        _drop_partial_line(path)
+    if path and (not path.is_file() or path.stat().st_size == 0):  # new, or only a half-written header
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps({"config": config}) + "\n", encoding="utf-8")
     todo = [q for q in queries if q.qid not in done]

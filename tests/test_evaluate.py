@@ -603,3 +603,25 @@ def test_subtopics_that_judge_no_candidate_query_are_bad_input(tmp_path, capsys,
     assert main([*argv, "--subtopics", str(subs)]) == 2
     captured = capsys.readouterr()
     assert captured.out == "" and "subtopics" in captured.err and "judges none" in captured.err
+
+
+@pytest.mark.parametrize("cut", ["record", "header"])
+def test_resuming_after_a_half_written_line_keeps_the_file_resumable(tmp_path, capsys, cut):
+    """Regression: a run interrupted mid-write left a half line; the resumed run appended its records
+    right after it, so the next resume found a broken line mid-file and refused it ("not a resume
+    file", exit 2). A half-written header lost the header for good."""
+    argv = _tiny(tmp_path)
+    rows = [{"qid": str(i), "query": "ivf memory", "chunks": [
+        {"id": "a", "text": "IVF saves memory"}, {"id": "b", "text": "HNSW is a graph"}]} for i in (1, 2)]
+    Path(argv[2]).write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    resume = tmp_path / "r.jsonl"
+    assert main([*argv, "--json", "--resume", str(resume)]) == 0
+    first = json.loads(capsys.readouterr().out)
+    whole = resume.read_bytes()
+    header_end = whole.index(b"\n") + 1
+    resume.write_bytes(whole[:-20] if cut == "record" else whole[: header_end - 5])
+    for _ in range(2):
+        assert main([*argv, "--json", "--resume", str(resume)]) == 0
+        assert json.loads(capsys.readouterr().out)["reranked"] == first["reranked"]
+    lines = [json.loads(line) for line in resume.read_text(encoding="utf-8").splitlines()]
+    assert "config" in lines[0] and sorted(r["qid"] for r in lines[1:]) == ["1", "2"]
