@@ -35,7 +35,7 @@ from .errors import (
     Violation,
     whole_argument_first,
 )
-from .guard.input import ONE_PROMPT_ADVICE, PATH_HINT
+from .guard.input import ONE_PROMPT_ADVICE, PATH_HINT, loads_line
 from .guard.limits import Limits, as_limits
 from .paths import guard_dir
 from .skill import SkillCard, load_skill
@@ -225,6 +225,8 @@ def parse_arguments(arguments: Any, card: SkillCard | None = None) -> tuple[dict
             if spec.required:
                 problems.append(Violation(path=spec.name, message=f"missing required argument '{spec.name}'"))
             continue  # null or absent: rerank() applies the card's default
+        if spec.type == "chunks" and isinstance(value, str) and value.lstrip().startswith("["):
+            value = _encoded_array(value)
         if spec.type == "chunks" and not isinstance(value, (list, str)):
             problems.append(
                 Violation(path=spec.name, message="chunks must be an array of {id, text} objects")
@@ -232,6 +234,17 @@ def parse_arguments(arguments: Any, card: SkillCard | None = None) -> tuple[dict
             continue
         kwargs[_PARAM.get(spec.name, spec.name)] = value
     return kwargs, problems
+
+
+def _encoded_array(text: str) -> Any:
+    """`chunks` sent as the JSON text of an array (models often encode a nested array as a string
+    where the schema says array) is that array; anything else stays text for the input guard, which
+    reads it as JSONL and names what is wrong."""
+    try:
+        value, duplicates = loads_line(text)
+    except (ValueError, RecursionError):
+        return text
+    return value if isinstance(value, list) and not duplicates else text
 
 
 def call_tool(arguments: Any, **options: Any) -> dict[str, Any]:

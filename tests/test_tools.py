@@ -399,3 +399,14 @@ def test_call_tool_over_the_chunk_limit_advises_the_tools_own_argument_not_a_cli
     with pytest.raises(InputError) as err:
         rerank("q", chunks)
     assert "--window-size" in str(err.value)
+
+
+def test_call_tool_takes_chunks_sent_as_the_json_text_of_an_array(card: SkillCard) -> None:
+    """Regression: a model that JSON-encoded the chunks array as a string was told to "convert a
+    file with jq -c '.[]'", advice for a command line, not for a tool call."""
+    args = _args(card)
+    as_text = call_tool({**args, "chunks": json.dumps(args["chunks"])})
+    assert as_text == call_tool(args) and "ranked" in as_text
+    # text that is not one array (or an array with a repeated key) is still judged by the guard
+    (v,) = _violations(call_tool({**args, "chunks": '[{"id": "a", "id": "b", "text": "x"}]'}))
+    assert v["path"].startswith("chunks")
