@@ -492,6 +492,8 @@ class Router:
 
     def decide(self, utterance: str, n_chunks: int | None = None) -> RouteDecision:
         """Route, or abstain with the reason; raises `InputError` only for unusable arguments."""
+        if isinstance(n_chunks, float) and n_chunks.is_integer():
+            n_chunks = int(n_chunks)  # 12.0, what tool-calling models send: as top_k takes it
         _check_args(utterance, n_chunks)
         scored = self.scores(utterance)
         all_scores = {s[5].card.name: round(s[0], 4) for s in scored}

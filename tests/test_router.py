@@ -290,6 +290,7 @@ def test_an_absurd_stated_count_is_over_the_limit_not_a_crash(
         (42, None, "utterance"),
         ("rerank these chunks", -1, "n_chunks"),
         ("rerank these chunks", True, "n_chunks"),
+        ("rerank these chunks", 12.5, "n_chunks"),
         ("x" * 5000, None, "utterance"),
     ],
 )
@@ -299,6 +300,15 @@ def test_bad_arguments_raise_input_error_naming_the_field(
     with pytest.raises(InputError) as info:
         router.decide(utterance, n_chunks)
     assert [v.path for v in info.value.violations] == [path]
+
+
+def test_an_integral_float_count_is_that_count_as_for_top_k(router: Router) -> None:
+    """Regression: n_chunks=12.0 (a tool-calling model's JSON number; `--n-chunks 12.0` on the CLI
+    works, and so does top_k=3.0) was refused as "must be a non-negative integer"."""
+    trigger = "rerank these chunks for my question"
+    assert router.decide(trigger, 12.0) == router.decide(trigger, 12)
+    over = router.decide(trigger, 80.0)
+    assert over.skill is None and "n_chunks=80 is over" in over.reason
 
 
 # --- CLI ------------------------------------------------------------------------------------
