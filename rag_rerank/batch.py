@@ -122,6 +122,12 @@ def _request_args(item: Any) -> tuple[Any, Any, Any, Any]:
                 )
             ]
         )
+    # An absent key is named as missing, as a batch file's line is (not "got null": the caller
+    # wrote no null; a Ray row's null column reaches here as an absent key too).
+    missing = [Violation(path=key, message=f"missing required field '{key}'")
+               for key in ("query", "chunks") if key not in item]
+    if missing:
+        raise InputError(missing)
     lam = item.get("lambda", item.get("lambda_"))
     return item.get("query"), item.get("chunks"), item.get("top_k"), lam
 

@@ -449,3 +449,17 @@ def test_arerank_many_names_a_misspelt_request_key_as_a_typo() -> None:
     assert isinstance(out[0], InputError) and isinstance(out[1], InputError)
     assert "unknown key 'topk'; did you mean 'top_k'?" in str(out[0]) and "per request" not in str(out[0])
     assert "unknown key 'zzzqqq' (a request takes:" in str(out[1])
+
+
+def test_arerank_many_names_a_request_without_query_or_chunks_as_missing_them() -> None:
+    """Regression: a request without `chunks` (or a Ray dataset without that column) was told
+    "chunks must be JSONL text, a path or a list, got null", a null the caller never wrote; a
+    batch file's line says "missing required field"."""
+    requests = [{"query": QUERY}, {"chunks": HAPPY}, {}, {"query": QUERY, "chunks": None}]
+    out = asyncio.run(arerank_many(requests))
+    assert all(isinstance(o, InputError) for o in out)
+    assert [[(v.path, v.message) for v in o.violations] for o in out[:3]] == [
+        [("chunks", "missing required field 'chunks'")],
+        [("query", "missing required field 'query'")],
+        [("query", "missing required field 'query'"), ("chunks", "missing required field 'chunks'")]]
+    assert "got null" in str(out[3])  # a null the caller did write is named as such
