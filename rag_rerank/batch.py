@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import inspect
 import json
 import sys
@@ -79,6 +80,11 @@ _REQUEST_KEYS = frozenset({"query", "chunks", "top_k", "lambda", "lambda_", "que
 _PER_RUN_KEYS = frozenset({"backend", "model", "base_url", "api_key", "embedder"})
 
 
+# Added to an unknown request key's message; rerank_dataset sets it to name passthrough_columns, the
+# way to keep a dataset column that is not a rerank option.
+UNKNOWN_KEY_HINT: contextvars.ContextVar[str] = contextvars.ContextVar("UNKNOWN_KEY_HINT", default="")
+
+
 def _extra_args(item: Mapping[str, Any], opts: Mapping[str, Any]) -> dict[str, Any]:
     """The request's keys beyond the basics, as `arerank` keywords.
 
@@ -103,7 +109,8 @@ def _extra_args(item: Mapping[str, Any], opts: Mapping[str, Any]) -> dict[str, A
             # A key arerank() does not take at all is a typo to name as such ('topk' -> 'top_k'), not
             # an option that "cannot be set per request".
             if k not in params and k not in opts:
-                return f"unknown key {k!r}{_meant(str(k), takes)} (a request takes: {allowed})"
+                return (f"unknown key {k!r}{_meant(str(k), takes)} (a request takes: {allowed})"
+                        f"{UNKNOWN_KEY_HINT.get()}")
             return (f"{k!r} cannot be set per request (a request takes: {allowed}"
                     + (f"; {k!r} is set for the whole run" if k in opts or k in _PER_RUN_KEYS else "") + ")")
 

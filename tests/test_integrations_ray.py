@@ -197,6 +197,29 @@ def test_rerank_dataset_passes_row_options_to_rerank(local_ray: Any) -> None:
 
 
 @needs_ray
+def test_rerank_dataset_carries_passthrough_columns_to_the_output(local_ray: Any) -> None:
+    """Regression: a dataset with a column that is not a rerank option (a label, a source) failed
+    on every row ("unknown key"), so such columns could not travel with the rows to the output."""
+    from rag_rerank.integrations.ray import rerank_dataset
+
+    rows = [{"query_id": "a", "query": QUERY, "chunks": HAPPY, "source": "faq", "gold": ["c3"]},
+            {"query_id": "b", "query": QUERY, "chunks": HAPPY, "source": "web", "gold": ["c2"]}]
+    ds = local_ray.data.from_items(rows)
+    out = {r["query_id"]: r for r in rerank_dataset(ds, concurrency=1).take_all()}
+    assert "passthrough_columns=[...]" in out["a"]["error"]["message"]  # the way out, named
+    out = {r["query_id"]: r for r in rerank_dataset(ds, concurrency=1,
+                                                    passthrough_columns=["source", "gold"]).take_all()}
+    want = rerank(QUERY, ROWS)
+    for row in rows:
+        got = out[row["query_id"]]
+        assert got["error"] is None and (got["source"], list(got["gold"])) == (row["source"], row["gold"])
+        assert _present(got["ranked"]) == [r.to_dict() for r in want.ranked]
+    for bad in ("source", ["query"], [3]):
+        with pytest.raises(InputError, match="passthrough_columns"):
+            rerank_dataset(ds, concurrency=1, passthrough_columns=bad)
+
+
+@needs_ray
 def test_one_actor_builds_its_backend_and_embedder_once() -> None:
     """The actor's callable, called in this process on two batches: the same backend and embedder
     objects serve both (a model would load once per actor), and the rows are rerank()'s."""

@@ -32,6 +32,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..batch import (
+    UNKNOWN_KEY_HINT,
     Outcome,
     _env_secrets,
     _Line,
@@ -76,10 +77,12 @@ def _drop_nulls(value: Any) -> Any:
     return value
 
 
-def _request_from_row(row: Mapping[str, Any]) -> dict[str, Any]:
-    """A batch request from a dataset row: null columns are absent keys, and each chunk record
-    loses the null keys Arrow added (give `chunks` as JSONL text to keep records byte-exact)."""
-    item = {k: v for k, v in row.items() if v is not None and k not in OUTPUT_COLUMNS}
+def _request_from_row(row: Mapping[str, Any], passthrough: frozenset[str] = frozenset()) -> dict[str, Any]:
+    """A batch request from a dataset row: null columns are absent keys, `passthrough` columns
+    stay out of it, and each chunk record loses the null keys Arrow added (give `chunks` as JSONL
+    text to keep records byte-exact)."""
+    item = {k: v for k, v in row.items()
+            if v is not None and k not in OUTPUT_COLUMNS and k not in passthrough}
     chunks = item.get("chunks")
     if isinstance(chunks, list):
         item["chunks"] = [_drop_nulls(c) if isinstance(c, Mapping) else c for c in chunks]
@@ -92,8 +95,10 @@ class _Reranker:
     One event loop lives as long as the actor, so an async HTTP client's connection pool (bound to
     the loop it was first used on) survives from batch to batch."""
 
-    def __init__(self, options: Mapping[str, Any], per_actor_concurrency: int, wire: bool) -> None:
+    def __init__(self, options: Mapping[str, Any], per_actor_concurrency: int, wire: bool,
+                 passthrough: frozenset[str] = frozenset()) -> None:
         self.options = _shared_options(dict(options))
+        self.passthrough = passthrough
         self.concurrency = per_actor_concurrency
         self.wire = wire
         self.secrets = [options.get("api_key"), *_env_secrets()]
@@ -126,8 +131,12 @@ class _Reranker:
                     _RECORD: pa.array([json.dumps(rec, ensure_ascii=False) for rec in recs], pa.string()),
                 }
             )
-        items = [_request_from_row(r) for r in rows]
-        outcomes = self._outcomes(items)
+        items = [_request_from_row(r, self.passthrough) for r in rows]
+        hint = UNKNOWN_KEY_HINT.set(_PASSTHROUGH_HINT)
+        try:
+            outcomes = self._outcomes(items)
+        finally:
+            UNKNOWN_KEY_HINT.reset(hint)
         recs = [_record(_Line(0, None, it), o, self.secrets) for it, o in zip(items, outcomes, strict=True)]
         table = batch.drop_columns([c for c in OUTPUT_COLUMNS if c in batch.column_names])
         columns = {
@@ -141,9 +150,36 @@ class _Reranker:
         return table
 
 
-def _check(concurrency: Any, batch_size: Any, per_actor_concurrency: Any, options: Mapping[str, Any]) -> None:
+_PASSTHROUGH_HINT = ("; a column to keep in the output without sending it to rerank: "
+                     "rerank_dataset(..., passthrough_columns=[...])")
+
+
+def _passthrough(columns: Any) -> tuple[frozenset[str], list[Violation]]:
+    """The `passthrough_columns` as a set, or why they cannot be: names of columns, and not the
+    request's own (a passthrough `query` would leave every row without one)."""
+    if columns is None:
+        return frozenset(), []
+    names = [columns] if isinstance(columns, str) else columns
+    try:
+        names = list(names)
+    except TypeError:
+        names = [columns]
+    bad = [n for n in names if not isinstance(n, str) or not n]
+    own = sorted(n for n in names if n in ("query", "chunks"))
+    problems = []
+    if isinstance(columns, str) or bad:
+        problems.append(Violation(path="passthrough_columns", value=columns, message="passthrough_columns "
+                                  f"must be a list of column names, got {columns!r}"))
+    if own:
+        problems.append(Violation(path="passthrough_columns", value=own, message=f"{own} are the request's "
+                                  "own columns and are always read; list only columns to carry through"))
+    return frozenset(n for n in names if isinstance(n, str)), problems
+
+
+def _check(concurrency: Any, batch_size: Any, per_actor_concurrency: Any, options: Mapping[str, Any],
+           passthrough: Any = None) -> None:
     """The mistakes that would otherwise fail inside every actor's constructor, far from the call."""
-    problems: list[Violation] = []
+    problems: list[Violation] = list(_passthrough(passthrough)[1])
 
     def positive_int(name: str, value: Any) -> bool:
         return not isinstance(value, bool) and isinstance(value, int) and value >= 1
@@ -205,15 +241,17 @@ def _map(
     num_gpus: float,
     wire: bool,
     options: Mapping[str, Any],
+    passthrough_columns: Any = None,
 ) -> ray.data.Dataset:
     ray = _require_ray()
-    _check(concurrency, batch_size, per_actor_concurrency, options)
+    _check(concurrency, batch_size, per_actor_concurrency, options, passthrough_columns)
     size = concurrency if isinstance(concurrency, tuple) else (concurrency, concurrency)
     opts, per_actor = dict(options), per_actor_concurrency
+    keep = _passthrough(passthrough_columns)[0]
 
     class Reranker(_Reranker):  # the settings travel with the class, not as object-store arguments
         def __init__(self) -> None:
-            super().__init__(opts, per_actor, wire)
+            super().__init__(opts, per_actor, wire, keep)
 
     Reranker.__name__ = Reranker.__qualname__ = "RagRerank"
     return ds.map_batches(
@@ -234,6 +272,7 @@ def rerank_dataset(
     per_actor_concurrency: int = DEFAULT_PER_ACTOR_CONCURRENCY,
     num_cpus: float = 1,
     num_gpus: float = 0,
+    passthrough_columns: Sequence[str] | None = None,
     **rerank_options: Any,
 ) -> ray.data.Dataset:
     """Rerank every row of `ds` (`{query_id?, query, chunks, top_k?, lambda?, ...}`) on Ray actors.
@@ -243,7 +282,8 @@ def rerank_dataset(
     `embedder`, `layout`, ... as for `rerank`) and running `per_actor_concurrency` requests at
     once on `batch_size` rows at a time. `num_cpus` / `num_gpus` are each actor's resources: with
     a model on GPUs, `num_gpus=1` puts one model on each GPU; an I/O-bound LLM backend can take a
-    fraction of a CPU. Any other key of a row is passed to `rerank` as a keyword (per-request options).
+    fraction of a CPU. Any other key of a row is passed to `rerank` as a keyword (per-request options),
+    except the `passthrough_columns` (ids, labels, a source), which only travel to the output.
 
     Returns a lazy dataset: the input columns plus `ranked`, `dropped`, `meta` and `error` (null
     where it does not apply). A bad row never stops the job: it gets an `error` record with the
@@ -259,6 +299,7 @@ def rerank_dataset(
         num_gpus=num_gpus,
         wire=False,
         options=rerank_options,
+        passthrough_columns=passthrough_columns,
     )
 
 
