@@ -47,7 +47,7 @@ def options_from_env(env: Mapping[str, str] | None = None) -> dict[str, Any]:
     """
     env = os.environ if env is None else env
     options = {key: env[var] for key, var in _ENV_OPTIONS.items() if env.get(var)}
-    problems = [*_misspelt_names(env), *_check_options(options)]
+    problems = [*_misspelt_names(env), *_check_options(options), *_missing_settings(options, env)]
     if problems:
         raise InputError(problems, headline="invalid MCP server configuration")
     return options
@@ -98,6 +98,20 @@ def _check_options(options: Mapping[str, str]) -> list[Violation]:
     if base_url is not None and (problem := base_url_problem(base_url)):
         problems.append(Violation(path=_ENV_OPTIONS["base_url"], value=base_url, message=problem))
     return problems
+
+
+def _missing_settings(options: Mapping[str, str], env: Mapping[str, str]) -> list[Violation]:
+    """A backend that cannot run without a setting the environment does not give: every tool call
+    of the session would fail, naming a CLI flag (`--model`) the operator cannot pass."""
+    backend = options.get("backend")
+    if backend == "cross-encoder" and not options.get("model"):
+        return [Violation(path=_ENV_OPTIONS["model"], message="the cross-encoder backend needs a model: set "
+                          f"{_ENV_OPTIONS['model']} to a local folder or a Hugging Face name in the "
+                          "local cache")]
+    if backend == "rerank-api" and not options.get("base_url") and not env.get("RERANK_BASE_URL"):
+        return [Violation(path=_ENV_OPTIONS["base_url"], message="the rerank-api backend needs the server's "
+                          f"URL: set {_ENV_OPTIONS['base_url']} (or RERANK_BASE_URL), e.g. http://127.0.0.1:8000/v1")]
+    return []
 
 
 def _import_mcp() -> tuple[Any, Any, Any]:

@@ -215,6 +215,30 @@ def test_options_from_env_names_each_bad_variable(variable: str, value: str, fra
     assert violation.path == variable and violation.value == value and fragment in violation.message
 
 
+@pytest.mark.parametrize(
+    "settings, variable",
+    [({"RAG_RERANK_BACKEND": "cross-encoder"}, "RAG_RERANK_MODEL"),
+     ({"RAG_RERANK_BACKEND": "rerank-api"}, "RAG_RERANK_BASE_URL")],
+)
+def test_a_backend_without_its_required_setting_exits_2_naming_the_variable(
+    settings: dict[str, str], variable: str
+) -> None:
+    """Regression: the server started, then every tool call failed with "needs a model ... (CLI
+    --model PATH)" or "pass base_url (CLI --base-url)", flags an MCP operator cannot pass."""
+    proc = _start({**settings, "RERANK_BASE_URL": ""})
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stdout == ""
+    [line] = proc.stderr.splitlines()
+    assert line.startswith(f"rag-rerank: error: {variable}: ") and "CLI" not in line
+
+
+def test_a_rerank_api_url_from_its_own_variable_is_enough() -> None:
+    env = {"RAG_RERANK_BACKEND": "rerank-api", "RERANK_BASE_URL": "http://127.0.0.1:1"}
+    assert options_from_env(env) == {"backend": "rerank-api"}
+    env = {"RAG_RERANK_BACKEND": "cross-encoder", "RAG_RERANK_MODEL": "/models/ce"}
+    assert options_from_env(env)["model"] == "/models/ce"
+
+
 def test_options_from_env_reports_every_bad_variable_at_once() -> None:
     with pytest.raises(InputError) as exc:
         options_from_env({"RAG_RERANK_BACKEND": "x", "RAG_RERANK_EMBEDDER": "y", "RAG_RERANK_MODEL": "any"})
