@@ -177,6 +177,8 @@ def read_qrels(path: str | Path) -> list[Any]:
     irm = _ir_measures()
     text = _read_judgments(path, "qrels", "TREC qrels ('qid iter docid rel' per line)")
     out = []
+    seen: dict[tuple[str, str], tuple[int, int]] = {}  # (qid, docid) -> (line, grade)
+    conflicts: list[Violation] = []
     for lineno, line in enumerate(text.splitlines(), start=1):
         parts = line.split()
         if not parts:
@@ -185,7 +187,20 @@ def read_qrels(path: str | Path) -> list[Any]:
             shown = line if len(line) <= 60 else line[:57] + "..."
             raise InputError([Violation(path="qrels", line=lineno, message="expected 'qid iter docid rel' "
                                         f"with an integer rel, got {shown!r}")])
-        out.append(irm.Qrel(parts[0], parts[2], int(parts[3]), parts[1]))
+        key, grade = (parts[0], parts[2]), int(parts[3])
+        if key in seen:
+            # ir-measures' measures disagree on which of two grades they read (nDCG one, MRR the
+            # other): a conflict is named; a repeat of the same grade changes nothing and is skipped.
+            first, was = seen[key]
+            if was != grade:
+                msg = (f"query {parts[0]} document {parts[2]} is judged {grade} here and {was} on line "
+                       f"{first}; keep one judgment")
+                conflicts.append(Violation(path="qrels", line=lineno, value=grade, message=msg))
+            continue
+        seen[key] = (lineno, grade)
+        out.append(irm.Qrel(parts[0], parts[2], grade, parts[1]))
+    if conflicts:
+        raise InputError(conflicts, headline=f"conflicting judgments in {path}")
     return out
 
 

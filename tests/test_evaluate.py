@@ -625,3 +625,16 @@ def test_resuming_after_a_half_written_line_keeps_the_file_resumable(tmp_path, c
         assert json.loads(capsys.readouterr().out)["reranked"] == first["reranked"]
     lines = [json.loads(line) for line in resume.read_text(encoding="utf-8").splitlines()]
     assert "config" in lines[0] and sorted(r["qid"] for r in lines[1:]) == ["1", "2"]
+
+
+def test_a_document_judged_twice_with_different_grades_is_named(tmp_path, capsys):
+    """Regression: with `1 0 b 2` then `1 0 b 0`, nDCG and Recall read one grade and MRR the other
+    (nDCG 0 next to MRR 0.5), and swapping the lines changed the figures; nothing was said."""
+    argv = _tiny(tmp_path)
+    Path(argv[4]).write_text("1 0 b 2\n1 0 a 1\n1 0 b 0\n", encoding="utf-8")
+    assert main([*argv, "--json"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and "line 3" in captured.err and "judged 0 here and 2 on line 1" in captured.err
+    Path(argv[4]).write_text("1 0 b 2\n1 0 b 2\n", encoding="utf-8")  # the same judgment twice is harmless
+    assert main([*argv, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["input"]["Recall@10"] == 1.0
