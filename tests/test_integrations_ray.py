@@ -403,3 +403,13 @@ def test_joining_a_token_cluster_by_address_without_ray_auth_mode_says_what_to_s
     proc = _cli(repo_root, args, {**env, "RAY_AUTH_MODE": "token"})
     assert proc.returncode == 2, proc.stderr  # the file's bad lines; every good one ran on the cluster
     assert len((tmp_path / "out.jsonl").read_text(encoding="utf-8").splitlines()) == 2 + len(BAD_LINES)
+
+
+def test_the_token_advice_is_given_only_when_there_is_a_cluster_and_no_auth_mode() -> None:
+    """`--ray-address auto` with no cluster anywhere fails for that reason alone (Ray says so): the
+    RAY_AUTH_MODE advice would send the user looking for a token problem."""
+    from rag_rerank.integrations.ray import _auth_advice
+
+    assert "RAY_AUTH_MODE=token" in _auth_advice({}, "127.0.0.1:6379")
+    assert _auth_advice({}, None) == ""
+    assert _auth_advice({"RAY_AUTH_MODE": "token"}, "127.0.0.1:6379") == ""

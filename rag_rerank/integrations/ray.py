@@ -427,17 +427,18 @@ def _connect(ray: Any, address: str | None) -> bool:
         where = f"the Ray cluster at {address}" if address else "a local Ray"
         msg = f"cannot start or join {where}: {' '.join(str(exc).split())}"
         if address is not None and isinstance(exc, ConnectionError):
-            msg += _auth_advice(os.environ)
+            msg += _auth_advice(os.environ, _resolve_auto(address))
         raise InputError([Violation(path="--ray-address", message=msg)]) from None
     return True
 
 
-def _auth_advice(env: Mapping[str, str]) -> str:
+def _auth_advice(env: Mapping[str, str], target: str | None) -> str:
     """Why a cluster that accepts TCP connections may still refuse to be joined. `ray start --head`
     turns on token authentication, and Ray sends the token to an address given explicitly (an
     argument or RAY_ADDRESS) only when RAY_AUTH_MODE=token says so; without it the join fails
-    after about 20 s of "InvalidAuthToken" warnings and a bare "Failed to connect"."""
-    if env.get("RAY_AUTH_MODE"):
+    after about 20 s of "InvalidAuthToken" warnings and a bare "Failed to connect". Nothing to
+    add when `auto` found no cluster at all (`target` None): Ray's own message says so."""
+    if env.get("RAY_AUTH_MODE") or target is None:
         return ""
     return ("; if the cluster uses token authentication (what `ray start --head` turns on), set "
             "RAY_AUTH_MODE=token, with the cluster's token in ~/.ray/auth_token or RAY_AUTH_TOKEN")
