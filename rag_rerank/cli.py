@@ -241,6 +241,10 @@ def _backend_options(args: argparse.Namespace) -> dict[str, Any]:
         raise UsageError(f"--base-url names the server of --backend openai, anthropic or rerank-api; the "
                          f"{args.backend} backend calls none (for an openai embedder's server, use "
                          "--embed-base-url)")
+    if args.model is not None and args.backend == "local":
+        # `-m gpt-4o-mini` without `--backend openai` would rank with the local scorer, silently.
+        raise UsageError(f"--model {args.model} names the model of --backend openai, anthropic, rerank-api "
+                         "or cross-encoder; the local backend takes none (its scorer follows --embedder)")
     knobs = {key: getattr(args, key, None) for key in _CE_FLAGS}
     knobs = {key: value for key, value in knobs.items() if value is not None}
     if knobs and args.backend != "cross-encoder":

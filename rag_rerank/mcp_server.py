@@ -104,6 +104,12 @@ def _missing_settings(options: Mapping[str, str], env: Mapping[str, str]) -> lis
     """A backend that cannot run without a setting the environment does not give: every tool call
     of the session would fail, naming a CLI flag (`--model`) the operator cannot pass."""
     backend = options.get("backend")
+    if backend in (None, "local") and options.get("model"):
+        # RAG_RERANK_MODEL=gpt-4o-mini without RAG_RERANK_BACKEND=openai: every call would rank with
+        # the local scorer, silently.
+        return [Violation(path=_ENV_OPTIONS["model"], value=options["model"], message="names the model of "
+                          "an openai, anthropic, rerank-api or cross-encoder backend, but the backend is "
+                          f"local (set {_ENV_OPTIONS['backend']})")]
     if backend == "cross-encoder" and not options.get("model"):
         return [Violation(path=_ENV_OPTIONS["model"], message="the cross-encoder backend needs a model: set "
                           f"{_ENV_OPTIONS['model']} to a local folder or a Hugging Face name in the "

@@ -306,3 +306,14 @@ def test_a_bad_deadline_is_a_usage_error(tmp_path: Path, capsys, value: str) -> 
     assert main(["rerank", "-q", QUERY, "-c", str(_happy(tmp_path)), "--deadline", value]) == 2
     err = capsys.readouterr().err
     assert "--deadline" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("command", ["rerank", "batch", "eval"])
+def test_a_model_with_the_local_backend_is_a_usage_error(command: str, tmp_path: Path, capsys) -> None:
+    """Regression: `-m gpt-4o-mini` without `--backend openai` ranked with the local scorer and said
+    nothing (as `--base-url` with the local backend already did not)."""
+    assert main(_command(command, tmp_path, ["-m", "gpt-4o-mini"])) == 2
+    cap = capsys.readouterr()
+    assert cap.out == ""
+    [line] = cap.err.splitlines()
+    assert "--model gpt-4o-mini" in line and "the local backend takes none" in line

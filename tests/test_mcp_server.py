@@ -297,3 +297,12 @@ def test_an_existing_and_a_missing_server_path_get_the_same_answer(tmp_path: Pat
     texts = [re.sub(r"'[^']*'", "'PATH'", r.content[0].text) for r in results]  # the echoed (cut) line
     assert all(r.is_error for r in results) and texts[0] == texts[1]
     assert "pathlib" not in texts[0] and "file name" not in texts[0]
+
+
+def test_a_model_without_a_backend_that_takes_one_is_refused() -> None:
+    """Regression: RAG_RERANK_MODEL=gpt-4o-mini without RAG_RERANK_BACKEND=openai served every call
+    with the local scorer, silently."""
+    with pytest.raises(InputError) as exc:
+        options_from_env({"RAG_RERANK_MODEL": "gpt-4o-mini"})
+    [violation] = exc.value.violations
+    assert violation.path == "RAG_RERANK_MODEL" and "RAG_RERANK_BACKEND" in violation.message
