@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -236,6 +237,12 @@ def parse_arguments(arguments: Any, card: SkillCard | None = None) -> tuple[dict
     return kwargs, problems
 
 
+def _names_an_argument(path: str) -> bool:
+    """Whether a violation's path is (inside) one of the tool's arguments: `chunks[3].id`, `top_k`."""
+    root = re.split(r"[.\[]", path, maxsplit=1)[0]
+    return root == "arguments" or root in {spec.name for spec in load_skill().inputs}
+
+
 def _encoded_array(text: str) -> Any:
     """`chunks` sent as the JSON text of an array (models often encode a nested array as a string
     where the schema says array) is that array; anything else stays text for the input guard, which
@@ -265,6 +272,12 @@ def call_tool(arguments: Any, **options: Any) -> dict[str, Any]:
     try:
         result = rerank(**kwargs, **options)
     except InputError as exc:
+        if not any(_names_an_argument(v.path) for v in exc.violations):
+            # The operator's options (a missing model or server URL, a bad embedder or limits), not
+            # the arguments: `invalid_input` would have the calling model retry with other arguments.
+            problems = "; ".join(f"{v.path}: {v.message}" for v in exc.violations)
+            return _error("error", "the tool is misconfigured (not a problem with the arguments): "
+                          f"{problems}")
         return invalid_input(exc.violations)
     except BackendError as exc:
         return _error("backend_failure", str(exc))

@@ -410,3 +410,21 @@ def test_call_tool_takes_chunks_sent_as_the_json_text_of_an_array(card: SkillCar
     # text that is not one array (or an array with a repeated key) is still judged by the guard
     (v,) = _violations(call_tool({**args, "chunks": '[{"id": "a", "id": "b", "text": "x"}]'}))
     assert v["path"].startswith("chunks")
+
+
+@pytest.mark.parametrize(("options", "named"), [({"backend": "cross-encoder"}, "model"),
+                                                 ({"backend": "rerank-api"}, "base_url"),
+                                                 ({"embedder": "bogus"}, "embedder")])
+def test_call_tool_reports_the_operators_options_as_a_misconfiguration_not_invalid_input(
+    card: SkillCard, options: dict[str, Any], named: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Regression: a missing cross-encoder model or rerank-API URL came back to the calling model as
+    `invalid_input` on `model` / `base_url`, arguments it does not have, inviting it to retry."""
+    monkeypatch.delenv("RERANK_BASE_URL", raising=False)
+    result = call_tool(_args(card), **options)
+    assert result["error"]["type"] == "error"
+    assert "misconfigured" in result["error"]["message"] and f"{named}: " in result["error"]["message"]
+    # the caller's own mistakes are still invalid_input, naming the argument
+    bad = call_tool({**_args(card), "top_k": 0}, **options)
+    assert bad["error"]["type"] == "invalid_input"
+    assert [v["path"] for v in bad["error"]["violations"]] == ["top_k"]
