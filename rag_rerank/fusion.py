@@ -35,6 +35,7 @@ from __future__ import annotations
 import json
 import math
 import numbers
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
@@ -100,12 +101,22 @@ def meta_fusion(
                       meta_value_type)
 
 
+_YEAR = re.compile(r"\A\d{4}\Z")
+_YEAR_MONTH = re.compile(r"\A\d{4}-(?:0[1-9]|1[0-2])\Z")
+
+
 def _parse_date(value: Any) -> float:
     if not isinstance(value, str):
         raise ValueError(f"expected an ISO 8601 date string, got {type(value).__name__}")
     text = value.strip()
     if text.endswith(("Z", "z")):
         text = text[:-1] + "+00:00"
+    # ISO 8601's reduced precisions, a year or a year and month (publication years, "2024-05"), which
+    # `fromisoformat` refuses: the start of the period, so "2024" sorts before "2024-03-01".
+    if _YEAR.match(text):
+        text += "-01-01"
+    elif _YEAR_MONTH.match(text):
+        text += "-01"
     when = datetime.fromisoformat(text)
     if when.tzinfo is None:  # a date without a zone is read as UTC, so naive and aware values compare
         when = when.replace(tzinfo=timezone.utc)

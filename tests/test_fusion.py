@@ -223,3 +223,17 @@ def test_a_meta_field_some_chunks_have_keeps_the_per_chunk_rule() -> None:
     result = rerank(QUERY, chunks, 2, meta_field="date", meta_value_type="date", missing_meta="drop")
     assert [r.id for r in result.ranked] == ["a"]
     assert [d.to_dict() for d in result.dropped] == [{"id": "b", "reason": "missing_meta: date"}]
+
+
+def test_a_year_or_a_year_and_month_is_a_date_at_the_start_of_that_period() -> None:
+    """Regression: "2024" and "2024-05", ISO 8601 dates of reduced precision (publication years),
+    were refused as "not a valid date" by `datetime.fromisoformat`."""
+    chunks = copy.deepcopy(CHUNKS)
+    chunks[0]["meta"]["published"] = "2026"
+    chunks[1]["meta"]["published"] = "2025-02"
+    newest = rerank(QUERY, chunks, 4, 1.0, meta_field="published", meta_value_type="date")
+    assert newest.ids == ["old", "mid", "new", "none"]  # 2026-01-01 > 2025-02-01 > 2025-01-20
+    for bad in ("2024-13", "24", "2024-5"):
+        chunks[0]["meta"]["published"] = bad
+        with pytest.raises(InputError, match="not a valid date"):
+            rerank(QUERY, chunks, meta_field="published", meta_value_type="date")
