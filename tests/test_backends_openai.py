@@ -217,3 +217,40 @@ def test_malformed_json_body_is_a_fatal_failure_not_a_crash(request_) -> None:
             backend.complete("P", request_, max_tokens=50)
         with pytest.raises(FatalFailure, match="not valid JSON"):
             asyncio.run(backend.acomplete("P", request_, max_tokens=50))
+
+
+def test_an_answer_that_is_not_a_chat_completion_is_a_protocol_error_naming_it(request_) -> None:
+    """--base-url at a web page (a UI answering every path with HTML), an Anthropic server or
+    Ollama's native /api/chat: the SDK returns the page as a str and builds a ChatCompletion from
+    any JSON, which read as 'response has no choices'. The failure now says what came back."""
+    from rag_rerank.backends.common import LOCAL_DUMMY_KEY
+
+    page = Reply(200, "<html>\n <body>Open WebUI</body></html>", headers={"Content-Type": "text/html"})
+    native = Reply(200, {"model": "llama3", "message": {"role": "assistant", "content": "{}"}, "done": True})
+    with FakeLLM([page, Reply.anthropic_tool({"ranked": []}), native, page]) as srv:
+        url = srv.url
+        backend = OpenAIBackend(base_url=url, api_key=LOCAL_DUMMY_KEY, response_format="json_object")
+        with pytest.raises(FatalFailure) as html:
+            backend.complete("P", request_, max_tokens=50)
+        with pytest.raises(FatalFailure) as anthropic:
+            backend.complete("P", request_, max_tokens=50)
+        with pytest.raises(FatalFailure) as ollama:
+            backend.complete("P", request_, max_tokens=50)
+        with pytest.raises(FatalFailure) as async_html:
+            asyncio.run(backend.acomplete("P", request_, max_tokens=50))
+    for info in (html, async_html):
+        assert str(info.value) == (
+            "openai: protocol error: the server's answer is not a Chat Completions response but text: "
+            f"'<html> <body>Open WebUI</body></html>'; is {url} the server's OpenAI-compatible API "
+            "root (usually ending in /v1)?")
+    assert "looks like an Anthropic Messages response" in str(anthropic.value)
+    assert "use the anthropic backend" in str(anthropic.value)
+    assert "no 'choices' in the JSON" in str(ollama.value) and "ending in /v1" in str(ollama.value)
+
+
+def test_an_empty_choices_list_still_says_no_choices(request_) -> None:
+    body = {"id": "x", "object": "chat.completion", "created": 0, "model": "m", "choices": []}
+    with FakeLLM([Reply(200, body)]) as srv:
+        backend = OpenAIBackend(base_url=srv.openai_url, api_key=KEY, response_format="json_object")
+        with pytest.raises(FatalFailure, match=r"^openai: response has no choices$"):
+            backend.complete("P", request_, max_tokens=50)

@@ -158,7 +158,9 @@ class OpenAIBackend:
         return any(word in text for word in _REJECT_WORDS)
 
     def _completion(self, resp: Any, mode: str, downgraded: list[str]) -> Completion:
-        if not getattr(resp, "choices", None):
+        if isinstance(resp, (str, bytes)) or getattr(resp, "choices", None) is None:
+            raise FatalFailure(self._protocol_error(resp))
+        if not resp.choices:
             raise FatalFailure("openai: response has no choices")
         choice = resp.choices[0]
         message = choice.message
@@ -178,6 +180,20 @@ class OpenAIBackend:
             usage=usage_dict(getattr(resp, "usage", None), _USAGE_FIELDS),
             notes=notes,
         )
+
+    def _protocol_error(self, resp: Any) -> str:
+        """Why a 200 answer is not a Chat Completions response at all. The SDK hands back a web
+        page as a str and builds a ChatCompletion from any JSON without validating it, so both
+        read as 'no choices'; the usual cause is a --base-url that is not the OpenAI API root."""
+        head = "openai: protocol error: the server's answer is not a Chat Completions response"
+        root = f"; is {self.base_url} the server's OpenAI-compatible API root (usually ending in /v1)?"
+        if isinstance(resp, (str, bytes)):
+            text = resp.decode("utf-8", "replace") if isinstance(resp, bytes) else resp
+            shown = scrub(" ".join(text.split()), self._key)[:60]
+            return f"{head} but text: {shown!r}{root}"
+        if getattr(resp, "type", None) == "message" and getattr(resp, "content", None) is not None:
+            return f"{head} (it looks like an Anthropic Messages response); for it use the anthropic backend"
+        return f"{head} (no 'choices' in the JSON){root}"
 
     def _downgrade_or_raise(
         self, exc: Exception, sdk: Any, mode: str, last: bool, downgraded: list[str]
