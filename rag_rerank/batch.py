@@ -509,7 +509,13 @@ def run_batch_cli(args: Any, backend_options: Mapping[str, Any]) -> int:
     records = [*done.values(), *writer.written]
     n_err = sum(1 for r in records if "error" in r)
     skipped = f", {len(done)} already done" if done else ""
-    print(f"rag-rerank: batch: {len(records) - n_err} ok, {n_err} failed{skipped}", file=sys.stderr)
+    # A fallback answer is a success (exit 0) that did not come from the backend asked for.
+    n_fell = sum(1 for r in records if isinstance(r.get("meta"), dict) and r["meta"].get("fallback"))
+    fell = ""
+    if n_fell:
+        who = options.get("backend")
+        fell = f" ({n_fell} ranked by the local backend after {who} failed: --fallback local)"
+    print(f"rag-rerank: batch: {len(records) - n_err} ok{fell}, {n_err} failed{skipped}", file=sys.stderr)
     for r in writer.written:
         if "error" in r:
             print(

@@ -141,6 +141,22 @@ def test_batch_cli_writes_every_line_in_order_and_exits_2_on_bad_input(tmp_path:
     assert "line 2: input error" in err and "5 ok, 1 failed" in err
 
 
+def test_batch_summary_counts_the_lines_the_local_fallback_answered(tmp_path: Path, capsys) -> None:
+    """`batch --fallback local` said '2 ok, 0 failed' when the model had failed on one line and the
+    local backend had answered it: the count of fallback answers is now in the summary."""
+    inp, out = tmp_path / "q.jsonl", tmp_path / "out.jsonl"
+    _write_input(inp, [json.dumps(q) for q in _queries(2)])
+    refusal = Reply.openai_error(400, "this model cannot do that")
+    with FakeLLM([refusal], handler=quoting_ranker()) as srv:
+        code = main(["batch", "-i", str(inp), "-o", str(out), "--backend", "openai", "--base-url",
+                     srv.openai_url, "-m", "m", "--fallback", "local", "--concurrency", "1", "--no-progress"])
+    assert code == 0
+    assert [r["meta"]["fallback"] for r in _read(out)] == ["local", None]
+    err = capsys.readouterr().err
+    summary = "batch: 2 ok (1 ranked by the local backend after openai failed: --fallback local), 0 failed"
+    assert summary in err
+
+
 def test_batch_cli_caps_one_requests_violations_in_its_error_line(tmp_path: Path, capsys) -> None:
     """One stderr line per bad request stays one readable line however many chunks it breaks;
     the output record still carries every violation."""

@@ -103,6 +103,25 @@ def test_backend_failure_exits_3_and_fallback_exits_0(tmp_path: Path, capsys, mo
     assert meta["fallback"] == "local" and SECRET not in cap.err
 
 
+def test_a_fallback_answer_says_so_on_stderr_without_meta(tmp_path: Path, capsys) -> None:
+    """`--fallback local` without `--meta`: exit 0 and a schema object on stdout, like the LLM's
+    own ranking; nothing told the user that every attempt had failed (a model inventing ids, here).
+    One warning line now names the backend and why; with --meta stderr stays one JSON object."""
+    chunks = str(_happy(tmp_path))
+    answer = {"ranked": [{"id": "c99", "score": 0.9, "reason": "IVF memory"}]}
+    invented = Reply.openai_text(json.dumps(answer))
+    with FakeLLM([invented] * 3) as srv:
+        args = ["rerank", "-q", QUERY, "-c", chunks, "--backend", "openai", "--base-url", srv.openai_url,
+                "-m", "m", "--fallback", "local"]
+        assert main(args) == 0
+    cap = capsys.readouterr()
+    assert json.loads(cap.out) == rerank(QUERY, load_skill().example("happy-path").chunks).to_dict()
+    (line,) = cap.err.splitlines()
+    assert line.startswith("rag-rerank: warning: the result is ranked by the local backend "
+                           "(--fallback local): openai failed after 3 attempt(s): ")
+    assert "'c99' is not an input id" in line
+
+
 def test_openai_compatible_server_through_the_cli(tmp_path: Path, capsys, monkeypatch) -> None:
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)  # a loopback base_url needs no key
     with FakeLLM(handler=quoting_ranker()) as srv:
