@@ -11,6 +11,7 @@ import argparse
 import json
 import math
 import os
+import re
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -385,9 +386,20 @@ class _Parser(argparse.ArgumentParser):
     """argparse that reports a usage error as one line (and exit 2) instead of a usage block."""
 
     def error(self, message: str) -> NoReturn:
+        hint = ""
+        if re.search(r"(?:^|\s)--api[-_]?key\b", message.partition("unrecognized arguments:")[2]):
+            # `--api-key KEY` is what every SDK user tries first. Keys come from the environment
+            # only (on the command line a key is visible in `ps` and kept in the shell history);
+            # the key itself is not echoed back.
+            message = _KEY_FLAG.sub(r"\1\2***", message)
+            hint = ("; the CLI takes no API key flag: set OPENAI_API_KEY, ANTHROPIC_API_KEY or "
+                    "RERANK_API_KEY (a server on 127.0.0.1 / localhost needs none)")
         _err(f"{self.prog.removeprefix('rag-rerank').strip() or 'usage'}: error: {message} "
-             f"(see {self.prog} --help)")
+             f"(see {self.prog} --help){hint}")
         raise SystemExit(EXIT_BAD_INPUT)
+
+
+_KEY_FLAG = re.compile(r"((?:^|\s)--api[-_]?key)([=\s])\S+")
 
 
 def build_parser() -> argparse.ArgumentParser:

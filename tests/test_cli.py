@@ -550,3 +550,20 @@ def test_chunks_from_a_terminal_say_what_they_wait_for(monkeypatch, capsys) -> N
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(text)))
     code, _, err = run(capsys, "rerank", "-q", QUERY, "-c", "-", "-k", "2")
     assert code == EXIT_OK and err == []
+
+
+@pytest.mark.parametrize("flag", [["--api-key", "sk-live-SECRET42"], ["--api-key=sk-live-SECRET42"],
+                                  ["--api_key", "sk-live-SECRET42"]])
+def test_an_api_key_flag_names_the_environment_variables_and_hides_the_key(
+    flag: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--api-key KEY` (the SDKs' spelling) was 'unrecognized arguments: --api-key sk-live-...': the
+    key echoed to the terminal and no word on where keys go."""
+    argv = ["rerank", "-q", "q", "-c", "x.jsonl", "--backend", "openai", *flag]
+    assert main(argv) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert "SECRET42" not in line and "unrecognized arguments: --api" in line and "***" in line
+    assert line.endswith("the CLI takes no API key flag: set OPENAI_API_KEY, ANTHROPIC_API_KEY or "
+                         "RERANK_API_KEY (a server on 127.0.0.1 / localhost needs none)")
+    assert main(["rerank", "-q", "q", "-c", "x.jsonl", "--bogus", "1"]) == 2
+    assert "API key" not in capsys.readouterr().err
