@@ -159,3 +159,15 @@ def test_an_openai_shaped_answer_is_a_protocol_error_not_three_re_asks(request_)
                               policy=RetryPolicy(sleep=lambda s: None))
     assert len(srv.requests) == 1 and [a.kind for a in info.value.attempts] == ["fatal"]
     assert "protocol error" in str(info.value) and "use the openai backend" in str(info.value)
+
+
+def test_a_404_from_a_base_url_ending_in_v1_says_the_sdk_adds_it(request_) -> None:
+    """By analogy with the openai backend a user writes --base-url http://host/v1; the anthropic
+    SDK posts to /v1/v1/messages, and the failure read 'HTTP 404 NotFoundError: Error code: 404'."""
+    with FakeLLM([Reply(404, {"detail": "Not Found"})]) as srv:
+        url = srv.url
+        backend = AnthropicBackend(base_url=f"{url}/v1", api_key=KEY)
+        with pytest.raises(FatalFailure) as info:
+            backend.complete("P", request_, max_tokens=50)
+    assert str(info.value) == (f"anthropic: HTTP 404 NotFoundError: Not Found (POST {url}/v1/v1/messages; "
+                               "the anthropic SDK adds /v1/messages itself: give the base URL without /v1)")

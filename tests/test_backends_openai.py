@@ -254,3 +254,28 @@ def test_an_empty_choices_list_still_says_no_choices(request_) -> None:
         backend = OpenAIBackend(base_url=srv.openai_url, api_key=KEY, response_format="json_object")
         with pytest.raises(FatalFailure, match=r"^openai: response has no choices$"):
             backend.complete("P", request_, max_tokens=50)
+
+
+def test_a_404_quotes_the_servers_body_and_the_url_posted_to(request_) -> None:
+    """A base URL without /v1 against vLLM ({"detail": "Not Found"}) or a Go server (a text body)
+    read 'HTTP 404 NotFoundError: Error code: 404': neither the server's words nor the URL."""
+    from rag_rerank.backends.common import LOCAL_DUMMY_KEY
+
+    unknown_model = Reply.openai_error(404, "The model `gpt-9` does not exist")
+    with FakeLLM([Reply(404, {"detail": "Not Found"}),
+                  Reply(404, "404 page not found", headers={"Content-Type": "text/plain"}),
+                  unknown_model]) as srv:
+        url = srv.url
+        backend = OpenAIBackend(base_url=url, api_key=LOCAL_DUMMY_KEY, response_format="json_object")
+        failures = []
+        for _ in range(3):
+            with pytest.raises(FatalFailure) as info:
+                backend.complete("P", request_, max_tokens=50)
+            failures.append(str(info.value))
+    hint = (f"(POST {url}/chat/completions; OpenAI-compatible servers serve under /v1: is the base URL "
+            "the API root, ending in /v1?)")
+    assert failures[0] == f"openai: HTTP 404 NotFoundError: Not Found {hint}"
+    assert failures[1] == f"openai: HTTP 404 NotFoundError: 404 page not found {hint}"
+    # the endpoint exists, the model does not: no question about the URL
+    assert failures[2] == ("openai: HTTP 404 NotFoundError: The model `gpt-9` does not exist "
+                           f"(POST {url}/chat/completions)")

@@ -13,6 +13,7 @@ import email.utils
 import ipaddress
 import json
 import os
+import re
 import threading
 import time
 import weakref
@@ -207,20 +208,50 @@ def classify_sdk_error(exc: Exception, sdk: Any, secret: str | None, provider: s
         if is_transient_status(status):
             headers = getattr(getattr(exc, "response", None), "headers", None)
             return TransientFailure(detail, status=status, retry_after=retry_after_seconds(headers))
+        if status == 404:
+            detail += scrub(not_found_hint(exc, provider, message), secret)
         return FatalFailure(detail, status=status)
     return FatalFailure(f"{provider}: {name}: {scrub(str(exc), secret)[:300]}")
 
 
 def error_message(exc: Any) -> str:
-    """The server's own error message from an SDK status error, falling back to str(exc)."""
+    """The server's own error message from an SDK status error, falling back to str(exc).
+
+    Besides the OpenAI / Anthropic shapes, a FastAPI `{"detail": ...}` (vLLM's router, most Python
+    servers) and a plain-text body: the SDK's own message for those is only `Error code: 404`."""
     body = getattr(exc, "body", None)
     if isinstance(body, Mapping):
         err = body.get("error", body)
         if isinstance(err, Mapping) and err.get("message"):
             return str(err["message"])
-        if isinstance(err, str):
+        if isinstance(err, str) and err:
             return err
+        detail = body.get("detail")
+        if isinstance(detail, str) and detail:
+            return detail
+        if body:
+            return json.dumps(detail or body, ensure_ascii=False, default=str)
+    if isinstance(body, str) and body.strip():
+        return " ".join(body.split())
     return str(getattr(exc, "message", None) or exc)
+
+
+def not_found_hint(exc: Any, provider: str, message: str = "") -> str:
+    """For a 404: the URL the SDK really posted to, which is what is usually wrong. The openai SDK
+    appends /chat/completions to the base URL and the anthropic SDK /v1/messages, so a base URL
+    without /v1 (openai) or with it (anthropic, by analogy) reaches no endpoint. A server that
+    says the *model* is unknown has the endpoint: the URL alone is shown."""
+    url = str(getattr(getattr(exc, "request", None), "url", "") or "")
+    if not url:
+        return ""
+    path = urlparse(url).path
+    if provider == "anthropic" and "/v1/v1/" in path:
+        why = "the anthropic SDK adds /v1/messages itself: give the base URL without /v1"
+    elif provider == "openai" and "model" not in message.lower() and not re.search(r"/v\d+[a-z0-9]*/", path):
+        why = "OpenAI-compatible servers serve under /v1: is the base URL the API root, ending in /v1?"
+    else:
+        return f" (POST {url})"
+    return f" (POST {url}; {why})"
 
 
 def usage_dict(usage: Any, fields: Sequence[str]) -> dict[str, int]:
