@@ -58,6 +58,8 @@ LAYOUTS = ("mmr", "diversity", "lost_in_the_middle")
 REDUNDANT = reasons.REDUNDANT_WITH + ":"
 BELOW_MIN = reasons.BELOW_MIN_SCORE
 NOT_SELECTED = reasons.NOT_SELECTED
+# The detail of `not_selected` for a chunk the scorer left out of its answer altogether.
+UNSCORED_DETAIL = "the model neither ranked nor dropped it"
 OVER_BUDGET = reasons.OVER_WORD_BUDGET
 DUPLICATES_BY = ("text", "embedding")
 LEXICAL_NAME = "lexical"
@@ -438,7 +440,9 @@ def _unscored_reason(
     sim_all: np.ndarray,
     threshold: float,
 ) -> str:
-    """The LLM's own reason when it still holds; otherwise a duplicate of a ranked chunk, or not selected."""
+    """The LLM's own reason when it still holds; otherwise a duplicate of a ranked chunk, or not
+    selected. A chunk the model neither ranked nor dropped says so: a bare `not_selected` reads
+    'relevant enough, but top_k and MMR chose others', which nobody judged."""
     if llm is not None and not llm.startswith(REDUNDANT):
         return reasons.normalise(llm)  # the model's own words, filed under a listed token if need be
     if llm is not None:
@@ -453,4 +457,4 @@ def _unscored_reason(
         best = int(np.argmax(row))
         if row[best] >= threshold:
             return REDUNDANT + chunks[int(ranked_idx[best])].id
-    return NOT_SELECTED
+    return NOT_SELECTED if llm is not None else reasons.reason(NOT_SELECTED, UNSCORED_DETAIL)

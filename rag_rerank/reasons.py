@@ -31,7 +31,7 @@ TOKENS: Mapping[str, str] = {
     BELOW_MIN_SCORE: "its relevance score is at or below the minimum score (0.2); the detail, when "
     "present, is the score",
     NOT_SELECTED: "relevant enough, but top_k and the MMR trade-off chose other chunks; the detail, "
-    "when present, is the score",
+    "when present, is the score, or says the scorer left the chunk out of its answer",
     OVER_WORD_BUDGET: "selected, but the ranked chunks before it already used up the word budget",
     NO_CITABLE_PHRASE: "the local backend found nothing concrete in the chunk to quote as a reason",
     DROPPED_BY_MODEL: "the model dropped it itself with a reason of its own, which is the detail, "

@@ -169,7 +169,8 @@ def test_top_k_larger_than_n_and_unscored_chunks():
     request = _request([[1, 0], [0, 1], [1, 1]], ["a", "b", "c"], 10, 0.7)
     result = postpass(request, [Ranked("id-0", 0.9, "a"), Ranked("id-1", 0.8, "b")], duplicate_threshold=0.99)
     assert [r.id for r in result.ranked] == ["id-0", "id-1"]
-    assert [(d.id, d.reason) for d in result.dropped] == [("id-2", "not_selected")]
+    unscored = "not_selected: the model neither ranked nor dropped it"
+    assert [(d.id, d.reason) for d in result.dropped] == [("id-2", unscored)]
 
 
 def test_all_scores_at_or_below_minimum():

@@ -174,6 +174,24 @@ def test_openai_backend_is_asked_for_candidate_k_and_postpass_trims_to_top_k() -
     assert "candidate_k=5" in result.meta.notes
 
 
+def test_ids_the_model_left_out_are_dropped_saying_so() -> None:
+    """A model that ranks two chunks, drops one and says nothing of the other two: those two were
+    dropped as a bare 'not_selected' ('relevant enough, but top_k and MMR chose others'), a
+    judgement nobody made. They are still accounted for, and the reason now says what happened."""
+    chunks = _examples("happy-path")
+    answer = {"ranked": [{"id": "c3", "score": 0.9, "reason": "IVF when index memory is constrained"},
+                         {"id": "c1", "score": 0.6, "reason": "HNSW is RAM-heavy"}],
+              "dropped": [{"id": "c5", "reason": "off topic"}]}
+    with FakeLLM([Reply.openai_text(json.dumps(answer))]) as srv:
+        result = rerank(QUERY, chunks, 2, backend="openai", base_url=srv.openai_url, api_key="x", model="m",
+                        policy=FAST)
+    _assert_contract(result, _ids(chunks), 2)
+    why = {d.id: d.reason for d in result.dropped}
+    assert why == {"c2": "not_selected: the model neither ranked nor dropped it",
+                   "c4": "not_selected: the model neither ranked nor dropped it",
+                   "c5": "dropped_by_model: off topic"}
+
+
 def test_fenced_output_is_repaired_and_logged_unless_strict() -> None:
     chunks = _examples("happy-path")
     fenced = "```json\n" + _valid_answer(["c3", "c2", "c1", "c4", "c5"], _texts(chunks), 3) + "\n```"
