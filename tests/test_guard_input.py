@@ -561,3 +561,21 @@ def test_utf16_bytes_are_named_as_utf16(tmp_path: Path) -> None:
         assert len(out) == 1
         assert out[0].endswith("not UTF-8 text (byte 0) (it looks like UTF-16; save it as UTF-8)")
     assert "UTF-16" not in reject(chunks=b"\x85 latin-1\n")[0]
+
+
+def test_optional_fields_set_to_none_by_a_python_caller_are_absent() -> None:
+    """`dataclasses.asdict(Chunk(...))` (our own value type) and a pydantic `model_dump()` write
+    score / meta / embedding as None; rerank() refused them: 'field 'score' must be a number, got
+    null' for every chunk. From Python, None now means absent, as it does in `Chunk`. The caller's
+    dicts are not modified, and JSONL text keeps the schema's rule."""
+    import dataclasses
+
+    records = [dataclasses.asdict(Chunk("a", "IVF partitions vectors")),
+               {"id": "b", "text": "HNSW is a graph", "score": 0.4, "meta": None, "embedding": None}]
+    before = [dict(r) for r in records]
+    chunks = parse_chunks(records)
+    assert [(c.id, c.score, c.meta, c.embedding) for c in chunks] == [("a", None, None, None),
+                                                                       ("b", 0.4, None, None)]
+    assert records == before
+    with pytest.raises(InputError, match="field 'score' must be a number, got null"):
+        parse_chunks(jl({"id": "a", "text": "t", "score": None}))

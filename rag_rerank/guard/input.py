@@ -357,6 +357,20 @@ def _as_record(item: Any) -> Any:
     return item
 
 
+_OPTIONAL = ("score", "meta", "embedding")
+
+
+def _without_nones(rec: Any) -> Any:
+    """A Python caller's record with `score` / `meta` / `embedding` set to None read as absent, as
+    `Chunk` itself has them: `dataclasses.asdict(chunk)` and a pydantic `model_dump()` write every
+    optional field as None, and were refused field by field ('must be a number, got null'). JSONL
+    text keeps the schema's rule (a number, an object, an array where the key is written).
+    A new dict is made; the caller's is only read."""
+    if isinstance(rec, dict) and any(k in rec and rec[k] is None for k in _OPTIONAL):
+        return {k: v for k, v in rec.items() if not (k in _OPTIONAL and v is None)}
+    return rec
+
+
 def parse_chunks(
     source: ChunkSource, *, limits: Limits | None = None, query: str = "", window_size: int | None = None
 ) -> list[Chunk]:
@@ -371,6 +385,8 @@ def parse_chunks(
     where: list[str] = []
     for item, line, index in records:
         rec = _as_record(item)
+        if line is None:
+            rec = _without_nones(rec)
         problems = _schema_violations(rec, index, line)
         if not problems:
             problems = _value_violations(rec, index, line)
