@@ -171,3 +171,22 @@ def test_a_404_from_a_base_url_ending_in_v1_says_the_sdk_adds_it(request_) -> No
             backend.complete("P", request_, max_tokens=50)
     assert str(info.value) == (f"anthropic: HTTP 404 NotFoundError: Not Found (POST {url}/v1/v1/messages; "
                                "the anthropic SDK adds /v1/messages itself: give the base URL without /v1)")
+
+
+def test_tool_input_handed_on_as_a_string_is_judged_as_the_models_text(request_) -> None:
+    """A proxy that could not parse the model's tool arguments passes them on as a string. Encoded
+    once more, a valid answer became '"{\\"ranked\\"...' and every re-ask failed with "text before
+    the JSON object: '\\"'"; a broken one never said it was truncated."""
+    from rag_rerank.guard.output import judge
+    from rag_rerank.retry import RetryPolicy, call_with_retries
+
+    whole = json.dumps(ANSWER)
+    with FakeLLM([Reply.anthropic_tool(whole), Reply.anthropic_tool(whole[:50])]) as srv:
+        backend = AnthropicBackend(base_url=srv.anthropic_url, api_key=KEY)
+        outcome = call_with_retries(backend, request_, render(request_), guard_top_k=3,
+                                    policy=RetryPolicy(sleep=lambda s: None))
+        assert outcome.obj == ANSWER and len(srv.requests) == 1
+        cut = backend.complete("P", request_, max_tokens=50)
+    assert cut.text == whole[:50]
+    _, violations = judge(cut.text, request_.chunks, 3)
+    assert "truncated or unterminated JSON" in str(violations[0])

@@ -138,7 +138,12 @@ class AnthropicBackend:
             raise FatalFailure("anthropic: the model refused" + (f": {said}" if said else ""))
         tool = next((b for b in blocks if getattr(b, "type", "") == "tool_use"
                      and getattr(b, "name", "") == TOOL_NAME), None)
-        if tool is not None:
+        if tool is not None and isinstance(tool.input, str):
+            # An Anthropic-compatible server or proxy that could not parse the model's arguments
+            # hands them on as a string: that string is the model's answer. Serialised again it
+            # read `"{\"ranked\"...` and the guard said only `text before the JSON object: '"'`.
+            text = tool.input
+        elif tool is not None:
             text = json.dumps(tool.input, ensure_ascii=False)
         else:  # no tool call: hand the prose to the guard, which will say what is wrong
             text = "".join(getattr(b, "text", "") for b in blocks if getattr(b, "type", "") == "text")
