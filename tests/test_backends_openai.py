@@ -279,3 +279,16 @@ def test_a_404_quotes_the_servers_body_and_the_url_posted_to(request_) -> None:
     # the endpoint exists, the model does not: no question about the URL
     assert failures[2] == ("openai: HTTP 404 NotFoundError: The model `gpt-9` does not exist "
                            f"(POST {url}/chat/completions)")
+
+
+def test_content_sent_as_a_list_of_parts_is_the_text_parts_joined(request_) -> None:
+    """Mistral's reasoning models answer `content: [{"type": "thinking", ...}, {"type": "text", ...}]`;
+    the backend handed the list on and the guard re-asked three times: 'output must be text, got list'."""
+    reply = Reply.openai_text("placeholder")
+    reply.body["choices"][0]["message"]["content"] = [
+        {"type": "thinking", "thinking": [{"type": "text", "text": "c3 is about memory"}]},
+        {"type": "text", "text": _answer()[:20]}, {"type": "text", "text": _answer()[20:]}]
+    with FakeLLM([reply]) as srv:
+        backend = OpenAIBackend(base_url=srv.openai_url, api_key=KEY, response_format="json_object")
+        out = backend.complete("P", request_, max_tokens=50)
+    assert out.text == _answer()

@@ -82,6 +82,16 @@ def response_format_for(mode: str, request: RerankRequest) -> dict[str, Any] | N
     return None
 
 
+def _content_text(content: Any) -> str:
+    """The answer's text. Some servers send `content` as a list of parts (Mistral's reasoning
+    models: a `thinking` part, then `text` parts); the text parts joined are the answer, the
+    thinking is not. Left as a list it was judged 'output must be text, got list' and re-asked."""
+    if isinstance(content, list):
+        return "".join(str(p.get("text") or "") for p in content
+                       if isinstance(p, dict) and p.get("type", "text") == "text")
+    return content or ""
+
+
 def build_messages(prompt: str, feedback: Sequence[Violation], previous: str | None) -> list[dict[str, str]]:
     """The conversation: the task; on a re-ask also the rejected answer and the quoted violations."""
     messages = [{"role": "user", "content": prompt}]
@@ -174,7 +184,7 @@ class OpenAIBackend:
         if downgraded:
             notes += (f"openai: {self.base_url} uses response_format mode {mode!r}",)
         return Completion(
-            text=message.content or "",
+            text=_content_text(message.content),
             finish_reason="length" if finish == "length" else finish,
             model=getattr(resp, "model", None) or self.model,
             usage=usage_dict(getattr(resp, "usage", None), _USAGE_FIELDS),
