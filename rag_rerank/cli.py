@@ -102,6 +102,9 @@ def _add_backend_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--deadline", type=float, default=None, metavar="SECONDS",
                    help="wall-clock bound on one rerank's backend calls and retries, a call still "
                    "running is cut (default 120)")
+    p.add_argument("--max-tokens", type=whole_number, default=None, metavar="N",
+                   help="the LLM's output budget for the first attempt (default: estimated from the "
+                   "request, at least 512); a reasoning model needs room to think before it answers")
 
 
 def _add_window_args(p: argparse.ArgumentParser, concurrency: bool = False) -> None:
@@ -260,15 +263,24 @@ _CE_FLAGS = ("device", "batch_size", "max_length", "calibration_factor")
 
 
 def _policy(args: argparse.Namespace) -> Any:
-    """A RetryPolicy carrying `--deadline`, or None for the default policy."""
+    """A RetryPolicy carrying `--deadline` and `--max-tokens`, or None for the default policy."""
     deadline = getattr(args, "deadline", None)
-    if deadline is None:
+    max_tokens = getattr(args, "max_tokens", None)
+    if deadline is None and max_tokens is None:
         return None
-    if not math.isfinite(deadline) or deadline <= 0:
+    if deadline is not None and (not math.isfinite(deadline) or deadline <= 0):
         raise UsageError(f"--deadline must be a positive number of seconds, got {deadline:g}")
+    if max_tokens is not None and max_tokens < 16:
+        raise UsageError(f"--max-tokens must be at least 16, got {max_tokens}")
     from .retry import RetryPolicy
 
-    return RetryPolicy(deadline_s=deadline)
+    kwargs: dict[str, Any] = {"max_tokens": max_tokens}
+    if deadline is not None:
+        kwargs["deadline_s"] = deadline
+    if max_tokens is not None:
+        # The cap bounds the truncation retry (budget x2), not the first ask: keep room for one.
+        kwargs["max_tokens_cap"] = max(RetryPolicy.max_tokens_cap, 2 * max_tokens)
+    return RetryPolicy(**kwargs)
 
 
 def cmd_rerank(args: argparse.Namespace) -> int:

@@ -163,6 +163,7 @@ class _Run:
         self.previous: str | None = None
         self.max_tokens = policy.output_budget(request, guard_top_k)
         self.truncated_at: list[int] = []  # the max_tokens of each truncated attempt, in order
+        self.reasoned = False  # a truncated answer came after the model's reasoning
         self.usage: dict[str, int] = {}
         self.notes: list[str] = []
         self.model: str | None = getattr(backend, "model", None)
@@ -235,8 +236,11 @@ class _Run:
         if completion.finish_reason == "length":
             self.counts["truncated"] += 1
             self.truncated_at.append(self.max_tokens)
+            thought = (f", after {completion.reasoning_chars} characters of reasoning"
+                       if completion.reasoning_chars else "")
             self.record("truncated", f"output cut off at max_tokens={self.max_tokens} "
-                                     f"({len(raw)} characters received)", tuple(violations))
+                                     f"({len(raw)} characters received{thought})", tuple(violations))
+            self.reasoned = self.reasoned or bool(completion.reasoning_chars)
             bigger = int(self.max_tokens * self.policy.truncation_factor)
             self.max_tokens = min(self.policy.max_tokens_cap, max(self.max_tokens + 1, bigger))
             raise _Retry("truncated")
@@ -268,6 +272,10 @@ class _Run:
         elif kind == "truncated" and self.counts["truncated"] > p.max_truncation_retries:
             used = ", ".join(str(n) for n in dict.fromkeys(self.truncated_at))
             reason = f"the output was still truncated at max_tokens={used}"
+            if self.reasoned:
+                # A reasoning model spends the budget thinking before it writes the answer.
+                reason += ("; the model's reasoning used the budget: give it more with "
+                           "RetryPolicy(max_tokens=N) (CLI --max-tokens N)")
         elif len(self.attempts) >= p.max_attempts:
             reason = f"max_attempts={p.max_attempts} reached"
         elif self.elapsed() >= p.deadline_s:

@@ -327,6 +327,29 @@ def test_a_bad_deadline_is_a_usage_error(tmp_path: Path, capsys, value: str) -> 
     assert "--deadline" in err and "Traceback" not in err
 
 
+def test_a_reasoning_model_out_of_budget_is_told_how_to_give_it_more(tmp_path: Path, capsys) -> None:
+    """A reasoning model (vLLM --reasoning-parser, Ollama, LM Studio) spent the output budget on
+    `reasoning_content` and every call failed 'truncated at max_tokens=512, 1024 (0 characters
+    received)', with no way from the shell to raise the budget. The error now says where the budget
+    went and names --max-tokens, which sets the first ask (and leaves room for one doubling)."""
+    def thinking(req: RecordedRequest) -> Reply:
+        reply = Reply.openai_text(None, finish_reason="length")
+        reply.body["choices"][0]["message"]["reasoning_content"] = "Let me compare HNSW and IVF. " * 40
+        return reply
+
+    argv = ["rerank", "-q", QUERY, "-c", str(_happy(tmp_path)), "--backend", "openai"]
+    with FakeLLM(handler=thinking) as srv:
+        assert main([*argv, "--base-url", srv.openai_url]) == 3
+        err = capsys.readouterr().err
+        assert "after 1160 characters of reasoning" in err
+        assert ("the model's reasoning used the budget: give it more with RetryPolicy(max_tokens=N) "
+                "(CLI --max-tokens N)") in err
+        assert main([*argv, "--base-url", srv.openai_url, "--max-tokens", "6000"]) == 3
+        assert [r.body["max_tokens"] for r in srv.requests] == [512, 1024, 6000, 12000]
+    assert main([*argv, "--max-tokens", "8"]) == 2
+    assert "--max-tokens must be at least 16, got 8" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("command", ["rerank", "batch", "eval"])
 def test_a_model_with_the_local_backend_is_a_usage_error(command: str, tmp_path: Path, capsys) -> None:
     """Regression: `-m gpt-4o-mini` without `--backend openai` ranked with the local scorer and said

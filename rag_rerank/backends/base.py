@@ -24,6 +24,9 @@ class Completion:
     # What the backend had to negotiate for this call (e.g. a response_format downgrade);
     # call_with_retries surfaces it in Outcome.notes.
     notes: tuple[str, ...] = ()
+    # Characters of reasoning the server returned apart from the answer (`reasoning_content`):
+    # they count against max_tokens, so a truncation report says where the budget went.
+    reasoning_chars: int = 0
 
 
 class BackendFailure(RerankError):

@@ -92,6 +92,16 @@ def _content_text(content: Any) -> str:
     return content or ""
 
 
+def _reasoning_chars(message: Any) -> int:
+    """Length of the reasoning a server returns beside the answer: `reasoning_content` (vLLM,
+    DeepSeek, LM Studio, llama.cpp) or `reasoning` (Ollama, OpenRouter)."""
+    for name in ("reasoning_content", "reasoning"):
+        value = getattr(message, name, None)
+        if isinstance(value, str) and value:
+            return len(value)
+    return 0
+
+
 def build_messages(prompt: str, feedback: Sequence[Violation], previous: str | None) -> list[dict[str, str]]:
     """The conversation: the task; on a re-ask also the rejected answer and the quoted violations."""
     messages = [{"role": "user", "content": prompt}]
@@ -186,6 +196,7 @@ class OpenAIBackend:
         return Completion(
             text=_content_text(message.content),
             finish_reason="length" if finish == "length" else finish,
+            reasoning_chars=_reasoning_chars(message),
             model=getattr(resp, "model", None) or self.model,
             usage=usage_dict(getattr(resp, "usage", None), _USAGE_FIELDS),
             notes=notes,
