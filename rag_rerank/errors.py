@@ -6,7 +6,7 @@ Guards never stop at the first problem: an `InputError` or `OutputError` carries
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -99,8 +99,11 @@ class Attempt:
 class BackendError(RerankError):
     """Every attempt to get a valid answer from a backend failed (CLI exit 3)."""
 
-    def __init__(self, message: str, attempts: Sequence[Attempt] = ()) -> None:
+    def __init__(self, message: str, attempts: Sequence[Attempt] = (),
+                 usage: Mapping[str, int] | None = None) -> None:
         self.attempts: tuple[Attempt, ...] = tuple(attempts)
+        # Tokens the failed attempts still consumed (billed): a fallback's meta.usage adds them.
+        self.usage: dict[str, int] = dict(usage or {})
         detail = "; ".join(_attempt_runs(self.attempts))
         super().__init__(f"{message}" + (f" [{detail}]" if detail else ""))
 

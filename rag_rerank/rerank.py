@@ -416,12 +416,21 @@ def _fallback_result(
         model=outcome.model or getattr(local, "model", None),
         attempts=len(error.attempts) + len(outcome.attempts),
         repairs=outcome.repairs,
-        usage=outcome.usage,
+        usage=add_usage(error.usage, outcome.usage),
         fallback="local",
         notes=(f"{plan.backend_name} failed after {len(error.attempts)} attempt(s): {summary}",
                *_scoring_notes(plan)),
     )
     return replace(result, meta=meta)
+
+
+def add_usage(*usages: Mapping[str, int]) -> dict[str, int]:
+    """Token counts summed key by key: a fallback's answer is free, the failed calls before it were not."""
+    out: dict[str, int] = {}
+    for usage in usages:
+        for key, value in usage.items():
+            out[key] = out.get(key, 0) + int(value)
+    return out
 
 
 def _redacted(error: BackendError, api_key: str | None) -> BackendError:
@@ -432,7 +441,7 @@ def _redacted(error: BackendError, api_key: str | None) -> BackendError:
         return error
     attempts = [replace(a, detail=redact(a.detail, secrets)) for a in error.attempts]
     head = redact(text.split(" [#", 1)[0], secrets)
-    return BackendError(head, attempts)
+    return BackendError(head, attempts, usage=error.usage)
 
 
 def rerank(

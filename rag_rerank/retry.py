@@ -309,7 +309,7 @@ class _Run:
             why = self.stop_reason or "retries exhausted"
         n = len(self.attempts)
         return BackendError(f"{self.name}: no valid answer after {n} attempt{'s' if n != 1 else ''} ({why})",
-                            self.attempts)
+                            self.attempts, usage=self.usage)
 
 
 def call_with_retries(

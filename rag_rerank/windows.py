@@ -130,8 +130,16 @@ def split(request: RerankRequest, window_size: int) -> list[Window]:
 # --------------------------------------------------------------------------- one call
 
 
-def _scored(outcome: Any, started: float, fallback: str | None = None, note: str | None = None) -> Scored:
-    return Scored(outcome.obj, len(outcome.attempts), tuple(outcome.repairs), dict(outcome.usage),
+def _scored(outcome: Any, started: float, fallback: str | None = None, note: str | None = None,
+            failed: BackendError | None = None) -> Scored:
+    """One window's answer; after a fallback, `failed` is the backend's failure, whose attempts
+    and tokens count too (the window's entry and meta said 1 attempt and no usage after 3 calls)."""
+    from .rerank import add_usage
+
+    attempts, usage = len(outcome.attempts), dict(outcome.usage)
+    if failed is not None:
+        attempts, usage = attempts + len(failed.attempts), add_usage(failed.usage, usage)
+    return Scored(outcome.obj, attempts, tuple(outcome.repairs), usage,
                   outcome.model, (time.perf_counter() - started) * 1000.0, fallback, note)
 
 
@@ -141,7 +149,7 @@ def _named(plan: _Plan, window: Window, error: BackendError, api_key: str | None
 
     clean = _redacted(error, api_key)
     head = str(clean).split(" [#", 1)[0]
-    return BackendError(f"{window.label}: {head}", clean.attempts)
+    return BackendError(f"{window.label}: {head}", clean.attempts, usage=clean.usage)
 
 
 def _fallback_note(plan: _Plan, window: Window, error: BackendError, api_key: str | None) -> str:
@@ -174,7 +182,7 @@ def _score(plan: _Plan, window: Window, policy: Any, strict: bool, fallback: str
             outcome = call_with_retries(local, window.ask, window.prompt, **kw)
         except BackendError:
             raise _named(plan, window, exc, api_key) from None
-        return _scored(outcome, started, "local", _fallback_note(plan, window, exc, api_key))
+        return _scored(outcome, started, "local", _fallback_note(plan, window, exc, api_key), exc)
 
 
 async def _ascore(plan: _Plan, window: Window, policy: Any, strict: bool, fallback: str | None,
@@ -198,7 +206,7 @@ async def _ascore(plan: _Plan, window: Window, policy: Any, strict: bool, fallba
         outcome = await acall_with_retries(local, window.ask, window.prompt, **kw)
     except BackendError:
         raise _named(plan, window, error, api_key) from None
-    return _scored(outcome, started, "local", _fallback_note(plan, window, error, api_key))
+    return _scored(outcome, started, "local", _fallback_note(plan, window, error, api_key), error)
 
 
 # --------------------------------------------------------------------------- survivors

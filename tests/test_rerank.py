@@ -192,6 +192,25 @@ def test_ids_the_model_left_out_are_dropped_saying_so() -> None:
                    "c5": "dropped_by_model: off topic"}
 
 
+def test_a_fallback_counts_the_failed_calls_tokens_in_meta_usage() -> None:
+    """Three billed calls that invented ids, then the local fallback: meta.usage was {} (only the
+    free local answer's), so a caller tracking cost saw nothing spent. Both paths, sync and async."""
+    chunks = _examples("happy-path")
+    invented = Reply.openai_text(json.dumps({"ranked": [{"id": "c99", "score": 0.9, "reason": "IVF"}]}),
+                                 usage={"prompt_tokens": 700, "completion_tokens": 30, "total_tokens": 730})
+    kw = {"backend": "openai", "api_key": "x", "model": "m", "policy": FAST, "fallback": "local"}
+    with FakeLLM([invented] * 6) as srv:
+        results = [rerank(QUERY, chunks, 2, base_url=srv.openai_url, **kw),
+                   asyncio.run(arerank(QUERY, chunks, 2, base_url=srv.openai_url, **kw))]
+    spent = {"prompt_tokens": 2100, "completion_tokens": 90, "total_tokens": 2190}
+    for result in results:
+        assert result.meta.fallback == "local" and result.meta.attempts == 4
+        assert dict(result.meta.usage) == spent
+    with FakeLLM([invented] * 3) as srv, pytest.raises(BackendError) as info:
+        rerank(QUERY, chunks, 2, base_url=srv.openai_url, **{**kw, "fallback": None})
+    assert info.value.usage == spent
+
+
 def test_fenced_output_is_repaired_and_logged_unless_strict() -> None:
     chunks = _examples("happy-path")
     fenced = "```json\n" + _valid_answer(["c3", "c2", "c1", "c4", "c5"], _texts(chunks), 3) + "\n```"

@@ -298,6 +298,22 @@ def test_a_failing_window_without_fallback_is_a_backend_error_naming_it() -> Non
     assert info.value.attempts and info.value.attempts[0].kind == "fatal"
 
 
+def test_a_window_answered_by_the_fallback_counts_the_failed_attempts_and_tokens() -> None:
+    """Every window's model invented an id three times, then the local backend answered: 9 calls
+    sent, but meta.attempts said 3 (one per window), each window's entry 1, and usage {}."""
+    invented = Reply.openai_text(json.dumps({"ranked": [{"id": "zz", "score": 0.9, "reason": "IVF"}]}),
+                                 usage={"prompt_tokens": 50, "completion_tokens": 5, "total_tokens": 55})
+    chunks = [{"id": f"c{i}", "text": f"IVF index memory partition {i} cells word{i}"} for i in range(12)]
+    with FakeLLM(handler=lambda req: invented) as srv:  # two windows and the final pass
+        result = rerank("IVF memory", chunks, 3, window_size=6, backend="openai", base_url=srv.openai_url,
+                        api_key="x", model="m", fallback="local")
+        sent = len(srv.requests)
+    assert sent == 9 and [w["fallback"] for w in result.meta.windows] == ["local"] * 3
+    assert [w["attempts"] for w in result.meta.windows] == [4, 4, 4] and result.meta.attempts == 12
+    assert [w["usage"]["total_tokens"] for w in result.meta.windows] == [165, 165, 165]
+    assert dict(result.meta.usage) == {"prompt_tokens": 450, "completion_tokens": 45, "total_tokens": 495}
+
+
 def test_a_failing_window_with_fallback_is_ranked_locally_and_flagged() -> None:
     chunks = make_chunks(120, {55: _TOPICAL[0]})
     srv, failed = _failing_window("d0050")
