@@ -94,7 +94,8 @@ def test_render_bad_input_lists_every_problem(capsys: pytest.CaptureFixture[str]
         "rag-rerank: error: lambda: lambda must be a number in [0, 1], got 2.0",
         "rag-rerank: error: line 3: chunks[2]: not valid JSON (Expecting value at column 1): "
         "'not json'",
-        "rag-rerank: error: line 4: chunks[3].id: field 'id' must be a string, got number",
+        "rag-rerank: error: line 4: chunks[3].id: field 'id' must be a string, got number (ids come back "
+        'byte for byte, so they must be strings: write "3")',
         "rag-rerank: error: line 4: chunks[3].text: missing required field 'text'",
         "rag-rerank: error: chunks: duplicate ids (ids must be unique): 'a' at line 1, line 2",
     ]

@@ -579,3 +579,13 @@ def test_optional_fields_set_to_none_by_a_python_caller_are_absent() -> None:
     assert records == before
     with pytest.raises(InputError, match="field 'score' must be a number, got null"):
         parse_chunks(jl({"id": "a", "text": "t", "score": None}))
+
+
+def test_an_integer_id_says_to_pass_it_as_a_string() -> None:
+    """Qdrant, Milvus and SQL keys are integers; 'must be a string, got number' left the user to
+    work out why a number is refused and what to send instead."""
+    out = reject(chunks=[{"id": 7, "text": "IVF"}, {"id": 1.5, "text": "HNSW"}])
+    assert out[0].endswith("field 'id' must be a string, got number (ids come back byte for byte, so they "
+                           'must be strings: str(id), e.g. "7")')
+    assert out[1].endswith("field 'id' must be a string, got number")  # not a whole number: no guess
+    assert reject(chunks=jl({"id": 7, "text": "IVF"}))[0].endswith('must be strings: write "7")')  # JSONL

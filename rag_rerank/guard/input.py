@@ -162,6 +162,12 @@ def _schema_violations(record: Any, index: int, line: int | None) -> list[Violat
         elif err.validator == "type":
             want = err.validator_value
             msg = f"field '{field}' must be {_TYPE_NAMES.get(want, want)}, got {_json_type(err.instance)}"
+            if field == "id" and isinstance(err.instance, int) and not isinstance(err.instance, bool):
+                # Vector stores (Qdrant, Milvus, a SQL key) hand out integer ids; we return ids
+                # byte for byte and will not guess the caller's string form.
+                shown = str(err.instance)[:20]
+                how = f'write "{shown}"' if line is not None else f'str(id), e.g. "{shown}"'  # JSONL / Python
+                msg += f" (ids come back byte for byte, so they must be strings: {how})"
         elif err.validator == "minLength":
             msg = f"field '{field}' must not be empty"
         elif err.validator == "minItems":
