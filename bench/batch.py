@@ -37,14 +37,14 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from rag_rerank.cli import main as cli_main  # noqa: E402
-from tests.support.shared_data import data_dir  # noqa: E402
+from tests.support.shared_data import data_dir, need  # noqa: E402
 
 DEFAULT_DATA = data_dir() / "trec-dl19" / "bm25-top100.json"
 
 
 def write_queries(path: Path, data: Path, n_queries: int, n_chunks: int) -> None:
     """`n_queries` batch lines from TREC DL19 (cycled), each with its BM25 top `n_chunks` passages."""
-    src = json.loads(data.read_text(encoding="utf-8"))
+    src = json.loads(need(data).read_text(encoding="utf-8"))
     with path.open("w", encoding="utf-8") as fh:
         for i in range(n_queries):
             q = src[i % len(src)]

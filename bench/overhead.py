@@ -33,13 +33,13 @@ from rag_rerank.models import Dropped, Ranked  # noqa: E402
 from rag_rerank.postpass import postpass  # noqa: E402
 from rag_rerank.render import render  # noqa: E402
 from rag_rerank.rerank import candidate_k, make_backend, rerank  # noqa: E402
-from tests.support.shared_data import data_dir  # noqa: E402
+from tests.support.shared_data import data_dir, need  # noqa: E402
 
 DEFAULT_DATA = data_dir() / "trec-dl19" / "bm25-top100.json"
 
 
 def load_queries(path: Path, n_chunks: int) -> list[tuple[str, list[dict[str, Any]]]]:
-    data = json.loads(path.read_text(encoding="utf-8"))
+    data = json.loads(need(path).read_text(encoding="utf-8"))
     out = []
     for q in data:
         hits = q["hits"][:n_chunks]

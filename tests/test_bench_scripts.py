@@ -33,3 +33,19 @@ def test_quality_bench_ablation_backends_build() -> None:
     for backend in (quality._cosine_only("lexical"), quality._no_prior("lexical")):
         scores = backend.scores("How does an IVF index work?", texts)
         assert scores.shape == (2,) and scores[0] > scores[1]
+
+
+@pytest.mark.parametrize("script", ["overhead.py", "batch.py"])
+def test_a_speed_bench_without_the_data_says_where_to_point_it(script: str, tmp_path: Path) -> None:
+    """docs/speed.md invites `python bench/overhead.py` on your own machine, where the shared TREC
+    data is absent: the run ended in a FileNotFoundError traceback."""
+    import os
+
+    env = {**os.environ, "RAG_RERANK_DATA": str(tmp_path / "nowhere")}
+    out = subprocess.run([sys.executable, str(BENCH / script)], capture_output=True, text=True, timeout=120,
+                         cwd=BENCH.parent, env=env)
+    assert out.returncode == 1 and "Traceback" not in out.stderr
+    missing = tmp_path / "nowhere" / "trec-dl19" / "bm25-top100.json"
+    assert out.stderr.strip() == (f"{missing} not found: this bench reads the shared evaluation data (not "
+                                  "shipped with the package); set RAG_RERANK_DATA to that data folder or "
+                                  "pass --data FILE")

@@ -40,3 +40,13 @@ def require(path: Path) -> Path:
     if not path.exists():
         pytest.skip(f"{path} not found: set {ENV} to the shared data folder")
     return path
+
+
+def need(path: Path, flag: str = "--data") -> Path:
+    """`path` if it exists; else end a bench script with one line saying what is missing and how to
+    point at it (a FileNotFoundError traceback was all `python bench/overhead.py` printed on a
+    machine without the shared data, the very run docs/speed.md invites)."""
+    if not path.exists():
+        raise SystemExit(f"{path} not found: this bench reads the shared evaluation data (not shipped "
+                         f"with the package); set {ENV} to that data folder or pass {flag} FILE")
+    return path
