@@ -292,3 +292,26 @@ def test_content_sent_as_a_list_of_parts_is_the_text_parts_joined(request_) -> N
         backend = OpenAIBackend(base_url=srv.openai_url, api_key=KEY, response_format="json_object")
         out = backend.complete("P", request_, max_tokens=50)
     assert out.text == _answer()
+
+
+def test_a_choice_without_a_message_is_a_protocol_error_not_an_attribute_error(request_) -> None:
+    """The SDK builds a ChatCompletion from any JSON without validating it: a legacy text
+    completion (`choices[0].text`), `message: null` or `choices` as an object raised AttributeError /
+    KeyError out of the backend (CLI: 'internal error', exit 4)."""
+    def body(choices: object) -> dict:
+        return {"id": "x", "object": "chat.completion", "created": 0, "model": "m", "choices": choices}
+
+    replies = [Reply(200, body([{"index": 0, "text": "{}", "finish_reason": "stop"}])),
+               Reply(200, body([{"index": 0, "message": None, "finish_reason": "stop"}])),
+               Reply(200, body({"0": {"message": {"content": "{}"}}}))]
+    with FakeLLM(replies) as srv:
+        backend = OpenAIBackend(base_url=srv.openai_url, api_key=KEY, response_format="json_object")
+        seen = []
+        for _ in replies:
+            with pytest.raises(FatalFailure) as info:
+                backend.complete("P", request_, max_tokens=50)
+            seen.append(str(info.value))
+    head = "openai: protocol error: the server's answer is not a Chat Completions response"
+    assert seen[0] == f"{head} (it is a text completion (choices[0].text), not a chat completion)"
+    assert seen[1] == f"{head} (choices[0] has no message)"
+    assert seen[2].startswith(f"{head} ('choices' is not a list)")

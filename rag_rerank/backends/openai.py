@@ -178,12 +178,20 @@ class OpenAIBackend:
         return any(word in text for word in _REJECT_WORDS)
 
     def _completion(self, resp: Any, mode: str, downgraded: list[str]) -> Completion:
-        if isinstance(resp, (str, bytes)) or getattr(resp, "choices", None) is None:
+        if isinstance(resp, (str, bytes)) or not isinstance(getattr(resp, "choices", None), list):
             raise FatalFailure(self._protocol_error(resp))
         if not resp.choices:
             raise FatalFailure("openai: response has no choices")
         choice = resp.choices[0]
-        message = choice.message
+        message = getattr(choice, "message", None)
+        if message is None:
+            # The SDK does not validate: a choice without a message (a legacy text completion's
+            # `text`, or `message: null`) was an AttributeError, an internal error in the CLI.
+            legacy = isinstance(getattr(choice, "text", None), str)
+            what = ("it is a text completion (choices[0].text), not a chat completion" if legacy
+                    else "choices[0] has no message")
+            raise FatalFailure(f"openai: protocol error: the server's answer is not a Chat Completions "
+                               f"response ({what})")
         refusal = getattr(message, "refusal", None)
         if refusal:
             raise FatalFailure(f"openai: the model refused: {scrub(str(refusal), self._key)[:200]}")
@@ -214,6 +222,8 @@ class OpenAIBackend:
             return f"{head} but text: {shown!r}{root}"
         if getattr(resp, "type", None) == "message" and getattr(resp, "content", None) is not None:
             return f"{head} (it looks like an Anthropic Messages response); for it use the anthropic backend"
+        if getattr(resp, "choices", None) is not None:
+            return f"{head} ('choices' is not a list){root}"
         return f"{head} (no 'choices' in the JSON){root}"
 
     def _downgrade_or_raise(
