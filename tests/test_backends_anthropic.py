@@ -190,3 +190,35 @@ def test_tool_input_handed_on_as_a_string_is_judged_as_the_models_text(request_)
     assert cut.text == whole[:50]
     _, violations = judge(cut.text, request_.chunks, 3)
     assert "truncated or unterminated JSON" in str(violations[0])
+
+
+def _message(content: object, **fields: object) -> Reply:
+    body = {"id": "msg_x", "type": "message", "role": "assistant", "model": "c", "content": content,
+            "stop_reason": "end_turn", "usage": {"input_tokens": 1, "output_tokens": 1}}
+    return Reply(200, {**body, **fields})
+
+
+def test_malformed_messages_are_named_not_internal_errors(request_) -> None:
+    """The SDK builds a Message from any JSON: a text block with `"text": null` raised TypeError in
+    the join (CLI: internal error, exit 4); `content: null` was 'not an Anthropic Messages response
+    (it looks like 'message')'; an error object sent with HTTP 200 (a proxy) was fatal and said only
+    "it looks like 'error'", even for `overloaded_error`, which the API sends as a retryable 529."""
+    from rag_rerank.retry import RetryPolicy, call_with_retries
+
+    overloaded = Reply(200, {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}})
+    denied = Reply(200, {"type": "error", "error": {"type": "permission_error", "message": "no access"}})
+    with FakeLLM([_message([{"type": "text", "text": None}]), _message(None), denied, overloaded,
+                  Reply.anthropic_tool(ANSWER)]) as srv:
+        backend = AnthropicBackend(base_url=srv.anthropic_url, api_key=KEY)
+        assert backend.complete("P", request_, max_tokens=50).text == ""  # the guard: 'output is empty'
+        with pytest.raises(FatalFailure, match=r"not an Anthropic Messages response \(a message whose "
+                                               r"content is not a list of blocks\)"):
+            backend.complete("P", request_, max_tokens=50)
+        with pytest.raises(FatalFailure) as info:
+            backend.complete("P", request_, max_tokens=50)
+        assert str(info.value) == ("anthropic: the server answered HTTP 200 with an error: permission_error: "
+                                   "no access")
+        outcome = call_with_retries(backend, request_, render(request_), guard_top_k=3,
+                                    policy=RetryPolicy(sleep=lambda s: None))
+    assert outcome.obj == ANSWER and [a.kind for a in outcome.attempts] == ["transient", "ok"]
+    assert "overloaded_error: Overloaded" in outcome.attempts[0].detail

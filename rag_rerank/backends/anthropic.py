@@ -16,7 +16,7 @@ from typing import Any
 
 from ..errors import MissingDependencyError, Violation
 from ..models import RerankRequest
-from .base import Completion, FatalFailure
+from .base import BackendFailure, Completion, FatalFailure, TransientFailure
 from .common import (
     SDKClients,
     classify_sdk_error,
@@ -39,6 +39,28 @@ def _sdk() -> Any:
     except ImportError as exc:
         raise MissingDependencyError("the anthropic backend", "anthropic", "anthropic") from exc
     return anthropic
+
+
+def _text(block: Any) -> str:
+    """A text block's text; a block whose `text` is null or not a string counts as empty (the SDK
+    does not validate: `"text": null` made the join raise TypeError, an internal error)."""
+    text = getattr(block, "text", None)
+    return text if isinstance(text, str) else ""
+
+
+# Error types the Messages API uses for a condition that passes (its 429 / 5xx / 529 statuses).
+_TRANSIENT_ERRORS = frozenset({"overloaded_error", "rate_limit_error", "api_error", "timeout_error"})
+
+
+def _error_body(error: Any, key: str | None) -> BackendFailure:
+    """An Anthropic error object sent with HTTP 200 (some proxies do): its own words, and a retry
+    when its type is one the API itself would have sent as 429 / 5xx."""
+    kind = error.get("type") if isinstance(error, dict) else getattr(error, "type", None)
+    said = error.get("message") if isinstance(error, dict) else getattr(error, "message", None)
+    detail = scrub(f"anthropic: the server answered HTTP 200 with an error: {kind}: {said}", key)[:300]
+    if kind in _TRANSIENT_ERRORS:
+        return TransientFailure(detail)
+    return FatalFailure(detail)
 
 
 def tool_definition(request: RerankRequest) -> dict[str, Any]:
@@ -124,7 +146,11 @@ class AnthropicBackend:
             # OpenAI-compatible server's chat.completion) would read as an empty answer and be
             # re-asked in vain: it is a wrong server, not a wrong answer.
             shape = getattr(resp, "object", None) or getattr(resp, "type", None)
+            if shape == "error":
+                raise _error_body(getattr(resp, "error", None), self._key)
             seen = f" (it looks like {shape!r})" if isinstance(shape, str) else ""
+            if shape == "message":
+                seen = " (a message whose content is not a list of blocks)"
             hint = ""
             if shape == "chat.completion":
                 hint = "; for an OpenAI-compatible server use the openai backend"
@@ -133,7 +159,7 @@ class AnthropicBackend:
         stop = getattr(resp, "stop_reason", None) or "end_turn"
         blocks = list(getattr(resp, "content", None) or [])
         if stop == "refusal":
-            said = " ".join(getattr(b, "text", "") for b in blocks if getattr(b, "type", "") == "text")
+            said = " ".join(_text(b) for b in blocks if getattr(b, "type", "") == "text")
             said = scrub(said.strip(), self._key)[:200]
             raise FatalFailure("anthropic: the model refused" + (f": {said}" if said else ""))
         tool = next((b for b in blocks if getattr(b, "type", "") == "tool_use"
@@ -146,7 +172,7 @@ class AnthropicBackend:
         elif tool is not None:
             text = json.dumps(tool.input, ensure_ascii=False)
         else:  # no tool call: hand the prose to the guard, which will say what is wrong
-            text = "".join(getattr(b, "text", "") for b in blocks if getattr(b, "type", "") == "text")
+            text = "".join(_text(b) for b in blocks if getattr(b, "type", "") == "text")
         raw_usage = usage_dict(getattr(resp, "usage", None), ("input_tokens", "output_tokens"))
         usage: dict[str, int] = {}
         if raw_usage:  # the same keys as the openai backend, so meta.usage means one thing
