@@ -315,3 +315,25 @@ def test_a_choice_without_a_message_is_a_protocol_error_not_an_attribute_error(r
     assert seen[0] == f"{head} (it is a text completion (choices[0].text), not a chat completion)"
     assert seen[1] == f"{head} (choices[0] has no message)"
     assert seen[2].startswith(f"{head} ('choices' is not a list)")
+
+
+def test_an_error_object_sent_with_http_200_is_quoted_and_retried_when_transient(request_) -> None:
+    """OpenRouter and other proxies relay an upstream failure as HTTP 200 with {"error": {...}}: it
+    read as a protocol error asking whether the base URL was right. It is now the server's own words,
+    retried when its code is a retryable status."""
+    from rag_rerank.retry import RetryPolicy, call_with_retries
+
+    upstream = Reply(200, {"error": {"message": "Provider returned error", "code": 502}})
+    invalid = Reply(200, {"error": {"message": "Invalid model", "code": 400,
+                                    "type": "invalid_request_error"}})
+    with FakeLLM([upstream, Reply.openai_text(_answer()), invalid]) as srv:
+        backend = OpenAIBackend(base_url=srv.openai_url, api_key=KEY, response_format="json_object")
+        outcome = call_with_retries(backend, request_, render(request_), guard_top_k=3,
+                                    policy=RetryPolicy(sleep=lambda s: None))
+        with pytest.raises(FatalFailure) as info:
+            backend.complete("P", request_, max_tokens=50)
+    assert [a.kind for a in outcome.attempts] == ["transient", "ok"]
+    assert outcome.attempts[0].detail == ("openai: the server answered HTTP 200 with an error: 502: "
+                                          "Provider returned error")
+    assert str(info.value) == ("openai: the server answered HTTP 200 with an error: invalid_request_error: "
+                               "Invalid model")

@@ -20,12 +20,13 @@ from typing import Any
 
 from ..errors import InputError, MissingDependencyError, Violation
 from ..models import RerankRequest
-from .base import Completion, FatalFailure
+from .base import BackendFailure, Completion, FatalFailure, TransientFailure
 from .common import (
     SDKClients,
     classify_sdk_error,
     error_message,
     feedback_text,
+    is_transient_status,
     request_timeout,
     resolve_credentials,
     scrub,
@@ -179,6 +180,9 @@ class OpenAIBackend:
 
     def _completion(self, resp: Any, mode: str, downgraded: list[str]) -> Completion:
         if isinstance(resp, (str, bytes)) or not isinstance(getattr(resp, "choices", None), list):
+            error = None if isinstance(resp, (str, bytes)) else getattr(resp, "error", None)
+            if isinstance(error, dict):
+                raise self._error_body(error)
             raise FatalFailure(self._protocol_error(resp))
         if not resp.choices:
             raise FatalFailure("openai: response has no choices")
@@ -209,6 +213,17 @@ class OpenAIBackend:
             usage=usage_dict(getattr(resp, "usage", None), _USAGE_FIELDS),
             notes=notes,
         )
+
+    def _error_body(self, error: dict[str, Any]) -> BackendFailure:
+        """An `{"error": {...}}` body sent with HTTP 200 (OpenRouter and other proxies relay an
+        upstream failure that way): its own words, retried when its code is a retryable status."""
+        code = error.get("code")
+        status = int(code) if isinstance(code, int) or (isinstance(code, str) and code.isdigit()) else None
+        said = f"{error.get('type') or code or 'error'}: {error.get('message')}"
+        detail = scrub(f"openai: the server answered HTTP 200 with an error: {said}", self._key)[:300]
+        if status is not None and is_transient_status(status):
+            return TransientFailure(detail, status=status)
+        return FatalFailure(detail, status=status)
 
     def _protocol_error(self, resp: Any) -> str:
         """Why a 200 answer is not a Chat Completions response at all. The SDK hands back a web
