@@ -337,3 +337,28 @@ def test_an_error_object_sent_with_http_200_is_quoted_and_retried_when_transient
                                           "Provider returned error")
     assert str(info.value) == ("openai: the server answered HTTP 200 with an error: invalid_request_error: "
                                "Invalid model")
+
+
+def test_a_model_that_refuses_temperature_is_asked_again_without_it(request_) -> None:
+    """api.openai.com's reasoning models (o-series, gpt-5) answer 400 "Unsupported value:
+    'temperature' does not support 0 with this model": every call failed fatally, and the CLI has
+    no flag to leave the parameter out. The same call is sent again without it, once, and later
+    calls of this backend leave it out."""
+    refused = Reply.openai_error(400, "Unsupported value: 'temperature' does not support 0.0 with this "
+                                 "model. Only the default (1) value is supported.", param="temperature")
+    with FakeLLM([refused, Reply.openai_text(_answer()), Reply.openai_text(_answer()), refused]) as srv:
+        backend = OpenAIBackend(base_url=srv.openai_url, api_key=KEY, response_format="json_object")
+        first = backend.complete("P", request_, max_tokens=50)
+        second = asyncio.run(backend.acomplete("P", request_, max_tokens=50))
+        bodies = [r.body for r in srv.requests]
+        other = OpenAIBackend(base_url=srv.openai_url, api_key=KEY, response_format="json_object",
+                              temperature=None)
+        with pytest.raises(FatalFailure, match="temperature"):  # nothing to leave out: no loop
+            other.complete("P", request_, max_tokens=50)
+    assert first.text == second.text == _answer()
+    assert [b.get("temperature") for b in bodies] == [0.0, None, None]
+    assert [b["response_format"] for b in bodies] == [{"type": "json_object"}] * 3
+    (note,) = first.notes
+    assert note.startswith("openai: the server refused temperature=0 (Unsupported value: 'temperature' ")
+    assert note.endswith("); sent without it")
+    assert second.notes == ()

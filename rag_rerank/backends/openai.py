@@ -136,6 +136,9 @@ class OpenAIBackend:
         self.base_url = (url or DEFAULT_BASE_URL).rstrip("/")
         self.timeout = float(timeout)
         self.temperature = temperature
+        # Reasoning models (o-series, gpt-5) refuse any temperature but their default: learned on
+        # the first refusal, then the parameter is left out for this backend's calls.
+        self._send_temperature = True
         self.forced_mode = None if response_format == "auto" else response_format
         self._key = key
         self._official = self.base_url.startswith("https://api.openai.com")
@@ -162,12 +165,30 @@ class OpenAIBackend:
         # api.openai.com wants max_completion_tokens (reasoning models reject max_tokens); compatible
         # servers (llama.cpp, older vLLM) only know max_tokens.
         kwargs["max_completion_tokens" if self._official else "max_tokens"] = int(max_tokens)
-        if self.temperature is not None:
+        if self.temperature is not None and self._send_temperature:
             kwargs["temperature"] = self.temperature
         fmt = response_format_for(mode, request)
         if fmt is not None:
             kwargs["response_format"] = fmt
         return kwargs
+
+    def _refuses_temperature(self, exc: Exception, sdk: Any, downgraded: list[str]) -> bool:
+        """True (and temperature is dropped from now on) when a 400 names the temperature we sent:
+        `Unsupported value: 'temperature' does not support 0 with this model`. Every call to such a
+        model failed fatally, and the CLI has no flag to leave the parameter out."""
+        if not self._send_temperature or self.temperature is None or not isinstance(exc, sdk.APIStatusError):
+            return False
+        if int(exc.status_code) not in (400, 422):
+            return False
+        body = getattr(exc, "body", None)
+        err = body.get("error", body) if isinstance(body, dict) else None
+        param = err.get("param") if isinstance(err, dict) else None
+        if param != "temperature" and "temperature" not in error_message(exc).lower():
+            return False
+        self._send_temperature = False
+        downgraded.append(f"openai: the server refused temperature={self.temperature:g} "
+                          f"({scrub(error_message(exc), self._key)[:100]}); sent without it")
+        return True
 
     def _rejects_format(self, exc: Exception, mode: str, last: bool) -> bool:
         sdk = _sdk()
@@ -203,7 +224,7 @@ class OpenAIBackend:
         if finish == "content_filter":
             raise FatalFailure("openai: the answer was withheld by the content filter (refusal)")
         notes = tuple(downgraded)
-        if downgraded:
+        if any("response_format" in note for note in downgraded):
             notes += (f"openai: {self.base_url} uses response_format mode {mode!r}",)
         return Completion(
             text=_content_text(message.content),
@@ -265,14 +286,18 @@ class OpenAIBackend:
         client = self._clients.sync()
         modes = self._modes()
         downgraded: list[str] = []
-        for i, mode in enumerate(modes):
+        i = 0
+        while i < len(modes):
+            mode = modes[i]
             left = None if ends is None else ends - time.monotonic()
             try:
                 resp = client.chat.completions.create(
                     **self._kwargs(mode, prompt, request, max_tokens, feedback, previous),
                     **request_timeout(self.timeout, left))
             except sdk.OpenAIError as exc:
-                self._downgrade_or_raise(exc, sdk, mode, i == len(modes) - 1, downgraded)
+                if not self._refuses_temperature(exc, sdk, downgraded):  # else: the same mode again
+                    self._downgrade_or_raise(exc, sdk, mode, i == len(modes) - 1, downgraded)
+                    i += 1
                 continue
             except json.JSONDecodeError as exc:  # the SDK parses a JSON content-type body itself
                 raise FatalFailure(f"openai: the server's answer is not valid JSON ({exc})") from None
@@ -295,12 +320,16 @@ class OpenAIBackend:
         client = self._clients.for_running_loop()
         modes = self._modes()
         downgraded: list[str] = []
-        for i, mode in enumerate(modes):
+        i = 0
+        while i < len(modes):
+            mode = modes[i]
             try:
                 resp = await client.chat.completions.create(
                     **self._kwargs(mode, prompt, request, max_tokens, feedback, previous))
             except sdk.OpenAIError as exc:
-                self._downgrade_or_raise(exc, sdk, mode, i == len(modes) - 1, downgraded)
+                if not self._refuses_temperature(exc, sdk, downgraded):  # else: the same mode again
+                    self._downgrade_or_raise(exc, sdk, mode, i == len(modes) - 1, downgraded)
+                    i += 1
                 continue
             except json.JSONDecodeError as exc:  # the SDK parses a JSON content-type body itself
                 raise FatalFailure(f"openai: the server's answer is not valid JSON ({exc})") from None
