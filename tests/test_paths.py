@@ -69,6 +69,15 @@ def test_wheel_holds_the_data_folders_and_the_console_script(wheel: Path) -> Non
     ]
 
 
+def test_wheel_ships_only_the_golden_cases_the_package_runs(wheel: Path) -> None:
+    """golden/judged and golden/router are bench/ evaluation data: `rag-rerank golden` reads KINDS only."""
+    from rag_rerank.golden import KINDS
+
+    with zipfile.ZipFile(wheel) as z:
+        shipped = {n.split("/")[3] for n in z.namelist() if n.startswith("rag_rerank/_data/golden/")}
+    assert shipped == set(KINDS)
+
+
 def test_installed_layout_finds_its_data(wheel: Path, tmp_path: Path) -> None:
     site = tmp_path / "site"
     with zipfile.ZipFile(wheel) as z:
