@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import tarfile
 import zipfile
 from pathlib import Path
 
@@ -111,3 +112,23 @@ def test_installed_layout_finds_its_data(wheel: Path, tmp_path: Path) -> None:
     from rag_rerank.golden import discover
 
     assert got["cases"] == [f"{k}/{f.name}" for k, f in discover(ROOT / "golden")]
+
+
+def test_sdist_holds_the_examples_and_scripts_the_readme_docs_and_tests_use(tmp_path: Path) -> None:
+    """The quick start and the tests read examples/*.jsonl; docs/quality.md runs
+    scripts/build_static_table.py."""
+    pytest.importorskip("hatchling")
+    if not (ROOT / "examples").is_dir():
+        pytest.skip("examples/ is not shipped in this layout")
+    proc = subprocess.run(
+        [sys.executable, "-m", "hatchling", "build", "-t", "sdist", "-d", str(tmp_path)],
+        cwd=ROOT, capture_output=True, text=True, timeout=120, check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    (sdist,) = tmp_path.glob("rag_rerank-*.tar.gz")
+    with tarfile.open(sdist) as t:
+        names = {n.split("/", 1)[1] for n in t.getnames() if "/" in n}
+    wanted = [p.relative_to(ROOT).as_posix() for d in ("examples", "scripts") for p in (ROOT / d).glob("*.*")]
+    assert "examples/happy-path.jsonl" in wanted
+    assert [w for w in wanted if w not in names] == []
+    assert not [n for n in names if "__pycache__" in n or n.endswith(".pyc")]
