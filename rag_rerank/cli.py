@@ -423,7 +423,15 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
 
-    p = sub.add_parser("rerank", help="rerank chunks for a query and print the result object")
+    def command(name: str, summary: str, description: str | None = None) -> argparse.ArgumentParser:
+        # The summary is the line in `rag-rerank --help`; `rag-rerank NAME --help` shows it too.
+        # A description is laid out as written (so a pip command is never broken across lines).
+        if description is not None:
+            return sub.add_parser(name, help=summary, description=description,
+                                  formatter_class=argparse.RawDescriptionHelpFormatter)
+        return sub.add_parser(name, help=summary, description=summary[0].upper() + summary[1:] + ".")
+
+    p = command("rerank", "rerank chunks for a query and print the result object")
     _add_request_args(p)
     _add_backend_args(p)
     p.add_argument("--meta", action="store_true",
@@ -435,35 +443,37 @@ def build_parser() -> argparse.ArgumentParser:
     _add_window_args(p, concurrency=True)
     p.set_defaults(func=cmd_rerank)
 
-    p = sub.add_parser("render", help="print the XML prompt that would be sent to an LLM")
+    p = command("render", "print the XML prompt that would be sent to an LLM")
     _add_request_args(p)
     p.set_defaults(func=cmd_render)
 
-    p = sub.add_parser("check", help="judge a raw LLM output against the contract (exit 1 if invalid)")
+    p = command("check", "judge a raw LLM output against the contract (exit 1 if invalid)")
     p.add_argument("--chunks", "-c", required=True, metavar="FILE|-",
                    help="the JSONL chunks the output refers to")
     p.add_argument("--top-k", "-k", type=whole_number, required=True,
                    help="the top_k the output was asked for")
     p.add_argument("--repair", action="store_true", help="first strip fences / prose / <think> (reported)")
-    p.add_argument("output", nargs="?", default="-", metavar="OUTPUT_FILE|-")
+    p.add_argument("output", nargs="?", default="-", metavar="OUTPUT_FILE|-",
+                   help="the raw LLM answer to judge, or - for stdin (the default)")
     p.set_defaults(func=cmd_check)
 
-    p = sub.add_parser("route", help="decide whether an utterance should route to a skill")
-    p.add_argument("utterance")
+    p = command("route", "decide whether an utterance should route to a skill")
+    p.add_argument("utterance", help="what the user or agent said, e.g. \"rerank these chunks for my query\"")
     p.add_argument("--n-chunks", type=whole_number, default=None, help="how many chunks the agent holds")
     p.add_argument("--embedder", default="lexical", help="lexical (default) or sentence-transformers[:MODEL]")
     p.set_defaults(func=cmd_route)
 
-    p = sub.add_parser("golden", help="run the golden regression cases offline")
+    p = command("golden", "run the golden regression cases offline")
     p.add_argument("dir", nargs="?", default=None, help="golden folder (default: the packaged one)")
-    p.add_argument("--verbose", "-v", action="store_true")
+    p.add_argument("--verbose", "-v", action="store_true", help="list every case, not only the failures")
     p.set_defaults(func=cmd_golden)
 
-    p = sub.add_parser("batch", help="rerank many queries from JSONL, resumable, results in input order")
+    p = command("batch", "rerank many queries from JSONL, resumable, results in input order")
     p.add_argument("--input", "-i", required=True, metavar="FILE",
                    help="JSONL: {query, chunks, top_k?, lambda?, query_id?}")
     p.add_argument("--output", "-o", default="-", metavar="FILE|-", help="JSONL results (default stdout)")
-    p.add_argument("--concurrency", type=whole_number, default=4)
+    p.add_argument("--concurrency", type=whole_number, default=4,
+                   help="requests in flight at most (default 4)")
     p.add_argument("--resume", action="store_true", help="skip lines already present in --output")
     p.add_argument("--no-progress", action="store_true", help="never show a progress bar")
     p.add_argument("--engine", choices=["local", "ray"], default="local",
@@ -478,7 +488,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_window_args(p)
     p.set_defaults(func=cmd_batch)
 
-    p = sub.add_parser("eval", help="measure nDCG@10 / Recall / MRR of input vs reranked order")
+    p = command("eval", "measure nDCG@10 / Recall / MRR of input vs reranked order")
     p.add_argument("--candidates", required=True, metavar="FILE",
                    help="JSONL {qid, query, chunks:[{id,text}]}")
     p.add_argument("--qrels", required=True, metavar="FILE", help="TREC qrels")
@@ -491,18 +501,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--duplicate-threshold", type=float, default=None,
                    help="post-pass near-duplicate cosine in [0, 1] (default: the embedder's own; 1.0 keeps "
                    "all but identical vectors)")
-    p.add_argument("--lambda", dest="lambda_", type=float, default=None)
+    p.add_argument("--lambda", dest="lambda_", type=float, default=None,
+                   help="MMR trade-off in [0, 1] (0.7)")
     p.add_argument("--subtopics", default=None, metavar="FILE", help="subtopic judgments for alpha-nDCG")
-    p.add_argument("--concurrency", type=whole_number, default=4)
+    p.add_argument("--concurrency", type=whole_number, default=4,
+                   help="queries reranked at once at most (default 4)")
     p.add_argument("--resume", default=None, metavar="FILE", help="cache of per-query results to resume from")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--no-progress", action="store_true", help="never show a progress bar")
     _add_backend_args(p)
     _add_window_args(p)
     _add_meta_args(p)
     p.set_defaults(func=cmd_eval)
 
-    p = sub.add_parser("mcp", help="serve the rerank tool over MCP stdio (needs rag-rerank[mcp])")
+    p = command("mcp", "serve the rerank tool over MCP stdio (needs rag-rerank[mcp])",
+                "Serve the rerank tool over MCP stdio: an MCP client (an agent, a desktop app)\n"
+                "starts this command and calls the tool. Needs the mcp extra:\n"
+                "  pip install 'rag-rerank[mcp]'")
     p.set_defaults(func=cmd_mcp)
     return parser
 

@@ -345,6 +345,27 @@ def test_every_subcommand_is_declared() -> None:
     assert set(sub.choices) == {"rerank", "render", "check", "route", "golden", "batch", "eval", "mcp"}
 
 
+@pytest.mark.parametrize("name", ["rerank", "render", "check", "route", "golden", "batch", "eval", "mcp"])
+def test_every_subcommand_help_says_what_it_does_and_explains_each_option(
+    name: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`rag-rerank NAME --help` is where a newcomer looks: it describes the command and every
+    option and argument has a line of help (batch --concurrency, eval --lambda had none)."""
+    sub = next(a for a in build_parser()._actions if a.dest == "command")
+    summary = next(a.help for a in sub._choices_actions if a.dest == name)
+    actions = sub.choices[name]._actions
+    undocumented = [a.option_strings or a.dest for a in actions if not (a.help or "").strip()]
+    assert undocumented == []
+    code, out, _ = run(capsys, name, "--help")
+    assert code == EXIT_OK
+    assert " ".join(summary.split()[:4]).lower() in " ".join(out.split()).lower()
+
+
+def test_mcp_help_names_the_extra_on_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "mcp", "--help")
+    assert code == EXIT_OK and "pip install 'rag-rerank[mcp]'" in out
+
+
 @pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")
 def test_output_on_a_full_disk_and_a_closed_stdin_are_one_line_exit_2() -> None:
     """Regression: `render ... > /dev/full` and `-c - <&-` were internal errors (exit 4)."""
