@@ -127,10 +127,21 @@ class ConfigError(RerankError):
 
 
 class MissingDependencyError(RerankError):
-    """An optional extra is needed for what was asked; the message says which to install."""
+    """A package is needed for what was asked; the message says what to install.
 
-    def __init__(self, feature: str, extra: str, module: str) -> None:
+    `extra` names the optional extra in pyproject.toml that brings it. `extra=None` is for a core
+    dependency (openai, anthropic) missing from a broken environment: there is no extra to name,
+    and `pip install 'rag-rerank[openai]'` would only warn that no such extra exists.
+    """
+
+    def __init__(self, feature: str, extra: str | None, module: str) -> None:
         self.feature, self.extra, self.module = feature, extra, module
+        if extra is None:
+            super().__init__(
+                f"{feature} needs the package '{module}', a dependency of rag-rerank that is missing "
+                f"from this environment: pip install '{module}'"
+            )
+            return
         # Both spellings: the released package by name, and a source checkout, where the name
         # would fetch the package from PyPI instead of installing the extra into this copy.
         super().__init__(

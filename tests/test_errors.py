@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import ast
 import dataclasses
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -52,6 +57,53 @@ def test_missing_dependency_says_what_to_install() -> None:
     err = MissingDependencyError("the MCP server", "mcp", "mcp")
     assert str(err) == ("the MCP server needs the optional package 'mcp': pip install 'rag-rerank[mcp]' "
                         "(from a source checkout: pip install '.[mcp]')")
+
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _pyproject() -> dict:
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    path = ROOT / "pyproject.toml"
+    if not path.is_file():
+        pytest.skip("pyproject.toml is not shipped in this layout")
+    return tomllib.loads(path.read_text(encoding="utf-8"))
+
+
+def test_every_missing_dependency_error_names_an_extra_that_exists() -> None:
+    """`pip install 'rag-rerank[X]'` for an X pyproject.toml does not define only warns; a core
+    dependency (extra None) is named by its requirement as pyproject.toml spells it."""
+    project = _pyproject()["project"]
+    extras, core = set(project["optional-dependencies"]), set(project["dependencies"])
+    calls = []
+    for path in sorted((ROOT / "rag_rerank").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "MissingDependencyError":
+                extra, module = node.args[1], node.args[2]
+                assert isinstance(extra, ast.Constant), f"{path.name}:{node.lineno}: extra is not a literal"
+                calls.append((f"{path.name}:{node.lineno}", extra.value,
+                              module.value if isinstance(module, ast.Constant) else None))
+    assert len(calls) >= 8
+    bad = [c for c in calls if (c[1] not in extras if c[1] is not None else c[2] not in core)]
+    assert bad == []
+
+
+@pytest.mark.parametrize(("backend", "module"), [("openai", "openai"), ("anthropic", "anthropic")])
+def test_a_missing_core_sdk_says_pip_install_it_not_a_nonexistent_extra(backend: str, module: str) -> None:
+    code = (
+        "import sys\n"
+        f"sys.modules[{module!r}] = None\n"  # import fails as for a package that is not installed
+        "from rag_rerank import MissingDependencyError\n"
+        f"from rag_rerank.backends.{backend} import _sdk\n"  # what the backend calls before any request
+        "try:\n"
+        "    _sdk()\n"
+        "except MissingDependencyError as exc:\n"
+        "    print(exc)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 0, done.stderr
+    assert f"pip install '{module}>=" in done.stdout and "rag-rerank[" not in done.stdout
 
 
 def test_backend_error_names_a_run_of_identical_attempts_once() -> None:

@@ -37,7 +37,7 @@ def _sdk() -> Any:
     try:
         import anthropic
     except ImportError as exc:
-        raise MissingDependencyError("the anthropic backend", "anthropic", "anthropic") from exc
+        raise MissingDependencyError("the anthropic backend", None, "anthropic>=0.34") from exc
     return anthropic
 
 

@@ -68,7 +68,7 @@ def _sdk() -> Any:
     try:
         import openai
     except ImportError as exc:  # a core dependency, but say so clearly if it was removed
-        raise MissingDependencyError("the openai backend", "openai", "openai") from exc
+        raise MissingDependencyError("the openai backend", None, "openai>=1.40") from exc
     return openai
 
 
