@@ -70,6 +70,13 @@ def test_wheel_holds_the_data_folders_and_the_console_script(wheel: Path) -> Non
     ]
 
 
+def test_wheel_marks_the_package_typed(wheel: Path) -> None:
+    """PEP 561: without py.typed, mypy / pyright ignore the annotations of an installed rag_rerank
+    ("module is installed, but missing library stubs or py.typed marker")."""
+    with zipfile.ZipFile(wheel) as z:
+        assert "rag_rerank/py.typed" in z.namelist()
+
+
 def test_wheel_ships_only_the_golden_cases_the_package_runs(wheel: Path) -> None:
     """golden/judged and golden/router are bench/ evaluation data: `rag-rerank golden` reads KINDS only."""
     from rag_rerank.golden import KINDS
