@@ -79,7 +79,8 @@ def _add_request_args(p: argparse.ArgumentParser, top_k_required: bool = False) 
 def _add_backend_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backend", "-b", default="local",
                    choices=["local", "openai", "anthropic", "cross-encoder", "rerank-api"],
-                   help="who scores the chunks (default: local, offline and deterministic)")
+                   help="who scores the chunks (default: local, offline and deterministic; cross-encoder "
+                   "needs rag-rerank[cross-encoder])")
     p.add_argument("--model", "-m", default=None,
                    help="model name (openai, anthropic, rerank-api) or folder / hub name (cross-encoder)")
     p.add_argument("--base-url", default=None,
@@ -92,8 +93,8 @@ def _add_backend_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--calibration-factor", type=float, default=None,
                    help="cross-encoder: score = sigmoid(logit * factor) (1.0)")
     p.add_argument("--embedder", "-e", default="lexical",
-                   help="post-pass embedder: lexical (default), sentence-transformers[:MODEL], "
-                   "openai[:MODEL]")
+                   help="post-pass embedder: lexical (default), sentence-transformers[:MODEL] (needs "
+                   "rag-rerank[st]), openai[:MODEL]")
     p.add_argument("--embed-base-url", default=None, metavar="URL",
                    help="OpenAI-compatible embeddings server for --embedder openai[:MODEL] (default: "
                    "--base-url when --backend is openai, otherwise OPENAI_BASE_URL or api.openai.com)")
@@ -460,7 +461,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("route", "decide whether an utterance should route to a skill")
     p.add_argument("utterance", help="what the user or agent said, e.g. \"rerank these chunks for my query\"")
     p.add_argument("--n-chunks", type=whole_number, default=None, help="how many chunks the agent holds")
-    p.add_argument("--embedder", default="lexical", help="lexical (default) or sentence-transformers[:MODEL]")
+    p.add_argument("--embedder", default="lexical",
+                   help="lexical (default) or sentence-transformers[:MODEL] (needs rag-rerank[st])")
     p.set_defaults(func=cmd_route)
 
     p = command("golden", "run the golden regression cases offline")
@@ -488,7 +490,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_window_args(p)
     p.set_defaults(func=cmd_batch)
 
-    p = command("eval", "measure nDCG@10 / Recall / MRR of input vs reranked order")
+    p = command("eval", "measure nDCG@10 / Recall / MRR of input vs reranked order (needs rag-rerank[eval])")
     p.add_argument("--candidates", required=True, metavar="FILE",
                    help="JSONL {qid, query, chunks:[{id,text}]}")
     p.add_argument("--qrels", required=True, metavar="FILE", help="TREC qrels")

@@ -361,6 +361,28 @@ def test_every_subcommand_help_says_what_it_does_and_explains_each_option(
     assert " ".join(summary.split()[:4]).lower() in " ".join(out.split()).lower()
 
 
+@pytest.mark.parametrize(("argv", "extras"), [
+    (["--help"], {"eval", "mcp"}),
+    (["rerank", "--help"], {"st", "cross-encoder"}),
+    (["eval", "--help"], {"eval", "st", "cross-encoder"}),
+    (["route", "--help"], {"st"}),
+    (["batch", "--help"], {"ray", "st", "cross-encoder"}),
+])
+def test_help_names_the_extra_each_optional_feature_needs(
+    argv: list[str], extras: set[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A user with only the core installed learns from --help, not from a failed run, which extra
+    a feature needs; and every extra named there exists in pyproject.toml."""
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    if not (ROOT / "pyproject.toml").is_file():
+        pytest.skip("pyproject.toml is not shipped in this layout")
+    defined = set(tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+                  ["project"]["optional-dependencies"])
+    code, out, _ = run(capsys, *argv)
+    named = set(re.findall(r"rag-rerank\[([a-z-]+)\]", re.sub(r"-\s+", "-", out)))
+    assert code == EXIT_OK and extras <= named and named <= defined
+
+
 def test_mcp_help_names_the_extra_on_one_line(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = run(capsys, "mcp", "--help")
     assert code == EXIT_OK and "pip install 'rag-rerank[mcp]'" in out
