@@ -105,6 +105,26 @@ _YEAR = re.compile(r"\A\d{4}\Z")
 _YEAR_MONTH = re.compile(r"\A\d{4}-(?:0[1-9]|1[0-2])\Z")
 
 
+# ISO 8601 forms Python 3.11's `fromisoformat` reads and 3.10's (the oldest we support) refuses, so the
+# same data would rank on one and be "not a valid date" on the other: a basic-format date `20240301`,
+# a fraction other than 3 or 6 digits or after a comma (`10:00:00.5`, `10:00:00,5`), a zone without
+# a colon or without minutes (`+0000`, strftime's %z; `+01`). Rewritten to the extended form 3.10 reads.
+_BASIC_DATE = re.compile(r"\A(\d{4})(\d{2})(\d{2})(?=\Z|[T ])")
+_FRACTION = re.compile(r"(?<=:\d{2})[.,](\d+)")
+_ZONE = re.compile(r"(?<=\d)([+-])(\d{2})(\d{2})?\Z")
+
+
+def _extended_iso(text: str) -> str:
+    """`text` with the ISO 8601 spellings above rewritten so `fromisoformat` reads them on 3.10 too."""
+    text = _BASIC_DATE.sub(r"\1-\2-\3", text)
+    if len(text) <= 10:  # a date alone: nothing below applies
+        return text
+    date, time = text[:10], text[10:]
+    time = _FRACTION.sub(lambda m: "." + (m.group(1) + "000000")[:6], time)
+    time = _ZONE.sub(lambda m: f"{m.group(1)}{m.group(2)}:{m.group(3) or '00'}", time)
+    return date + time
+
+
 def _parse_date(value: Any) -> float:
     if not isinstance(value, str):
         raise ValueError(f"expected an ISO 8601 date string, got {type(value).__name__}")
@@ -117,7 +137,7 @@ def _parse_date(value: Any) -> float:
         text += "-01-01"
     elif _YEAR_MONTH.match(text):
         text += "-01"
-    when = datetime.fromisoformat(text)
+    when = datetime.fromisoformat(_extended_iso(text))
     if when.tzinfo is None:  # a date without a zone is read as UTC, so naive and aware values compare
         when = when.replace(tzinfo=timezone.utc)
     return when.timestamp()

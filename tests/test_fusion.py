@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,7 @@ from rag_rerank import arerank, rerank
 from rag_rerank.batch import arerank_many
 from rag_rerank.cli import main
 from rag_rerank.errors import InputError
-from rag_rerank.fusion import fuse, meta_fusion
+from rag_rerank.fusion import _extended_iso, _parse_date, fuse, meta_fusion
 from rag_rerank.models import Dropped, Ranked
 from rag_rerank.render import extract_chunk_lines
 from rag_rerank.tools import call_tool
@@ -237,3 +238,31 @@ def test_a_year_or_a_year_and_month_is_a_date_at_the_start_of_that_period() -> N
         chunks[0]["meta"]["published"] = bad
         with pytest.raises(InputError, match="not a valid date"):
             rerank(QUERY, chunks, meta_field="published", meta_value_type="date")
+
+
+# What Python 3.10's `datetime.fromisoformat` reads (its documented grammar): the form every date
+# must be in before it is parsed, so a value ranks the same on 3.10 as on 3.11+.
+_PY310_ISO = re.compile(r"\A\d{4}-\d{2}-\d{2}(?:[T ]\d{2}(?::\d{2}(?::\d{2}(?:\.\d{3}|\.\d{6})?)?)?"
+                        r"(?:[+-]\d{2}:\d{2}(?::\d{2}(?:\.\d{6})?)?)?)?\Z")
+
+
+@pytest.mark.parametrize(("value", "same_as"), [
+    ("2024-03-01T10:00:00+0000", "2024-03-01T10:00:00+00:00"),  # strftime's %z
+    ("2024-03-01T10:00:00.5Z", "2024-03-01T10:00:00.500Z"),
+    ("2024-03-01T10:00:00,25+01:00", "2024-03-01T10:00:00.250+01:00"),
+    ("2024-03-01T10:00:00.1234567-0530", "2024-03-01T10:00:00.123456-05:30"),
+    ("2024-03-01T10:00+01", "2024-03-01T10:00+01:00"),
+    ("20240301", "2024-03-01"),
+    ("20240301T10:00:00Z", "2024-03-01T10:00:00Z"),
+])
+def test_iso_8601_dates_python_3_10_refuses_are_read_as_on_3_11(value: str, same_as: str) -> None:
+    """Regression: on Python 3.10 (requires-python >= 3.10) these ISO 8601 dates were "not a valid
+    date" (exit 2) while 3.11 ranked them; they are rewritten to the extended form 3.10 reads."""
+    assert _PY310_ISO.match(_extended_iso(value.replace("Z", "+00:00")))
+    assert _parse_date(value) == _parse_date(same_as)
+
+
+def test_the_rewrite_leaves_a_bad_date_bad() -> None:
+    for bad in ("2024-13-01", "2024-03-01T25:00", "20241301", "2024-03-01T10:00:00+2"):
+        with pytest.raises(ValueError):
+            _parse_date(bad)
