@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import json
+import os
 import re
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -58,6 +63,31 @@ def _policy(waits: list[float], **kw: Any) -> RetryPolicy:
 def _example() -> tuple[str, str]:
     ex = load_skill().example("happy-path")
     return ex.query, ex.chunks
+
+
+@pytest.mark.parametrize("missing", ["httpx", "httpx2"])
+def test_works_with_whichever_http_client_the_openai_sdk_brought(missing: str) -> None:
+    """Regression: a fresh `pip install rag-rerank` gets today's openai, which depends on httpx2 and
+    not httpx; `import httpx` failed and --backend rerank-api was an internal error (exit 4)."""
+    other = {"httpx": "httpx2", "httpx2": "httpx"}[missing]
+    if importlib.util.find_spec(other) is None:
+        pytest.skip(f"{other} is not installed here")
+    query, chunks = _example()
+    root = Path(__file__).resolve().parent.parent
+    with FakeLLM(handler=reranker()) as srv:
+        code = (
+            "import sys, json\n"
+            f"sys.modules[{missing!r}] = None\n"  # import fails as for a package that is not installed
+            "from rag_rerank import rerank\n"
+            f"r = rerank({query!r}, {chunks!r}, 3, backend='rerank-api', base_url={srv.url + '/v1'!r},\n"
+            f"           api_key={KEY!r}, model='m')\n"
+            f"print(json.dumps([r.ids, {other!r} in sys.modules]))\n"
+        )
+        done = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True,
+                              timeout=120, env={**os.environ, "PYTHONPATH": str(root)})
+    assert done.returncode == 0, done.stderr
+    ids, used = json.loads(done.stdout)
+    assert len(srv.requests) == 1 and ids and used
 
 
 def test_request_shape_scores_order_reasons_and_usage() -> None:

@@ -74,6 +74,23 @@ def _usage(body: Mapping[str, Any]) -> dict[str, int]:
     return out
 
 
+def _httpx() -> Any:
+    """The HTTP client the installed openai SDK brings: `httpx2` (recent releases) or `httpx`.
+
+    Neither is a dependency of ours; openai (a core dependency) always brings one of them, and a
+    fresh install of today's openai has only httpx2, so `import httpx` alone failed there (CLI exit 4).
+    The two share the API used here (Client, AsyncClient, TimeoutException, TransportError).
+    """
+    try:
+        import httpx2
+
+        return httpx2
+    except ImportError:
+        import httpx
+
+        return httpx
+
+
 class RerankAPIBackend:
     """A `/v1/rerank` client behind the Backend protocol (see the module docstring)."""
 
@@ -120,14 +137,10 @@ class RerankAPIBackend:
                 "Accept": "application/json"}
 
     def _make_sync(self) -> Any:
-        import httpx
-
-        return httpx.Client(timeout=self.timeout, headers=self._headers())
+        return _httpx().Client(timeout=self.timeout, headers=self._headers())
 
     def _make_async(self) -> Any:
-        import httpx
-
-        return httpx.AsyncClient(timeout=self.timeout, headers=self._headers())
+        return _httpx().AsyncClient(timeout=self.timeout, headers=self._headers())
 
     def payload(self, request: RerankRequest) -> tuple[dict[str, Any], int]:
         """The request body and how many documents were cut to `max_chars`."""
@@ -142,8 +155,7 @@ class RerankAPIBackend:
         return body, cut
 
     def _failure(self, exc: Exception) -> TransientFailure | FatalFailure:
-        import httpx
-
+        httpx = _httpx()
         if isinstance(exc, httpx.TimeoutException):
             return TransientFailure(f"rerank-api: request timed out after {self.timeout:g}s")
         if isinstance(exc, httpx.TransportError):
