@@ -126,8 +126,11 @@ class ConfigError(RerankError):
     (CLI exit 2, like bad input; a backend failure, exit 3, means a call was made and failed)."""
 
 
-class MissingDependencyError(RerankError):
+class MissingDependencyError(RerankError, ImportError):
     """A package is needed for what was asked; the message says what to install.
+
+    Also an `ImportError`, so the usual optional-import idiom works for our integrations:
+    `try: from rag_rerank.integrations.langchain import RagRerankCompressor` / `except ImportError:`.
 
     `extra` names the optional extra in pyproject.toml that brings it. `extra=None` is for a core
     dependency (openai, anthropic) missing from a broken environment: there is no extra to name,

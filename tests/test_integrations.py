@@ -44,6 +44,26 @@ def test_without_the_framework_the_error_names_the_extra(module: str, framework:
     assert f"pip install 'rag-rerank[{extra}]'" in message
 
 
+@pytest.mark.parametrize(("module", "framework", "extra"), MODULES)
+def test_the_optional_import_idiom_catches_a_missing_framework(
+    module: str, framework: str, extra: str
+) -> None:
+    """Regression: `try: import ...integrations.X / except ImportError:` (how an application makes a
+    framework optional) let MissingDependencyError through, a crash instead of the fallback."""
+    code = (
+        "import sys\n"
+        f"sys.modules[{framework!r}] = None\n"
+        "try:\n"
+        f"    import rag_rerank.integrations.{module}\n"
+        "except ImportError as exc:\n"
+        "    print('fallback |', exc)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("fallback |") and f"rag-rerank[{extra}]" in done.stdout
+
+
 def test_importing_rag_rerank_does_not_import_any_framework() -> None:
     code = ("import sys, rag_rerank, rag_rerank.integrations, rag_rerank.integrations._common\n"
             "print(sorted(m for m in ('langchain_core', 'llama_index', 'haystack') if m in sys.modules))")
