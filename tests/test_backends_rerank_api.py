@@ -262,6 +262,7 @@ def test_cli_and_call_tool(tmp_path: Any, capsys: pytest.CaptureFixture[str]) ->
 
 
 def test_eval_measures_the_rerank_api_order(tmp_path: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("ir_measures")  # the eval extra
     cands = tmp_path / "c.jsonl"
     # input order puts the judged-relevant chunk last; the server's scores put it first
     cands.write_text(json.dumps({"qid": "1", "query": "ivf memory savings", "chunks": [

@@ -193,6 +193,8 @@ def decoy(monkeypatch: pytest.MonkeyPatch):
 def test_openai_embedder_follows_base_url_of_an_openai_backend(
     command: str, tmp_path: Path, capsys, decoy: FakeLLM
 ) -> None:
+    if command == "eval":
+        pytest.importorskip("ir_measures")  # the eval extra
     with FakeLLM(handler=_ranks_and_embeds) as srv:
         argv = _command(command, tmp_path, ["--backend", "openai", "--base-url", srv.openai_url,
                                             "-m", "m", "-e", "openai:fake-embed"])
