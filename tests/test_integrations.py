@@ -22,22 +22,24 @@ MODULES = [
 ]
 
 
+def _without(framework: str, body: str) -> subprocess.CompletedProcess[str]:
+    """Run `body` in a fresh interpreter in which `framework` cannot be imported (None in
+    sys.modules makes `import` fail exactly as for a package that is not installed)."""
+    code = f"import sys\nsys.modules[{framework!r}] = None\n" + body
+    return subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+
+
 @pytest.mark.parametrize(("module", "framework", "extra"), MODULES)
 def test_without_the_framework_the_error_names_the_extra(module: str, framework: str, extra: str) -> None:
-    # A fresh interpreter in which the framework cannot be imported (None in sys.modules makes
-    # `import` fail exactly as for a package that is not installed).
-    code = (
-        "import sys\n"
-        f"sys.modules[{framework!r}] = None\n"
+    done = _without(framework, (
         "from rag_rerank import MissingDependencyError\n"
         "import rag_rerank, rag_rerank.integrations\n"  # the package itself never needs the framework
         "try:\n"
         f"    import rag_rerank.integrations.{module}\n"
         "except MissingDependencyError as exc:\n"
         "    print(exc.extra, '|', exc)\n"
-    )
-    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
-                          timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    ))
     assert done.returncode == 0, done.stderr
     extra_seen, message = done.stdout.split("|", 1)
     assert extra_seen.strip() == extra
@@ -50,16 +52,12 @@ def test_the_optional_import_idiom_catches_a_missing_framework(
 ) -> None:
     """Regression: `try: import ...integrations.X / except ImportError:` (how an application makes a
     framework optional) let MissingDependencyError through, a crash instead of the fallback."""
-    code = (
-        "import sys\n"
-        f"sys.modules[{framework!r}] = None\n"
+    done = _without(framework, (
         "try:\n"
         f"    import rag_rerank.integrations.{module}\n"
         "except ImportError as exc:\n"
         "    print('fallback |', exc)\n"
-    )
-    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
-                          timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    ))
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("fallback |") and f"rag-rerank[{extra}]" in done.stdout
 
