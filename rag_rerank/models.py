@@ -52,6 +52,16 @@ class Dropped:
         return {"id": self.id, "reason": self.reason}
 
 
+def add_usage(*usages: Mapping[str, int]) -> dict[str, int]:
+    """Token counts summed key by key: attempts of one call, windows of one run, and the failed
+    calls before a fallback (a fallback's answer is free, the calls before it were not)."""
+    out: dict[str, int] = {}
+    for usage in usages:
+        for key, value in usage.items():
+            out[key] = out.get(key, 0) + int(value)
+    return out
+
+
 @dataclass(frozen=True)
 class RunMeta:
     """How a result was produced. Kept apart from the schema object so it never leaks into it."""

@@ -35,7 +35,7 @@ from .fusion import MetaFusion, check_embed_meta_fields, meta_fusion, meta_value
 from .guard import validate_request
 from .guard.input import ChunkSource, duplicate_threshold_violations
 from .guard.limits import Limits, as_limits
-from .models import Dropped, Ranked, RerankRequest, RerankResult, RunMeta
+from .models import Dropped, Ranked, RerankRequest, RerankResult, RunMeta, add_usage
 from .render import render
 
 BACKENDS = ("local", "openai", "anthropic", "cross-encoder", "rerank-api")
@@ -422,15 +422,6 @@ def _fallback_result(
                *_scoring_notes(plan)),
     )
     return replace(result, meta=meta)
-
-
-def add_usage(*usages: Mapping[str, int]) -> dict[str, int]:
-    """Token counts summed key by key: a fallback's answer is free, the failed calls before it were not."""
-    out: dict[str, int] = {}
-    for usage in usages:
-        for key, value in usage.items():
-            out[key] = out.get(key, 0) + int(value)
-    return out
 
 
 def _redacted(error: BackendError, api_key: str | None) -> BackendError:

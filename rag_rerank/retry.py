@@ -36,7 +36,7 @@ from .errors import Attempt, BackendError, InputError, Violation
 from .guard.limits import Limits
 from .guard.output import judge
 from .guard.repair import repair_output
-from .models import RerankRequest
+from .models import RerankRequest, add_usage
 
 log = logging.getLogger("rag_rerank.retry")
 
@@ -213,8 +213,7 @@ class _Run:
 
     def judge(self, completion: Completion) -> None:
         """Accept a completion (sets self.outcome) or raise _Retry for a re-ask / larger budget."""
-        for key, value in completion.usage.items():
-            self.usage[key] = self.usage.get(key, 0) + int(value)
+        self.usage = add_usage(self.usage, completion.usage)
         self.notes.extend(n for n in completion.notes if n not in self.notes)
         if completion.model:
             self.model = completion.model

@@ -48,7 +48,7 @@ from typing import TYPE_CHECKING, Any
 
 from .concurrency import call_slot
 from .errors import BackendError
-from .models import Dropped, RerankRequest, RerankResult
+from .models import Dropped, RerankRequest, RerankResult, add_usage
 from .postpass import BELOW_MIN, REDUNDANT
 from .reasons import NOT_IN_FINAL
 from .render import render
@@ -134,8 +134,6 @@ def _scored(outcome: Any, started: float, fallback: str | None = None, note: str
             failed: BackendError | None = None) -> Scored:
     """One window's answer; after a fallback, `failed` is the backend's failure, whose attempts
     and tokens count too (the window's entry and meta said 1 attempt and no usage after 3 calls)."""
-    from .rerank import add_usage
-
     attempts, usage = len(outcome.attempts), dict(outcome.usage)
     if failed is not None:
         attempts, usage = attempts + len(failed.attempts), add_usage(failed.usage, usage)
@@ -323,10 +321,7 @@ def assemble(plan: _Plan, windows: Sequence[Window], scored: Sequence[Scored], s
     dropped = tuple(Dropped(c.id, reason_of[c.id]) for c in request.chunks if c.id not in ranked_ids)
 
     calls = [*zip(windows, scored, strict=True), *([final] if final is not None else [])]
-    usage: dict[str, int] = {}
-    for _, answer in calls:
-        for key, value in answer.usage.items():
-            usage[key] = usage.get(key, 0) + int(value)
+    usage = add_usage(*(answer.usage for _, answer in calls))
     repairs = [f"{w.name}: {r}" for w, a in calls for r in a.repairs]
     notes = [a.note for _, a in calls if a.note] + _scoring_notes(plan)
     notes.append(f"windows: {len(windows)} of at most {windows[0].end - windows[0].first} chunks, "
