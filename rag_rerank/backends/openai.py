@@ -262,6 +262,16 @@ class OpenAIBackend:
             return f"{head} ('choices' is not a list){root}"
         return f"{head} (no 'choices' in the JSON){root}"
 
+    def _after_error(self, exc: Exception, sdk: Any, modes: Sequence[str], i: int,
+                     downgraded: list[str]) -> int:
+        """The index of the mode to try next after a failed call (`complete` and `acomplete` alike):
+        the same mode again without temperature when that is what the server refused, the next
+        response_format mode when it refused the format, else the failure is raised classified."""
+        if self._refuses_temperature(exc, sdk, downgraded):
+            return i
+        self._downgrade_or_raise(exc, sdk, modes[i], i == len(modes) - 1, downgraded)
+        return i + 1
+
     def _downgrade_or_raise(
         self, exc: Exception, sdk: Any, mode: str, last: bool, downgraded: list[str]
     ) -> None:
@@ -295,9 +305,7 @@ class OpenAIBackend:
                     **self._kwargs(mode, prompt, request, max_tokens, feedback, previous),
                     **request_timeout(self.timeout, left))
             except sdk.OpenAIError as exc:
-                if not self._refuses_temperature(exc, sdk, downgraded):  # else: the same mode again
-                    self._downgrade_or_raise(exc, sdk, mode, i == len(modes) - 1, downgraded)
-                    i += 1
+                i = self._after_error(exc, sdk, modes, i, downgraded)
                 continue
             except json.JSONDecodeError as exc:  # the SDK parses a JSON content-type body itself
                 raise FatalFailure(f"openai: the server's answer is not valid JSON ({exc})") from None
@@ -327,9 +335,7 @@ class OpenAIBackend:
                 resp = await client.chat.completions.create(
                     **self._kwargs(mode, prompt, request, max_tokens, feedback, previous))
             except sdk.OpenAIError as exc:
-                if not self._refuses_temperature(exc, sdk, downgraded):  # else: the same mode again
-                    self._downgrade_or_raise(exc, sdk, mode, i == len(modes) - 1, downgraded)
-                    i += 1
+                i = self._after_error(exc, sdk, modes, i, downgraded)
                 continue
             except json.JSONDecodeError as exc:  # the SDK parses a JSON content-type body itself
                 raise FatalFailure(f"openai: the server's answer is not valid JSON ({exc})") from None
