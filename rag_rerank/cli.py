@@ -15,7 +15,7 @@ import re
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from .errors import (
     BackendError,
@@ -26,6 +26,9 @@ from .errors import (
     Violation,
 )
 from .textio import UsageError, read_text, violation_lines
+
+if TYPE_CHECKING:
+    from .guard.limits import Limits
 
 EXIT_OK, EXIT_INVALID_OUTPUT, EXIT_BAD_INPUT, EXIT_BACKEND = 0, 1, 2, 3
 
@@ -157,22 +160,22 @@ def _meta_options(args: argparse.Namespace) -> dict[str, Any]:
     return opts
 
 
-def _one_prompt(command: str) -> str:
+def _one_prompt(command: str) -> Callable[[Limits], str]:
     """Advice over max_chunks for a command that takes one prompt's chunks (no --window-size)."""
-    return (f"{command} takes the chunks of one prompt: split the set or pre-filter it "
-            "(--window-size is a flag of rerank, batch and eval)")
+    return lambda _limits: (f"{command} takes the chunks of one prompt: split the set or pre-filter it "
+                            "(--window-size is a flag of rerank, batch and eval)")
 
 
 def cmd_render(args: argparse.Namespace) -> int:
     from .guard import validate_request
-    from .guard.input import ONE_PROMPT_ADVICE
+    from .guard.input import MAX_CHUNKS_ADVICE
     from .render import render
 
-    advice = ONE_PROMPT_ADVICE.set(_one_prompt("render"))
+    advice = MAX_CHUNKS_ADVICE.set(_one_prompt("render"))
     try:
         request = validate_request(args.query, read_text(args.chunks), args.top_k, args.lambda_)
     finally:
-        ONE_PROMPT_ADVICE.reset(advice)
+        MAX_CHUNKS_ADVICE.reset(advice)
     sys.stdout.write(render(request))  # already ends with a newline: byte for byte the prompt
     return EXIT_OK
 
@@ -186,13 +189,13 @@ def cmd_check(args: argparse.Namespace) -> int:
         raise UsageError(f"--top-k must be a positive integer, got {args.top_k}")
     if args.chunks == "-" and args.output == "-":
         raise UsageError("--chunks and OUTPUT_FILE cannot both be read from stdin ('-')")
-    from .guard.input import ONE_PROMPT_ADVICE
+    from .guard.input import MAX_CHUNKS_ADVICE
 
-    advice = ONE_PROMPT_ADVICE.set(_one_prompt("check"))
+    advice = MAX_CHUNKS_ADVICE.set(_one_prompt("check"))
     try:
         chunks = parse_chunks(read_text(args.chunks))
     finally:
-        ONE_PROMPT_ADVICE.reset(advice)
+        MAX_CHUNKS_ADVICE.reset(advice)
     raw = read_text(args.output, what="OUTPUT_FILE")
     if args.repair:
         fixed = repair_output(raw)

@@ -21,6 +21,7 @@ field at fault, so it can correct itself and call again.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import re
 import sys
@@ -36,7 +37,7 @@ from .errors import (
     Violation,
     whole_argument_first,
 )
-from .guard.input import ONE_PROMPT_ADVICE, PATH_HINT, loads_line
+from .guard.input import MAX_CHUNKS_ADVICE, PATH_HINT, loads_line, window_advice
 from .guard.limits import Limits, as_limits
 from .paths import guard_dir
 from .skill import SkillCard, load_skill
@@ -268,7 +269,7 @@ def call_tool(arguments: Any, **options: Any) -> dict[str, Any]:
         return invalid_input(problems)
     hint = PATH_HINT.set("")  # a calling model cannot pass a pathlib.Path: no Python advice
     # A calling model has this tool's arguments, not the CLI's flags: advise its own window_size.
-    advice = ONE_PROMPT_ADVICE.set(window_advice(options.get("limits")))
+    advice = MAX_CHUNKS_ADVICE.set(functools.partial(window_advice, cli=False))
     try:
         result = rerank(**kwargs, **options)
     except InputError as exc:
@@ -286,20 +287,9 @@ def call_tool(arguments: Any, **options: Any) -> dict[str, Any]:
     except RerankError as exc:
         return _error("error", str(exc))
     finally:
-        ONE_PROMPT_ADVICE.reset(advice)
+        MAX_CHUNKS_ADVICE.reset(advice)
         PATH_HINT.reset(hint)
     return result.to_dict()
-
-
-def window_advice(limits: Any = None) -> str:
-    """What to do about more than max_chunks chunks, in the tool's own terms (the argument
-    `window_size`, never a CLI flag a calling model or an MCP host cannot pass)."""
-    try:
-        lim = as_limits(limits)
-    except InputError:  # rerank() reports the bad limits itself
-        lim = as_limits(None)
-    return (f"pass the argument window_size (e.g. {min(lim.max_chunks, 20)}; at most {lim.max_chunks}) "
-            f"to rank up to {lim.max_total_chunks} in windows, or split the set or pre-filter it")
 
 
 TOOL_FILES = {"openai": "openai.json", "anthropic": "anthropic.json"}

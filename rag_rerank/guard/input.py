@@ -16,7 +16,7 @@ import numbers
 import os
 import re
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -320,11 +320,19 @@ PATH_HINT: contextvars.ContextVar[str] = contextvars.ContextVar(
 _PATHISH = re.compile(r"\A\s*(?:[~.]?[/\\]|[A-Za-z]:[/\\]|[^{\[\"\s]\S*\.(?:jsonl|ndjson|json|txt)\s*\Z)")
 
 
-# What to advise for more than max_chunks chunks. None: pass window_size (rerank, batch, eval and
-# the tools take it). A command that works on one prompt's chunks (`render`, `check`) sets its own
-# advice, so a user is not sent to a --window-size flag that command refuses.
-ONE_PROMPT_ADVICE: contextvars.ContextVar[str | None] = contextvars.ContextVar("ONE_PROMPT_ADVICE",
-                                                                               default=None)
+def window_advice(lim: Limits, *, cli: bool = True) -> str:
+    """What to do about more than max_chunks chunks: pass window_size. `cli=False` names only the
+    argument, for a tool caller (a calling model or an MCP host cannot pass a CLI flag)."""
+    example = f"e.g. {min(lim.max_chunks, 20)}; at most {lim.max_chunks}"
+    how = f"window_size (CLI --window-size N, {example})" if cli else f"the argument window_size ({example})"
+    return f"pass {how} to rank up to {lim.max_total_chunks} in windows, or split the set or pre-filter it"
+
+
+# The advice for more than max_chunks chunks, from the limits in force. The default suits rerank,
+# batch and eval; the tools name their own argument, and a command that works on one prompt's
+# chunks (`render`, `check`) says so, so a user is not sent to a --window-size flag it refuses.
+MAX_CHUNKS_ADVICE: contextvars.ContextVar[Callable[[Limits], str]] = contextvars.ContextVar(
+    "MAX_CHUNKS_ADVICE", default=window_advice)
 
 
 def _looks_like_a_path(line: str) -> bool:
@@ -490,10 +498,7 @@ def _size_violations(
     """The count limit and the token budget: for the whole set in one prompt, or per window."""
     out: list[Violation] = []
     if window_size is None and n_records > lim.max_chunks:
-        more = min(lim.max_chunks, 20)
-        advice = ONE_PROMPT_ADVICE.get() or (
-            f"pass window_size (CLI --window-size N, e.g. {more}; at most {lim.max_chunks}) to rank up "
-            f"to {lim.max_total_chunks} in windows, or split the set or pre-filter it")
+        advice = MAX_CHUNKS_ADVICE.get()(lim)
         out.append(
             Violation(
                 path="chunks",
