@@ -177,9 +177,10 @@ def _passthrough(columns: Any) -> tuple[frozenset[str], list[Violation]]:
 
 
 def _check(concurrency: Any, batch_size: Any, per_actor_concurrency: Any, options: Mapping[str, Any],
-           passthrough: Any = None) -> None:
-    """The mistakes that would otherwise fail inside every actor's constructor, far from the call."""
-    problems: list[Violation] = list(_passthrough(passthrough)[1])
+           passthrough: Any = None) -> frozenset[str]:
+    """The mistakes that would otherwise fail inside every actor's constructor, far from the call;
+    with none, the passthrough column names."""
+    keep, problems = _passthrough(passthrough)
 
     def positive_int(name: str, value: Any) -> bool:
         return not isinstance(value, bool) and isinstance(value, int) and value >= 1
@@ -229,6 +230,7 @@ def _check(concurrency: Any, batch_size: Any, per_actor_concurrency: Any, option
             problems.append(Violation(path="rerank_options", message=msg))
     if problems:
         raise InputError(problems)
+    return keep
 
 
 def _map(
@@ -244,10 +246,9 @@ def _map(
     passthrough_columns: Any = None,
 ) -> ray.data.Dataset:
     ray = _require_ray()
-    _check(concurrency, batch_size, per_actor_concurrency, options, passthrough_columns)
+    keep = _check(concurrency, batch_size, per_actor_concurrency, options, passthrough_columns)
     size = concurrency if isinstance(concurrency, tuple) else (concurrency, concurrency)
     opts, per_actor = dict(options), per_actor_concurrency
-    keep = _passthrough(passthrough_columns)[0]
 
     class Reranker(_Reranker):  # the settings travel with the class, not as object-store arguments
         def __init__(self) -> None:
