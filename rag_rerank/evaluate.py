@@ -223,10 +223,12 @@ def _read_judgments(path: str | Path, option: str, expected: str) -> str:
     try:
         text = data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
+        from .guard.input import utf16_hint
+
         line = data[: exc.start].count(b"\n") + 1
-        utf16 = " (it looks like UTF-16; save it as UTF-8)" if data[:2] in (b"\xff\xfe", b"\xfe\xff") else ""
-        raise InputError([Violation(path=option, line=line, message=f"{path} is not a text file (byte "
-                                    f"{exc.start} is not UTF-8){utf16}; expected {expected}")]) from None
+        msg = (f"{path} is not a text file (byte {exc.start} is not UTF-8){utf16_hint(data)}; "
+               f"expected {expected}")
+        raise InputError([Violation(path=option, line=line, message=msg)]) from None
     if "\x00" in text:
         at = text.index("\x00")
         raise InputError([Violation(path=option, line=text[:at].count("\n") + 1, message=f"{path} is a "

@@ -220,11 +220,16 @@ def _read_path(path: Path) -> str:
     return _decode(data, str(path))
 
 
+def utf16_hint(data: bytes) -> str:
+    """` (it looks like UTF-16; save it as UTF-8)` when the bytes start with a UTF-16 byte-order
+    mark: what Windows PowerShell 5 writes with `>` / `Out-File`, and a newcomer's likeliest cause
+    of undecodable input. Else nothing."""
+    return " (it looks like UTF-16; save it as UTF-8)" if data[:2] in (b"\xff\xfe", b"\xfe\xff") else ""
+
+
 def not_utf8(data: bytes, exc: UnicodeDecodeError) -> str:
-    """`not UTF-8 text (byte N)`, saying so when the bytes start with a UTF-16 byte-order mark:
-    what Windows PowerShell 5 writes with `>` / `Out-File`, and a newcomer's likeliest cause."""
-    hint = " (it looks like UTF-16; save it as UTF-8)" if data[:2] in (b"\xff\xfe", b"\xfe\xff") else ""
-    return f"not UTF-8 text (byte {exc.start}){hint}"
+    """`not UTF-8 text (byte N)`, with the UTF-16 hint when it applies."""
+    return f"not UTF-8 text (byte {exc.start}){utf16_hint(data)}"
 
 
 def _decode(data: bytes, where: str) -> str:
