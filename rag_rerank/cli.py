@@ -8,12 +8,13 @@ cut after `MAX_SHOWN_VIOLATIONS` lines plus one line with the total.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
 import re
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -160,22 +161,29 @@ def _meta_options(args: argparse.Namespace) -> dict[str, Any]:
     return opts
 
 
-def _one_prompt(command: str) -> Callable[[Limits], str]:
-    """Advice over max_chunks for a command that takes one prompt's chunks (no --window-size)."""
-    return lambda _limits: (f"{command} takes the chunks of one prompt: split the set or pre-filter it "
-                            "(--window-size is a flag of rerank, batch and eval)")
+@contextlib.contextmanager
+def _one_prompt(command: str) -> Iterator[None]:
+    """Within it, the advice over max_chunks suits a command that takes one prompt's chunks (no
+    --window-size), not the default that sends the user to that flag."""
+    from .guard.input import MAX_CHUNKS_ADVICE
+
+    def advice(_limits: Limits) -> str:
+        return (f"{command} takes the chunks of one prompt: split the set or pre-filter it "
+                "(--window-size is a flag of rerank, batch and eval)")
+
+    token = MAX_CHUNKS_ADVICE.set(advice)
+    try:
+        yield
+    finally:
+        MAX_CHUNKS_ADVICE.reset(token)
 
 
 def cmd_render(args: argparse.Namespace) -> int:
     from .guard import validate_request
-    from .guard.input import MAX_CHUNKS_ADVICE
     from .render import render
 
-    advice = MAX_CHUNKS_ADVICE.set(_one_prompt("render"))
-    try:
+    with _one_prompt("render"):
         request = validate_request(args.query, read_text(args.chunks), args.top_k, args.lambda_)
-    finally:
-        MAX_CHUNKS_ADVICE.reset(advice)
     sys.stdout.write(render(request))  # already ends with a newline: byte for byte the prompt
     return EXIT_OK
 
@@ -189,13 +197,8 @@ def cmd_check(args: argparse.Namespace) -> int:
         raise UsageError(f"--top-k must be a positive integer, got {args.top_k}")
     if args.chunks == "-" and args.output == "-":
         raise UsageError("--chunks and OUTPUT_FILE cannot both be read from stdin ('-')")
-    from .guard.input import MAX_CHUNKS_ADVICE
-
-    advice = MAX_CHUNKS_ADVICE.set(_one_prompt("check"))
-    try:
+    with _one_prompt("check"):
         chunks = parse_chunks(read_text(args.chunks))
-    finally:
-        MAX_CHUNKS_ADVICE.reset(advice)
     raw = read_text(args.output, what="OUTPUT_FILE")
     if args.repair:
         fixed = repair_output(raw)
