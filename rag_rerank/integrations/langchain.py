@@ -23,23 +23,18 @@ try:
     from langchain_core.callbacks import Callbacks
     from langchain_core.documents import BaseDocumentCompressor, Document
     from langchain_core.runnables import RunnableConfig, RunnableSerializable
-    from pydantic import (
-        ConfigDict,
-        Field,
-        PrivateAttr,
-        SecretStr,
-        field_serializer,
-        field_validator,
-        model_validator,
-    )
+    from pydantic import ConfigDict, Field, PrivateAttr, SecretStr
 except ImportError:  # pragma: no cover - exercised in a subprocess without the package
     raise MissingDependencyError("rag_rerank.integrations.langchain", "langchain",
                                  "langchain-core>=1") from None
 
+from ._pydantic import ComponentValidators  # needs pydantic, which the framework brings
+
 __all__ = ["RagRerankCompressor", "Reranked"]
 
 
-class RagRerankCompressor(BaseDocumentCompressor, RunnableSerializable[dict[str, Any], list[Document]]):
+class RagRerankCompressor(ComponentValidators, BaseDocumentCompressor,
+                          RunnableSerializable[dict[str, Any], list[Document]]):
     """Rerank retrieved Documents with rag-rerank: the best `top_n`, each with a score and a reason.
 
     Each returned Document is a copy of the caller's with `metadata["relevance_score"]`,
@@ -74,23 +69,6 @@ class RagRerankCompressor(BaseDocumentCompressor, RunnableSerializable[dict[str,
     """Further rerank() options by name; unknown keywords given to the constructor land here."""
 
     _last: RerankResult | None = PrivateAttr(default=None)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _collect_options(cls, data: Any) -> Any:
-        """Keywords that are not fields are rerank() options: checked by name now, passed on later."""
-        return _common.collect_options(data, set(cls.model_fields), component="RagRerankCompressor")
-
-    @field_validator("policy", mode="before")
-    @classmethod
-    def _policy_value(cls, value: Any) -> Any:
-        """A policy reloaded from a dump (a dict of its numeric fields) is a RetryPolicy again."""
-        return _common.policy_value(value)
-
-    @field_serializer("policy")
-    def _policy_data(self, policy: Any) -> Any:
-        """A RetryPolicy dumps as its numeric fields (its clock and sleep functions cannot be written)."""
-        return _common.policy_data(policy)
 
     @property
     def last_result(self) -> RerankResult | None:

@@ -20,14 +20,7 @@ from . import _common
 from ._common import DROPPED_KEY, NOTE_KEY, REASON_KEY, Reranked
 
 try:
-    from llama_index.core.bridge.pydantic import (
-        Field,
-        PrivateAttr,
-        SecretStr,
-        field_serializer,
-        field_validator,
-        model_validator,
-    )
+    from llama_index.core.bridge.pydantic import Field, PrivateAttr, SecretStr
     from llama_index.core.callbacks import CBEventType, EventPayload
     from llama_index.core.instrumentation import get_dispatcher
     from llama_index.core.instrumentation.events.rerank import ReRankEndEvent, ReRankStartEvent
@@ -36,6 +29,8 @@ try:
 except ImportError:  # pragma: no cover - exercised in a subprocess without the package
     raise MissingDependencyError("rag_rerank.integrations.llama_index", "llama-index",
                                  "llama-index-core>=0.14") from None
+
+from ._pydantic import ComponentValidators  # needs pydantic, which the framework brings
 
 __all__ = ["RagRerankPostprocessor", "Reranked"]
 
@@ -46,7 +41,7 @@ dispatcher = get_dispatcher(__name__)
 _OURS = (REASON_KEY, NOTE_KEY, DROPPED_KEY)
 
 
-class RagRerankPostprocessor(BaseNodePostprocessor):
+class RagRerankPostprocessor(ComponentValidators, BaseNodePostprocessor):
     """Rerank retrieved nodes with rag-rerank: the best `top_n`, each with a score and a reason.
 
     `NodeWithScore.score` is rag-rerank's score in [0, 1]; node ids are the chunk ids, verbatim.
@@ -77,23 +72,6 @@ class RagRerankPostprocessor(BaseNodePostprocessor):
                                            description="Further rerank() options by name.")
 
     _last: RerankResult | None = PrivateAttr(default=None)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _collect_options(cls, data: Any) -> Any:
-        """Keywords that are not fields are rerank() options: checked by name now, passed on later."""
-        return _common.collect_options(data, set(cls.model_fields), component="RagRerankPostprocessor")
-
-    @field_validator("policy", mode="before")
-    @classmethod
-    def _policy_value(cls, value: Any) -> Any:
-        """A policy reloaded from a dump (a dict of its numeric fields) is a RetryPolicy again."""
-        return _common.policy_value(value)
-
-    @field_serializer("policy")
-    def _policy_data(self, policy: Any) -> Any:
-        """A RetryPolicy dumps as its numeric fields (its clock and sleep functions cannot be written)."""
-        return _common.policy_data(policy)
 
     @classmethod
     def class_name(cls) -> str:

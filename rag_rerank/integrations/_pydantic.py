@@ -1,0 +1,36 @@
+"""What the two pydantic components (LangChain's compressor, LlamaIndex's postprocessor) declare
+alike: constructor keywords that are not fields become `rerank_options`, and the `policy` field is
+written to and read from a dump as the numbers of its `RetryPolicy`.
+
+A mixin, not a base model: each component's base class comes from its framework. Imported only by
+those two modules, after their framework (which brings pydantic) has imported."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import field_serializer, field_validator, model_validator
+
+from . import _common
+
+
+class ComponentValidators:
+    """Mix into a pydantic component that has a `policy` field and a `rerank_options` field."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _collect_options(cls, data: Any) -> Any:
+        """Keywords that are not fields are rerank() options: checked by name now, passed on later."""
+        fields = set(cls.model_fields)  # type: ignore[attr-defined]  # a pydantic model's
+        return _common.collect_options(data, fields, component=cls.__name__)
+
+    @field_validator("policy", mode="before")
+    @classmethod
+    def _policy_value(cls, value: Any) -> Any:
+        """A policy reloaded from a dump (a dict of its numeric fields) is a RetryPolicy again."""
+        return _common.policy_value(value)
+
+    @field_serializer("policy")
+    def _policy_data(self, policy: Any) -> Any:
+        """A RetryPolicy dumps as its numeric fields (its clock and sleep functions cannot be written)."""
+        return _common.policy_data(policy)
