@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from .concurrency import CALL_LIMIT
-from .errors import BackendError, InputError, RerankError, Violation
+from .errors import BackendError, InputError, RerankError, Violation, near_miss
 from .guard.input import PATH_HINT, duplicate_keys_message, json_problem, loads_line
 from .models import RerankResult
 from .rerank import _backend_kwargs, arerank, make_backend, redact, resolve_embedder
@@ -109,7 +109,7 @@ def _extra_args(item: Mapping[str, Any], opts: Mapping[str, Any]) -> dict[str, A
             # A key arerank() does not take at all is a typo to name as such ('topk' -> 'top_k'), not
             # an option that "cannot be set per request".
             if k not in params and k not in opts:
-                return (f"unknown key {k!r}{_meant(str(k), takes)} (a request takes: {allowed})"
+                return (f"unknown key {k!r}{near_miss(str(k), takes)} (a request takes: {allowed})"
                         f"{UNKNOWN_KEY_HINT.get()}")
             return (f"{k!r} cannot be set per request (a request takes: {allowed}"
                     + (f"; {k!r} is set for the whole run" if k in opts or k in _PER_RUN_KEYS else "") + ")")
@@ -236,14 +236,6 @@ class _Line:
     item: Mapping[str, Any] | Exception
 
 
-def _meant(key: str, known: Iterable[str]) -> str:
-    """`; did you mean 'top_k'?` for a key close to a known one (`topk`), else nothing."""
-    import difflib
-
-    near = difflib.get_close_matches(key, sorted(known), n=1)
-    return f"; did you mean {near[0]!r}?" if near else ""
-
-
 def parse_input(text: str) -> list[_Line]:
     """One `_Line` per non-blank input line; a line that is not a valid request object carries an
     `InputError` naming the line instead of stopping the batch."""
@@ -277,7 +269,7 @@ def parse_input(text: str) -> list[_Line]:
         qid = obj.get("query_id", obj.get("qid"))
         allowed = ", ".join(sorted(_LINE_KEYS))
         problems = [
-            Violation(path="$", message=f"unknown key {k!r}{_meant(k, _LINE_KEYS)} (allowed: {allowed})",
+            Violation(path="$", message=f"unknown key {k!r}{near_miss(k, _LINE_KEYS)} (allowed: {allowed})",
                       line=number)
             for k in obj
             if k not in _LINE_KEYS

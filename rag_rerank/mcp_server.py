@@ -103,13 +103,16 @@ def _check_options(options: Mapping[str, str]) -> list[Violation]:
 def _missing_settings(options: Mapping[str, str], env: Mapping[str, str]) -> list[Violation]:
     """A backend that cannot run without a setting the environment does not give: every tool call
     of the session would fail, naming a CLI flag (`--model`) the operator cannot pass."""
+    from .rerank import unused_option_violations
+
     backend = options.get("backend")
-    if backend in (None, "local") and options.get("model"):
-        # RAG_RERANK_MODEL=gpt-4o-mini without RAG_RERANK_BACKEND=openai: every call would rank with
-        # the local scorer, silently.
-        return [Violation(path=_ENV_OPTIONS["model"], value=options["model"], message="names the model of "
-                          "an openai, anthropic, rerank-api or cross-encoder backend, but the backend is "
-                          f"local (set {_ENV_OPTIONS['backend']})")]
+    # RAG_RERANK_MODEL=gpt-4o-mini without RAG_RERANK_BACKEND=openai: every call would rank with the
+    # local scorer, silently (a URL likewise); rerank() refuses them, here named by their variables.
+    unused = unused_option_violations(backend or "local", model=options.get("model"),
+                                      base_url=options.get("base_url"))
+    if unused:
+        return [Violation(path=_ENV_OPTIONS[v.path], value=options[v.path],
+                          message=f"{v.message} (set {_ENV_OPTIONS['backend']})") for v in unused]
     if backend == "cross-encoder" and not options.get("model"):
         return [Violation(path=_ENV_OPTIONS["model"], message="the cross-encoder backend needs a model: set "
                           f"{_ENV_OPTIONS['model']} to a local folder or a Hugging Face name in the "

@@ -30,7 +30,7 @@ from urllib.parse import urlsplit
 
 from .backends.base import Backend
 from .concurrency import DEFAULT_CONCURRENCY, call_slot, check_concurrency
-from .errors import BackendError, InputError, Violation
+from .errors import BackendError, InputError, Violation, near_miss
 from .fusion import MetaFusion, check_embed_meta_fields, meta_fusion, meta_values, with_embedded_meta
 from .guard import validate_request
 from .guard.input import ChunkSource, duplicate_threshold_violations
@@ -99,6 +99,10 @@ def make_backend(
         msg = (f"backend must be a name ({', '.join(BACKENDS)}) or a Backend instance, "
                f"got {type(name).__name__}")
         raise InputError([Violation(path="backend", message=msg, value=name)])
+    if name in BACKEND_OPTIONS:
+        unused = unused_option_violations(name, model=model, base_url=base_url, api_key=api_key)
+        if unused:
+            raise InputError(unused)
     if name in ("openai", "anthropic", "rerank-api") and base_url is not None and (
         problem := base_url_problem(base_url)
     ):
@@ -136,12 +140,46 @@ def make_backend(
     )
 
 
+# Which of rerank()'s connection options each named backend reads; the others would be ignored.
+_CONNECTION_OPTIONS: dict[str, tuple[str, ...]] = {
+    "local": (),
+    "cross-encoder": ("model",),
+    "openai": ("model", "base_url", "api_key"),
+    "anthropic": ("model", "base_url", "api_key"),
+    "rerank-api": ("model", "base_url", "api_key"),
+}
+
+
+def unused_option_violations(name: str, *, model: Any = None, base_url: Any = None,
+                             api_key: Any = None) -> list[Violation]:
+    """One violation per connection option (`model`, `base_url`, `api_key`) given to a named backend
+    that does not read it: `rerank(q, chunks, model="gpt-4o-mini")` without `backend="openai"`
+    would otherwise rank with the local scorer, silently (the CLI refuses `-m` the same way)."""
+    takes = _CONNECTION_OPTIONS.get(name)
+    if takes is None:
+        return []
+    given = {"model": model, "base_url": base_url, "api_key": api_key}
+    readers = {"model": "openai, anthropic, rerank-api or cross-encoder",
+               "base_url": "openai, anthropic or rerank-api", "api_key": "openai, anthropic or rerank-api"}
+    why = {"model": "its scorer follows the embedder", "base_url": "it calls no server",
+           "api_key": "it calls no server"}
+    tail = {"base_url": " (an openai embedder's server: embedder=get_embedder('openai', base_url=...))"}
+    return [Violation(path=key, value="***" if key == "api_key" else value,
+                      message=f"the {name} backend takes no {key} ({why[key]}); {key} is for backend "
+                      f"{readers[key]}{tail.get(key, '')}")
+            for key, value in given.items() if value is not None and key not in takes]
+
+
 def _check_backend_options(name: str, options: Mapping[str, Any]) -> None:
-    """An option the backend does not take is named, instead of a TypeError from its constructor."""
+    """An option the backend does not take is named, instead of a TypeError from its constructor;
+    a near miss of one it takes (`temprature`) gets a did-you-mean, like a batch line's keys."""
     allowed = BACKEND_OPTIONS[name]
-    bad = [Violation(path=f"backend_options.{key}", value=value,
-                     message=f"the {name} backend takes no option {key!r}"
-                     + (f"; it takes {', '.join(allowed)}" if allowed else ""))
+
+    def message(key: Any) -> str:
+        text = f"the {name} backend takes no option {key!r}" + near_miss(str(key), allowed)
+        return text + (f" (it takes {', '.join(allowed)})" if allowed else "")
+
+    bad = [Violation(path=f"backend_options.{key}", value=value, message=message(key))
            for key, value in options.items() if key not in allowed]
     if name == "local":
         # The local backend's knobs are objects, not numbers: a dict or a number here would
@@ -295,6 +333,12 @@ def _backend_kwargs(backend: Any, options: Mapping[str, Any] | None) -> dict[str
     if options and not isinstance(backend, str):
         msg = "backend_options apply to a backend named by string; pass them to make_backend() instead"
         raise InputError([Violation(path="backend_options", message=msg)])
+    # make_backend()'s own keywords in here were a TypeError ("got multiple values"), an internal error.
+    own = [Violation(path=f"backend_options.{key}", value=None,
+                     message=f"give {key} as its own {key}= argument, not in backend_options")
+           for key in options if key in ("model", "base_url", "api_key", "embedder")]
+    if own:
+        raise InputError(own)
     return dict(options)
 
 

@@ -143,3 +143,23 @@ def test_docs_examples_run(name: str, code: str, capsys: pytest.CaptureFixture[s
     exec(compile(code, f"docs/integrations.md:{name}", "exec"), {})
     printed = capsys.readouterr().out.splitlines()
     assert printed and printed[0].startswith("paris ")  # the capital passage ranks first
+
+
+@pytest.mark.parametrize(("module", "name"), [("langchain", "RagRerankCompressor"),
+                                              ("llama_index", "RagRerankPostprocessor"),
+                                              ("haystack", "RagRerankRanker")])
+def test_a_component_refuses_a_model_its_backend_would_ignore_when_built(module: str, name: str) -> None:
+    """Regression: `RagRerankCompressor(model="gpt-4o-mini")` (no backend="openai") ranked with the
+    local scorer, silently; a model for the primary backend with fallback="local" is fine."""
+    import importlib
+
+    pytest.importorskip({"langchain": "langchain_core", "llama_index": "llama_index.core",
+                         "haystack": "haystack"}[module])
+    component = getattr(importlib.import_module(f"rag_rerank.integrations.{module}"), name)
+    with pytest.raises(InputError) as exc:
+        component(model="gpt-4o-mini")
+    [violation] = exc.value.violations
+    assert violation.path == "model" and "the local backend takes no model" in violation.message
+    with pytest.raises(InputError, match="the cross-encoder backend takes no base_url"):
+        component(backend="cross-encoder", model="m", base_url="http://127.0.0.1:8000/v1")
+    component(backend="openai", model="gpt-4o-mini", base_url="http://127.0.0.1:9/v1", fallback="local")

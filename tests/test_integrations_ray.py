@@ -267,6 +267,9 @@ def test_rerank_dataset_refuses_bad_settings_before_any_actor_starts(local_ray: 
     live = make_backend("openai", base_url="http://127.0.0.1:9/v1", api_key="k", model="m")  # holds a client
     with pytest.raises(InputError, match="by name"):
         rerank_dataset(ds, concurrency=1, backend=live)
+    # A model the local backend would ignore: refused here, not by every actor on its first batch.
+    with pytest.raises(InputError, match="the local backend takes no model"):
+        rerank_dataset(ds, concurrency=1, model="gpt-4o-mini")
 
 
 def test_cli_ray_options_need_the_ray_engine(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

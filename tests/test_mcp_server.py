@@ -306,3 +306,13 @@ def test_a_model_without_a_backend_that_takes_one_is_refused() -> None:
         options_from_env({"RAG_RERANK_MODEL": "gpt-4o-mini"})
     [violation] = exc.value.violations
     assert violation.path == "RAG_RERANK_MODEL" and "RAG_RERANK_BACKEND" in violation.message
+
+
+def test_a_server_url_for_a_backend_that_calls_none_is_refused_at_start_up() -> None:
+    """Regression: RAG_RERANK_BASE_URL with the local backend passed the start-up check, then every
+    tool call failed (rerank() refuses a base_url the backend would ignore)."""
+    with pytest.raises(InputError) as exc:
+        options_from_env({"RAG_RERANK_BASE_URL": "http://127.0.0.1:8000/v1"})
+    [violation] = exc.value.violations
+    assert violation.path == "RAG_RERANK_BASE_URL"
+    assert "the local backend takes no base_url" in violation.message and "RAG_RERANK_BACKEND" in violation.message

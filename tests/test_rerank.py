@@ -450,3 +450,62 @@ def test_local_backend_options_are_its_own_and_typed() -> None:
     own = rerank("IVF?", chunks, top_k=1, backend_options={"fusion": PROFILES["lexical"].fusion,
                                                             "bm25": Bm25(k1=1.5)})
     assert [r.id for r in own.ranked] == ["a"]
+
+
+# --- connection options a backend would ignore (QA leftover: model= with the local backend) -------
+
+TWO = [{"id": "a", "text": "IVF partitions vectors into cells."}, {"id": "b", "text": "Risotto needs stock."}]
+
+
+@pytest.mark.parametrize(
+    ("backend", "kwargs", "paths"),
+    [
+        ("local", {"model": "gpt-4o-mini"}, ["model"]),
+        ("local", {"base_url": "http://127.0.0.1:8000/v1", "api_key": SECRET}, ["base_url", "api_key"]),
+        ("cross-encoder", {"model": "some/folder", "base_url": "http://127.0.0.1:8000/v1"}, ["base_url"]),
+        ("cross-encoder", {"model": "some/folder", "api_key": SECRET}, ["api_key"]),
+    ],
+)
+def test_a_connection_option_the_backend_ignores_is_an_input_error(backend: str, kwargs: dict,
+                                                                    paths: list[str]) -> None:
+    """Regression: rerank(q, chunks, model="gpt-4o-mini") ranked with the local scorer, silently
+    (the CLI already refused `-m` without `--backend openai`)."""
+    for call in (lambda: rerank("IVF?", TWO, 1, backend=backend, **kwargs),
+                 lambda: asyncio.run(arerank("IVF?", TWO, 1, backend=backend, **kwargs)),
+                 lambda: make_backend(backend, **kwargs)):
+        with pytest.raises(InputError) as exc:
+            call()
+        assert [v.path for v in exc.value.violations] == paths
+        for v in exc.value.violations:
+            assert f"the {backend} backend takes no {v.path}" in v.message and "openai" in v.message
+        assert SECRET not in str(exc.value)
+
+
+def test_a_fallback_call_carrying_the_primary_backends_model_still_falls_back() -> None:
+    """The model belongs to the primary backend; the local fallback is built without it."""
+    with FakeLLM([Reply.openai_error(401, "bad key", type_="authentication_error")]) as srv:
+        result = rerank("IVF?", TWO, 1, backend="openai", base_url=srv.openai_url, api_key="x",
+                        model="gpt-4o-mini", policy=FAST, fallback="local")
+    assert result.meta.fallback == "local" and [r.id for r in result.ranked] == ["a"]
+
+
+def test_a_misspelt_backend_option_gets_a_did_you_mean() -> None:
+    with pytest.raises(InputError) as exc:
+        rerank("IVF?", TWO, 1, backend="openai", base_url="http://127.0.0.1:9/v1", api_key="x",
+               backend_options={"temprature": 0.0, "nonsense": 1})
+    texts = [str(v) for v in exc.value.violations]
+    assert texts[0].startswith("backend_options.temprature: the openai backend takes no option "
+                               "'temprature'; did you mean 'temperature'? (it takes ")
+    assert "did you mean" not in texts[1] and "(it takes timeout, temperature, response_format)" in texts[1]
+    with pytest.raises(InputError, match="did you mean 'fusion'"):
+        rerank("IVF?", TWO, 1, backend_options={"fusoin": None})
+
+
+@pytest.mark.parametrize("key", ["model", "base_url", "api_key", "embedder"])
+def test_a_top_level_option_inside_backend_options_is_named_not_a_type_error(key: str) -> None:
+    """Regression: backend_options={"model": ...} was a TypeError ("got multiple values")."""
+    with pytest.raises(InputError) as exc:
+        rerank("IVF?", TWO, 1, backend="openai", base_url="http://127.0.0.1:9/v1", api_key="x",
+               backend_options={key: "v"})
+    assert str(exc.value.violations[0]) == (f"backend_options.{key}: give {key} as its own {key}= argument, "
+                                            "not in backend_options")

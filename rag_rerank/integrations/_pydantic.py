@@ -1,6 +1,7 @@
 """What the two pydantic components (LangChain's compressor, LlamaIndex's postprocessor) declare
-alike: constructor keywords that are not fields become `rerank_options`, and the `policy` field is
-written to and read from a dump as the numbers of its `RetryPolicy`.
+alike: constructor keywords that are not fields become `rerank_options`, a connection option the
+backend would ignore is refused, and the `policy` field is written to and read from a dump as the
+numbers of its `RetryPolicy`.
 
 A mixin, not a base model: each component's base class comes from its framework. Imported only by
 those two modules, after their framework (which brings pydantic) has imported."""
@@ -23,6 +24,13 @@ class ComponentValidators:
         """Keywords that are not fields are rerank() options: checked by name now, passed on later."""
         fields = set(cls.model_fields)  # type: ignore[attr-defined]  # a pydantic model's
         return _common.collect_options(data, fields, component=cls.__name__)
+
+    @model_validator(mode="after")
+    def _connection_used(self) -> Any:
+        """A model / base_url / api_key the named backend would ignore is refused now."""
+        _common.check_connection(self.backend, model=self.model,  # type: ignore[attr-defined]
+                                 base_url=self.base_url, api_key=self.api_key)  # type: ignore[attr-defined]
+        return self
 
     @field_validator("policy", mode="before")
     @classmethod

@@ -112,6 +112,7 @@ class RagRerankRanker:
                    f"Secret.from_token(...)), got {type(api_key).__name__}")
             raise InputError([Violation(path="api_key", message=msg)])
         _common.check_options(rerank_options, component="RagRerankRanker", count_name="top_k")
+        _common.check_connection(backend, model=model, base_url=base_url, api_key=api_key)
         self.top_k = top_k
         self.lambda_ = lambda_
         self.backend = backend

@@ -41,7 +41,7 @@ from ..batch import (
     _shared_options,
 )
 from ..errors import InputError, MissingDependencyError, Violation
-from ..rerank import BACKENDS, arerank
+from ..rerank import BACKENDS, arerank, unused_option_violations
 
 if TYPE_CHECKING:  # pragma: no cover
     import pyarrow as pa
@@ -216,6 +216,10 @@ def _check(concurrency: Any, batch_size: Any, per_actor_concurrency: Any, option
                 message=f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}",
             )
         )
+    elif isinstance(backend, str):  # checked here, not in every actor on its first batch
+        problems.extend(unused_option_violations(backend, model=options.get("model"),
+                                                 base_url=options.get("base_url"),
+                                                 api_key=options.get("api_key")))
     if not problems:
         from ray import cloudpickle
 
