@@ -31,10 +31,11 @@ from pathlib import Path
 from typing import IO, Any
 
 from .concurrency import CALL_LIMIT
-from .errors import BackendError, InputError, RerankError, Violation, near_miss
+from .errors import BackendError, InputError, RerankError, Violation
 from .guard.input import PATH_HINT, duplicate_keys_message, json_problem, loads_line
 from .models import RerankResult
 from .rerank import _backend_kwargs, arerank, make_backend, redact, resolve_embedder
+from .wording import near_miss
 
 EXIT_OK, EXIT_BAD_INPUT, EXIT_BACKEND, EXIT_INTERNAL = 0, 2, 3, 4
 # Per-request scoring options a batch line (or an `arerank_many` request) may set for itself; they
@@ -525,7 +526,8 @@ def _check_resumed(done: Mapping[int, Mapping[str, Any]], lines: Sequence[_Line]
     if foreign:
         shown = ", ".join(str(n) for n in foreign[:5]) + (" ..." if len(foreign) > 5 else "")
         last = max(numbers)
-        msg = (f"--resume: {output} holds records for input line(s) {shown}, which the input (requests "
+        which = "line" if len(foreign) == 1 else "lines"
+        msg = (f"--resume: {output} holds records for input {which} {shown}, which the input (requests "
                f"on lines 1-{last}) does not have; it was written for another input, use a new --output")
         raise InputError([Violation(path="--output", message=msg, value=foreign)])
 

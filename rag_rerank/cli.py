@@ -320,7 +320,8 @@ def fallback_warning(meta: Any) -> str:
     exactly like the backend's own ranking, so without `--meta` the failure would go unseen.
     (With `--meta` stderr stays one JSON object, whose `fallback` field says it.)"""
     windows = [w for w in meta.windows if w.get("fallback")]
-    what = (f"{len(windows)} of {len(meta.windows)} calls were" if windows else "the result is")
+    what = (f"{len(windows)} of {len(meta.windows)} calls {'was' if len(windows) == 1 else 'were'}" if windows
+            else "the result is")
     why = next((n for n in meta.notes if " failed after " in n), f"{meta.backend} failed")
     return f"warning: {what} ranked by the local backend (--fallback local): {why[:400]}"
 

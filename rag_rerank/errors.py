@@ -48,15 +48,6 @@ def whole_argument_first(violations: Sequence[Violation]) -> list[Violation]:
     return sorted(violations, key=lambda v: "[" in v.path)
 
 
-def near_miss(key: str, known: Iterable[str]) -> str:
-    """`; did you mean 'top_k'?` for a name close to a known one (`topk`), else nothing: the one
-    wording of every misspelt-key message (batch lines, backend_options)."""
-    import difflib
-
-    near = difflib.get_close_matches(key, sorted(known), n=1)
-    return f"; did you mean {near[0]!r}?" if near else ""
-
-
 class RerankError(Exception):
     """Base class of every error rag-rerank raises on purpose."""
 

@@ -48,6 +48,7 @@ import numpy as np
 
 from .errors import InputError, MissingDependencyError, RerankError, Violation
 from .guard.limits import as_limits, load_limits
+from .wording import counted
 
 SLICE = 16  # queries per resume checkpoint
 
@@ -665,13 +666,15 @@ def evaluate(
     if not judged:
         # Every metric would be NaN (and `--json` would print invalid JSON): a mismatch of files.
         where = qrels if isinstance(qrels, (str, Path)) else "the qrels"
-        raise InputError([Violation(path="qrels", message=f"{where} judges none of the "
-                                    f"{len(queries)} candidate queries (check the qid columns)")])
+        shown = counted(len(queries), "candidate query", "candidate queries")
+        raise InputError([Violation(path="qrels", message=f"{where} judges none of the {shown} "
+                                    "(check the qid columns)")])
     if subs is not None and not {j.query_id for j in subs} & judged:
         # The subtopic rows would be left out of the table without a word.
         where = subtopics if isinstance(subtopics, (str, Path)) else "the subtopics"
-        raise InputError([Violation(path="subtopics", message=f"{where} judges none of the {len(judged)} "
-                                    "candidate queries the qrels judge (check the qid columns)")])
+        shown = counted(len(judged), "candidate query", "candidate queries")
+        raise InputError([Violation(path="subtopics", message=f"{where} judges none of the {shown} "
+                                    "the qrels judge (check the qid columns)")])
     yardstick = embedder if distance_embedder is None else get_embedder(distance_embedder)
     started = time.perf_counter()
     ranked, failed, kinds = rerank_queries(queries, k=k, lambda_=lambda_, depth=depth_used,
@@ -732,9 +735,11 @@ def format_table(report: EvalReport) -> str:
     lam_text = f"{load_limits().default_lambda:g} (default)" if lam is None else f"{lam:g}"
     unjudged = report.n_queries - (report.n_queries if report.n_judged is None else report.n_judged)
     if unjudged:
-        lines.append(f"{unjudged} of the {report.n_queries} queries have no judgments in the qrels: nDCG, "
+        lines.append(f"{unjudged} of the {counted(report.n_queries, 'query', 'queries')} "
+                     f"{'has' if unjudged == 1 else 'have'} no judgments in the qrels: nDCG, "
                      "Recall, MRR and novelty-nDCG average over the others")
-    lines.append(f"{report.n_queries} queries, backend {cfg.get('backend')}, embedder {cfg.get('embedder')}, "
+    lines.append(f"{counted(report.n_queries, 'query', 'queries')}, backend {cfg.get('backend')}, "
+                 f"embedder {cfg.get('embedder')}, "
                  f"k {cfg.get('k')}, lambda {lam_text}, depth {cfg.get('depth')}, "
                  + (f"windows of {cfg['window_size']}, " if cfg.get("window_size") else "")
                  + f"{report.wall_s:.1f} s" + (f", {len(report.failed)} failed" if report.failed else ""))

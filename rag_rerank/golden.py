@@ -28,6 +28,7 @@ from typing import Any, TextIO
 
 from .errors import InputError, MissingDependencyError, RerankError
 from .paths import golden_dir
+from .wording import counted
 
 KINDS = ("render", "check", "rerank")
 
@@ -155,7 +156,7 @@ def _render_invariants(request: Any, prompt: str) -> list[str]:
         out.append("the chunks section holds a raw '<' or ']]>'")
     lines = extract_chunk_lines(prompt)
     if len(lines) != len(request.chunks) or len(section.splitlines()) != len(request.chunks):
-        out.append(f"{len(lines)} chunk lines for {len(request.chunks)} chunks")
+        out.append(f"{counted(len(lines), 'chunk line')} for {counted(len(request.chunks), 'chunk')}")
     for line, chunk in zip(lines, request.chunks, strict=False):
         if json.loads(line) != chunk.prompt_record():
             out.append(f"chunk {chunk.id!r} does not decode back to the caller's record: {line[:80]!r}")
@@ -227,7 +228,7 @@ def _run_check(case: GoldenCase) -> list[str]:
     found = _violation_strings(violations)
     if d["expect"] == "valid":
         if found:
-            failures.append(f"expected valid, got {len(found)} violation(s): {found}")
+            failures.append(f"expected valid, got {counted(len(found), 'violation')}: {found}")
         elif "expect_object" in d and obj != d["expect_object"]:
             failures.append(f"accepted object {obj} differs from expect_object")
     else:

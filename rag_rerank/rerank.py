@@ -30,13 +30,14 @@ from urllib.parse import urlsplit
 
 from .backends.base import Backend
 from .concurrency import DEFAULT_CONCURRENCY, call_slot, check_concurrency
-from .errors import BackendError, InputError, Violation, near_miss
+from .errors import BackendError, InputError, Violation
 from .fusion import MetaFusion, check_embed_meta_fields, meta_fusion, meta_values, with_embedded_meta
 from .guard import validate_request
 from .guard.input import ChunkSource, duplicate_threshold_violations
 from .guard.limits import Limits, as_limits
 from .models import Dropped, Ranked, RerankRequest, RerankResult, RunMeta, add_usage
 from .render import render
+from .wording import counted, near_miss
 
 BACKENDS = ("local", "openai", "anthropic", "cross-encoder", "rerank-api")
 _KEY_ENV = ("OPENAI_API_KEY", "ANTHROPIC_API_KEY", "RERANK_API_KEY")
@@ -462,7 +463,7 @@ def _fallback_result(
         repairs=outcome.repairs,
         usage=add_usage(error.usage, outcome.usage),
         fallback="local",
-        notes=(f"{plan.backend_name} failed after {len(error.attempts)} attempt(s): {summary}",
+        notes=(f"{plan.backend_name} failed after {counted(len(error.attempts), 'attempt')}: {summary}",
                *_scoring_notes(plan)),
     )
     return replace(result, meta=meta)

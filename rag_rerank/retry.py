@@ -37,6 +37,7 @@ from .guard.limits import Limits
 from .guard.output import judge
 from .guard.repair import repair_output
 from .models import RerankRequest, add_usage
+from .wording import counted
 
 log = logging.getLogger("rag_rerank.retry")
 
@@ -235,17 +236,18 @@ class _Run:
         if completion.finish_reason == "length":
             self.counts["truncated"] += 1
             self.truncated_at.append(self.max_tokens)
-            thought = (f", after {completion.reasoning_chars} characters of reasoning"
+            thought = (f", after {counted(completion.reasoning_chars, 'character')} of reasoning"
                        if completion.reasoning_chars else "")
             self.record("truncated", f"output cut off at max_tokens={self.max_tokens} "
-                                     f"({len(raw)} characters received{thought})", tuple(violations))
+                                     f"({counted(len(raw), 'character')} received{thought})",
+                        tuple(violations))
             self.reasoned = self.reasoned or bool(completion.reasoning_chars)
             bigger = int(self.max_tokens * self.policy.truncation_factor)
             self.max_tokens = min(self.policy.max_tokens_cap, max(self.max_tokens + 1, bigger))
             raise _Retry("truncated")
         self.counts["invalid_output"] += 1
         first = str(violations[0]) if violations else "no JSON object"
-        detail = f"{len(violations)} violation(s), first: {first}"[:300]
+        detail = f"{counted(len(violations), 'violation')}, first: {first}"[:300]
         self.record("invalid_output", detail, tuple(violations))
         self.feedback = tuple(violations)
         self.previous = raw
@@ -267,7 +269,7 @@ class _Run:
         upcoming = float(state.upcoming_sleep or 0.0)
         reason = ""
         if kind == "invalid_output" and self.counts["invalid_output"] > p.max_reasks:
-            reason = f"the output was still invalid after {p.max_reasks} re-ask(s)"
+            reason = f"the output was still invalid after {counted(p.max_reasks, 're-ask')}"
         elif kind == "truncated" and self.counts["truncated"] > p.max_truncation_retries:
             used = ", ".join(str(n) for n in dict.fromkeys(self.truncated_at))
             reason = f"the output was still truncated at max_tokens={used}"

@@ -44,6 +44,7 @@ from .counts import counts_before, shown
 from .embed import Embedder, l2_normalise
 from .errors import InputError, Violation
 from .skill import SkillCard, SkillCardError, load_all_skills
+from .wording import counted
 
 # Chosen on out-of-fold development scores by `python bench/route.py --write`; see the docstring.
 THRESHOLDS: Mapping[str, float] = {"lexical": 0.6695, "sentence-transformers": 0.7052}
@@ -554,7 +555,7 @@ def _check_both_sides(card: SkillCard, positive: Sequence[str], negative: Sequen
     if positive and negative:
         return
     raise SkillCardError(
-        f"{card.path}: metadata.routing gives the router {len(positive)} example(s) to route and "
+        f"{card.path}: metadata.routing gives the router {counted(len(positive), 'example')} to route and "
         f"{len(negative)} to refuse; it needs at least one of each (triggers, route_examples or "
         "`route: true` lines; not_for, reject_examples or `route: false` lines)"
     )

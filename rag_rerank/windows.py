@@ -52,6 +52,7 @@ from .models import Dropped, RerankRequest, RerankResult, add_usage
 from .postpass import BELOW_MIN, REDUNDANT
 from .reasons import NOT_IN_FINAL
 from .render import render
+from .wording import counted
 
 if TYPE_CHECKING:
     from .rerank import _Plan
@@ -81,7 +82,7 @@ class Window:
     @property
     def label(self) -> str:
         if self.final:
-            return f"final pass over {len(self.ask.chunks)} survivors"
+            return f"final pass over {counted(len(self.ask.chunks), 'survivor')}"
         return f"window {self.index} of {self.total} (chunks[{self.first}:{self.end}])"
 
     @property
@@ -154,7 +155,7 @@ def _fallback_note(plan: _Plan, window: Window, error: BackendError, api_key: st
     from .rerank import _secrets, redact
 
     summary = redact(str(error), _secrets(api_key))
-    return (f"{window.name}: {plan.backend_name} failed after {len(error.attempts)} attempt(s), "
+    return (f"{window.name}: {plan.backend_name} failed after {counted(len(error.attempts), 'attempt')}, "
             f"ranked by the local backend: {summary}")
 
 
@@ -324,8 +325,8 @@ def assemble(plan: _Plan, windows: Sequence[Window], scored: Sequence[Scored], s
     usage = add_usage(*(answer.usage for _, answer in calls))
     repairs = [f"{w.name}: {r}" for w, a in calls for r in a.repairs]
     notes = [a.note for _, a in calls if a.note] + _scoring_notes(plan)
-    notes.append(f"windows: {len(windows)} of at most {windows[0].end - windows[0].first} chunks, "
-                 f"{len(survivors.indices)} survivors"
+    notes.append(f"windows: {len(windows)} of at most {counted(windows[0].end - windows[0].first, 'chunk')}, "
+                 f"{counted(len(survivors.indices), 'survivor')}"
                  + (", final pass skipped (no chunk above the minimum score)" if final is None else ""))
     model = next((a.model for w, a in reversed(calls) if a.fallback is None and a.model), None)
     meta = _meta(

@@ -217,7 +217,7 @@ def test_long_documents_are_cut_to_max_chars_and_noted() -> None:
         result = rerank("vector search", chunks, backend="rerank-api", base_url=srv.url,
                         backend_options={"max_chars": 50})
     assert [len(d) for d in srv.requests[0].body["documents"]] == [50, 12]
-    assert any("1 document(s) cut to max_chars=50" in n for n in result.meta.notes)
+    assert any("1 document cut to max_chars=50" in n for n in result.meta.notes)
 
 
 def test_async_batch_key_from_the_environment_and_option_errors(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -413,7 +413,7 @@ def test_resume_refuses_records_for_lines_beyond_the_input(tmp_path: Path, capsy
     out.write_text(json.dumps({"line": 9, "result": {"ranked": [], "dropped": []}}) + "\n", encoding="utf-8")
     assert main(["batch", "-i", str(inp), "-o", str(out), "--resume", "--no-progress"]) == 2
     err = capsys.readouterr().err
-    assert "input line(s) 9" in err and "another input" in err
+    assert "input line 9" in err and "another input" in err
     assert len(_read(out)) == 1  # nothing appended to a foreign file
 
 

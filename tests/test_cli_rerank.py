@@ -118,7 +118,7 @@ def test_a_fallback_answer_says_so_on_stderr_without_meta(tmp_path: Path, capsys
     assert json.loads(cap.out) == rerank(QUERY, load_skill().example("happy-path").chunks).to_dict()
     (line,) = cap.err.splitlines()
     assert line.startswith("rag-rerank: warning: the result is ranked by the local backend "
-                           "(--fallback local): openai failed after 3 attempt(s): ")
+                           "(--fallback local): openai failed after 3 attempts: ")
     assert "'c99' is not an input id" in line
 
 

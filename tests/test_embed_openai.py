@@ -77,7 +77,7 @@ def test_server_errors_become_backend_errors():
 @pytest.mark.parametrize(
     "data, problem",
     [
-        ([{"object": "embedding", "index": 0, "embedding": [1.0, 0.0]}], "1 vectors for 3 texts"),
+        ([{"object": "embedding", "index": 0, "embedding": [1.0, 0.0]}], "1 vector for 3 texts"),
         ([{"object": "embedding", "index": i, "embedding": [1.0] * (i + 1)} for i in range(3)], "different"),
     ],
 )

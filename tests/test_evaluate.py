@@ -587,7 +587,7 @@ def test_queries_the_qrels_do_not_judge_are_counted_in_the_table_and_json(tmp_pa
             {"qid": "2", "query": "hnsw", "chunks": [{"id": "b", "text": "HNSW is a graph"}]}]
     Path(argv[2]).write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
     assert main(argv) == 0
-    assert "1 of the 2 queries have no judgments in the qrels" in capsys.readouterr().out
+    assert "1 of the 2 queries has no judgments in the qrels" in capsys.readouterr().out
     assert main([*argv, "--json"]) == 0
     info = json.loads(capsys.readouterr().out)["info"]
     assert info["queries"] == 2 and info["judged_queries"] == 1

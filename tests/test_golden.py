@@ -76,7 +76,7 @@ def test_byte_for_byte_render_regression_is_caught(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("kind", "name", "change", "message"),
     [
-        ("check", "minted-id", {"expect": "valid"}, "expected valid, got 1 violation(s)"),
+        ("check", "minted-id", {"expect": "valid"}, "expected valid, got 1 violation"),
         ("check", "card-happy-path-valid", {"expect": "invalid"}, "expected invalid, but the guard accepted"),
         (
             "check",

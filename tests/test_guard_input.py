@@ -74,9 +74,9 @@ def test_record_must_be_an_object() -> None:
     ("text", "expected"),
     [
         (json.dumps([{"id": "a", "text": "t"}, {"id": "b", "text": "u"}], indent=2),
-         "one JSON array of 2 item(s) as text spread over 10 lines, not JSONL"),
+         "one JSON array of 2 items as text spread over 10 lines, not JSONL"),
         (json.dumps([{"id": "a", "text": "t"}, {"id": "b", "text": "u"}]),
-         "one JSON array of 2 item(s) as text, not JSONL"),
+         "one JSON array of 2 items as text, not JSONL"),
         (json.dumps({"id": "a", "text": "t"}, indent=1), "one JSON object spread over 4 lines, not JSONL"),
     ],
 )

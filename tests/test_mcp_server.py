@@ -315,4 +315,5 @@ def test_a_server_url_for_a_backend_that_calls_none_is_refused_at_start_up() -> 
         options_from_env({"RAG_RERANK_BASE_URL": "http://127.0.0.1:8000/v1"})
     [violation] = exc.value.violations
     assert violation.path == "RAG_RERANK_BASE_URL"
-    assert "the local backend takes no base_url" in violation.message and "RAG_RERANK_BACKEND" in violation.message
+    assert "the local backend takes no base_url" in violation.message
+    assert "RAG_RERANK_BACKEND" in violation.message

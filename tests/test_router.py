@@ -242,8 +242,8 @@ def test_two_cards_route_apart_and_abstain_when_too_close(tmp_path: Path, card: 
 
 @pytest.mark.parametrize(
     ("strip", "counts"),
-    [(r"    not_for:\n(?:      - .*\n)+", "2 example(s) to route and 0 to refuse"),
-     (r"    triggers:\n(?:      - .*\n)+", "0 example(s) to route and 3 to refuse")],
+    [(r"    not_for:\n(?:      - .*\n)+", "2 examples to route and 0 to refuse"),
+     (r"    triggers:\n(?:      - .*\n)+", "0 examples to route and 3 to refuse")],
     ids=["triggers only", "not_for only"],
 )
 def test_a_card_the_classifier_cannot_learn_from_is_a_card_error(

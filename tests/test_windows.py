@@ -218,7 +218,7 @@ def test_total_limit_and_per_window_budget() -> None:
     with pytest.raises(InputError) as info:
         validate_request(QUERY, make_chunks(80, long), window_size=20, limits=small)
     msg = " ".join(v.message for v in info.value.violations)
-    assert "2 window(s) of 20" in msg and "chunks[0:20]" in msg and "chunks[40:60]" in msg
+    assert "2 windows of 20" in msg and "chunks[0:20]" in msg and "chunks[40:60]" in msg
     # the same text in one prompt would be judged as a whole
     assert validate_request(QUERY, make_chunks(80), window_size=20).chunks
 

@@ -33,6 +33,7 @@ from typing import Any
 
 from ..errors import InputError, Violation
 from ..models import RerankRequest
+from ..wording import counted
 from .base import Completion, FatalFailure, TransientFailure
 from .common import (
     SDKClients,
@@ -183,7 +184,7 @@ class RerankAPIBackend:
             shown = " ".join(scrub(response.text, self._key).split())[:120]
             raise FatalFailure(f"rerank-api: the response from {self.url} is not JSON: {shown!r}") from None
         scores = self._scores(body, n)
-        notes = (f"rerank-api: {cut} document(s) cut to max_chars={self.max_chars}",) if cut else ()
+        notes = (f"rerank-api: {counted(cut, 'document')} cut to max_chars={self.max_chars}",) if cut else ()
         obj = answer(request, scores, "rerank-api", "not_selected: not returned by the rerank API")
         model = body.get("model") if isinstance(body.get("model"), str) else self.model
         return Completion(text=json.dumps(obj, ensure_ascii=False), model=model, usage=_usage(body),

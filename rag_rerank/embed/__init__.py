@@ -15,6 +15,7 @@ import numpy as np
 
 from ..errors import InputError, RerankError, Violation
 from ..models import Chunk
+from ..wording import counted
 
 
 @runtime_checkable
@@ -174,7 +175,8 @@ def chunk_vectors(chunks: Sequence[Chunk]) -> np.ndarray | None:
             Violation(
                 path="chunks[*].embedding",
                 value=missing,
-                message=f"{sum(have)} chunks carry an embedding but {len(missing)} do not "
+                message=f"{counted(sum(have), 'chunk carries', 'chunks carry')} an embedding but "
+                f"{len(missing)} {'does' if len(missing) == 1 else 'do'} not "
                 f"({shown}); give every chunk a vector or none",
             )
         )
@@ -220,7 +222,7 @@ def query_vector(vector: Sequence[float] | np.ndarray | None, dim: int) -> np.nd
                 Violation(
                     path="query_vector",
                     value=row.shape[1],
-                    message=f"query vector has {row.shape[1]} dimensions, the chunk vectors {dim}",
+                    message=f"query vector has {counted(row.shape[1], 'dimension')}, the chunk vectors {dim}",
                 )
             ]
         )
@@ -238,7 +240,8 @@ def embed_texts(embedder: Embedder, texts: list[str]) -> np.ndarray:
     matrix = np.asarray(embedder.embed(texts))
     name = getattr(embedder, "name", type(embedder).__name__)
     if matrix.ndim != 2 or matrix.shape[0] != len(texts):
-        raise RerankError(f"embedder {name!r} returned shape {matrix.shape} for {len(texts)} texts")
+        raise RerankError(f"embedder {name!r} returned shape {matrix.shape} for "
+                          f"{counted(len(texts), 'text')}")
     if not np.isfinite(matrix).all():
         raise RerankError(f"embedder {name!r} returned NaN or Infinity")
     return l2_normalise(matrix)

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import Attempt, BackendError, InputError, Violation
+from ..wording import counted
 from . import l2_normalise
 
 DEFAULT_MODEL = "text-embedding-3-small"
@@ -118,7 +119,7 @@ class OpenAIEmbedder:
             )
         data = sorted(raw, key=lambda d: d.index)
         if len(data) != len(texts):
-            problem = f"{len(data)} vectors for {len(texts)} texts"
+            problem = f"{counted(len(data), 'vector')} for {counted(len(texts), 'text')}"
         elif len({len(d.embedding) for d in data}) != 1 or not data[0].embedding:
             problem = "vectors of different or zero length"
         elif not all(isinstance(x, (int, float)) and math.isfinite(x) for d in data for x in d.embedding):

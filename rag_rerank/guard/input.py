@@ -24,6 +24,7 @@ from jsonschema import Draft202012Validator
 
 from ..errors import InputError, Violation
 from ..models import Chunk, RerankRequest
+from ..wording import counted
 from .limits import Limits, as_limits, load_schema
 
 ChunkSource = str | bytes | os.PathLike[str] | Iterable[Mapping[str, Any] | Chunk]
@@ -305,9 +306,9 @@ def _one_json_document(source: str, records: list[tuple[Any, int | None, int]],
     lines = source.strip().count("\n") + 1
     spread = f" spread over {lines} lines" if lines > 1 else ""
     if isinstance(value, list):
-        msg = (f"the chunks are one JSON array of {len(value)} item(s) as text{spread}, not JSONL (one "
-               '{"id", "text"} object per line): pass the array itself as a list, or convert a file with '
-               "jq -c '.[]'")
+        msg = (f"the chunks are one JSON array of {counted(len(value), 'item')} as text{spread}, not JSONL "
+               '(one {"id", "text"} object per line): pass the array itself as a list, or convert a file '
+               "with jq -c '.[]'")
     elif isinstance(value, dict):
         msg = (f"the chunks are one JSON object{spread}, not JSONL; write each "
                '{"id", "text"} record on one line')
@@ -476,7 +477,7 @@ def _collection_violations(
     dupes = {cid: at for cid, at in places.items() if len(at) > 1}
     if dupes:
         named = "; ".join(f"{cid!r} at {_first(at, 'more')}" for cid, at in list(dupes.items())[:_SHOWN])
-        more = f"; and {len(dupes) - _SHOWN} more duplicated ids" if len(dupes) > _SHOWN else ""
+        more = f"; and {counted(len(dupes) - _SHOWN, 'more duplicated id')}" if len(dupes) > _SHOWN else ""
         out.append(Violation(path="chunks", message=f"duplicate ids (ids must be unique): {named}{more}",
                              value=list(dupes)))
     out.extend(_size_violations(chunks, where, n_records, lim, query, window_size))
@@ -543,9 +544,9 @@ def _size_violations(
         out.append(
             Violation(
                 path="chunks",
-                message=f"{len(over)} window(s) of {window_size} over the budget of {lim.max_context_tokens} "
-                f"tokens (max_context_tokens): {named}{rest}{_longest(chunks, where, lim)}; pass a smaller "
-                "window_size or shorter chunks",
+                message=f"{counted(len(over), 'window')} of {window_size} over the budget of "
+                f"{lim.max_context_tokens} tokens (max_context_tokens): {named}{rest}"
+                f"{_longest(chunks, where, lim)}; pass a smaller window_size or shorter chunks",
                 value=[est for _, _, est in over],
             )
         )

@@ -13,6 +13,8 @@ import json
 import re
 from dataclasses import dataclass
 
+from ..wording import counted
+
 _THINK = re.compile(r"\A<think>.*?</think>", re.DOTALL | re.IGNORECASE)
 _FENCE = re.compile(r"\A```[A-Za-z0-9_-]*[ \t]*\r?\n(.*?)\n?```\Z", re.DOTALL)  # \r\n: Windows files
 
@@ -76,7 +78,7 @@ def repair_output(raw: str) -> Repaired:
     if "```" in before or "```" in after:
         repairs.append("removed a Markdown code fence inside prose")
     if before:
-        repairs.append(f"removed {len(before)} characters of text before the JSON object")
+        repairs.append(f"removed {counted(len(before), 'character')} of text before the JSON object")
     if after:
-        repairs.append(f"removed {len(after)} characters of text after the JSON object")
+        repairs.append(f"removed {counted(len(after), 'character')} of text after the JSON object")
     return Repaired(text=text[start:end], repairs=tuple(repairs))
