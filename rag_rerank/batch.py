@@ -503,11 +503,18 @@ def run_batch_cli(args: Any, backend_options: Mapping[str, Any]) -> int:
     n_err = sum(1 for r in records if "error" in r)
     skipped = f", {len(done)} already done" if done else ""
     # A fallback answer is a success (exit 0) that did not come from the backend asked for.
-    n_fell = sum(1 for r in records if isinstance(r.get("meta"), dict) and r["meta"].get("fallback"))
-    fell = ""
+    metas = [r["meta"] for r in records if isinstance(r.get("meta"), dict)]
+    n_fell = sum(1 for m in metas if m.get("fallback"))
+    n_lexical = sum(1 for m in metas if m.get("embedder_fallback"))
+    said = []
     if n_fell:
         who = options.get("backend")
-        fell = f" ({n_fell} ranked by the local backend after {who} failed: --fallback local)"
+        said.append(f"{n_fell} ranked by the local backend after {who} failed: --fallback local")
+    if n_lexical:
+        emb = options.get("embedder")
+        said.append(f"{n_lexical} on lexical vectors after the {getattr(emb, 'name', emb)} embedder failed: "
+                    "--fallback local")
+    fell = f" ({'; '.join(said)})" if said else ""
     print(f"rag-rerank: batch: {len(records) - n_err} ok{fell}, {n_err} failed{skipped}", file=sys.stderr)
     for r in writer.written:
         if "error" in r:

@@ -310,20 +310,12 @@ def cmd_rerank(args: argparse.Namespace) -> int:
     print(result.to_json(indent=args.indent))
     if args.meta:
         print(json.dumps(result.meta.to_dict(), ensure_ascii=False), file=sys.stderr)
-    elif result.meta.fallback:
-        _err(fallback_warning(result.meta))
+    elif (notice := result.meta.fallback_notice("--fallback local")) is not None:
+        # Exit 0 and a schema object on stdout look exactly like the backend's own ranking, so
+        # without `--meta` the failure would go unseen. (With `--meta` stderr stays one JSON
+        # object, whose `fallback` / `embedder_fallback` fields say it.)
+        _err(f"warning: {notice}")
     return EXIT_OK
-
-
-def fallback_warning(meta: Any) -> str:
-    """One stderr line when `--fallback local` answered: exit 0 and a schema object on stdout look
-    exactly like the backend's own ranking, so without `--meta` the failure would go unseen.
-    (With `--meta` stderr stays one JSON object, whose `fallback` field says it.)"""
-    windows = [w for w in meta.windows if w.get("fallback")]
-    what = (f"{len(windows)} of {len(meta.windows)} calls {'was' if len(windows) == 1 else 'were'}" if windows
-            else "the result is")
-    why = next((n for n in meta.notes if " failed after " in n), f"{meta.backend} failed")
-    return f"warning: {what} ranked by the local backend (--fallback local): {why[:400]}"
 
 
 class _WindowBar:

@@ -108,6 +108,13 @@ class BackendError(RerankError):
         super().__init__(f"{message}" + (f" [{detail}]" if detail else ""))
 
 
+class EmbedderError(BackendError):
+    """An embedder that calls a server (`openai[:MODEL]`) got no usable vectors from it (CLI exit 3,
+    like a backend failure). Its own class because it is not the ranking backend that failed:
+    with `fallback="local"` the pipeline then compares lexical vectors instead (`meta.embedder_fallback`),
+    and keeps an LLM's ranking it already has."""
+
+
 def _attempt_runs(attempts: Sequence[Attempt]) -> list[str]:
     """`#1 kind: detail`, with a run of attempts that failed alike as one `#1-#6 kind: detail`: six
     copies of the same 300-character error page made the one line unreadable."""

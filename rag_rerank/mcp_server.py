@@ -28,7 +28,7 @@ from typing import Any
 
 from .errors import InputError, MissingDependencyError, Violation
 from .skill import SkillCard, load_skill
-from .tools import anthropic_tool, call_tool
+from .tools import anthropic_tool, fallback_field, run_tool
 
 _ENV_OPTIONS = {
     "backend": "RAG_RERANK_BACKEND",
@@ -47,7 +47,9 @@ def options_from_env(env: Mapping[str, str] | None = None) -> dict[str, Any]:
     """
     env = os.environ if env is None else env
     options = {key: env[var] for key, var in _ENV_OPTIONS.items() if env.get(var)}
-    problems = [*_misspelt_names(env), *_check_options(options), *_missing_settings(options, env)]
+    problems = [*_misspelt_names(env), *_check_options(options)]
+    # A variable already named as malformed is not named a second time as unused.
+    problems += [v for v in _missing_settings(options, env) if v.path not in {p.path for p in problems}]
     if problems:
         raise InputError(problems, headline="invalid MCP server configuration")
     return options
@@ -161,15 +163,26 @@ def build_server(card: SkillCard | None = None, options: Mapping[str, Any] | Non
         import anyio
 
         # rerank() is synchronous (a network backend blocks); keep the event loop responsive.
+        meta = None
         try:
-            result = await anyio.to_thread.run_sync(lambda: call_tool(dict(params.arguments or {}), **opts))
+            result, meta = await anyio.to_thread.run_sync(
+                lambda: run_tool(dict(params.arguments or {}), **opts))
         except Exception as exc:  # a bug of ours is still a tool failure, not a broken protocol session
             result = {"error": {"type": "internal_error", "message": f"{type(exc).__name__}: {exc}"}}
         is_error = "error" in result
+        fell = fallback_field(meta) if meta is not None else None
+        if fell is not None:
+            # The result object alone looks exactly like the configured backend's ranking: the
+            # calling model is told in the structured result and in a line of text of its own.
+            result = {**result, "fallback": fell}
+        content = [types.TextContent(text=json.dumps(result, ensure_ascii=False))]
+        if fell is not None:
+            content.append(types.TextContent(text=f"warning: {fell['notice']}"))
         return types.CallToolResult(
-            content=[types.TextContent(text=json.dumps(result, ensure_ascii=False))],
+            content=content,
             structured_content=result,
             is_error=is_error,
+            meta={"rag-rerank/run": meta.to_dict()} if meta is not None else None,
         )
 
     return server_cls(

@@ -80,6 +80,9 @@ class RunMeta:
     # pass: {"stage", "index", "chunks": [first, end), "attempts", "usage", "survivors", "fallback"}.
     calls: int = 1
     windows: tuple[Mapping[str, Any], ...] = ()
+    # "lexical" when the embedder asked for (an `openai` server) failed and `fallback="local"` put
+    # lexical vectors in its place (the post-pass's, and the local scorer's); `notes` says why.
+    embedder_fallback: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -94,7 +97,26 @@ class RunMeta:
             "notes": list(self.notes),
             "calls": self.calls,
             "windows": [dict(w) for w in self.windows],
+            "embedder_fallback": self.embedder_fallback,
         }
+
+    def fallback_notice(self, how: str = "fallback local") -> str | None:
+        """What `fallback="local"` replaced in this result, in one line, or None when nothing was.
+
+        A result the fallback answered looks exactly like the backend's own (same schema, exit 0),
+        so each surface says it in these words: the CLI on stderr, the MCP tool result to the
+        calling model. `how` names the option the way that surface spells it (`--fallback local`)."""
+        parts = []
+        if self.fallback:
+            fell = [w for w in self.windows if w.get("fallback")]
+            what = (f"{len(fell)} of {len(self.windows)} calls {'was' if len(fell) == 1 else 'were'}" if fell
+                    else "the result is")
+            why = next((n for n in self.notes if " failed after " in n), f"{self.backend} failed")
+            parts.append(f"{what} ranked by the local backend ({how}): {why[:400]}")
+        if self.embedder_fallback:
+            why = next((n for n in self.notes if n.startswith("embedder ")), "the embedder failed")
+            parts.append(why[:400].replace("(fallback local)", f"({how})"))
+        return "; ".join(parts) or None
 
 
 @dataclass(frozen=True)

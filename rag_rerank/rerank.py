@@ -30,7 +30,7 @@ from urllib.parse import urlsplit
 
 from .backends.base import Backend
 from .concurrency import DEFAULT_CONCURRENCY, call_slot, check_concurrency
-from .errors import BackendError, InputError, Violation
+from .errors import BackendError, EmbedderError, InputError, Violation
 from .fusion import MetaFusion, check_embed_meta_fields, meta_fusion, meta_values, with_embedded_meta
 from .guard import validate_request
 from .guard.input import ChunkSource, duplicate_threshold_violations
@@ -246,6 +246,8 @@ class _Plan:
     meta_values: Mapping[str, float | None] | None = None
     window_size: int | None = None  # set only when the request is ranked in windows (windows.py)
     concurrency: int = 4
+    # Why the embedder was replaced by the lexical one (`fallback="local"` after an EmbedderError).
+    embedder_note: str | None = None
 
 
 def _plan(
@@ -397,10 +399,54 @@ def _meta(
         latency_ms=(time.perf_counter() - plan.started) * 1000.0,
         fallback=fallback,
         embedder=_embedder_name(plan),
-        notes=tuple(notes),
+        notes=(*notes, *([plan.embedder_note] if plan.embedder_note else [])),
         calls=calls,
         windows=tuple(windows),
+        embedder_fallback="lexical" if plan.embedder_note else None,
     )
+
+
+def _offline(plan: _Plan, error: EmbedderError, api_key: str | None) -> _Plan:
+    """`plan` with the lexical embedder in place of the one that failed, and why (for meta.notes)."""
+    from .embed import get_embedder
+
+    if plan.embedder_note is not None:
+        return plan
+    summary = redact(str(error), _secrets(api_key))
+    note = (f"embedder {getattr(plan.embedder, 'name', plan.embedder)} failed, lexical vectors used instead "
+            f"(fallback local): {summary}")
+    return replace(plan, embedder=get_embedder("lexical"), embedder_note=note)
+
+
+def _falls_back(plan: _Plan, fallback: str | None, error: BackendError) -> bool:
+    """Whether `fallback="local"` answers `error`: any failure of another backend, and a failure of
+    the embedder the local backend scores with."""
+    return fallback == "local" and (plan.backend_name != "local" or isinstance(error, EmbedderError))
+
+
+def _local_outcome(plan: _Plan, error: BackendError, api_key: str | None, score: Any) -> tuple[Any, _Plan]:
+    """`score(local backend)` after `error`, and the plan it was scored under: with the plan's
+    embedder, unless that is what failed (or fails now), then fully offline with the lexical one."""
+    if isinstance(error, EmbedderError):
+        plan = _offline(plan, error, api_key)
+    try:
+        return score(make_backend("local", embedder=plan.embedder)), plan
+    except EmbedderError as exc:
+        plan = _offline(plan, exc, api_key)
+        return score(make_backend("local", embedder=plan.embedder)), plan
+
+
+def _postpass_or_offline(plan: _Plan, obj: Mapping[str, Any], layout: str, duplicate_threshold: float | None,
+                         fallback: str | None, api_key: str | None) -> tuple[RerankResult, _Plan]:
+    """The post-pass; with `fallback="local"`, on lexical vectors when the embedder fails, keeping
+    the ranking the backend already gave (asking the LLM again would bill it twice)."""
+    try:
+        return _postpass(plan, obj, layout, duplicate_threshold), plan
+    except EmbedderError as exc:
+        if fallback != "local":
+            raise _redacted(exc, api_key) from None
+        plan = _offline(plan, exc, api_key)
+        return _postpass(plan, obj, layout, duplicate_threshold), plan
 
 
 def _scoring_notes(plan: _Plan) -> list[str]:
@@ -418,8 +464,9 @@ def _embedder_name(plan: _Plan) -> str:
     return str(getattr(plan.embedder, "name", plan.embedder))
 
 
-def _finish(plan: _Plan, outcome: Any, layout: str, duplicate_threshold: float | None) -> RerankResult:
-    result = _postpass(plan, outcome.obj, layout, duplicate_threshold)
+def _finish(plan: _Plan, outcome: Any, layout: str, duplicate_threshold: float | None,
+            fallback: str | None = None, api_key: str | None = None) -> RerankResult:
+    result, plan = _postpass_or_offline(plan, outcome.obj, layout, duplicate_threshold, fallback, api_key)
     model = outcome.model or getattr(plan.backend, "model", None)
     notes = [*getattr(outcome, "notes", ())]
     if plan.ask.top_k != plan.request.top_k:
@@ -444,27 +491,34 @@ def _fallback_result(
     layout: str,
     duplicate_threshold: float | None,
 ) -> RerankResult:
-    """The local ranking after `error`, flagged in meta; re-raises `error` if local fails too."""
+    """The local ranking after `error`, flagged in meta; re-raises `error` if local fails too.
+
+    After an `EmbedderError` (the embedder failed, whoever scored) the local backend scores with
+    the lexical embedder and only `meta.embedder_fallback` says so; after any other failure of
+    another backend, `meta.fallback` is "local"."""
     from .retry import call_with_retries
 
-    local = make_backend("local", embedder=plan.embedder)
+    def score(local: Backend) -> Any:
+        return call_with_retries(local, plan.ask, plan.prompt, guard_top_k=plan.ask.top_k, policy=policy,
+                                 limits=plan.limits)
+
     try:
-        outcome = call_with_retries(
-            local, plan.ask, plan.prompt, guard_top_k=plan.ask.top_k, policy=policy, limits=plan.limits
-        )
+        outcome, plan = _local_outcome(plan, error, api_key, score)
     except BackendError:
         raise _redacted(error, api_key) from None
-    result = _postpass(plan, outcome.obj, layout, duplicate_threshold)
+    result, plan = _postpass_or_offline(plan, outcome.obj, layout, duplicate_threshold, "local", api_key)
+    backend_failed = not (isinstance(error, EmbedderError) and plan.backend_name == "local")
     summary = redact(str(error), _secrets(api_key))
+    notes = [f"{plan.backend_name} failed after {counted(len(error.attempts), 'attempt')}: {summary}"
+             ] if backend_failed else []
     meta = _meta(
         plan,
-        model=outcome.model or getattr(local, "model", None),
+        model=outcome.model,
         attempts=len(error.attempts) + len(outcome.attempts),
         repairs=outcome.repairs,
         usage=add_usage(error.usage, outcome.usage),
-        fallback="local",
-        notes=(f"{plan.backend_name} failed after {counted(len(error.attempts), 'attempt')}: {summary}",
-               *_scoring_notes(plan)),
+        fallback="local" if backend_failed else None,
+        notes=(*notes, *_scoring_notes(plan)),
     )
     return replace(result, meta=meta)
 
@@ -575,10 +629,10 @@ def rerank(
             repair=not strict,
         )
     except BackendError as exc:
-        if fallback != "local" or plan.backend_name == "local":
+        if not _falls_back(plan, fallback, exc):
             raise _redacted(exc, api_key) from None
         return _fallback_result(plan, exc, api_key, policy, layout, duplicate_threshold)
-    return _finish(plan, outcome, layout, duplicate_threshold)
+    return _finish(plan, outcome, layout, duplicate_threshold, fallback, api_key)
 
 
 async def arerank(
@@ -651,10 +705,10 @@ async def arerank(
                 repair=not strict,
             )
     except BackendError as exc:
-        if fallback != "local" or plan.backend_name == "local":
+        if not _falls_back(plan, fallback, exc):
             raise _redacted(exc, api_key) from None
         return await _offload(plan, _fallback_result, plan, exc, api_key, policy, layout, duplicate_threshold)
-    return await _offload(plan, _finish, plan, outcome, layout, duplicate_threshold)
+    return await _offload(plan, _finish, plan, outcome, layout, duplicate_threshold, fallback, api_key)
 
 
 async def _offload(plan: _Plan, func: Any, *args: Any) -> RerankResult:

@@ -39,6 +39,7 @@ from .errors import (
 )
 from .guard.input import MAX_CHUNKS_ADVICE, PATH_HINT, loads_line, window_advice
 from .guard.limits import Limits, as_limits
+from .models import RunMeta
 from .paths import guard_dir
 from .skill import SkillCard, load_skill
 
@@ -262,11 +263,28 @@ def call_tool(arguments: Any, **options: Any) -> dict[str, Any]:
     the default is the offline `local` backend. Error types: `invalid_input` (with violations),
     `backend_failure`, `missing_dependency`, `error`.
     """
+    return run_tool(arguments, **options)[0]
+
+
+def fallback_field(meta: RunMeta) -> dict[str, Any] | None:
+    """What a calling model is told when `fallback="local"` answered (None when it did not): the
+    result object alone looks exactly like the backend's own ranking. `backend` is "local" when
+    the local backend ranked instead of the one configured, `embedder` is "lexical" when lexical
+    vectors replaced a failed embedder's, and `notice` says why in one line."""
+    notice = meta.fallback_notice()
+    if notice is None:
+        return None
+    return {"backend": meta.fallback, "embedder": meta.embedder_fallback, "notice": notice}
+
+
+def run_tool(arguments: Any, **options: Any) -> tuple[dict[str, Any], RunMeta | None]:
+    """`call_tool`'s answer and, when the rerank ran, its `RunMeta` (the MCP server reports a
+    fallback from it)."""
     from .rerank import rerank
 
     kwargs, problems = parse_arguments(arguments)
     if problems:
-        return invalid_input(problems)
+        return invalid_input(problems), None
     hint = PATH_HINT.set("")  # a calling model cannot pass a pathlib.Path: no Python advice
     # A calling model has this tool's arguments, not the CLI's flags: advise its own window_size.
     advice = MAX_CHUNKS_ADVICE.set(functools.partial(window_advice, cli=False))
@@ -278,18 +296,18 @@ def call_tool(arguments: Any, **options: Any) -> dict[str, Any]:
             # the arguments: `invalid_input` would have the calling model retry with other arguments.
             problems = "; ".join(f"{v.path}: {v.message}" for v in exc.violations)
             return _error("error", "the tool is misconfigured (not a problem with the arguments): "
-                          f"{problems}")
-        return invalid_input(exc.violations)
+                          f"{problems}"), None
+        return invalid_input(exc.violations), None
     except BackendError as exc:
-        return _error("backend_failure", str(exc))
+        return _error("backend_failure", str(exc)), None
     except MissingDependencyError as exc:
-        return _error("missing_dependency", str(exc))
+        return _error("missing_dependency", str(exc)), None
     except RerankError as exc:
-        return _error("error", str(exc))
+        return _error("error", str(exc)), None
     finally:
         MAX_CHUNKS_ADVICE.reset(advice)
         PATH_HINT.reset(hint)
-    return result.to_dict()
+    return result.to_dict(), result.meta
 
 
 TOOL_FILES = {"openai": "openai.json", "anthropic": "anthropic.json"}

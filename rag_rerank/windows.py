@@ -47,7 +47,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from .concurrency import call_slot
-from .errors import BackendError
+from .errors import BackendError, EmbedderError
 from .models import Dropped, RerankRequest, RerankResult, add_usage
 from .postpass import BELOW_MIN, REDUNDANT
 from .reasons import NOT_IN_FINAL
@@ -102,6 +102,7 @@ class Scored:
     latency_ms: float
     fallback: str | None = None
     note: str | None = None  # why the fallback answered
+    offline: _Plan | None = None  # the plan with the lexical embedder, when the embedder failed here
 
 
 def windowed(request: RerankRequest, window_size: int | None) -> bool:
@@ -132,14 +133,24 @@ def split(request: RerankRequest, window_size: int) -> list[Window]:
 
 
 def _scored(outcome: Any, started: float, fallback: str | None = None, note: str | None = None,
-            failed: BackendError | None = None) -> Scored:
+            failed: BackendError | None = None, offline: _Plan | None = None) -> Scored:
     """One window's answer; after a fallback, `failed` is the backend's failure, whose attempts
     and tokens count too (the window's entry and meta said 1 attempt and no usage after 3 calls)."""
     attempts, usage = len(outcome.attempts), dict(outcome.usage)
     if failed is not None:
         attempts, usage = attempts + len(failed.attempts), add_usage(failed.usage, usage)
     return Scored(outcome.obj, attempts, tuple(outcome.repairs), usage,
-                  outcome.model, (time.perf_counter() - started) * 1000.0, fallback, note)
+                  outcome.model, (time.perf_counter() - started) * 1000.0, fallback, note, offline)
+
+
+def _fell_back(plan: _Plan, window: Window, error: BackendError, api_key: str | None, outcome: Any,
+               used: _Plan, started: float) -> Scored:
+    """A window the local backend answered after `error`: flagged as a fallback unless only the
+    embedder of the local backend failed (then `used`, the offline plan, says so)."""
+    offline = used if used.embedder_note is not None else None
+    if isinstance(error, EmbedderError) and plan.backend_name == "local":
+        return _scored(outcome, started, failed=error, offline=offline)
+    return _scored(outcome, started, "local", _fallback_note(plan, window, error, api_key), error, offline)
 
 
 def _named(plan: _Plan, window: Window, error: BackendError, api_key: str | None) -> BackendError:
@@ -159,13 +170,9 @@ def _fallback_note(plan: _Plan, window: Window, error: BackendError, api_key: st
             f"ranked by the local backend: {summary}")
 
 
-def _covers(plan: _Plan, fallback: str | None) -> bool:
-    return fallback == "local" and plan.backend_name != "local"
-
-
 def _score(plan: _Plan, window: Window, policy: Any, strict: bool, fallback: str | None,
            api_key: str | None) -> Scored:
-    from .rerank import make_backend
+    from .rerank import _falls_back, _local_outcome
     from .retry import call_with_retries
 
     started = time.perf_counter()
@@ -174,20 +181,20 @@ def _score(plan: _Plan, window: Window, policy: Any, strict: bool, fallback: str
         return _scored(call_with_retries(plan.backend, window.ask, window.prompt, repair=not strict, **kw),
                        started)
     except BackendError as exc:
-        if not _covers(plan, fallback):
+        if not _falls_back(plan, fallback, exc):
             raise _named(plan, window, exc, api_key) from None
-        local = make_backend("local", embedder=plan.embedder)
         try:
-            outcome = call_with_retries(local, window.ask, window.prompt, **kw)
+            outcome, used = _local_outcome(
+                plan, exc, api_key, lambda local: call_with_retries(local, window.ask, window.prompt, **kw))
         except BackendError:
             raise _named(plan, window, exc, api_key) from None
-        return _scored(outcome, started, "local", _fallback_note(plan, window, exc, api_key), exc)
+        return _fell_back(plan, window, exc, api_key, outcome, used, started)
 
 
 async def _ascore(plan: _Plan, window: Window, policy: Any, strict: bool, fallback: str | None,
                   api_key: str | None, limit: asyncio.Semaphore) -> Scored:
-    from .rerank import make_backend
-    from .retry import acall_with_retries
+    from .rerank import _falls_back, _local_outcome
+    from .retry import acall_with_retries, call_with_retries
 
     kw = {"guard_top_k": window.ask.top_k, "policy": policy, "limits": plan.limits}
     async with call_slot(limit):
@@ -198,14 +205,15 @@ async def _ascore(plan: _Plan, window: Window, policy: Any, strict: bool, fallba
             return _scored(outcome, started)
         except BackendError as exc:
             error = exc
-    if not _covers(plan, fallback):
+    if not _falls_back(plan, fallback, error):
         raise _named(plan, window, error, api_key)
-    local = make_backend("local", embedder=plan.embedder)
-    try:
-        outcome = await acall_with_retries(local, window.ask, window.prompt, **kw)
+    try:  # the local backend in a worker thread: its embedder may be a model or an HTTP endpoint
+        outcome, used = await asyncio.to_thread(
+            _local_outcome, plan, error, api_key,
+            lambda local: call_with_retries(local, window.ask, window.prompt, **kw))
     except BackendError:
         raise _named(plan, window, error, api_key) from None
-    return _scored(outcome, started, "local", _fallback_note(plan, window, error, api_key), error)
+    return _fell_back(plan, window, error, api_key, outcome, used, started)
 
 
 # --------------------------------------------------------------------------- survivors
@@ -299,18 +307,21 @@ def _entry(window: Window, answer: Scored, survivors: Survivors | None) -> dict[
 
 
 def assemble(plan: _Plan, windows: Sequence[Window], scored: Sequence[Scored], survivors: Survivors,
-             final: tuple[Window, Scored] | None, layout: str, duplicate_threshold: float | None
-             ) -> RerankResult:
+             final: tuple[Window, Scored] | None, layout: str, duplicate_threshold: float | None,
+             fallback: str | None = None, api_key: str | None = None) -> RerankResult:
     """The post-pass over the survivors, the losers' reasons, and the meta of every call."""
-    from .rerank import _meta, _postpass, _scoring_notes
+    from .rerank import _meta, _postpass_or_offline, _scoring_notes
 
     request = plan.request
+    # Once the embedder failed in a window, the rest of the request compares lexical vectors too.
+    plan = next((a.offline for a in (*scored, *([final[1]] if final else [])) if a.offline), plan)
     if final is not None:
         window, answer = final
         kept = survivors.indices
         sub = replace(plan, request=replace(request, chunks=tuple(request.chunks[i] for i in kept)),
                       view=replace(plan.view, chunks=window.ask.chunks) if plan.view is not None else None)
-        result = _postpass(sub, answer.obj, layout, duplicate_threshold)
+        result, sub = _postpass_or_offline(sub, answer.obj, layout, duplicate_threshold, fallback, api_key)
+        plan = replace(plan, embedder=sub.embedder, embedder_note=sub.embedder_note)
     else:  # no chunk scored above the minimum in any window: nothing to rank
         result = RerankResult(ranked=())
     ranked_ids = {r.id for r in result.ranked}
@@ -381,7 +392,7 @@ def run_windows(plan: _Plan, *, api_key: str | None, policy: Any, strict: bool, 
         final = (window, _score(plan, window, policy, strict, fallback, api_key))
     if progress is not None:
         progress(total, total)
-    return assemble(plan, windows, scored, survivors, final, layout, duplicate_threshold)
+    return assemble(plan, windows, scored, survivors, final, layout, duplicate_threshold, fallback, api_key)
 
 
 async def arun_windows(plan: _Plan, *, api_key: str | None, policy: Any, strict: bool,
@@ -402,7 +413,7 @@ async def arun_windows(plan: _Plan, *, api_key: str | None, policy: Any, strict:
         window = _final_window(plan, survivors, len(windows))
         final = (window, await _ascore(plan, window, policy, strict, fallback, api_key, limit))
     return await _offload(plan, assemble, plan, windows, scored, survivors, final, layout,
-                          duplicate_threshold)
+                          duplicate_threshold, fallback, api_key)
 
 
 def _raise_first(outcomes: Sequence[Scored | BaseException]) -> list[Scored]:

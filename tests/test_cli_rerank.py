@@ -361,3 +361,42 @@ def test_a_model_with_the_local_backend_is_a_usage_error(command: str, tmp_path:
     assert cap.out == ""
     [line] = cap.err.splitlines()
     assert "--model gpt-4o-mini" in line and "the local backend takes none" in line
+
+
+def _no_embeddings(req: RecordedRequest) -> Reply:
+    """A chat-only OpenAI-compatible server: /v1/embeddings is 404."""
+    if req.api == "embeddings":
+        return Reply(404, {"detail": "Not Found"})
+    return quoting_ranker()(req)
+
+
+def test_embedder_openai_against_a_server_without_embeddings_is_one_line_exit_3(tmp_path: Path,
+                                                                                  capsys) -> None:
+    """Regression: `--embedder openai` against a chat-only server said only "... embeddings failed
+    [#1 fatal: NotFoundError: Error code: 404]": no URL, no server message, no way out."""
+    chunks = str(_happy(tmp_path))
+    with FakeLLM(handler=_no_embeddings) as srv:
+        url = f"{srv.openai_url}/embeddings"
+        args = ["rerank", "-q", QUERY, "-c", chunks, "--backend", "openai", "--base-url", srv.openai_url,
+                "-m", "m", "--embedder", "openai"]
+        assert main(args) == 3
+    cap = capsys.readouterr()
+    (line,) = cap.err.splitlines()
+    assert cap.out == "" and "Traceback" not in cap.err
+    assert line.startswith("rag-rerank: backend failure: the openai embedder (model "
+                           f"'text-embedding-3-small') at {url} answered HTTP 404: Not Found; does this "
+                           "server serve embeddings")
+
+
+def test_with_fallback_local_the_embedder_failure_is_a_warning_and_every_id_kept(tmp_path: Path,
+                                                                                   capsys) -> None:
+    chunks = str(_happy(tmp_path))
+    with FakeLLM(handler=_no_embeddings) as srv:
+        args = ["rerank", "-q", QUERY, "-c", chunks, "--embedder", "openai", "--embed-base-url",
+                srv.openai_url, "--fallback", "local"]
+        assert main(args) == 0
+    cap = capsys.readouterr()
+    assert json.loads(cap.out) == rerank(QUERY, load_skill().example("happy-path").chunks).to_dict()
+    (line,) = cap.err.splitlines()
+    assert line.startswith("rag-rerank: warning: embedder openai:text-embedding-3-small failed, lexical "
+                           "vectors used instead (--fallback local): the openai embedder ")

@@ -9,7 +9,7 @@ import pytest
 
 from rag_rerank.embed import get_embedder
 from rag_rerank.embed.openai import OpenAIEmbedder
-from rag_rerank.errors import BackendError, InputError
+from rag_rerank.errors import BackendError, EmbedderError, InputError
 from rag_rerank.guard import validate_request
 from rag_rerank.models import Ranked
 from rag_rerank.postpass import postpass
@@ -126,13 +126,52 @@ def test_post_pass_with_openai_embeddings():
     "reply, problem",
     [
         (Reply(200, "{not json"), "not valid JSON"),
-        (Reply(200, "<html>a login page</html>", headers={"Content-Type": "text/html"}), "no 'data' list"),
-        (Reply(200, [1, 2]), "no 'data' list"),
-        (Reply(200, {"object": "list"}), "no 'data' list"),
-        (Reply(200, {"data": [{"object": "embedding"}] * 3}), "no 'data' list"),
+        (Reply(200, "<html>a login page</html>", headers={"Content-Type": "text/html"}),
+         "without a 'data' list"),
+        (Reply(200, [1, 2]), "without a 'data' list"),
+        (Reply(200, {"object": "list"}), "without a 'data' list"),
+        (Reply(200, {"data": [{"object": "embedding"}] * 3}), "without a 'data' list"),
     ],
 )
 def test_an_answer_that_is_not_an_embeddings_response_is_a_backend_error(reply, problem):
     """Regression: these crashed with JSONDecodeError / AttributeError / TypeError (CLI exit 4)."""
     with FakeLLM([reply]) as srv, pytest.raises(BackendError, match=problem):
         _embedder(srv).embed(TEXTS)
+
+
+# --- a server without an embeddings endpoint (QA leftover) ----------------------------------------
+
+LLAMA_CPP = "This server does not support embeddings. Start it with `--embeddings`"
+
+
+@pytest.mark.parametrize(
+    ("reply", "said"),
+    [
+        (Reply(404, {"detail": "Not Found"}), "answered HTTP 404: Not Found"),  # vLLM / FastAPI
+        (Reply(501, {"error": {"code": 501, "type": "not_supported_error", "message": LLAMA_CPP}}),
+         f"answered HTTP 501: {LLAMA_CPP}"),  # llama.cpp started without --embeddings
+        (Reply(405, "Method Not Allowed", headers={"Content-Type": "text/plain"}),
+         "answered HTTP 405: Method Not Allowed"),
+    ],
+)
+def test_a_server_without_an_embeddings_endpoint_is_named_with_its_url_and_answer(reply: Reply,
+                                                                                    said: str) -> None:
+    """Regression: the error was "openai:text-embedding-3-small embeddings failed [#1 fatal:
+    NotFoundError: Error code: 404]": no URL, nothing of what the server said, no way out."""
+    with FakeLLM(handler=lambda req: reply) as srv, pytest.raises(EmbedderError) as exc:
+        url = f"{srv.openai_url}/embeddings"
+        _embedder(srv).embed(TEXTS)
+    text = str(exc.value)
+    assert isinstance(exc.value, BackendError)  # CLI exit 3, caught by every `except BackendError`
+    assert text.startswith(f"the openai embedder (model 'fake-embed') at {url} {said}; ")
+    assert "does this server serve embeddings" in text and "lexical" in text and "fallback local" in text
+
+
+def test_an_unreachable_embeddings_server_is_named_with_its_url() -> None:
+    with FakeLLM() as srv:
+        url = srv.openai_url
+    with pytest.raises(EmbedderError) as exc:  # the server is gone: connection refused
+        get_embedder("openai", base_url=url, max_retries=0).embed(TEXTS)
+    assert str(exc.value).startswith("the openai embedder (model 'text-embedding-3-small') at "
+                                     f"{url}/embeddings could not be reached (")
+    assert exc.value.attempts[0].kind == "transient"

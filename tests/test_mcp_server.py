@@ -28,6 +28,8 @@ from rag_rerank.errors import InputError, MissingDependencyError  # noqa: E402
 from rag_rerank.mcp_server import options_from_env  # noqa: E402
 from rag_rerank.skill import load_skill  # noqa: E402
 from rag_rerank.tools import anthropic_tool  # noqa: E402
+from tests.support.fake_llm import FakeLLM, RecordedRequest, Reply  # noqa: E402
+from tests.support.quoting_ranker import quoting_ranker  # noqa: E402
 
 pytestmark = pytest.mark.mcp
 ROOT = Path(__file__).resolve().parent.parent
@@ -98,6 +100,7 @@ def test_happy_path_returns_the_result_object(session_results: tuple[Any, list[A
     assert sorted(seen) == sorted(ids)  # every id exactly once, verbatim
     assert 1 <= len(result["ranked"]) <= args["top_k"]
     assert "c5" not in [r["id"] for r in result["ranked"]]  # the risotto chunk is off-topic
+    assert "fallback" not in result and len(ok.content) == 1  # no fallback: the result object alone
 
 
 def test_bad_input_is_a_tool_error_naming_each_field(session_results: tuple[Any, list[Any]]) -> None:
@@ -317,3 +320,40 @@ def test_a_server_url_for_a_backend_that_calls_none_is_refused_at_start_up() -> 
     assert violation.path == "RAG_RERANK_BASE_URL"
     assert "the local backend takes no base_url" in violation.message
     assert "RAG_RERANK_BACKEND" in violation.message
+
+
+def test_the_calling_model_is_told_when_the_local_fallback_answered() -> None:
+    """Regression: with RAG_RERANK_FALLBACK=local the tool result of a failed backend looked exactly
+    like the backend's own ranking. The first call's chat request fails (HTTP 401) and the
+    server has no embeddings endpoint (404): the local backend ranks, on lexical vectors. The
+    second call's chat request succeeds: the LLM's ranking stands, the post-pass on lexical vectors."""
+    rank = quoting_ranker()
+    chats: list[int] = []
+
+    def answer(req: RecordedRequest) -> Reply:
+        if req.api == "embeddings":
+            return Reply(404, {"detail": "Not Found"})
+        chats.append(1)
+        if len(chats) == 1:
+            return Reply.openai_error(401, "Incorrect API key provided", type_="authentication_error")
+        return rank(req)
+
+    with FakeLLM(handler=answer) as srv:
+        env = {"RAG_RERANK_BACKEND": "openai", "RAG_RERANK_BASE_URL": srv.openai_url,
+               "RAG_RERANK_EMBEDDER": "openai", "RAG_RERANK_FALLBACK": "local"}
+        _, (both, lexical) = anyio.run(_session_do, [("rerank_chunks", _happy_args())] * 2, env)
+    ids = sorted(c["id"] for c in _happy_args()["chunks"])
+    for answer_ in (both, lexical):
+        assert answer_.is_error is False, answer_.content[0].text
+        result = answer_.structured_content
+        assert json.loads(answer_.content[0].text) == result
+        assert sorted([r["id"] for r in result["ranked"]] + [d["id"] for d in result["dropped"]]) == ids
+        assert answer_.content[1].text == f"warning: {result['fallback']['notice']}"
+        assert "/v1/embeddings answered HTTP 404" in result["fallback"]["notice"]
+        assert answer_.meta["rag-rerank/run"]["embedder_fallback"] == "lexical"
+    assert both.structured_content["fallback"]["backend"] == "local"
+    assert both.structured_content["fallback"]["embedder"] == "lexical"
+    assert "ranked by the local backend (fallback local): openai failed after 1 attempt: " in (
+        both.content[1].text)
+    assert lexical.structured_content["fallback"]["backend"] is None, lexical.content[1].text
+    assert lexical.meta["rag-rerank/run"]["fallback"] is None

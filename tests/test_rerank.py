@@ -275,7 +275,8 @@ def test_fallback_local_returns_the_local_ranking_flagged_in_meta() -> None:
     assert result.to_dict() == rerank(QUERY, chunks, 3).to_dict()
     assert result.meta.fallback == "local" and result.meta.backend == "openai"
     assert result.meta.attempts == 2  # the failed openai call + the local one
-    assert any(n.startswith("openai failed after 1 attempt: ") for n in result.meta.notes)  # not "1 attempt(s)"
+    # "1 attempt", not "1 attempt(s)"
+    assert any(n.startswith("openai failed after 1 attempt: ") for n in result.meta.notes)
     assert SECRET not in json.dumps(result.meta.to_dict())
 
 
@@ -509,3 +510,97 @@ def test_a_top_level_option_inside_backend_options_is_named_not_a_type_error(key
                backend_options={key: "v"})
     assert str(exc.value.violations[0]) == (f"backend_options.{key}: give {key} as its own {key}= argument, "
                                             "not in backend_options")
+
+
+# --- an openai embedder whose server has no embeddings endpoint (QA leftover) ---------------------
+
+
+def _chat_ok_embeddings_404(fail_chat: bool = False):
+    """A server that chats (or, with `fail_chat`, refuses every chat: HTTP 401) but answers 404 on
+    /v1/embeddings, like a chat-only vLLM."""
+    rank = quoting_ranker()
+
+    def answer(req):
+        if req.api == "embeddings":
+            return Reply(404, {"detail": "Not Found"})
+        if fail_chat:
+            return Reply.openai_error(401, "Incorrect API key provided", type_="authentication_error")
+        return rank(req)
+
+    return answer
+
+
+def test_without_a_fallback_the_embedder_failure_names_the_embedder_and_url() -> None:
+    from rag_rerank.errors import EmbedderError
+
+    chunks = _examples("happy-path")
+    with FakeLLM(handler=_chat_ok_embeddings_404()) as srv, pytest.raises(EmbedderError) as exc:
+        url = f"{srv.openai_url}/embeddings"
+        rerank(QUERY, chunks, 3, backend="openai", base_url=srv.openai_url, api_key=SECRET, model="m",
+               embedder="openai", policy=FAST)
+    said = f"the openai embedder (model 'text-embedding-3-small') at {url} answered HTTP 404"
+    assert said in str(exc.value)
+    assert SECRET not in str(exc.value)
+
+
+@pytest.mark.parametrize("run", [rerank, lambda *a, **kw: asyncio.run(arerank(*a, **kw))])
+def test_with_fallback_local_the_llms_ranking_stands_on_lexical_vectors(run) -> None:
+    """The LLM answered; only the post-pass embedder failed. Its ranking is kept (the LLM is not
+    asked twice) and the post-pass compares lexical vectors, which meta says."""
+    chunks = _examples("happy-path")
+    with FakeLLM(handler=_chat_ok_embeddings_404()) as srv:
+        common = {"backend": "openai", "base_url": srv.openai_url, "api_key": "x", "model": "m",
+                  "policy": FAST}
+        result = run(QUERY, chunks, 3, embedder="openai", fallback="local", **common)
+        chats = [r for r in srv.requests if r.api == "openai"]
+        lexical = rerank(QUERY, chunks, 3, embedder="lexical", **common)
+    assert len(chats) == 1
+    assert result.to_dict() == lexical.to_dict()
+    _assert_contract(result, _ids(chunks), 3)
+    meta = result.meta
+    assert meta.fallback is None and meta.embedder_fallback == "lexical" and meta.embedder == "lexical"
+    assert any(n.startswith("embedder openai:text-embedding-3-small failed, lexical vectors used instead "
+                            "(fallback local): the openai embedder") for n in meta.notes)
+    assert meta.to_dict()["embedder_fallback"] == "lexical"
+    assert meta.fallback_notice() is not None and "/embeddings answered HTTP 404" in meta.fallback_notice()
+
+
+def test_with_fallback_local_the_local_scorer_of_a_failed_embedder_scores_offline() -> None:
+    """The local backend scores with the openai embedder; when that fails, fallback="local" gives
+    the fully offline local ranking (the lexical profile), not a BackendError."""
+    from rag_rerank.embed import get_embedder
+
+    chunks = _examples("happy-path")
+    with FakeLLM(handler=_chat_ok_embeddings_404()) as srv:
+        emb = get_embedder("openai", base_url=srv.openai_url, max_retries=0)
+        result = rerank(QUERY, chunks, 3, embedder=emb, fallback="local")
+        with pytest.raises(BackendError, match="answered HTTP 404"):
+            rerank(QUERY, chunks, 3, embedder=emb)
+    assert result.to_dict() == rerank(QUERY, chunks, 3).to_dict()
+    assert result.meta.fallback is None and result.meta.embedder_fallback == "lexical"
+
+
+def test_when_backend_and_embedder_both_fail_the_fallback_is_fully_offline() -> None:
+    """Regression: the local fallback scored with the same failing openai embedder, failed too,
+    and the backend's error was raised although fallback="local" was asked for."""
+    chunks = _examples("happy-path")
+    with FakeLLM(handler=_chat_ok_embeddings_404(fail_chat=True)) as srv:
+        result = rerank(QUERY, chunks, 3, backend="openai", base_url=srv.openai_url, api_key="x", model="m",
+                        embedder="openai", policy=FAST, fallback="local")
+    assert result.to_dict() == rerank(QUERY, chunks, 3).to_dict()
+    assert result.meta.fallback == "local" and result.meta.embedder_fallback == "lexical"
+    notice = result.meta.fallback_notice()
+    assert notice is not None and "openai failed after 1 attempt" in notice and "HTTP 404" in notice
+
+
+def test_windows_fall_back_to_lexical_vectors_like_one_prompt() -> None:
+    from rag_rerank.embed import get_embedder
+
+    chunks = [{"id": f"c{i}", "text": f"chunk {i} about {'IVF partitions' if i % 7 == 0 else 'risotto'}"}
+              for i in range(60)]
+    with FakeLLM(handler=_chat_ok_embeddings_404()) as srv:
+        emb = get_embedder("openai", base_url=srv.openai_url, max_retries=0)
+        result = rerank("IVF?", chunks, 3, embedder=emb, fallback="local", window_size=20)
+    offline = rerank("IVF?", chunks, 3, window_size=20)
+    assert result.to_dict() == offline.to_dict()
+    assert result.meta.embedder_fallback == "lexical" and result.meta.fallback is None

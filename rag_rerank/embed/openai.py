@@ -2,8 +2,10 @@
 
 Works with OpenAI itself and with local servers (vLLM, llama.cpp, Ollama, TEI) through
 `base_url`. The SDK's own bounded retries (`max_retries`) handle transient HTTP failures; a
-failure that survives them becomes a `BackendError` (CLI exit 3), and an answer with the wrong
-number of vectors, mixed lengths or NaN is refused rather than passed on to MMR.
+failure that survives them becomes an `EmbedderError` (a `BackendError`, CLI exit 3) naming the
+embedder, the URL and what came back, and an answer with the wrong number of vectors, mixed lengths
+or NaN is refused rather than passed on to MMR. A server without an embeddings endpoint (a chat-only
+vLLM, llama.cpp without --embeddings) is told apart and the way out named.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import Attempt, BackendError, InputError, Violation
+from ..errors import Attempt, EmbedderError, InputError, Violation
 from ..wording import counted
 from . import l2_normalise
 
@@ -92,32 +94,21 @@ class OpenAIEmbedder:
         try:
             response = self.client().embeddings.create(**kw)
         except openai.APIError as exc:
-            kind = (
-                "transient"
-                if isinstance(
-                    exc, (openai.APIConnectionError, openai.RateLimitError, openai.InternalServerError)
-                )
-                else "fatal"
-            )
-            raise BackendError(
-                f"{self.name} embeddings failed", [Attempt(1, kind, f"{type(exc).__name__}: {exc}")]
-            ) from None
+            raise self._failed(exc) from None
         except json.JSONDecodeError as exc:  # a JSON content-type body the SDK could not parse
-            raise BackendError(f"{self.name} embeddings: the answer is not valid JSON",
-                               [Attempt(1, "fatal", str(exc))]) from None
+            raise self._error(f"answered with a body that is not valid JSON ({exc})") from None
         # A server that is not an embeddings endpoint (an HTML page, `{}`, a list) gives the SDK
         # no `data` list of `{index, embedding}`: refuse it like any other unusable answer.
         raw = getattr(response, "data", None)
-        problem = None
         if not isinstance(raw, list) or not all(
             isinstance(getattr(d, "index", None), int) and isinstance(getattr(d, "embedding", None), list)
             for d in raw
         ):
-            problem = "no 'data' list of {index, embedding} objects (is base_url an embeddings endpoint?)"
-            raise BackendError(
-                f"{self.name} embeddings: unusable answer ({problem})", [Attempt(1, "fatal", problem)]
-            )
+            shown = " ".join(str(response)[:120].split())
+            raise self._error(f"answered without a 'data' list of {{index, embedding}} objects ({shown!r})",
+                              hint=_NO_ENDPOINT)
         data = sorted(raw, key=lambda d: d.index)
+        problem = None
         if len(data) != len(texts):
             problem = f"{counted(len(data), 'vector')} for {counted(len(texts), 'text')}"
         elif len({len(d.embedding) for d in data}) != 1 or not data[0].embedding:
@@ -125,7 +116,42 @@ class OpenAIEmbedder:
         elif not all(isinstance(x, (int, float)) and math.isfinite(x) for d in data for x in d.embedding):
             problem = "a vector holds NaN, Infinity or a non-number"
         if problem:
-            raise BackendError(
-                f"{self.name} embeddings: unusable answer ({problem})", [Attempt(1, "fatal", problem)]
-            )
+            raise self._error(f"answered with unusable vectors ({problem})")
         return [list(d.embedding) for d in data]
+
+    def url(self) -> str:
+        """Where the embeddings are posted: what a user must check when they do not come back."""
+        return str(self.client().base_url).rstrip("/") + "/embeddings"
+
+    def _error(self, what: str, kind: str = "fatal", hint: str = "") -> EmbedderError:
+        """One failure, naming the embedder, the URL and what came back (`what`), then `hint`."""
+        head = f"the openai embedder (model {self.model or DEFAULT_MODEL!r}) at {self.url()} {what}"
+        return EmbedderError(head + (f"; {hint}" if hint else ""), [Attempt(1, kind, what[:200])])
+
+    def _failed(self, exc: Any) -> EmbedderError:
+        """An SDK error (after the SDK's own `max_retries`) as an `EmbedderError`: the HTTP status and
+        the server's own message, and for an endpoint the server does not have, what to do instead."""
+        import openai
+
+        from ..backends.common import error_message, is_transient_status
+
+        if isinstance(exc, openai.APIStatusError):
+            status = int(exc.status_code)
+            message = " ".join(error_message(exc).split())[:300]
+            missing = status in (404, 405, 501) or (status == 400 and "embedding" in message.lower())
+            return self._error(f"answered HTTP {status}: {message}",
+                               "transient" if is_transient_status(status) else "fatal",
+                               hint=_NO_ENDPOINT if missing else "")
+        if isinstance(exc, openai.APITimeoutError):
+            return self._error(f"did not answer within {self.timeout:g}s", "transient")
+        if isinstance(exc, openai.APIConnectionError):
+            cause = exc.__cause__ or exc
+            return self._error(f"could not be reached ({type(cause).__name__}: {cause})", "transient")
+        return self._error(f"failed ({type(exc).__name__}: {exc})")
+
+
+# What to do when the server has no embeddings endpoint (a chat-only vLLM, llama.cpp without
+# --embeddings, a proxy): the CLI's and the library's spelling of the two ways out.
+_NO_ENDPOINT = ("does this server serve embeddings (llama.cpp needs --embeddings)? Use another embedder "
+                "(lexical), a server that embeds (--embed-base-url URL, get_embedder('openai', "
+                "base_url=URL)), or fallback local to compare lexical vectors instead")
