@@ -8,7 +8,9 @@ because the schema must come from the card, not from a Python signature.
 Errors the caller can act on (bad arguments, a failing backend) come back as a tool result with
 `isError: true` and the structured error from `tools.call_tool` as JSON text, so the calling
 model sees which field is wrong; only protocol problems (an unknown tool name) are protocol
-errors. The SDK is an optional extra: without it `serve()` raises `MissingDependencyError`.
+errors. When `fallback="local"` answered, the result says so to the calling model: a `fallback`
+field in the structured result, a warning line of text, and the run metadata in `_meta`. The SDK
+is an optional extra: without it `serve()` raises `MissingDependencyError`.
 
 Backend options for the tool calls come from the environment, so an MCP client config can pick
 them without code: RAG_RERANK_BACKEND (default local), RAG_RERANK_MODEL, RAG_RERANK_BASE_URL,

@@ -157,6 +157,28 @@ def test_batch_summary_counts_the_lines_the_local_fallback_answered(tmp_path: Pa
     assert summary in err
 
 
+def test_batch_summary_counts_the_lines_answered_on_lexical_vectors(tmp_path: Path, capsys) -> None:
+    """A server that chats but has no embeddings endpoint, with --embedder openai --fallback local:
+    every line is answered (the LLM's ranking, lexical vectors) and the summary says how many."""
+    inp, out = tmp_path / "q.jsonl", tmp_path / "out.jsonl"
+    _write_input(inp, [json.dumps(q) for q in _queries(2)])
+    rank = quoting_ranker()
+
+    def answer(req):
+        return Reply(404, {"detail": "Not Found"}) if req.api == "embeddings" else rank(req)
+
+    with FakeLLM(handler=answer) as srv:
+        code = main(["batch", "-i", str(inp), "-o", str(out), "--backend", "openai", "--base-url",
+                     srv.openai_url, "-m", "m", "--embedder", "openai", "--fallback", "local",
+                     "--no-progress"])
+    assert code == 0
+    fell = [(r["meta"]["fallback"], r["meta"]["embedder_fallback"]) for r in _read(out)]
+    assert fell == [(None, "lexical")] * 2
+    summary = ("batch: 2 ok (2 on lexical vectors after the openai embedder failed: --fallback local), "
+               "0 failed")
+    assert summary in capsys.readouterr().err
+
+
 def test_batch_cli_caps_one_requests_violations_in_its_error_line(tmp_path: Path, capsys) -> None:
     """One stderr line per bad request stays one readable line however many chunks it breaks;
     the output record still carries every violation."""
