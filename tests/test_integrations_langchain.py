@@ -209,7 +209,8 @@ def test_construction_checks_option_names_and_hides_the_key() -> None:
         RagRerankCompressor(lamda_=0.5)
     with pytest.raises(InputError, match="top_n"):
         RagRerankCompressor(top_k=3)
-    comp = RagRerankCompressor(api_key="sk-very-secret-123")
+    comp = RagRerankCompressor(backend="openai", base_url="http://127.0.0.1:9/v1",
+                               api_key="sk-very-secret-123")
     assert "sk-very-secret-123" not in repr(comp)
     assert "sk-very-secret-123" not in str(comp.model_dump())
 

@@ -192,7 +192,8 @@ def test_options_checked_and_key_never_serialized() -> None:
         RagRerankPostprocessor(lamda_=0.5)
     with pytest.raises(InputError, match="top_n"):
         RagRerankPostprocessor(top_k=2)
-    pp = RagRerankPostprocessor(top_n=2, api_key="sk-very-secret-123", duplicate_threshold=0.9)
+    pp = RagRerankPostprocessor(top_n=2, backend="openai", base_url="http://127.0.0.1:9/v1",
+                                api_key="sk-very-secret-123", duplicate_threshold=0.9)
     assert pp.rerank_options == {"duplicate_threshold": 0.9}
     assert "sk-very-secret-123" not in repr(pp) and "sk-very-secret-123" not in pp.to_json()
     back = RagRerankPostprocessor.from_json(pp.to_json())
