@@ -531,7 +531,7 @@ def _redacted(error: BackendError, api_key: str | None) -> BackendError:
         return error
     attempts = [replace(a, detail=redact(a.detail, secrets)) for a in error.attempts]
     head = redact(text.split(" [#", 1)[0], secrets)
-    return BackendError(head, attempts, usage=error.usage)
+    return type(error)(head, attempts, usage=error.usage)  # an EmbedderError stays one
 
 
 def rerank(
