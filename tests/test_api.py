@@ -15,6 +15,7 @@ PUBLIC = [
     "Chunk",
     "ConfigError",
     "Dropped",
+    "EmbedderError",
     "InputError",
     "Limits",
     "MissingDependencyError",
@@ -80,6 +81,8 @@ def test_error_hierarchy() -> None:
         rag_rerank.MissingDependencyError,
     ):
         assert issubclass(cls, rag_rerank.RerankError)
+    # an embedder's server failing is a backend failure (exit 3), so `except BackendError` catches it
+    assert issubclass(rag_rerank.EmbedderError, rag_rerank.BackendError)
     assert issubclass(rag_rerank.RerankError, Exception)
 
 
