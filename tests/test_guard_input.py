@@ -528,6 +528,17 @@ def test_a_duplicate_key_in_a_line_is_refused_naming_line_and_key(line: str, key
     assert v.message.startswith(f"duplicate key{'s' if ',' in keys else ''} {keys} in one JSON object")
 
 
+def test_a_duplicate_key_in_the_only_line_is_named_as_such() -> None:
+    """A one-record file whose record writes a key twice is told so, not that it is "one JSON
+    object, not JSONL" (it is on one line: that advice would send the user round in circles)."""
+    for text in ('{"id": "a", "text": "x", "text": "y"}', '{"id": "a", "text": "x", "text": "y"}\n'):
+        with pytest.raises(InputError) as err:
+            parse_chunks(text)
+        (v,) = err.value.violations
+        assert v.line == 1 and v.path == "chunks[0]", v
+        assert v.message.startswith("duplicate key 'text' in one JSON object"), v.message
+
+
 def test_framework_documents_passed_to_rerank_name_the_component() -> None:
     """LangChain / LlamaIndex / Haystack objects given to rerank() itself: besides one violation per
     record, one line names the drop-in component for that framework."""

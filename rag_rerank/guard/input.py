@@ -309,7 +309,9 @@ def _one_json_document(source: str, records: list[tuple[Any, int | None, int]],
         msg = (f"the chunks are one JSON array of {counted(len(value), 'item')} as text{spread}, not JSONL "
                '(one {"id", "text"} object per line): pass the array itself as a list, or convert a file '
                "with jq -c '.[]'")
-    elif isinstance(value, dict):
+    elif isinstance(value, dict) and lines > 1:
+        # One object on one line is a JSONL record already: its own line's problem (a key written
+        # twice) is the accurate message, not "write each record on one line".
         msg = (f"the chunks are one JSON object{spread}, not JSONL; write each "
                '{"id", "text"} record on one line')
     else:
