@@ -31,6 +31,10 @@ class Chunk:
 
 @dataclass(frozen=True)
 class Ranked:
+    """One kept chunk of a result: its id byte for byte, a score in (min_score, 1], a reason that
+    cites the chunk's own text, and a `diversity_note` when the post-pass moved or kept it for
+    diversity. `to_dict()` is the card's output item."""
+
     id: str
     score: float
     reason: str
@@ -45,6 +49,9 @@ class Ranked:
 
 @dataclass(frozen=True)
 class Dropped:
+    """One chunk left out of `ranked`, with a machine-readable reason (`token` or `token: detail`,
+    see `rag_rerank.reasons`), so every input id is accounted for."""
+
     id: str
     reason: str
 

@@ -74,6 +74,9 @@ class RoutingExample:
 
 @dataclass(frozen=True)
 class SkillCard:
+    """A parsed, checked `SKILL.md`: the one source of the inputs, defaults, routing phrases and
+    examples the prompt, the tool definitions and the router are generated from."""
+
     name: str
     description: str
     title: str
@@ -304,6 +307,8 @@ def _strings(routing: dict[str, Any], key: str, path: Path) -> tuple[str, ...]:
 
 @cache
 def load_skill(name: str = DEFAULT_SKILL) -> SkillCard:
+    """The packaged card `skills/<name>/SKILL.md`, parsed once per process; a missing or
+    malformed card is a `SkillCardError` naming the file and the key."""
     path = skills_dir() / name / "SKILL.md"
     if not path.is_file():
         raise SkillCardError(f"no skill card {name!r} at {path}")
