@@ -598,7 +598,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     _utf8_stdout()
     parser = build_parser()
     try:
-        args = parser.parse_args(argv)
+        args, extras = parser.parse_known_args(argv)
+        if extras:
+            # An unknown flag is the subcommand's usage error: its name and `--help` list the flags
+            # it does take (argparse leaves it to the top-level parser: "see rag-rerank --help").
+            commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+            commands.choices[args.command].error(f"unrecognized arguments: {' '.join(extras)}")
     except SystemExit as exc:  # --help (0) or a usage error (2): a return code, so main() is testable
         return exc.code if isinstance(exc.code, int) else EXIT_BAD_INPUT
     from .guard.input import PATH_HINT

@@ -596,6 +596,19 @@ def test_chunks_from_a_terminal_say_what_they_wait_for(monkeypatch, capsys) -> N
     assert code == EXIT_OK and err == []
 
 
+@pytest.mark.parametrize("argv", [["rerank", "-q", "q", "-c", "x.jsonl"], ["render", "-q", "q", "-c", "x"],
+                                  ["batch", "-i", "x.jsonl"], ["golden"], ["route", "rerank these"]])
+def test_an_unknown_flag_is_the_subcommands_usage_error(argv: list[str], capsys: pytest.CaptureFixture[str]
+                                                        ) -> None:
+    """`rag-rerank rerank ... --bogus` read 'rag-rerank: usage: error: unrecognized arguments: --bogus
+    (see rag-rerank --help)', a page that lists no flag of `rerank`; a usage error names the command
+    and its own help, as docs/errors.md says."""
+    assert main([*argv, "--bogus", "--zzz"]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line == (f"rag-rerank: {argv[0]}: error: unrecognized arguments: --bogus --zzz "
+                    f"(see rag-rerank {argv[0]} --help)")
+
+
 @pytest.mark.parametrize("flag", [["--api-key", "sk-live-SECRET42"], ["--api-key=sk-live-SECRET42"],
                                   ["--api_key", "sk-live-SECRET42"]])
 def test_an_api_key_flag_names_the_environment_variables_and_hides_the_key(
