@@ -422,6 +422,9 @@ def test_help_describes_the_product_and_its_exit_codes(capsys: pytest.CaptureFix
     assert code == EXIT_OK
     assert "argument parsing" not in out  # the module docstring is not a description
     assert "Rerank retrieved chunks for a query" in out and "exit codes: 0 ok" in out
+    # every code docs/cli.md lists, golden's 1 and the internal error's 4 included
+    assert all(s in " ".join(out.split()) for s in ("1 invalid LLM output (check) or a golden regression",
+                                                     "4 internal error", "130 interrupted")), out
 
 
 def test_version(capsys: pytest.CaptureFixture[str]) -> None:
