@@ -4,6 +4,7 @@
     python bench/route.py --embedder sentence-transformers
     python bench/route.py --errors                         # misrouted development utterances
     python bench/route.py --write                          # also print the THRESHOLDS entry
+    (first line: the router's build time and its time per utterance)
 
 Two data sets, never mixed:
   development  skills/rag-chunk-reranker/routing-examples.jsonl, the labelled requests the router
@@ -31,7 +32,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from rag_rerank.paths import golden_dir
-from rag_rerank.router import Router
+from rag_rerank.router import Router, training_examples
 from rag_rerank.skill import SkillCard, load_skill
 
 HELD_OUT = golden_dir() / "router" / "heldout.jsonl"
@@ -164,6 +165,23 @@ def print_errors(scored: list[Scored], threshold: float) -> None:
             print(f"    {kind}: {s.split} [{s.category}] {s.utterance!r} n_chunks={s.n_chunks} score={shown}")
 
 
+def timing(card: SkillCard, embedder: str) -> str:
+    """What docs/agents.md quotes for speed: building the router (the classifier's fit, and with a
+    semantic embedder the example vectors, from the on-disk cache when it holds them) and one
+    `decide` per development utterance."""
+    t0 = time.perf_counter()
+    router = Router([card], embedder)
+    built = time.perf_counter() - t0
+    pos, neg = training_examples(card)
+    utterances = [ex.utterance for ex in card.routing_examples]
+    t1 = time.perf_counter()
+    for text in utterances:
+        router.decide(text)
+    per = (time.perf_counter() - t1) / len(utterances) * 1000
+    return (f"router ({embedder}): built in {built:.2f} s on {len(pos) + len(neg)} training examples; "
+            f"{per:.2f} ms per utterance (mean over {len(utterances)} development utterances)")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--embedder", default="lexical")
@@ -173,6 +191,7 @@ def main() -> int:
     ap.add_argument("--write", action="store_true", help="print the THRESHOLDS entry for router.py")
     args = ap.parse_args()
     card = load_skill()
+    print(timing(card, args.embedder))
     t0 = time.perf_counter()
     oof = out_of_fold(card, args.embedder)
     threshold = choose_threshold(oof)
