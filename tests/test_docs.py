@@ -150,9 +150,10 @@ def _synopsis(argv: list[str]) -> bool:
 
 
 def test_every_documented_command_parses(capsys) -> None:
-    """Every `rag-rerank` command in a docs code block uses commands, flags and choices that exist."""
+    """Every `rag-rerank` command in a code block of the docs or the README uses commands, flags and
+    choices that exist."""
     seen = 0
-    for path in pages():
+    for path in [*pages(), ROOT / "README.md"]:
         for argv, _ in _commands(path.read_text(encoding="utf-8")):
             if _synopsis(argv):
                 continue
@@ -218,3 +219,14 @@ def test_the_api_reference_renders_every_public_name(tmp_path: Path, monkeypatch
         if f"rag_rerank.{name}" not in anchors and f"{module}.{name}" not in anchors:
             missing.append(name)
     assert not missing, f"public names with no entry in the API reference: {missing}"
+
+
+def test_the_layout_page_names_every_module() -> None:
+    """docs/layout.md's table of `rag_rerank/` names each module and subpackage, so a new one is
+    not left for readers to discover."""
+    text = (DOCS / "layout.md").read_text(encoding="utf-8")
+    package = ROOT / "rag_rerank"
+    names = [f"`{p.name}`" for p in package.glob("*.py") if p.name not in ("__init__.py", "__main__.py")]
+    names += [f"`{p.name}/`" for p in package.iterdir() if p.is_dir() and (p / "__init__.py").exists()]
+    missing = [n for n in sorted(names) if n not in text]
+    assert not missing, f"docs/layout.md does not name: {missing}"
