@@ -494,12 +494,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--candidates", required=True, metavar="FILE",
                    help="JSONL {qid, query, chunks:[{id,text}]}")
     p.add_argument("--qrels", required=True, metavar="FILE", help="TREC qrels")
-    p.add_argument("--k", type=whole_number, default=10, help="top_k to keep and Recall@k cut-off")
+    p.add_argument("--k", type=whole_number, default=10,
+                   help="top_k to keep and Recall@k cut-off (default 10)")
     p.add_argument("--depth", type=whole_number, default=None,
                    help="rerank the first N candidates of each query (default 50, the card's limit; with "
                    "--window-size, all of them up to 1000); the rest keep their input positions after them")
     p.add_argument("--rel-level", type=int, default=1,
-                   help="lowest qrels grade that counts as relevant for Recall and MRR (DL19 convention: 2)")
+                   help="lowest qrels grade that counts as relevant for Recall and MRR (default 1; DL19 "
+                   "convention: 2)")
     p.add_argument("--duplicate-threshold", type=float, default=None,
                    help="post-pass near-duplicate cosine in [0, 1] (default: the embedder's own; 1.0 keeps "
                    "all but identical vectors)")

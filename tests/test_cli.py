@@ -6,6 +6,7 @@ traceback.
 
 from __future__ import annotations
 
+import argparse
 import io
 import json
 import os
@@ -359,6 +360,16 @@ def test_every_subcommand_help_says_what_it_does_and_explains_each_option(
     code, out, _ = run(capsys, name, "--help")
     assert code == EXIT_OK
     assert " ".join(summary.split()[:4]).lower() in " ".join(out.split()).lower()
+
+
+def test_every_option_with_a_default_value_names_it_in_its_help() -> None:
+    """docs/cli.md gives each default; `--help` must too (eval --k said nothing of its 10)."""
+    sub = next(a for a in build_parser()._actions if a.dest == "command")
+    silent = [(name, a.option_strings[0], a.default) for name, parser in sub.choices.items()
+              for a in parser._actions
+              if a.option_strings and a.default not in (None, False, "-", argparse.SUPPRESS)
+              and str(a.default) not in (a.help or "")]
+    assert silent == []
 
 
 @pytest.mark.parametrize(("argv", "extras"), [
