@@ -25,7 +25,7 @@ stage recomputes the final selection from the (guarded) scores and real embeddin
 Layouts: `mmr` (default), `diversity` (Haystack's greedy order: the chunk closest to the query
 first, then the one least similar on average to those already picked; lambda unused) and
 `lost_in_the_middle` (MMR selection laid out best-at-both-ends, `[1 3 5 7 9 10 8 6 4 2]`).
-`word_budget` keeps whole chunks in selection order up to and including the one that crosses it.
+`word_budget` keeps whole chunks in selection order up to and including the one that reaches or crosses it.
 
 The pipeline asks the model for `candidate_k = min(n, max(2*top_k, top_k+5))` scored chunks
 (`rerank.candidate_k`), so that MMR and de-duplication have something to promote; this module
