@@ -239,3 +239,8 @@ def test_the_layout_page_names_every_module() -> None:
     names += [f"`{p.name}/`" for p in package.iterdir() if p.is_dir() and (p / "__init__.py").exists()]
     missing = [n for n in sorted(names) if n not in text]
     assert not missing, f"docs/layout.md does not name: {missing}"
+    generated = {"site", "build", "dist", "node_modules"}
+    folders = [p.name for p in ROOT.iterdir() if p.is_dir() and not p.name.startswith((".", "_"))
+               and p.name not in generated and not p.name.endswith(".egg-info")]
+    unnamed = [f for f in sorted(folders) if not re.search(rf"^{re.escape(f)}/", text, re.MULTILINE)]
+    assert not unnamed, f"docs/layout.md's tree does not name the folder(s): {unnamed}"
