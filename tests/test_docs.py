@@ -228,6 +228,11 @@ def test_the_api_reference_renders_every_public_name(tmp_path: Path, monkeypatch
         if f"rag_rerank.{name}" not in anchors and f"{module}.{name}" not in anchors:
             missing.append(name)
     assert not missing, f"public names with no entry in the API reference: {missing}"
+    components = ["rag_rerank.integrations.langchain.RagRerankCompressor",
+                  "rag_rerank.integrations.llama_index.RagRerankPostprocessor",
+                  "rag_rerank.integrations.haystack.RagRerankRanker",
+                  "rag_rerank.integrations.ray.rerank_dataset"]
+    assert not [c for c in components if c not in anchors], "an integration entry point has no API entry"
 
 
 def test_the_layout_page_names_every_module() -> None:
