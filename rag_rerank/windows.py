@@ -65,6 +65,8 @@ _REASON_CHARS = 120  # a window model's own reason quoted in a loser's detail is
 # stderr is a terminal; None (the default) reports nothing. (`batch` has its own bar, per request.)
 WINDOW_PROGRESS: contextvars.ContextVar[Callable[[int, int], None] | None] = contextvars.ContextVar(
     "WINDOW_PROGRESS", default=None)
+"""`callback(calls_done, calls_total)` for a synchronous windowed `rerank`; `.set()` it, as for any
+`contextvars.ContextVar` (assigning to the name replaces the variable), and `.reset()` it after."""
 
 
 @dataclass(frozen=True)
