@@ -250,3 +250,42 @@ def test_the_layout_page_names_every_module() -> None:
                and p.name not in generated and not p.name.endswith(".egg-info")]
     unnamed = [f for f in sorted(folders) if not re.search(rf"^{re.escape(f)}/", text, re.MULTILINE)]
     assert not unnamed, f"docs/layout.md's tree does not name the folder(s): {unnamed}"
+
+
+def _resolve(dotted: str) -> object:
+    """`rag_rerank.embed.get_embedder` -> the object: the longest importable module, then attributes."""
+    import importlib
+
+    parts = dotted.split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            obj: object = importlib.import_module(".".join(parts[:cut]))
+        except ModuleNotFoundError:
+            continue
+        for attr in parts[cut:]:
+            obj = getattr(obj, attr)
+        return obj
+    raise ModuleNotFoundError(dotted)
+
+
+def test_every_dotted_name_and_import_in_the_docs_exists() -> None:
+    """`rag_rerank.windows.WINDOW_PROGRESS`, `from rag_rerank.backends.openai import OpenAIBackend`:
+    each name the README and the docs give resolves (a rename cannot leave a page behind)."""
+    from rag_rerank.errors import MissingDependencyError
+
+    texts = {p.name: p.read_text(encoding="utf-8") for p in [ROOT / "README.md", *pages()]}
+    wanted = {(page, m) for page, text in texts.items()
+              for m in re.findall(r"(?<![\w/])rag_rerank(?:\.\w+)+", text)}
+    imports = re.compile(r"^from (rag_rerank[\w.]*) import ([\w, ]+?)\s*(?:#.*)?$", re.MULTILINE)
+    wanted |= {(page, f"{module}.{name.strip()}") for page, text in texts.items()
+               for module, names in imports.findall(text) for name in names.split(",") if name.strip()}
+    assert len(wanted) > 50
+    broken = []
+    for page, dotted in sorted(wanted):
+        try:
+            _resolve(dotted)
+        except MissingDependencyError:  # an integration whose framework is not installed here
+            continue
+        except (AttributeError, ModuleNotFoundError) as exc:
+            broken.append(f"{page}: {dotted} ({exc})")
+    assert not broken, broken
