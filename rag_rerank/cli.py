@@ -260,7 +260,8 @@ def _backend_options(args: argparse.Namespace) -> dict[str, Any]:
     knobs = {key: value for key, value in knobs.items() if value is not None}
     if knobs and args.backend != "cross-encoder":
         flags = ", ".join(f"--{key.replace('_', '-')}" for key in knobs)
-        raise UsageError(f"{flags} apply to --backend cross-encoder only")
+        verb = "applies" if len(knobs) == 1 else "apply"
+        raise UsageError(f"{flags} {verb} to --backend cross-encoder only")
     return {"backend": args.backend, "model": args.model, "base_url": args.base_url,
             "embedder": _embedder_option(args), "fallback": args.fallback, "policy": _policy(args),
             "backend_options": knobs or None, "window_size": getattr(args, "window_size", None)}

@@ -258,7 +258,7 @@ def test_cli_and_call_tool(tmp_path: Any, capsys: pytest.CaptureFixture[str]) ->
     assert srv.requests[0].body["model"] == "m"
     assert main(["rerank", "-q", query, "-c", str(path), "--backend", "rerank-api", "--batch-size", "2",
                  "--base-url", "http://127.0.0.1:1"]) == 2
-    assert "apply to --backend cross-encoder only" in capsys.readouterr().err
+    assert "--batch-size applies to --backend cross-encoder only" in capsys.readouterr().err
 
 
 def test_eval_measures_the_rerank_api_order(tmp_path: Any, capsys: pytest.CaptureFixture[str]) -> None:
