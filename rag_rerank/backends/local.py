@@ -42,6 +42,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import unicodedata
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -51,6 +52,7 @@ from typing import Any
 import numpy as np
 
 from .. import reasons
+from ..embed.units import UNSPACED, kind, reads_foreign, units, units_with_spans, visible
 from ..errors import Violation
 from ..guard.limits import load_limits
 from ..guard.output import cites_chunk
@@ -226,21 +228,48 @@ def compute_signals(query_vec: np.ndarray, vectors: np.ndarray, lexical: np.ndar
 class _Tokens:
     stems: list[str]
     spans: list[tuple[int, int]]
+    widths: list[float]  # how much of a word each token is: 1, or less for a character unit of CJK text
+
+
+# A character unigram or bigram of unspaced text (two units per character) counts as a fifth of a
+# word when `best_phrase` sizes its window: eight "words" of Chinese are about twenty characters.
+_UNSPACED_WIDTH = 0.2
+_EDGE_CHARS = 4
 
 
 def _tokenise(text: str) -> _Tokens:
-    stems, spans = [], []
-    for m in _WORD.finditer(text):
-        stems.append(stem(m.group()))
-        spans.append(m.span())
-    return _Tokens(stems, spans)
+    stems, spans, widths = [], [], []
+    for unit, lo, hi in _units_with_spans(text):
+        stems.append(stem(unit))
+        spans.append((lo, hi))
+        widths.append(_UNSPACED_WIDTH if len(unit) <= 2 and kind(unit[0]) == UNSPACED else 1.0)
+    return _Tokens(stems, spans, widths)
+
+
+def _units_with_spans(text: str) -> list[tuple[str, int, int]]:
+    """The words of `text` with their spans. Text mostly in a script that `\\w+` cannot split
+    (Chinese, Japanese, Korean, Thai) or that the static table cannot read (Cyrillic, Arabic, Hebrew,
+    ...) gets the script-aware units of `embed.units`: CJK unigrams and bigrams, marks kept inside
+    words, NFC, no zero-width characters. Latin text keeps the plain word split it was fitted on."""
+    if text.isascii() or not reads_foreign(text):
+        return [(m.group(), *m.span()) for m in _WORD.finditer(text)]
+    return units_with_spans(text)
+
+
+def _words(text: str) -> list[str]:
+    """The lower-cased words of `text` (see `_units_with_spans`); ASCII text at C speed. Latin text
+    is NFC-normalised first, so an NFD "café" (e + combining accent) is one word, as the NFC one is."""
+    if text.isascii():
+        return _WORD.findall(text.lower())
+    if not reads_foreign(text):
+        return _WORD.findall(unicodedata.normalize("NFC", text).lower())
+    return units(text)
 
 
 def _query_terms(query: str) -> tuple[list[str], np.ndarray]:
     """Distinct query stems and their base weight (1, or `stopword_weight` is applied later)."""
     seen: dict[str, bool] = {}
-    for m in _WORD.finditer(query):
-        word = m.group().lower()
+    for word in _words(query):
         s = stem(word)
         if s not in seen:
             seen[s] = word in _STOPWORDS
@@ -264,7 +293,7 @@ def lexical_scores(
     if not terms or n == 0:
         return np.zeros(n), terms, np.zeros(len(terms)), np.zeros(n, dtype=bool)
     index = {t: j for j, t in enumerate(terms)}
-    counts = [Counter(_WORD.findall(t.lower())) for t in texts]
+    counts = [Counter(_words(t)) for t in texts]
     vocab = set().union(*counts)
     word_term = {w: index[st] for w in vocab if (st := stem(w)) in index}
     matching = word_term.keys()
@@ -298,26 +327,54 @@ def best_phrase(text: str, term_weight: dict[str, float], window: int = 8) -> tu
         return text.strip()[:60], []
     w = np.array([term_weight.get(s, 0.0) for s in tokens.stems])
     best_start, best_val = 0, 0.0
+    # the window ends where `window` words' worth of tokens after each start runs out
+    cw = np.concatenate([[0.0], np.cumsum(tokens.widths)])
+    ends = np.clip(np.searchsorted(cw, cw[:n] + window, side="right") - 1, np.arange(n) + 1, n)
     if w.any():
         csum = np.concatenate([[0.0], np.cumsum(w)])
-        ends = np.minimum(np.arange(n) + window, n)
         vals = csum[ends] - csum[:n]
         best_start = int(np.argmax(vals))
         best_val = float(vals[best_start])
-    end = min(best_start + window, n)
+    end = int(ends[best_start])
     lo, hi = tokens.spans[best_start][0], tokens.spans[end - 1][1]
-    phrase = " ".join(text[lo:hi].split())
+    # a character unit may start or end inside a word ("밀번호" of "비밀번호"): widen the quote to
+    # the word's edges, by at most a few characters (Chinese has no edges to find)
+    for _ in range(_EDGE_CHARS):
+        if lo > 0 and text[lo - 1].isalnum():
+            lo -= 1
+        if hi < len(text) and text[hi].isalnum():
+            hi += 1
+    phrase = " ".join(visible(text[lo:hi]).split())  # no control or zero-width characters in a quote
     if lo > 0:
         phrase = "…" + phrase
     if hi < len(text.rstrip()):
         phrase += "…"
     matched: list[str] = []
     if best_val > 0:
-        for s, (a, b) in zip(tokens.stems[best_start:end], tokens.spans[best_start:end], strict=True):
+        window_spans = zip(tokens.stems[best_start:end], tokens.spans[best_start:end], strict=True)
+        for a, b in _merge_unspaced(text, [span for s, span in window_spans if term_weight.get(s, 0.0) > 0]):
             word = text[a:b]
-            if term_weight.get(s, 0.0) > 0 and word.lower() not in {m.lower() for m in matched}:
+            if word.lower() not in {m.lower() for m in matched}:
                 matched.append(word)
+        # a lone CJK character ("の", "用") is named only when nothing longer matched
+        longer = [m for m in matched if not (len(m) == 1 and kind(m) == UNSPACED)]
+        matched = longer or matched
     return phrase, matched
+
+
+def _merge_unspaced(text: str, spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Spans of matched words, with overlapping or adjacent CJK character units merged into the
+    stretch of text they cover: "查看磁盘空间", not "查看, 看磁, 磁盘, 盘空, 空间"."""
+    def cjk(a: int, b: int) -> bool:
+        return kind(text[a]) == UNSPACED and kind(text[b - 1]) == UNSPACED
+
+    out: list[tuple[int, int]] = []
+    for a, b in spans:
+        if out and a <= out[-1][1] and cjk(a, b) and cjk(*out[-1]):
+            out[-1] = (out[-1][0], max(out[-1][1], b))
+        else:
+            out.append((a, b))
+    return out
 
 
 class LocalBackend:

@@ -19,6 +19,7 @@ close, so its duplicate threshold is set high and the post-pass decides duplicat
 
 from __future__ import annotations
 
+import hashlib
 import unicodedata
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -175,15 +176,109 @@ def tokenize(text: str) -> list[str]:
     return [vocab[i] for w in _words(text) for i in _pieces(w)]
 
 
-def token_ids(text: str) -> list[int]:
-    """The WordPiece ids of `text`, at most MAX_TOKENS. Memoised per white-space-separated run:
-    a run (a word with its punctuation) recurs across texts, so most cost one dictionary lookup."""
-    ids: list[int] = []
+def _wordpiece_ids(text: str, ids: list[int]) -> None:
     for chunk in _normalise(text).split():
         ids += _chunk_ids_cached(chunk) if len(chunk) <= _CACHED_CHUNK_CHARS else _chunk_ids_uncached(chunk)
         if len(ids) >= MAX_TOKENS:
-            break
+            return
+
+
+# --- text the table cannot read -------------------------------------------------------------------
+# The table is an English WordPiece vocabulary: a Russian, Arabic, Korean or kana word becomes single
+# letters, and the mean of letter vectors makes every text in that script look alike (cosine ~0.9
+# between a borscht recipe and a sentence about Moscow). Such words (and Chinese, whose characters
+# the vocabulary mostly lacks) get the units of `embed.units` instead, each with a fixed random
+# vector drawn from a seed hashed from the unit: independent units are near-orthogonal, equal ones
+# identical, so these signals measure shared words (and CJK character pairs) in those scripts, as
+# BM25 does, instead of script membership. Their norm is the table's median whole-word norm (SIF
+# weighting: a typical content word), the same for a CJK character and a pair: half weight for the
+# single characters lost one of three relevant Chinese answers (bench/multilingual.py).
+# Only text whose letters are mostly in such scripts takes this path (`embed.units.reads_foreign`), so
+# English text, even quoting a Japanese name, is read exactly as before. Ids at or above OOV_BASE
+# name hashed units.
+OOV_BASE = 1 << 40
+
+
+def _has_foreign(word: str) -> bool:
+    from .units import kind
+
+    return any(kind(ch) for ch in word)
+
+
+@lru_cache(maxsize=131072)
+def _oov_id(unit: str) -> int:
+    return OOV_BASE + int.from_bytes(hashlib.blake2b(unit.encode("utf-8"), digest_size=5).digest(), "little")
+
+
+@lru_cache(maxsize=1)
+def _oov_norm() -> float:
+    table = _table()
+    whole = [i for tok, i in table.index.items() if tok.isascii() and tok.isalpha() and len(tok) > 3]
+    return float(np.median(np.linalg.norm(table.vectors[whole], axis=1)))
+
+
+@lru_cache(maxsize=65536)
+def _oov_vector(oov: int) -> np.ndarray:
+    rng = np.random.default_rng(oov)
+    v = rng.standard_normal(_table().vectors.shape[1])
+    return (v * (_oov_norm() / np.linalg.norm(v))).astype(np.float32)
+
+
+def _foreign_ids(word: str) -> list[int]:
+    """Ids of one word holding non-Latin letters: a hashed id per matching unit, WordPiece ids for
+    a Latin stretch inside it ("linux" in "如何在linux上")."""
+    from .units import clean_word, split_word
+
+    cleaned = clean_word(word)
+    out: list[int] = []
+    for unit, _ in split_word(cleaned):
+        if _has_foreign(unit):
+            out.append(_oov_id(unit))
+        else:
+            _wordpiece_ids(unit, out)
+    return out
+
+
+def token_ids(text: str) -> list[int]:
+    """The token ids of `text`, at most MAX_TOKENS: WordPiece for what the table reads (memoised per
+    white-space-separated run: a run recurs across texts, so most cost one dictionary lookup), and
+    hashed units for words in scripts it cannot (see `OOV_BASE`), in reading order, when those
+    scripts dominate the text (`embed.units.reads_foreign`)."""
+    from .units import WORD, reads_foreign
+
+    ids: list[int] = []
+    if text.isascii() or not reads_foreign(text):
+        _wordpiece_ids(text, ids)
+        return ids[:MAX_TOKENS]
+    pos = 0
+    for m in WORD.finditer(text):
+        if not _has_foreign(m.group()):
+            continue
+        if pos < m.start():
+            _wordpiece_ids(text[pos : m.start()], ids)
+        ids += _foreign_ids(m.group())
+        pos = m.end()
+        if len(ids) >= MAX_TOKENS:
+            return ids[:MAX_TOKENS]
+    if pos < len(text):
+        _wordpiece_ids(text[pos:], ids)
     return ids[:MAX_TOKENS]
+
+
+def _rows(ids: list[int], unit: bool = False) -> np.ndarray:
+    """The vectors of `ids` (raw, or of unit length with `unit`), table and hashed units alike."""
+    table = _unit_table() if unit else _table().vectors
+    arr = np.asarray(ids, dtype=np.int64)
+    known = arr < OOV_BASE
+    if known.all():
+        return table[arr]
+    out = np.empty((len(arr), table.shape[1]), dtype=np.float32)
+    out[known] = table[arr[known]]
+    extra = np.stack([_oov_vector(int(i)) for i in arr[~known]])
+    if unit:
+        extra = extra / np.linalg.norm(extra, axis=1, keepdims=True)
+    out[~known] = extra
+    return out
 
 
 def _mean_vectors(ids_per_text: list[list[int]]) -> np.ndarray:
@@ -191,7 +286,7 @@ def _mean_vectors(ids_per_text: list[list[int]]) -> np.ndarray:
     out = np.zeros((len(ids_per_text), table.vectors.shape[1]), dtype=np.float32)
     for row, ids in enumerate(ids_per_text):
         if ids:
-            out[row] = table.vectors[ids].mean(axis=0)
+            out[row] = _rows(ids).mean(axis=0)
     norms = np.linalg.norm(out, axis=1, keepdims=True)
     return np.divide(out, norms, out=np.zeros_like(out), where=norms > 0)
 
@@ -227,20 +322,18 @@ def embed_and_match(query: str, texts: list[str]) -> tuple[np.ndarray, np.ndarra
 
 
 def _match_ids(query_ids: list[int], ids_per_text: list[list[int]]) -> np.ndarray:
-    table = _table()
     q_ids = sorted(set(query_ids))
     out = np.zeros(len(ids_per_text))
     if not q_ids:
         return out
-    q_raw = table.vectors[q_ids]
+    q_raw = _rows(q_ids)
     q_norm = np.linalg.norm(q_raw, axis=1)
     q_unit = q_raw / np.maximum(q_norm, 1e-12)[:, None]
     weights = q_norm / q_norm.sum()
-    unit = _unit_table()
     for row, text_ids in enumerate(ids_per_text):
         ids = sorted(set(text_ids))
         if ids:
-            best = (q_unit @ unit[ids].T).max(axis=1)
+            best = (q_unit @ _rows(ids, unit=True).T).max(axis=1)
             out[row] = float(weights @ best)
     return out
 
