@@ -56,11 +56,12 @@ def main(argv: list[str] | None = None) -> None:
                                                       tot_off + len(off), tot_off_ranked + off_ranked)
         all_dropped += not ranked
         ndcgs.append(ndcg(ranked, grade, args.top_k))
-        shown = " ".join(f"{i.rsplit('-', 1)[1]}:{r.score:.2f}" for i, r in zip(ranked, res.ranked, strict=True))
-        print(f"{row['query_id']:<10} {row['lang']:<9} {kept:>4}/{len(answers):<3} {off_ranked:>6}/{len(off):<3}"
-              f" {ndcgs[-1]:>7.3f}  {shown or '(all dropped)'}")
-    print(f"\n{args.embedder}: answers ranked {tot_kept}/{tot_ans}, off-topic ranked {tot_off_ranked}/{tot_off}, "
-          f"queries with everything dropped {all_dropped}/{len(rows)}, mean nDCG@3 {sum(ndcgs) / len(ndcgs):.3f}")
+        shown = " ".join(f"{r.id.rsplit('-', 1)[1]}:{r.score:.2f}" for r in res.ranked)
+        print(f"{row['query_id']:<10} {row['lang']:<9} {kept:>4}/{len(answers):<3} "
+              f"{off_ranked:>6}/{len(off):<3} {ndcgs[-1]:>7.3f}  {shown or '(all dropped)'}")
+    print(f"\n{args.embedder}: answers ranked {tot_kept}/{tot_ans}, "
+          f"off-topic ranked {tot_off_ranked}/{tot_off}, queries with everything dropped "
+          f"{all_dropped}/{len(rows)}, mean nDCG@3 {sum(ndcgs) / len(ndcgs):.3f}")
 
 
 if __name__ == "__main__":

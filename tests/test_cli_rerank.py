@@ -400,3 +400,15 @@ def test_with_fallback_local_the_embedder_failure_is_a_warning_and_every_id_kept
     (line,) = cap.err.splitlines()
     assert line.startswith("rag-rerank: warning: embedder openai:text-embedding-3-small failed, lexical "
                            "vectors used instead (--fallback local): the openai embedder ")
+
+
+def test_rerank_reads_chinese_chunks_and_quotes_the_shared_words(tmp_path: Path, capsys) -> None:
+    path = tmp_path / "zh.jsonl"
+    rows = [{"id": "答案", "text": "要找出哪个目录占用了最多的磁盘空间，可以运行 du -sh * 并按大小排序。"},
+            {"id": "菜", "text": "红烧肉要先把五花肉焯水，再加冰糖炒出糖色。"}]
+    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
+    assert main(["rerank", "-q", "怎么查看磁盘空间", "-c", str(path), "-k", "2"]) == 0
+    obj = json.loads(capsys.readouterr().out)
+    assert [r["id"] for r in obj["ranked"]] == ["答案"]
+    assert "磁盘空间" in obj["ranked"][0]["reason"]
+    assert obj["dropped"][0]["id"] == "菜" and obj["dropped"][0]["reason"].startswith("below_min_score")

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -99,3 +104,31 @@ def test_token_ids_stop_at_max_tokens_and_are_the_tokens_in_order() -> None:
     every = [index[t] for t in tokenize(text)]
     assert len(every) > MAX_TOKENS
     assert token_ids(text) == every[:MAX_TOKENS]
+
+
+def test_text_in_a_script_the_table_spells_letter_by_letter_is_read_by_its_words() -> None:
+    """Before: every Cyrillic (Arabic, Hebrew, Korean...) text was a mean of letter vectors, so a
+    borscht recipe and a sentence about Moscow had cosine ~0.9. Now unrelated texts in one script
+    are far apart and texts sharing words are close."""
+    q, answer, other = StaticEmbedder().embed(
+        ["Как приготовить борщ?", "Борщ традиционно подают со сметаной.", "Москва — столица России."])
+    assert q @ other < 0.3
+    assert q @ answer > q @ other + 0.2
+    zh_q, zh_answer, zh_other = StaticEmbedder().embed(
+        ["查看磁盘空间", "可以用 df 命令查看磁盘空间", "红烧肉要先焯水"])
+    assert zh_q @ zh_answer > zh_q @ zh_other + 0.3
+
+
+def test_hashed_units_are_stable_and_english_text_never_gets_one() -> None:
+    from rag_rerank.embed.static import OOV_BASE
+
+    ids = token_ids("Борщ борщ")
+    assert ids[0] == ids[1] >= OOV_BASE
+    # the id (and so the vector) depends on the unit only, not on the process's hash seed
+    code = "from rag_rerank.embed.static import token_ids; print(token_ids('Борщ')[0])"
+    root = Path(__file__).resolve().parent.parent
+    other = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=root,
+                           env={**os.environ, "PYTHONHASHSEED": "12345", "PYTHONPATH": str(root)})
+    assert int(other.stdout) == ids[0]
+    english = "The Tokyo Tower (東京タワー) is 333 m tall; 2πr; café"
+    assert all(i < OOV_BASE for i in token_ids(english))

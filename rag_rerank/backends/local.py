@@ -9,7 +9,8 @@ error in docs/quality.md):
   MiniLM-distilled token table for the default (lexical) profile (numpy only, milliseconds),
   MiniLM itself for the sentence-transformers profile;
 * `lexical`: BM25 over the candidate set, normalised as coverage of the query (a chunk of
-  average length holding every query term once scores 1);
+  average length holding every query term once scores 1). Words are `\\w+`; text mostly in CJK or
+  another non-Latin script is counted in the units of `embed.units` (CJK character pairs);
 * `tokens`: for each query token, its best static-vector match anywhere in the chunk, weighted by
   rarity (`embed.static.token_match`), so "kubectl" counts for "Kubernetes" in a long chunk;
 * `outlier`: how far the chunk sits below the set's median cohesion (cosine to the centroid of
