@@ -239,12 +239,9 @@ _EDGE_CHARS = 4
 
 
 def _tokenise(text: str) -> _Tokens:
-    stems, spans, widths = [], [], []
-    for unit, lo, hi in _units_with_spans(text):
-        stems.append(stem(unit))
-        spans.append((lo, hi))
-        widths.append(_UNSPACED_WIDTH if len(unit) <= 2 and kind(unit[0]) == UNSPACED else 1.0)
-    return _Tokens(stems, spans, widths)
+    found = _units_with_spans(text)
+    return _Tokens([stem(u) for u, _, _ in found], [(lo, hi) for _, lo, hi in found],
+                   [_UNSPACED_WIDTH if len(u) <= 2 and kind(u[0]) == UNSPACED else 1.0 for u, _, _ in found])
 
 
 def _units_with_spans(text: str) -> list[tuple[str, int, int]]:

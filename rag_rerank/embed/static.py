@@ -224,7 +224,15 @@ def _oov_vector(oov: int) -> np.ndarray:
     return (v * (_oov_norm() / np.linalg.norm(v))).astype(np.float32)
 
 
-def _foreign_ids(word: str) -> list[int]:
+def _foreign_ids(word: str) -> tuple[int, ...]:
+    """`_foreign_word_ids`, memoised for words of ordinary length; a long unspaced run (a Chinese
+    paragraph is one "word") is cut to MAX_TOKENS characters first: it yields more units than that."""
+    if len(word) <= _CACHED_CHUNK_CHARS:
+        return _foreign_word_ids_cached(word)
+    return _foreign_word_ids(word[:MAX_TOKENS])
+
+
+def _foreign_word_ids(word: str) -> tuple[int, ...]:
     """Ids of one word holding non-Latin letters: a hashed id per matching unit, WordPiece ids for
     a Latin stretch inside it ("linux" in "如何在linux上")."""
     from .units import clean_word, split_word
@@ -236,7 +244,10 @@ def _foreign_ids(word: str) -> list[int]:
             out.append(_oov_id(unit))
         else:
             _wordpiece_ids(unit, out)
-    return out
+    return tuple(out)
+
+
+_foreign_word_ids_cached = lru_cache(maxsize=131072)(_foreign_word_ids)
 
 
 def token_ids(text: str) -> list[int]:

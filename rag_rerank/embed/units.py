@@ -74,6 +74,19 @@ class _Kinds(dict[str, str]):
 _KIND = _Kinds()
 
 
+class _LetterKinds(dict[int, str | None]):
+    """For `str.translate`: a letter to "f" (a script of `kind`) or "l" (any other), the rest deleted."""
+
+    def __missing__(self, cp: int) -> str | None:
+        ch = chr(cp)
+        out = ("f" if _KIND[ch] else "l") if ch.isalpha() else None
+        self[cp] = out
+        return out
+
+
+_LETTER_KIND = _LetterKinds()
+
+
 def kind(ch: str) -> str:
     """UNSPACED, WORDED or '' for one character."""
     return _KIND[ch]
@@ -86,14 +99,8 @@ def reads_foreign(text: str) -> bool:
     so adding a foreign name to an English chunk does not change how its English is read."""
     if text.isascii():
         return False
-    foreign = latin = 0
-    for ch in text:
-        if ch.isalpha():
-            if _KIND[ch]:
-                foreign += 1
-            else:
-                latin += 1
-    return foreign > latin
+    letters = text.translate(_LETTER_KIND)  # one C-level pass: "f" per foreign letter, "l" per other
+    return letters.count("f") > letters.count("l")
 
 
 def visible(text: str) -> str:
@@ -108,40 +115,55 @@ def clean_word(word: str) -> str:
     return unicodedata.normalize("NFC", _FORMAT_RUN.sub("", word)).lower()
 
 
-def grams(run: str) -> list[tuple[str, int]]:
-    """Unigrams and bigrams of an unspaced run, in reading order, each with its offset in `run`."""
-    out: list[tuple[str, int]] = []
-    for i, ch in enumerate(run):
-        out.append((ch, i))
-        if i + 1 < len(run):
-            out.append((run[i : i + 2], i))
+def grams(run: str, base: int = 0) -> list[tuple[str, int]]:
+    """Unigrams and bigrams of an unspaced run, in reading order, each with its offset (+ `base`)."""
+    n = len(run)
+    if n == 0:
+        return []
+    out: list[tuple[str, int]] = [("", 0)] * (2 * n - 1)
+    out[0::2] = list(zip(run, range(base, base + n), strict=True))
+    out[1::2] = list(zip([run[i : i + 2] for i in range(n - 1)], range(base, base + n - 1), strict=True))
     return out
 
 
-@lru_cache(maxsize=65536)
+class _UnspacedMarks(dict[int, str]):
+    """For `str.translate`: "u" for a character of an unspaced script, "o" for any other."""
+
+    def __missing__(self, cp: int) -> str:
+        out = "u" if _KIND[chr(cp)] == UNSPACED else "o"
+        self[cp] = out
+        return out
+
+
+_UNSPACED_MARKS = _UnspacedMarks()
+_UNSPACED_RUN = re.compile("u+")
+
+
 def split_word(word: str) -> tuple[tuple[str, int], ...]:
     """The matching units of one cleaned word with their offsets: unspaced runs as unigrams and
-    bigrams, everything else (Latin, digits, a Cyrillic word) as one unit per stretch between them."""
+    bigrams, everything else (Latin, digits, a Cyrillic word) as one unit per stretch between them.
+    Memoised for words of ordinary length (a Chinese paragraph is one long "word")."""
+    return _split_word_cached(word) if len(word) <= _CACHED_WORD_CHARS else _split_word(word)
+
+
+def _split_word(word: str) -> tuple[tuple[str, int], ...]:
     if word.isascii():
         return ((word, 0),)
     units: list[tuple[str, int]] = []
     start = 0
-    i = 0
-    n = len(word)
-    while i < n:
-        if _KIND[word[i]] == UNSPACED:
-            j = i
-            while j < n and _KIND[word[j]] == UNSPACED:
-                j += 1
-            if start < i:
-                units.append((word[start:i], start))
-            units += [(g, i + off) for g, off in grams(word[i:j])]
-            start = i = j
-        else:
-            i += 1
-    if start < n:
+    for m in _UNSPACED_RUN.finditer(word.translate(_UNSPACED_MARKS)):  # runs found at C speed
+        i, j = m.span()
+        if start < i:
+            units.append((word[start:i], start))
+        units += grams(word[i:j], i)
+        start = j
+    if start < len(word):
         units.append((word[start:], start))
     return tuple(units)
+
+
+_CACHED_WORD_CHARS = 64
+_split_word_cached = lru_cache(maxsize=65536)(_split_word)
 
 
 def units_with_spans(text: str) -> list[tuple[str, int, int]]:
@@ -150,16 +172,19 @@ def units_with_spans(text: str) -> list[tuple[str, int, int]]:
     out: list[tuple[str, int, int]] = []
     for m in WORD.finditer(text):
         raw = m.group()
+        s0, end = m.span()
         if raw.isascii():
-            out.append((raw.lower(), m.start(), m.end()))
+            out.append((raw.lower(), s0, end))
             continue
         word = clean_word(raw)
         if not word:
             continue
         parts = split_word(word)
-        end = m.end()
+        if len(word) == len(raw):  # cleaning kept every offset: exact spans
+            out += [(unit, s0 + off, s0 + off + len(unit)) for unit, off in parts]
+            continue
         for k, (unit, off) in enumerate(parts):
-            lo = min(m.start() + off, end - 1)
+            lo = min(s0 + off, end - 1)
             hi = end if k == len(parts) - 1 else min(lo + len(unit), end)  # the last unit ends the word
             out.append((unit, lo, hi))
     return out
