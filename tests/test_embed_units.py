@@ -47,6 +47,7 @@ def test_spans_point_back_into_the_original_text() -> None:
 def test_the_dominant_script_picks_the_analyser() -> None:
     assert reads_foreign("如何在Linux上查看磁盘空间使用情况")
     assert reads_foreign("Как приготовить борщ?")
+    assert reads_foreign("Docker 容器重启")  # a CJK character weighs about a word's worth of letters
     assert not reads_foreign("The Tokyo Tower (東京タワー) is 333 m tall.")  # English quoting a name
     assert not reads_foreign("Le café est ouvert le dimanche.")
     assert not reads_foreign("2πr and 1/λ⁴")

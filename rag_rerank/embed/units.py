@@ -75,11 +75,14 @@ _KIND = _Kinds()
 
 
 class _LetterKinds(dict[int, str | None]):
-    """For `str.translate`: a letter to "f" (a script of `kind`) or "l" (any other), the rest deleted."""
+    """For `str.translate`: a letter to "f" (a script of `kind`) or "l" (any other), the rest deleted.
+    A character of an unspaced script counts three times: a Chinese word is one to two characters,
+    an English one about five letters, so "Docker 容器重启" is mostly Chinese."""
 
     def __missing__(self, cp: int) -> str | None:
         ch = chr(cp)
-        out = ("f" if _KIND[ch] else "l") if ch.isalpha() else None
+        k = _KIND[ch]
+        out = ("fff" if k == UNSPACED else "f" if k else "l") if ch.isalpha() else None
         self[cp] = out
         return out
 
