@@ -6,8 +6,9 @@ Guards never stop at the first problem: an `InputError` or `OutputError` carries
 
 from __future__ import annotations
 
+import pickle
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 
@@ -58,6 +59,13 @@ class _ViolationsError(RerankError):
         self.headline = headline
         super().__init__(self._text())
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Rebuilt from its data, not from its message: a worker pool pickles an error to re-raise it
+        # in the parent, and Exception's default rebuilt it as `cls(message)`, so the violations
+        # became the message's characters ("invalid input (161 problems)").
+        data = (type(self), _picklable(self.violations), self.headline, getattr(self, "raw", None))
+        return (_rebuild, data, _state(self))
+
     def _text(self) -> str:
         n = len(self.violations)
         lines = [f"{self.headline} ({n} problem{'s' if n != 1 else ''})"]
@@ -101,11 +109,18 @@ class BackendError(RerankError):
 
     def __init__(self, message: str, attempts: Sequence[Attempt] = (),
                  usage: Mapping[str, int] | None = None) -> None:
+        self.message = message
         self.attempts: tuple[Attempt, ...] = tuple(attempts)
         # Tokens the failed attempts still consumed (billed): a fallback's meta.usage adds them.
         self.usage: dict[str, int] = dict(usage or {})
         detail = "; ".join(_attempt_runs(self.attempts))
         super().__init__(f"{message}" + (f" [{detail}]" if detail else ""))
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # From its parts (a worker pool re-raises it in the parent): `cls(str(self))` would lose the
+        # attempts' kinds and waits, which decide what the caller does next.
+        attempts = tuple(replace(a, violations=_picklable(a.violations)) for a in self.attempts)
+        return (type(self), (self.message, attempts, self.usage), _state(self))
 
 
 class EmbedderError(BackendError):
@@ -113,6 +128,35 @@ class EmbedderError(BackendError):
     like a backend failure). Its own class because it is not the ranking backend that failed:
     with `fallback="local"` the pipeline then compares lexical vectors instead (`meta.embedder_fallback`),
     and keeps an LLM's ranking it already has."""
+
+
+def _picklable(violations: Iterable[Violation]) -> tuple[Violation, ...]:
+    """`violations` with any value that cannot be pickled (a lock, a generator the caller passed as
+    chunks) replaced by its repr: the error must still reach the parent process, with its text."""
+    out = []
+    for v in violations:
+        try:
+            pickle.dumps(v.value)
+        except Exception:
+            v = replace(v, value=repr(v.value))
+        out.append(v)
+    return tuple(out)
+
+
+def _state(error: BaseException) -> dict[str, Any] | None:
+    """What a caller attached besides the constructor's data (`__notes__`, own attributes)."""
+    return {k: v for k, v in vars(error).items() if k not in _REBUILT} or None
+
+
+_REBUILT = frozenset({"violations", "headline", "raw", "message", "attempts", "usage", "feature", "extra",
+                      "module"})
+
+
+def _rebuild(cls: type[_ViolationsError], violations: tuple[Violation, ...], headline: str,
+             raw: str | None) -> _ViolationsError:
+    if raw is not None:
+        return cls(violations, raw=raw, headline=headline)  # type: ignore[call-arg]
+    return cls(violations, headline=headline)  # type: ignore[call-arg]
 
 
 def _attempt_runs(attempts: Sequence[Attempt]) -> list[str]:
@@ -158,3 +202,8 @@ class MissingDependencyError(RerankError, ImportError):
             f"{feature} needs the optional package '{module}': pip install 'rag-rerank[{extra}]' "
             f"(from a source checkout: pip install '.[{extra}]')"
         )
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Exception's default rebuilt it as `cls(message)`, a TypeError while unpickling: raised in a
+        # multiprocessing.Pool worker, that killed the pool's result thread and the parent hung.
+        return (type(self), (self.feature, self.extra, self.module), _state(self))

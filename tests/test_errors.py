@@ -113,3 +113,77 @@ def test_backend_error_names_a_run_of_identical_attempts_once() -> None:
     attempts = [*(Attempt(i, "transient", page) for i in range(1, 6)), Attempt(6, "fatal", "HTTP 401")]
     assert str(BackendError("rerank-api failed", attempts)) == (
         f"rerank-api failed [#1-#5 transient: {page}; #6 fatal: HTTP 401]")
+
+
+# --- errors cross process boundaries ----------------------------------------------------------
+# A worker pool (multiprocessing, concurrent.futures, Ray) pickles an exception in the worker and
+# re-raises the unpickled copy in the parent; frameworks deep-copy components and what they hold.
+
+def _every_error() -> list[Exception]:
+    import threading
+
+    from rag_rerank.errors import ConfigError, EmbedderError
+
+    vs = [Violation("chunks[2].id", "duplicate id", value={"id": "c1"}, line=3, id="c1"),
+          Violation("top_k", "must be at least 1", value=0)]
+    return [
+        InputError(vs),
+        InputError(vs[:1], headline="invalid batch line"),
+        # a value that cannot be pickled (a lock passed where chunks go) must not stop the error
+        InputError([Violation("chunks", "not JSONL, a list or a Path", value=threading.Lock())]),
+        OutputError(vs, raw='{"ranked": []}'),
+        BackendError("openai: no valid answer", [Attempt(1, "transient", "HTTP 429", wait_s=1.5),
+                                                 Attempt(2, "invalid_output", "bad", violations=tuple(vs))],
+                     usage={"total_tokens": 12}),
+        EmbedderError("the openai embedder failed", [Attempt(1, "fatal", "HTTP 404")]),
+        ConfigError("openai: no API key"),
+        MissingDependencyError("the sentence-transformers embedder", "st", "sentence-transformers"),
+        MissingDependencyError("the openai backend", None, "openai>=1.40"),
+    ]
+
+
+def _data(err: Exception) -> dict[str, object]:
+    keep = ("headline", "raw", "attempts", "usage", "message", "feature", "extra", "module")
+    data: dict[str, object] = {k: getattr(err, k) for k in keep if hasattr(err, k)}
+    if hasattr(err, "violations"):
+        data["violations"] = [(v.path, v.message, v.line, v.id, str(v.value)[:20]) for v in err.violations]
+    return {"type": type(err), "text": str(err), **data}
+
+
+@pytest.mark.parametrize("how", ["pickle", "deepcopy"])
+def test_every_error_survives_pickle_and_deepcopy_with_its_data(how: str) -> None:
+    """Exception's default rebuilt an `InputError` as `InputError(message)`: its text became one
+    'problem' per character of the message, and a `MissingDependencyError` could not be rebuilt at all."""
+    import copy
+    import pickle
+
+    for err in _every_error():
+        err.add_note("request 7")
+        copied = pickle.loads(pickle.dumps(err)) if how == "pickle" else copy.deepcopy(err)
+        assert _data(copied) == _data(err)
+        assert copied.__notes__ == ["request 7"]  # type: ignore[attr-defined]
+
+
+def _raise_missing(_: int) -> None:
+    raise MissingDependencyError("the sentence-transformers embedder", "st", "sentence-transformers")
+
+
+def _raise_input(_: int) -> None:
+    from rag_rerank import rerank
+
+    rerank("", [{"id": "a", "text": "x"}], top_k=0)
+
+
+def test_a_process_pool_re_raises_our_errors_in_the_parent() -> None:
+    """A `MissingDependencyError` raised in a `multiprocessing.Pool` worker killed the pool's
+    result thread (the parent waited forever); an `InputError` arrived with a garbled text."""
+    import multiprocessing
+
+    with multiprocessing.get_context("fork").Pool(1) as pool:
+        with pytest.raises(MissingDependencyError) as missing:
+            pool.map_async(_raise_missing, [1]).get(timeout=60)
+        with pytest.raises(InputError) as bad:
+            pool.map_async(_raise_input, [1]).get(timeout=60)
+    assert missing.value.extra == "st" and "rag-rerank[st]" in str(missing.value)
+    assert {v.path for v in bad.value.violations} >= {"query", "top_k"}
+    assert str(bad.value).startswith(f"invalid input ({len(bad.value.violations)} problems)\n  - ")
