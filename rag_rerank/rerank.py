@@ -611,6 +611,16 @@ def rerank(
         concurrency=concurrency,
         duplicate_threshold=duplicate_threshold,
     )
+    try:
+        return _run(plan, api_key=api_key, policy=policy, strict=strict, fallback=fallback, layout=layout,
+                    duplicate_threshold=duplicate_threshold)
+    finally:
+        _close_owned(plan, backend, embedder)
+
+
+def _run(plan: _Plan, *, api_key: str | None, policy: Any, strict: bool, fallback: str | None, layout: str,
+         duplicate_threshold: float | None) -> RerankResult:
+    """`rerank` after planning: the backend call(s), the fallback, the post-pass."""
     if plan.window_size is not None:
         from .windows import run_windows
 
@@ -686,6 +696,16 @@ async def arerank(
         concurrency=concurrency,
         duplicate_threshold=duplicate_threshold,
     )
+    try:
+        return await _arun(plan, api_key=api_key, policy=policy, strict=strict, fallback=fallback,
+                           layout=layout, duplicate_threshold=duplicate_threshold)
+    finally:
+        await _aclose_owned(plan, backend, embedder)
+
+
+async def _arun(plan: _Plan, *, api_key: str | None, policy: Any, strict: bool, fallback: str | None,
+                layout: str, duplicate_threshold: float | None) -> RerankResult:
+    """`arerank` after planning: the awaited backend call(s), the fallback, the post-pass."""
     if plan.window_size is not None:
         from .windows import arun_windows
 
@@ -709,6 +729,33 @@ async def arerank(
             raise _redacted(exc, api_key) from None
         return await _offload(plan, _fallback_result, plan, exc, api_key, policy, layout, duplicate_threshold)
     return await _offload(plan, _finish, plan, outcome, layout, duplicate_threshold, fallback, api_key)
+
+
+def _owned(plan: _Plan, backend: Any, embedder: Any) -> list[Any]:
+    """What this call built from a name and must close: nobody else holds it. A backend or an
+    embedder the caller passed in is the caller's, kept open for its next call."""
+    pairs = ((plan.backend, backend), (plan.embedder, embedder))
+    return [obj for obj, spec in pairs if isinstance(spec, str)]
+
+
+def _close_owned(plan: _Plan, backend: Any, embedder: Any) -> None:
+    """Close the HTTP clients of a backend / embedder built for this call: left to the garbage
+    collector, each call's connections stayed open until then (a ResourceWarning apiece)."""
+    for obj in _owned(plan, backend, embedder):
+        close = getattr(obj, "close", None)
+        if callable(close):
+            close()
+
+
+async def _aclose_owned(plan: _Plan, backend: Any, embedder: Any) -> None:
+    """`_close_owned` for `arerank`: a backend's async client is closed on the loop it belongs to."""
+    for obj in _owned(plan, backend, embedder):
+        aclose = getattr(obj, "aclose", None)
+        close = getattr(obj, "close", None)
+        if callable(aclose):
+            await aclose()
+        elif callable(close):
+            close()
 
 
 async def _offload(plan: _Plan, func: Any, *args: Any) -> RerankResult:

@@ -77,3 +77,18 @@ def test_rerank_sends_each_chunk_to_an_embeddings_server_once(monkeypatch) -> No
         sent = [t for r in srv.requests if r.api == "embeddings" for t in r.body["input"]]
     assert len(result.ranked) + len(result.dropped) == 6
     assert sorted(sent) == sorted(["How does IVF work?", *(c["text"] for c in chunks)])
+
+
+def test_a_memo_pickles_and_deep_copies_with_a_lock_of_its_own() -> None:
+    """Its lock made a Memo (what `embedder="sentence-transformers"` is wrapped in) impossible to
+    pickle or deep-copy, and unpickling one recursed forever in `__getattr__`."""
+    import copy
+    import pickle
+
+    memo = Memo(LexicalEmbedder(), max_texts=7)
+    rows = memo.embed(["IVF cells", "HNSW graph"])
+    for copied in (pickle.loads(pickle.dumps(memo)), copy.deepcopy(memo)):
+        assert (copied.name, copied.max_texts, copied.duplicate_threshold) == ("lexical", 7,
+                                                                               memo.duplicate_threshold)
+        assert copied._lock is not memo._lock
+        assert np.allclose(copied.embed(["IVF cells", "HNSW graph"]), rows)

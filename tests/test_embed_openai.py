@@ -175,3 +175,53 @@ def test_an_unreachable_embeddings_server_is_named_with_its_url() -> None:
     assert str(exc.value).startswith("the openai embedder (model 'text-embedding-3-small') at "
                                      f"{url}/embeddings could not be reached (")
     assert exc.value.attempts[0].kind == "transient"
+
+
+def test_a_used_embedder_pickles_and_deep_copies_with_a_client_of_its_own() -> None:
+    """Its SDK client (a lock, open sockets) made a used embedder impossible to pickle or copy."""
+    import copy
+    import pickle
+
+    with FakeLLM() as srv:
+        emb = _embedder(srv)
+        first = emb.embed(TEXTS)
+        for copied in (pickle.loads(pickle.dumps(emb)), copy.deepcopy(emb)):
+            assert copied == emb and copied.name == emb.name
+            assert np.allclose(copied.embed(TEXTS), first)
+            assert copied.client() is not emb.client()
+            copied.close()
+        emb.close()
+
+
+def test_threads_share_one_client() -> None:
+    """Concurrent requests embed in worker threads: one client (one connection pool), not one each."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with FakeLLM() as srv:
+        emb = _embedder(srv)
+        with ThreadPoolExecutor(8) as pool:
+            clients = set(pool.map(lambda _: id(emb.client()), range(32)))
+        emb.close()
+    assert len(clients) == 1
+
+
+def test_rerank_closes_the_embedder_it_built_from_a_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`rerank(embedder="openai")` built an embedder (and a connection) per call and left the
+    connection for the garbage collector: a ResourceWarning per call."""
+    import gc
+    import warnings
+
+    from rag_rerank import rerank
+
+    chunks = [{"id": f"c{i}", "text": t} for i, t in enumerate(TEXTS)]
+    with FakeLLM() as srv:
+        monkeypatch.setenv("OPENAI_BASE_URL", srv.openai_url)
+        monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
+        gc.collect()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", ResourceWarning)
+            for _ in range(3):
+                rerank("IVF cells", chunks, top_k=2, embedder="openai:fake-embed", backend="local")
+            gc.collect()
+    assert [str(w.message) for w in caught if issubclass(w.category, ResourceWarning)] == []
+    assert sum(r.api == "embeddings" for r in srv.requests) >= 3  # it did embed through the server

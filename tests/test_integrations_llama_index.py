@@ -244,3 +244,26 @@ def test_postprocess_without_a_query_names_query_bundle_and_query_str() -> None:
         assert violation.path == "query_bundle" and "query_str" in violation.message
         assert "got null" not in str(info.value)
     assert len(pp.postprocess_nodes(nodes, query_str=QUERY)) == 2
+
+
+def test_a_pickled_postprocessor_keeps_its_backend_instance() -> None:
+    """LlamaIndex pickles components by dropping what does not pickle ("Removing unpickleable
+    attribute backend", on the root logger): a postprocessor built on `make_backend("openai", ...)`
+    came back without its backend and failed on its first query."""
+    import pickle
+
+    from rag_rerank import make_backend
+
+    nodes = [NodeWithScore(node=TextNode(text=text, id_=key), score=0.5) for key, text in PASSAGES]
+    with FakeLLM(handler=auto_ranker()) as srv:
+        opts = openai_options(srv.openai_url)
+        backend = make_backend(opts.pop("backend"), **opts)
+        post = RagRerankPostprocessor(top_n=2, backend=backend)
+        expected = [n.node.node_id for n in post.postprocess_nodes(nodes, query_str=QUERY)]
+        copied = pickle.loads(pickle.dumps(post))
+        assert type(copied.backend) is type(backend) and copied.backend is not backend
+        kept = [n.node.node_id for n in copied.postprocess_nodes(nodes, query_str=QUERY)]
+        backend.close()
+        copied.backend.close()
+    assert kept == expected and len(expected) == 2
+    assert [r.api for r in srv.requests] == ["openai", "openai"]  # the copy called the server too

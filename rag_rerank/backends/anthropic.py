@@ -18,6 +18,7 @@ from ..errors import MissingDependencyError, Violation
 from ..models import RerankRequest
 from .base import BackendFailure, Completion, FatalFailure, TransientFailure
 from .common import (
+    ClosableBackend,
     SDKClients,
     classify_sdk_error,
     feedback_text,
@@ -93,7 +94,7 @@ def build_messages(prompt: str, feedback: Sequence[Violation], previous: str | N
     return messages
 
 
-class AnthropicBackend:
+class AnthropicBackend(ClosableBackend):
     """Messages API with a forced tool. Construct once, call many times."""
 
     name = "anthropic"
@@ -114,11 +115,17 @@ class AnthropicBackend:
         self.timeout = float(timeout)
         self.temperature = temperature
         self._key = key
-        self._clients = SDKClients(lambda: _sdk().Anthropic(**self._client_kwargs()),
-                                   lambda: _sdk().AsyncAnthropic(**self._client_kwargs()))
+        # Bound methods, not lambdas: a backend pickles (worker processes, framework copies).
+        self._clients = SDKClients(self._make_sync, self._make_async)
 
     def __repr__(self) -> str:  # never show the key
         return f"AnthropicBackend(model={self.model!r}, base_url={self.base_url!r})"
+
+    def _make_sync(self) -> Any:
+        return _sdk().Anthropic(**self._client_kwargs())
+
+    def _make_async(self) -> Any:
+        return _sdk().AsyncAnthropic(**self._client_kwargs())
 
     def _client_kwargs(self) -> dict[str, Any]:
         kw: dict[str, Any] = {"api_key": self._key, "timeout": self.timeout, "max_retries": 0}

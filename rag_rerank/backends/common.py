@@ -272,6 +272,9 @@ class SDKClients:
     An SDK's async client is bound to the loop that created it (its connection pool lives there),
     so `arerank` calls from different loops must not share one; the sync client is shared by all
     threads. Made lazily so constructing a backend never imports the SDK or opens a connection.
+
+    Pickled or deep-copied (a worker process, a framework copying its components), it carries only
+    how to make clients: the copy opens its own connections, never shares a socket or a lock.
     """
 
     def __init__(self, make_sync: Callable[[], Any], make_async: Callable[[], Any]) -> None:
@@ -279,6 +282,9 @@ class SDKClients:
         self._sync: Any = None
         self._async: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Any] = weakref.WeakKeyDictionary()
         self._lock = threading.Lock()
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (SDKClients, (self._make_sync, self._make_async))
 
     def sync(self) -> Any:
         with self._lock:
@@ -288,10 +294,60 @@ class SDKClients:
 
     def for_running_loop(self) -> Any:
         loop = asyncio.get_running_loop()
-        client = self._async.get(loop)
-        if client is None:
-            client = self._async[loop] = self._make_async()
-        return client
+        with self._lock:  # loops in other threads add theirs to the same (weak) dictionary
+            client = self._async.get(loop)
+            if client is None:
+                client = self._async[loop] = self._make_async()
+            return client
+
+    def close(self) -> None:
+        """Close the sync client's connections; async clients of loops that are no longer running
+        are forgotten (their connections can only be closed by awaiting on their own loop)."""
+        with self._lock:
+            client, self._sync = self._sync, None
+            for loop in [lp for lp in self._async if lp.is_closed()]:
+                del self._async[loop]
+        if client is not None:
+            client.close()
+
+    async def aclose(self) -> None:
+        """Close the running loop's async client, then the sync client (`close`)."""
+        with self._lock:
+            client = self._async.pop(asyncio.get_running_loop(), None)
+        if client is not None:
+            closing = getattr(client, "aclose", None) or client.close  # httpx / the SDKs
+            await closing()
+        self.close()
+
+
+class ClosableBackend:
+    """`close()` / `await aclose()` and `with` / `async with` for a backend that holds `SDKClients`.
+
+    A backend built once and shared keeps its connection pools open for reuse; close it when done
+    (FastAPI: in the lifespan's shutdown; a script: `with make_backend(...) as backend:`). A backend
+    that `rerank` / `arerank` build from a name is closed by them after the call."""
+
+    _clients: SDKClients
+
+    def close(self) -> None:
+        """Close the sync client (and forget async clients of closed loops)."""
+        self._clients.close()
+
+    async def aclose(self) -> None:
+        """Close the async client of the running loop, then the sync client."""
+        await self._clients.aclose()
+
+    def __enter__(self) -> Any:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    async def __aenter__(self) -> Any:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
 
 
 def request_timeout(client_timeout: float, remaining: float | None) -> dict[str, Any]:

@@ -22,6 +22,7 @@ from ..errors import InputError, MissingDependencyError, Violation
 from ..models import RerankRequest
 from .base import BackendFailure, Completion, FatalFailure, TransientFailure
 from .common import (
+    ClosableBackend,
     SDKClients,
     classify_sdk_error,
     error_message,
@@ -112,7 +113,7 @@ def build_messages(prompt: str, feedback: Sequence[Violation], previous: str | N
     return messages
 
 
-class OpenAIBackend:
+class OpenAIBackend(ClosableBackend):
     """Chat Completions with negotiated structured output. Construct once, call many times."""
 
     name = "openai"
@@ -142,13 +143,19 @@ class OpenAIBackend:
         self.forced_mode = None if response_format == "auto" else response_format
         self._key = key
         self._official = self.base_url.startswith("https://api.openai.com")
-        self._clients = SDKClients(lambda: _sdk().OpenAI(**self._client_kwargs()),
-                                   lambda: _sdk().AsyncOpenAI(**self._client_kwargs()))
+        # Bound methods, not lambdas: a backend pickles (worker processes, framework copies).
+        self._clients = SDKClients(self._make_sync, self._make_async)
 
     def __repr__(self) -> str:  # never show the key
         return f"OpenAIBackend(model={self.model!r}, base_url={self.base_url!r})"
 
     # --- clients -----------------------------------------------------------------------------
+    def _make_sync(self) -> Any:
+        return _sdk().OpenAI(**self._client_kwargs())
+
+    def _make_async(self) -> Any:
+        return _sdk().AsyncOpenAI(**self._client_kwargs())
+
     def _client_kwargs(self) -> dict[str, Any]:
         return {"api_key": self._key, "base_url": self.base_url, "timeout": self.timeout, "max_retries": 0}
 

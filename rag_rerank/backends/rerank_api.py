@@ -36,6 +36,7 @@ from ..models import RerankRequest
 from ..wording import counted
 from .base import Completion, FatalFailure, TransientFailure
 from .common import (
+    ClosableBackend,
     SDKClients,
     is_transient_status,
     resolve_credentials,
@@ -92,7 +93,7 @@ def _httpx() -> Any:
         return httpx
 
 
-class RerankAPIBackend:
+class RerankAPIBackend(ClosableBackend):
     """A `/v1/rerank` client behind the Backend protocol (see the module docstring)."""
 
     name = "rerank-api"

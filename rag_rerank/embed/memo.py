@@ -49,5 +49,15 @@ class Memo:
                     self._rows.popitem(last=False)
         return np.stack([rows[t] for t in texts])
 
-    def __getattr__(self, item: str) -> Any:  # model, base_url, ... of the inner embedder
+    def __getstate__(self) -> dict[str, Any]:
+        # Pickled (a worker process) or deep-copied (a framework copying its components): the
+        # inner embedder and the bound, with a lock of its own and nothing remembered yet.
+        return {"inner": self.inner, "max_texts": self.max_texts}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["inner"], state["max_texts"])  # type: ignore[misc]
+
+    def __getattr__(self, item: str) -> Any:  # model, base_url, close, ... of the inner embedder
+        if item == "inner":  # not set yet (unpickling): looking it up here would recurse forever
+            raise AttributeError(item)
         return getattr(self.inner, item)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import threading
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,12 +43,32 @@ class OpenAIEmbedder:
     duplicate_threshold: float = OPENAI_DUPLICATE_THRESHOLD
     name: str = field(init=False)
     _client: list[Any] = field(default_factory=list, init=False, repr=False, compare=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "name", f"openai:{self.model or DEFAULT_MODEL}")
 
+    def __getstate__(self) -> dict[str, Any]:
+        # A copy (a worker process, a framework copying its components) makes its own client.
+        return {k: v for k, v in self.__dict__.items() if k not in ("_client", "_lock")}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state, _client=[], _lock=threading.Lock())
+
+    def close(self) -> None:
+        """Close the client's connections; the next `embed` opens a new client."""
+        with self._lock:
+            clients = list(self._client)
+            self._client.clear()
+        for client in clients:
+            client.close()
+
     def client(self) -> Any:
         """One client per embedder, created on first use (it holds the HTTP connection pool)."""
+        with self._lock:  # concurrent requests embed in worker threads: one client, not one each
+            return self._client[0] if self._client else self._new_client()
+
+    def _new_client(self) -> Any:
         if not self._client:
             import openai
 

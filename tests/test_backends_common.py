@@ -1,0 +1,124 @@
+"""backends/common.py: the HTTP backends' clients in a production service -- copied into worker
+processes and framework components, closed when done, never leaking a socket.
+
+Real SDK clients (openai, anthropic, httpx) against the scripted server on 127.0.0.1."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy
+import gc
+import os
+import pickle
+import time
+import warnings
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from rag_rerank import arerank, make_backend, rerank
+from tests.support.fake_llm import FakeLLM, auto_ranker
+
+KEY = "sk-test-0000-common"
+CHUNKS = [{"id": f"c{i}", "text": f"IVF partitions the vectors to save index memory, part {i}"}
+          for i in range(6)]
+QUERY = "When does IVF save index memory?"
+NAMES = ("openai", "anthropic")
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[FakeLLM]:
+    with FakeLLM(handler=auto_ranker()) as srv:
+        yield srv
+
+
+def _options(name: str, srv: FakeLLM) -> dict[str, Any]:
+    url = srv.openai_url if name == "openai" else srv.anthropic_url
+    return {"model": "fake", "base_url": url, "api_key": KEY}
+
+
+def _sockets() -> int:
+    """Sockets this process holds open (client and server ends of the test server's connections)."""
+    n = 0
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):  # closed between listdir and readlink
+            n += os.readlink(f"/proc/self/fd/{fd}").startswith("socket:")
+    return n
+
+
+def _leaks(run: Callable[[], object]) -> list[str]:
+    """The ResourceWarnings (unclosed sockets / transports) `run` leaves for the garbage collector."""
+    gc.collect()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ResourceWarning)
+        run()
+        gc.collect()
+    return [str(w.message) for w in caught if issubclass(w.category, ResourceWarning)]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_a_backend_rerank_builds_from_a_name_is_closed_after_the_call(name: str, server: FakeLLM) -> None:
+    """Each `rerank(backend="openai")` made a client of its own and left its connection open until
+    the garbage collector found it: a ResourceWarning per call, sockets piling up in a busy service."""
+    opts = _options(name, server)
+    before = _sockets()
+    assert _leaks(lambda: [rerank(QUERY, CHUNKS, top_k=2, backend=name, **opts) for _ in range(3)]) == []
+    assert _leaks(lambda: asyncio.run(arerank(QUERY, CHUNKS, top_k=2, backend=name, **opts))) == []
+    assert _sockets() <= before
+
+
+def _settled(limit: int) -> int:
+    """Open sockets, once the server's side of closed connections has noticed (at most 2 s)."""
+    for _ in range(100):
+        if (n := _sockets()) <= limit:
+            return n
+        time.sleep(0.02)
+    return _sockets()
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_a_shared_backend_reuses_one_connection_until_closed(name: str, server: FakeLLM) -> None:
+    """A backend the caller built is reused (its connection pool is the point), then closed by
+    `with` / `async with` (`close()` / `aclose()`); closed, it still works, with new clients."""
+    before = _settled(_sockets())
+    with make_backend(name, **_options(name, server)) as backend:
+        results = {rerank(QUERY, CHUNKS, top_k=2, backend=backend).to_json() for _ in range(3)}
+        assert len(results) == 1
+        assert _sockets() <= before + 2  # one connection (both ends), not one per call
+    assert _settled(before) == before
+
+    async def gathered() -> None:
+        async with make_backend(name, **_options(name, server)) as shared:
+            await asyncio.gather(*(arerank(QUERY, CHUNKS, top_k=2, backend=shared) for _ in range(3)))
+
+    assert _leaks(lambda: asyncio.run(gathered())) == []
+    assert _settled(before) == before
+    assert rerank(QUERY, CHUNKS, top_k=2, backend=backend).to_json() in results
+    backend.close()
+    assert _settled(before) == before
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("how", ["pickle", "deepcopy"])
+def test_a_used_backend_pickles_and_its_copy_has_its_own_clients(name: str, how: str,
+                                                                  server: FakeLLM) -> None:
+    """The SDK clients (locks, sockets, lambdas) made a backend impossible to pickle or deep-copy:
+    no worker process could get one, and LlamaIndex silently dropped it from a pickled component."""
+    with make_backend(name, **_options(name, server)) as backend:
+        alone = rerank(QUERY, CHUNKS, top_k=2, backend=backend).to_json()
+        asyncio.run(arerank(QUERY, CHUNKS, top_k=2, backend=backend))
+        copied = pickle.loads(pickle.dumps(backend)) if how == "pickle" else copy.deepcopy(backend)
+    assert type(copied) is type(backend) and repr(copied) == repr(backend)
+    assert copied._clients is not backend._clients and copied._clients._sync is None
+    with copied:
+        assert rerank(QUERY, CHUNKS, top_k=2, backend=copied).to_json() == alone
+        assert asyncio.run(arerank(QUERY, CHUNKS, top_k=2, backend=copied)).to_json() == alone
+
+
+def test_the_rerank_api_backend_pickles_too() -> None:
+    backend = make_backend("rerank-api", base_url="http://127.0.0.1:9/v1")
+    for copied in (pickle.loads(pickle.dumps(backend)), copy.deepcopy(backend)):
+        assert (copied.url, copied.timeout) == (backend.url, backend.timeout)
+        copied.close()
