@@ -376,7 +376,12 @@ def run_windows(plan: _Plan, *, api_key: str | None, policy: Any, strict: bool, 
     total = len(windows) + 1
     with ThreadPoolExecutor(max_workers=_workers(plan, len(windows)),
                             thread_name_prefix="rag-rerank-window") as pool:
-        futures = [pool.submit(_score, plan, w, policy, strict, fallback, api_key) for w in windows]
+        # Each window in a copy of the caller's context: a request id or a tracing span held in a
+        # ContextVar (structlog, OpenTelemetry, asgi-correlation-id) stays on the window's logs and
+        # HTTP calls, as it does for `arerank`'s tasks. (One copy per window: a context cannot be
+        # entered by two threads at once.)
+        futures = [pool.submit(contextvars.copy_context().run, _score, plan, w, policy, strict, fallback,
+                               api_key) for w in windows]
         if progress is not None:
             for done, _ in enumerate(as_completed(futures), start=1):
                 progress(done, total)

@@ -423,3 +423,45 @@ def test_metadata_options_apply_in_windows() -> None:
     fused = rerank(QUERY, chunks, top_k=3, window_size=30, meta_field="year")
     assert_accounted(fused, chunks)
     assert any(n.startswith("meta_fusion:") for n in fused.meta.notes)
+
+
+def test_window_threads_run_in_the_callers_context() -> None:
+    """A service keeps a request id (or a tracing span) in a ContextVar and logs through a filter
+    that reads it. The synchronous `rerank` scores windows on a thread pool, whose threads started
+    with an empty context: the retry logger's records of a window came out without the request id."""
+    import contextvars
+    import logging
+
+    from rag_rerank import RetryPolicy
+
+    request_id: contextvars.ContextVar[str] = contextvars.ContextVar("request_id", default="-")
+    seen: list[tuple[str, str]] = []
+
+    class Handler(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            seen.append((threading.current_thread().name, request_id.get()))
+
+    logger = logging.getLogger("rag_rerank")
+    handler, level = Handler(), logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+
+    def flaky(req: RecordedRequest) -> Reply:  # each window's first answer is a 503, then a valid one
+        with lock:
+            again = req.prompt in first_prompts
+            first_prompts.add(req.prompt)
+        return quoting_ranker()(req) if again else Reply.openai_error(503, "busy", type_="server_error")
+
+    lock, first_prompts = threading.Lock(), set[str]()
+    token = request_id.set("req-42")
+    try:
+        with FakeLLM(handler=flaky) as srv:
+            rerank(QUERY, make_chunks(60), top_k=3, window_size=20, backend="openai", base_url=srv.openai_url,
+                   api_key="x", model="m", policy=RetryPolicy(initial_wait_s=0.0, jitter_s=0.0))
+    finally:
+        request_id.reset(token)
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+    window_records = [rid for thread, rid in seen if thread.startswith("rag-rerank-window")]
+    assert len(window_records) >= 3 and set(window_records) == {"req-42"}
+    assert {rid for _, rid in seen} == {"req-42"}
