@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging as _logging
+
 from .batch import arerank_many
 from .errors import (
     Attempt,
@@ -23,6 +25,11 @@ from .router import Router, route
 from .skill import SkillCard, load_skill
 
 __version__ = "0.1.0"
+
+# A library reports through loggers named `rag_rerank.*` and leaves output to the application: without
+# this handler, Python's last-resort handler would print a WARNING record (a fallback) to stderr of a
+# program that configured no logging, which `rag-rerank rerank` keeps for its one-line errors.
+_logging.getLogger(__name__).addHandler(_logging.NullHandler())
 
 # Resolved on first use: importing rag_rerank.tools here would make `python -m rag_rerank.tools`
 # (which regenerates guard/tools/) warn that the module was imported before it ran.

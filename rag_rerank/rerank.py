@@ -21,6 +21,7 @@ The caller's query, chunk list and dicts are only read: the input guard builds n
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import time
 from collections.abc import Mapping, Sequence
@@ -38,6 +39,8 @@ from .guard.limits import Limits, as_limits
 from .models import Dropped, Ranked, RerankRequest, RerankResult, RunMeta, add_usage
 from .render import render
 from .wording import counted, near_miss
+
+log = logging.getLogger("rag_rerank.rerank")
 
 BACKENDS = ("local", "openai", "anthropic", "cross-encoder", "rerank-api")
 _KEY_ENV = ("OPENAI_API_KEY", "ANTHROPIC_API_KEY", "RERANK_API_KEY")
@@ -415,6 +418,7 @@ def _offline(plan: _Plan, error: EmbedderError, api_key: str | None) -> _Plan:
     summary = redact(str(error), _secrets(api_key))
     note = (f"embedder {getattr(plan.embedder, 'name', plan.embedder)} failed, lexical vectors used instead "
             f"(fallback local): {summary}")
+    log.warning("%s", note)  # meta.embedder_fallback says so per result; an operator needs it in the log
     return replace(plan, embedder=get_embedder("lexical"), embedder_note=note)
 
 
@@ -429,6 +433,9 @@ def _local_outcome(plan: _Plan, error: BackendError, api_key: str | None, score:
     embedder, unless that is what failed (or fails now), then fully offline with the lexical one."""
     if isinstance(error, EmbedderError):
         plan = _offline(plan, error, api_key)
+    else:  # meta.fallback says so per result; an operator watching a service needs it in the log
+        log.warning("%s failed, ranking with the local backend (fallback local): %s", plan.backend_name,
+                    redact(str(error), _secrets(api_key)))
     try:
         return score(make_backend("local", embedder=plan.embedder)), plan
     except EmbedderError as exc:

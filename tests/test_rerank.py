@@ -604,3 +604,64 @@ def test_windows_fall_back_to_lexical_vectors_like_one_prompt() -> None:
     offline = rerank("IVF?", chunks, 3, window_size=20)
     assert result.to_dict() == offline.to_dict()
     assert result.meta.embedder_fallback == "lexical" and result.meta.fallback is None
+
+
+# --- a library in a service: logging and output hygiene -----------------------------------------
+
+
+def test_a_fallback_is_logged_as_a_warning_with_the_key_redacted(caplog: pytest.LogCaptureFixture) -> None:
+    """`meta.fallback` tells the caller, per result; an operator of a service needs the failure in
+    the log, under the library's own logger name, without the API key."""
+    chunks = _examples("happy-path")
+    with FakeLLM([Reply.openai_error(401, f"bad key {SECRET}")]) as srv, \
+            caplog.at_level("WARNING", logger="rag_rerank"):
+        result = rerank(QUERY, chunks, top_k=2, backend="openai", base_url=srv.openai_url, api_key=SECRET,
+                        model="m", fallback="local")
+    assert result.meta.fallback == "local"
+    records = [r for r in caplog.records if r.name.startswith("rag_rerank")]
+    assert [(r.name, r.levelname) for r in records] == [("rag_rerank.rerank", "WARNING")]
+    text = records[0].getMessage()
+    assert text.startswith("openai failed, ranking with the local backend") and "HTTP 401" in text
+    assert SECRET not in text
+
+
+_HAPPY_PATHS = """
+import asyncio
+from rag_rerank import arerank, arerank_many, make_backend, rerank, route
+from tests.support.fake_llm import FakeLLM, Reply
+from tests.support.quoting_ranker import quoting_ranker
+chunks = [{"id": f"c{i}", "text": f"IVF partitions vectors to save memory, note {i}"} for i in range(30)]
+q = "When does IVF save index memory?"
+rerank(q, chunks, top_k=3)
+rerank(q, chunks, top_k=3, window_size=10)
+asyncio.run(arerank(q, chunks, top_k=3, window_size=10))
+asyncio.run(arerank_many([{"query": q, "chunks": chunks}] * 2))
+route("rerank these retrieved chunks for my query")
+with FakeLLM(handler=quoting_ranker()) as srv:
+    for name, url in (("openai", srv.openai_url), ("anthropic", srv.url)):
+        opts = {"model": "m", "base_url": url, "api_key": "sk-test-key-0000"}
+        rerank(q, chunks, top_k=3, backend=name, **opts)
+        asyncio.run(arerank(q, chunks, top_k=3, backend=name, **opts))
+        rerank(q, chunks, top_k=3, backend=name, window_size=10, **opts)
+        with make_backend(name, **opts) as shared:
+            rerank(q, chunks, top_k=3, backend=shared)
+with FakeLLM([Reply.openai_error(401, "no")]) as srv:
+    r = rerank(q, chunks, top_k=3, backend="openai", base_url=srv.openai_url, api_key="k", fallback="local")
+    assert r.meta.fallback == "local"
+"""
+
+
+def test_the_library_prints_nothing_and_warns_nothing(repo_root) -> None:
+    """Under `python -W error` (every warning an error, including an unclosed socket found by the
+    garbage collector), the common calls print nothing to stdout or stderr: output belongs to the
+    application. The fallback's WARNING record goes nowhere when the application configured no
+    logging, rather than to stderr through Python's last-resort handler."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": str(repo_root), "PYTHONWARNINGS": "error"}
+    env.pop("OPENAI_API_KEY", None)
+    run = subprocess.run([sys.executable, "-W", "error", "-c", _HAPPY_PATHS], cwd=repo_root,
+                         env=env, capture_output=True, text=True, timeout=300)
+    assert (run.returncode, run.stdout, run.stderr) == (0, "", "")
