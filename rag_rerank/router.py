@@ -30,10 +30,11 @@ from __future__ import annotations
 
 import math
 import re
+import threading
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from functools import cache, lru_cache
+from functools import lru_cache
 from itertools import pairwise
 from pathlib import Path
 from typing import Any
@@ -682,9 +683,19 @@ def _check_args(utterance: Any, n_chunks: Any) -> None:
         raise InputError(problems)
 
 
-@cache
+_ROUTERS: dict[str, Router] = {}
+_ROUTERS_LOCK = threading.Lock()
+
+
 def _default_router(embedder: str) -> Router:
-    return Router(embedder=embedder)
+    """The router over the packaged cards for `embedder`, built once per process. Built under a
+    lock: with `functools.cache`, a threaded server's first burst of requests built one router per
+    thread at once (8 threads: 8 fits of about a second each, fighting for the GIL for a minute)."""
+    with _ROUTERS_LOCK:
+        router = _ROUTERS.get(embedder)
+        if router is None:
+            router = _ROUTERS[embedder] = Router(embedder=embedder)
+        return router
 
 
 def route(

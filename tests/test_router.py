@@ -445,3 +445,29 @@ def test_a_huge_stated_count_is_shown_short(
     assert main(["route", f"rerank these {count} chunks for my query"]) == 0
     reason = json.loads(capsys.readouterr().out)["reason"]
     assert f"{said} is over its max_chunks" in reason and not re.search(r"\d{11}", reason)
+
+
+def test_concurrent_first_calls_share_one_default_router(repo_root: Path) -> None:
+    """A threaded server's first requests all call `route()` at once. The per-embedder cache was a
+    bare `functools.cache`: every thread missed it and fitted a router of its own (8 threads: 8
+    fits, a minute on two cores instead of a second). In a fresh process, so the cache is empty."""
+    import os
+    import subprocess
+
+    code = (
+        "from concurrent.futures import ThreadPoolExecutor\n"
+        "from threading import Barrier\n"
+        "from rag_rerank.router import _default_router, route\n"
+        "gate = Barrier(8)\n"
+        "def first(_):\n"
+        "    gate.wait()\n"
+        "    return id(_default_router('lexical')), route('rerank these retrieved chunks')['skill']\n"
+        "with ThreadPoolExecutor(8) as pool:\n"
+        "    got = list(pool.map(first, range(8)))\n"
+        "print(len({i for i, _ in got}), sorted({s for _, s in got}))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(repo_root)}
+    run = subprocess.run([sys.executable, "-c", code], cwd=repo_root, env=env, capture_output=True, text=True,
+                         timeout=600)
+    assert (run.returncode, run.stderr) == (0, "")
+    assert run.stdout.split(maxsplit=1) == ["1", "['rag-chunk-reranker']\n"]
