@@ -16,12 +16,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+import contextvars
+from collections.abc import AsyncIterator, Coroutine
+from concurrent.futures import ThreadPoolExecutor
 from contextvars import ContextVar
+from typing import Any, TypeVar
 
 from .errors import InputError, Violation
 
 DEFAULT_CONCURRENCY = 4
+T = TypeVar("T")
 
 CALL_LIMIT: ContextVar[asyncio.Semaphore | None] = ContextVar("rag_rerank_call_limit", default=None)
 
@@ -43,3 +47,18 @@ async def call_slot(fallback: asyncio.Semaphore | None = None) -> AsyncIterator[
         return
     async with limit:
         yield
+
+
+def run_coroutine(coro: Coroutine[Any, Any, T]) -> T:
+    """`coro` run to completion from synchronous code, in a new event loop closed afterwards.
+
+    `asyncio.run` when no loop runs in this thread; inside a running one (a Jupyter cell, a sync
+    function called from an async web handler) `asyncio.run` refuses, so the loop runs in a worker
+    thread (with a copy of the caller's context) and the caller blocks until it is done, as for any
+    synchronous call."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro)
+    with ThreadPoolExecutor(1, thread_name_prefix="rag-rerank-loop") as pool:
+        return pool.submit(contextvars.copy_context().run, asyncio.run, coro).result()

@@ -34,7 +34,6 @@ those queries on the next run, so an interrupted evaluation picks up where it st
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import sys
@@ -535,11 +534,13 @@ def rerank_queries(
     """Ranked ids per qid (failed queries absent), and per failed qid its error message and kind
     ("input", "backend" or "internal", as in `batch`)."""
     from .batch import arerank_many, error_kind
+    from .concurrency import run_coroutine
     from .rerank import resolve_embedder
 
     lim = as_limits(options.get("limits"))
     depth = default_depth(lim, options.get("window_size")) if depth is None else depth
     opts = dict(options)
+    embedder_spec = opts.get("embedder", "lexical")
     opts["embedder"] = resolve_embedder(
         opts.get("embedder", "lexical"), opts.get("backend", "local"), opts.get("base_url")
     )
@@ -564,31 +565,46 @@ def rerank_queries(
                                    base_url=opts.get("base_url"), api_key=opts.get("api_key"),
                                    embedder=opts["embedder"],
                                    **_backend_kwargs(backend, opts.pop("backend_options", None)))
-    for start in range(0, len(todo), SLICE):
-        part = todo[start : start + SLICE]
-        requests = [{"query": q.query, "chunks": list(q.chunks[:depth]), "top_k": k, "lambda": lambda_}
-                    for q in part]
 
-        def tick(n: int, _total: int, base: int = finished) -> None:
-            if progress is not None:
-                progress(base + n, total)
+    async def run_slices() -> None:
+        # One event loop for every slice: the shared backend's async client (bound to its loop) keeps
+        # its connections from slice to slice, and is closed on that loop when the run ends.
+        nonlocal finished
+        try:
+            for start in range(0, len(todo), SLICE):
+                part = todo[start : start + SLICE]
+                requests = [{"query": q.query, "chunks": list(q.chunks[:depth]), "top_k": k,
+                             "lambda": lambda_} for q in part]
 
-        outcomes = asyncio.run(arerank_many(requests, concurrency=concurrency, progress=tick, **opts))
-        records = []
-        for q, outcome in zip(part, outcomes, strict=True):
-            if isinstance(outcome, Exception):
-                # one line: the CLI prints it as one stderr line per failed query
-                text = " ".join(part.strip() for part in str(outcome).splitlines())
-                records.append({"qid": q.qid, "error": f"{type(outcome).__name__}: {text}"[:500],
-                                "kind": error_kind(outcome)})
-            else:
-                records.append({"qid": q.qid, "ranked": outcome.ids})
-        finished += len(part)
-        for rec in records:
-            done[rec["qid"]] = rec
-        if path:
-            with path.open("a", encoding="utf-8") as fh:
-                fh.write("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
+                def tick(n: int, _total: int, base: int = finished) -> None:
+                    if progress is not None:
+                        progress(base + n, total)
+
+                outcomes = await arerank_many(requests, concurrency=concurrency, progress=tick, **opts)
+                records = []
+                for q, outcome in zip(part, outcomes, strict=True):
+                    if isinstance(outcome, Exception):
+                        # one line: the CLI prints it as one stderr line per failed query
+                        text = " ".join(part.strip() for part in str(outcome).splitlines())
+                        records.append({"qid": q.qid, "error": f"{type(outcome).__name__}: {text}"[:500],
+                                        "kind": error_kind(outcome)})
+                    else:
+                        records.append({"qid": q.qid, "ranked": outcome.ids})
+                finished += len(part)
+                for rec in records:
+                    done[rec["qid"]] = rec
+                if path:
+                    with path.open("a", encoding="utf-8") as fh:
+                        fh.write("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
+        finally:  # what was built here from a name: nobody else will close its connections
+            aclose = getattr(opts["backend"], "aclose", None)
+            if isinstance(backend, str) and callable(aclose):
+                await aclose()
+            close = getattr(opts["embedder"], "close", None)
+            if isinstance(embedder_spec, str) and callable(close):
+                close()
+
+    run_coroutine(run_slices())
     # Only this run's queries: a resume file may hold others (a larger candidates file).
     ours = {q.qid for q in queries}
     ranked = {q: list(r["ranked"]) for q, r in done.items() if "ranked" in r and q in ours}

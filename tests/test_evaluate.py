@@ -638,3 +638,47 @@ def test_a_document_judged_twice_with_different_grades_is_named(tmp_path, capsys
     Path(argv[4]).write_text("1 0 b 2\n1 0 b 2\n", encoding="utf-8")  # the same judgment twice is harmless
     assert main([*argv, "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["input"]["Recall@10"] == 1.0
+
+
+def _synthetic_queries(n: int = 20) -> list:
+    from rag_rerank.evaluate import CandidateQuery
+
+    return [CandidateQuery(f"q{i}", f"When does IVF save index memory? ({i})",
+                           tuple({"id": f"d{j}", "text": f"IVF note {j}: partitions save index memory {i}"}
+                                 for j in range(8)))
+            for i in range(n)]
+
+
+def test_rerank_queries_works_inside_a_running_event_loop() -> None:
+    """A Jupyter cell (or an async web handler) runs inside an event loop, where `asyncio.run`
+    refuses to start: `evaluate()` / `rerank_queries()` raised RuntimeError there."""
+    import asyncio
+
+    queries = _synthetic_queries()
+    outside = rerank_queries(queries, k=3)
+
+    async def cell() -> object:
+        return rerank_queries(queries, k=3)
+
+    assert asyncio.run(cell()) == outside and len(outside[0]) == len(queries)
+
+
+def test_rerank_queries_closes_its_backend_once_for_all_slices() -> None:
+    """Each 16-query slice ran in an `asyncio.run` loop of its own with one shared backend: every
+    slice's async client (and its connections) was left behind for the garbage collector."""
+    import gc
+    import warnings
+
+    from tests.support.fake_llm import FakeLLM
+    from tests.support.quoting_ranker import quoting_ranker
+
+    queries = _synthetic_queries(40)  # three slices
+    with FakeLLM(handler=quoting_ranker()) as srv:
+        gc.collect()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", ResourceWarning)
+            ranked, failed, _ = rerank_queries(queries, k=3, backend="openai", base_url=srv.openai_url,
+                                               api_key="sk-test", model="m")
+            gc.collect()
+    assert (len(ranked), failed) == (len(queries), {})
+    assert [str(w.message) for w in caught if issubclass(w.category, ResourceWarning)] == []
