@@ -34,7 +34,7 @@ from .concurrency import CALL_LIMIT
 from .errors import BackendError, InputError, RerankError, Violation
 from .guard.input import PATH_HINT, duplicate_keys_message, json_problem, loads_line
 from .models import RerankResult
-from .rerank import _backend_kwargs, arerank, make_backend, redact, resolve_embedder
+from .rerank import _backend_kwargs, aclose_built, arerank, make_backend, redact, resolve_embedder
 from .wording import near_miss
 
 EXIT_OK, EXIT_BAD_INPUT, EXIT_BACKEND, EXIT_INTERNAL = 0, 2, 3, 4
@@ -159,6 +159,9 @@ async def _run(
                 )
             ]
         )
+    # Built here from names (not handed over built, as a Ray actor does): closed here when done.
+    specs = None if "_backend_name" in options else (options.get("backend", "local"),
+                                                     options.get("embedder", "lexical"))
     opts = _shared_options(options)
     name = opts.pop("_backend_name")
     sem = asyncio.Semaphore(concurrency)
@@ -190,6 +193,8 @@ async def _run(
         await asyncio.gather(*(one(i, it) for i, it in enumerate(items)))
     finally:
         CALL_LIMIT.reset(token)
+        if specs is not None:
+            await aclose_built(((opts["backend"], specs[0]), (opts["embedder"], specs[1])))
 
 
 def _rename(result: RerankResult, name: str) -> RerankResult:

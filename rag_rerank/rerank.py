@@ -622,7 +622,7 @@ def rerank(
         return _run(plan, api_key=api_key, policy=policy, strict=strict, fallback=fallback, layout=layout,
                     duplicate_threshold=duplicate_threshold)
     finally:
-        _close_owned(plan, backend, embedder)
+        close_built(((plan.backend, backend), (plan.embedder, embedder)))
 
 
 def _run(plan: _Plan, *, api_key: str | None, policy: Any, strict: bool, fallback: str | None, layout: str,
@@ -707,7 +707,7 @@ async def arerank(
         return await _arun(plan, api_key=api_key, policy=policy, strict=strict, fallback=fallback,
                            layout=layout, duplicate_threshold=duplicate_threshold)
     finally:
-        await _aclose_owned(plan, backend, embedder)
+        await aclose_built(((plan.backend, backend), (plan.embedder, embedder)))
 
 
 async def _arun(plan: _Plan, *, api_key: str | None, policy: Any, strict: bool, fallback: str | None,
@@ -738,25 +738,25 @@ async def _arun(plan: _Plan, *, api_key: str | None, policy: Any, strict: bool, 
     return await _offload(plan, _finish, plan, outcome, layout, duplicate_threshold, fallback, api_key)
 
 
-def _owned(plan: _Plan, backend: Any, embedder: Any) -> list[Any]:
-    """What this call built from a name and must close: nobody else holds it. A backend or an
-    embedder the caller passed in is the caller's, kept open for its next call."""
-    pairs = ((plan.backend, backend), (plan.embedder, embedder))
+def _built(pairs: Sequence[tuple[Any, Any]]) -> list[Any]:
+    """Of `(object, spec)` pairs, the objects built from a name (spec a str): nobody else holds
+    them, so whoever built them closes them. An object the caller passed in is the caller's, kept
+    open (its connection pool) for its next call."""
     return [obj for obj, spec in pairs if isinstance(spec, str)]
 
 
-def _close_owned(plan: _Plan, backend: Any, embedder: Any) -> None:
+def close_built(pairs: Sequence[tuple[Any, Any]]) -> None:
     """Close the HTTP clients of a backend / embedder built for this call: left to the garbage
     collector, each call's connections stayed open until then (a ResourceWarning apiece)."""
-    for obj in _owned(plan, backend, embedder):
+    for obj in _built(pairs):
         close = getattr(obj, "close", None)
         if callable(close):
             close()
 
 
-async def _aclose_owned(plan: _Plan, backend: Any, embedder: Any) -> None:
-    """`_close_owned` for `arerank`: a backend's async client is closed on the loop it belongs to."""
-    for obj in _owned(plan, backend, embedder):
+async def aclose_built(pairs: Sequence[tuple[Any, Any]]) -> None:
+    """`close_built` from async code: a backend's async client is closed on the loop it belongs to."""
+    for obj in _built(pairs):
         aclose = getattr(obj, "aclose", None)
         close = getattr(obj, "close", None)
         if callable(aclose):

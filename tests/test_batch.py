@@ -501,3 +501,35 @@ def test_arerank_many_names_a_request_without_query_or_chunks_as_missing_them() 
         [("query", "missing required field 'query'")],
         [("query", "missing required field 'query'"), ("chunks", "missing required field 'chunks'")]]
     assert "got null" in str(out[3])  # a null the caller did write is named as such
+
+
+def test_arerank_many_closes_the_backend_it_built_from_a_name() -> None:
+    """The run's shared backend, built from `backend="openai"`, was never closed: its connections
+    were left for the garbage collector (a ResourceWarning each) after every batch. A backend
+    instance the caller passes stays open for the caller's next batch."""
+    import gc
+    import warnings
+
+    from rag_rerank import make_backend
+
+    requests = [{"query": f"IVF memory {i}", "chunks": [{"id": f"c{j}", "text": f"IVF saves index memory {j}"}
+                                                      for j in range(6)], "top_k": 2} for i in range(6)]
+    with FakeLLM(handler=quoting_ranker()) as srv:
+        opts = {"model": "m", "base_url": srv.openai_url, "api_key": "sk-test"}
+        gc.collect()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", ResourceWarning)
+            out = asyncio.run(arerank_many(requests, concurrency=3, backend="openai", **opts))
+            gc.collect()
+        assert all(isinstance(r, RerankResult) for r in out)
+        assert [str(w.message) for w in caught if issubclass(w.category, ResourceWarning)] == []
+
+        async def twice(backend: object) -> list[object]:
+            first = await arerank_many(requests[:2], backend=backend)
+            return [*first, *await arerank_many(requests[2:], backend=backend)]  # same pool, still open
+
+        async def shared() -> list[object]:
+            async with make_backend("openai", **opts) as backend:
+                return await twice(backend)
+
+        assert all(isinstance(r, RerankResult) for r in asyncio.run(shared()))
