@@ -262,11 +262,23 @@ def test_rerank_dataset_refuses_bad_settings_before_any_actor_starts(local_ray: 
     text = str(err.value)
     for word in ("concurrency", "batch_size", "nope", "top_kk"):
         assert word in text
+    import threading
+
+    from rag_rerank.integrations.ray import _check
     from rag_rerank.rerank import make_backend
 
-    live = make_backend("openai", base_url="http://127.0.0.1:9/v1", api_key="k", model="m")  # holds a client
+    class LockedEmbedder:  # holds a lock: cannot travel to the actors
+        name, duplicate_threshold = "locked", 0.5
+
+        def __init__(self) -> None:
+            self.lock = threading.Lock()
+
     with pytest.raises(InputError, match="by name"):
-        rerank_dataset(ds, concurrency=1, backend=live)
+        rerank_dataset(ds, concurrency=1, embedder=LockedEmbedder())
+    # A backend instance pickles without its connections: each actor gets a copy with its own client.
+    live = make_backend("openai", base_url="http://127.0.0.1:9/v1", api_key="k", model="m")
+    live.close()
+    assert _check(1, 8, 4, {"backend": live}) == frozenset()
     # A model the local backend would ignore: refused here, not by every actor on its first batch.
     with pytest.raises(InputError, match="the local backend takes no model"):
         rerank_dataset(ds, concurrency=1, model="gpt-4o-mini")
