@@ -122,3 +122,24 @@ def test_the_rerank_api_backend_pickles_too() -> None:
     for copied in (pickle.loads(pickle.dumps(backend)), copy.deepcopy(backend)):
         assert (copied.url, copied.timeout) == (backend.url, backend.timeout)
         copied.close()
+
+
+def _rerank_in_worker(backend: Any) -> Any:
+    with backend:
+        return rerank(QUERY, CHUNKS, top_k=2, backend=backend)
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_a_backend_instance_goes_to_worker_processes_and_results_come_back(method: str,
+                                                                           server: FakeLLM) -> None:
+    """`ProcessPoolExecutor` pickles the backend to each worker (which opens its own connection to
+    the server) and the `RerankResult` back; with either start method."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    with make_backend("openai", **_options("openai", server)) as backend:
+        alone = rerank(QUERY, CHUNKS, top_k=2, backend=backend)
+        with ProcessPoolExecutor(2, mp_context=multiprocessing.get_context(method)) as pool:
+            results = list(pool.map(_rerank_in_worker, [backend] * 3))
+    assert [r.to_json() for r in results] == [alone.to_json()] * 3
+    assert {r.meta.backend for r in results} == {"openai"}

@@ -665,3 +665,49 @@ def test_the_library_prints_nothing_and_warns_nothing(repo_root) -> None:
     run = subprocess.run([sys.executable, "-W", "error", "-c", _HAPPY_PATHS], cwd=repo_root,
                          env=env, capture_output=True, text=True, timeout=300)
     assert (run.returncode, run.stdout, run.stderr) == (0, "", "")
+
+
+def test_cancelled_arerank_calls_leave_nothing_behind() -> None:
+    """`asyncio.wait_for` timeouts and `task.cancel()` (a client that hung up on a FastAPI handler)
+    stop the call; its connection is released (no unclosed socket for the garbage collector), and
+    the next calls, on a shared backend or a named one, answer as before."""
+    import dataclasses
+    import gc
+    import threading
+    import warnings
+
+    chunks = _examples("happy-path")
+    slow = threading.Event()
+
+    def answer(req):  # slow while `slow` is set: long enough for every timeout below
+        return dataclasses.replace(quoting_ranker()(req), delay=2.0 if slow.is_set() else 0.0)
+
+    async def service(srv: FakeLLM) -> list[RerankResult]:
+        opts = {"model": "m", "base_url": srv.openai_url, "api_key": SECRET}
+        shared = make_backend("openai", **opts)
+        slow.set()
+        for backend in (shared, "openai"):
+            kw = {} if backend is shared else opts
+            with pytest.raises(asyncio.TimeoutError):
+                await asyncio.wait_for(arerank(QUERY, chunks, top_k=2, backend=backend, **kw), 0.2)
+            task = asyncio.create_task(arerank(QUERY, chunks, top_k=2, backend=backend, window_size=3, **kw))
+            await asyncio.sleep(0.2)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+        slow.clear()
+        after = await asyncio.gather(*(arerank(QUERY, chunks, top_k=2, backend=shared) for _ in range(3)),
+                                     arerank(QUERY, chunks, top_k=2, backend="openai", **opts))
+        await shared.aclose()
+        return list(after)
+
+    with FakeLLM(handler=answer) as srv:
+        alone = rerank(QUERY, chunks, top_k=2, backend="openai", base_url=srv.openai_url, api_key=SECRET,
+                       model="m")
+        gc.collect()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", ResourceWarning)
+            after = asyncio.run(service(srv))
+            gc.collect()
+    assert [r.to_json() for r in after] == [alone.to_json()] * 4
+    assert [str(w.message) for w in caught if issubclass(w.category, ResourceWarning)] == []
