@@ -123,3 +123,18 @@ def test_every_top_level_import_in_the_docs_resolves() -> None:
 
     modules = {n for n in named if importlib.util.find_spec(f"rag_rerank.{n}") is not None}
     assert named - modules <= set(rag_rerank.__all__), sorted(named - modules - set(rag_rerank.__all__))
+
+
+def test_importing_the_package_loads_no_heavy_dependency(repo_root: Path) -> None:
+    """A web app or a worker imports rag_rerank at start-up: models, frameworks, Ray and the LLM
+    SDKs load on first use, never at import (time it with `python bench/production.py`)."""
+    import os
+    import subprocess
+    import sys
+
+    heavy = ("torch", "sentence_transformers", "transformers", "langchain_core", "llama_index", "haystack",
+             "ray", "mcp", "openai", "anthropic", "httpx", "model2vec")
+    code = f"import sys, rag_rerank; print(sorted(m for m in {heavy!r} if m in sys.modules))"
+    run = subprocess.run([sys.executable, "-c", code], cwd=repo_root, capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": str(repo_root)}, timeout=120)
+    assert (run.returncode, run.stdout.strip(), run.stderr) == (0, "[]", "")

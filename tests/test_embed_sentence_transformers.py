@@ -169,3 +169,16 @@ def test_loading_the_model_prints_no_transformers_load_report(embedder) -> None:
     assert "(1, 384)" in done.stdout
     assert "LOAD REPORT" not in done.stderr and "UNEXPECTED" not in done.stderr and "\x1b[" not in done.stderr
     assert "a real transformers error stays visible" in done.stderr
+
+
+def test_rerank_with_the_model_from_eight_threads_matches_each_call_alone(embedder) -> None:
+    """One model and one vector cache per process, shared by every thread: a row must never reach
+    another thread's texts."""
+    from rag_rerank.rerank import make_backend, rerank
+    from tests.test_rerank import _thread_cases, same_alone_and_in_threads
+
+    cases = _thread_cases(8)
+    shared = make_backend("local", embedder="sentence-transformers")
+    same_alone_and_in_threads(lambda i: rerank(*cases[i], top_k=5, embedder="sentence-transformers"), 8)
+    same_alone_and_in_threads(lambda i: rerank(*cases[i], top_k=5, backend=shared,
+                                               embedder="sentence-transformers"), 8)

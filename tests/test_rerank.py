@@ -711,3 +711,38 @@ def test_cancelled_arerank_calls_leave_nothing_behind() -> None:
             gc.collect()
     assert [r.to_json() for r in after] == [alone.to_json()] * 4
     assert [str(w.message) for w in caught if issubclass(w.category, ResourceWarning)] == []
+
+
+def _thread_cases(n: int = 16) -> list[tuple[str, list[dict[str, str]]]]:
+    """Distinct requests: each query and chunk set its own, so a result given to the wrong thread shows."""
+    import random
+
+    words = ["vector", "index", "memory", "graph", "hnsw", "ivf", "quantization", "recall", "latency",
+             "shard", "replica", "disk", "cache", "query", "embedding", "cosine", "neighbour", "cluster"]
+    cases = []
+    for seed in range(n):
+        rng = random.Random(seed)
+        chunks = [{"id": f"s{seed}-c{i}", "text": " ".join(rng.choices(words, k=rng.randint(5, 25)))}
+                  for i in range(24)]
+        cases.append((" ".join(rng.sample(words, 4)), chunks))
+    return cases
+
+
+def same_alone_and_in_threads(call, n: int) -> None:
+    """`call(i)` for i < n from 8 threads at once gives, for every i, what it gives alone."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    cases = range(n)
+    alone = [call(i).to_json() for i in cases]
+    with ThreadPoolExecutor(8) as pool:
+        threaded = list(pool.map(lambda i: call(i).to_json(), cases))
+    assert threaded == alone
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_rerank_from_eight_threads_matches_each_call_alone(shared: bool) -> None:
+    cases = _thread_cases()
+    backend = make_backend("local") if shared else "local"
+    n = len(cases)
+    same_alone_and_in_threads(lambda i: rerank(*cases[i], top_k=5, backend=backend), n)
+    same_alone_and_in_threads(lambda i: rerank(*cases[i], top_k=3, backend=backend, window_size=8), n)
