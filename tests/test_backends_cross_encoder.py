@@ -197,3 +197,21 @@ def test_cli_batch_and_call_tool(model_dir: str, tmp_path: Path, capsys: pytest.
     assert main(["rerank", "-q", query, "-c", str(path), "--backend", "cross-encoder",
                  "--model", str(tmp_path / "nowhere")]) == 2
     assert "nowhere" in capsys.readouterr().err
+
+
+def test_a_copy_takes_the_processs_cached_model_instead_of_its_weights(model_dir: str) -> None:
+    """Pickled, a backend carried the model's weights (hundreds of MB for a real cross-encoder) and
+    each deep copy (frameworks copy their components) held a second model in memory."""
+    import copy
+    import pickle
+
+    query, chunks = _example()
+    backend = CrossEncoderBackend(model=model_dir)
+    alone = rerank(query, chunks, 3, backend=backend).to_json()
+    data = pickle.dumps(backend)
+    assert len(data) < 10_000
+    for copied in (pickle.loads(data), copy.deepcopy(backend)):
+        assert copied._ce is backend._ce  # this process's cached model
+        assert (copied.model, copied.batch_size, copied.calibration_factor) == (
+            backend.model, backend.batch_size, backend.calibration_factor)
+        assert rerank(query, chunks, 3, backend=copied).to_json() == alone

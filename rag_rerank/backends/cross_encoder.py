@@ -134,6 +134,16 @@ class CrossEncoderBackend:
         self.calibration_factor = float(calibration_factor)
         self._ce = load_cross_encoder(model, device, max_length)  # errors now, before any scoring
 
+    def __getstate__(self) -> dict[str, Any]:
+        # Pickled (a worker process) or deep-copied (a framework copying its components) without the
+        # model's weights (hundreds of MB for a real cross-encoder, copied in memory per deep copy):
+        # the copy takes the process's cached model, loading it there from `model` if need be.
+        return {k: v for k, v in self.__dict__.items() if k != "_ce"}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._ce = load_cross_encoder(state["model"], state["device"], state["max_length"])
+
     def logits(self, query: str, texts: Sequence[str]) -> np.ndarray:
         """The model's raw relevance logit for each (query, text) pair, `batch_size` pairs at a time."""
         if not texts:
