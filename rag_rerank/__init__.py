@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging as _logging
 
+from .backends.factory import make_backend
 from .batch import arerank_many
 from .errors import (
     Attempt,
@@ -19,7 +20,7 @@ from .errors import (
 from .guard import Limits, check_output, parse_chunks, repair_output, validate_request
 from .models import Chunk, Dropped, Ranked, RerankRequest, RerankResult, RunMeta
 from .render import render
-from .rerank import arerank, make_backend, rerank
+from .rerank import arerank, rerank
 from .retry import RetryPolicy
 from .router import Router, route
 from .skill import SkillCard, load_skill

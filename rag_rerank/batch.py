@@ -30,11 +30,12 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import IO, Any
 
+from .backends.factory import backend_kwargs, make_backend, resolve_embedder
 from .concurrency import CALL_LIMIT
 from .errors import BackendError, InputError, RerankError, Violation
 from .guard.input import PATH_HINT, duplicate_keys_message, json_problem, loads_line
 from .models import RerankResult
-from .rerank import _backend_kwargs, aclose_built, arerank, make_backend, redact, resolve_embedder
+from .rerank import aclose_built, arerank, redact
 from .wording import near_miss
 
 EXIT_OK, EXIT_BAD_INPUT, EXIT_BACKEND, EXIT_INTERNAL = 0, 2, 3, 4
@@ -67,7 +68,7 @@ def _shared_options(options: dict[str, Any]) -> dict[str, Any]:
         base_url=opts.get("base_url"),
         api_key=opts.get("api_key"),
         embedder=opts["embedder"],
-        **_backend_kwargs(backend, opts.pop("backend_options", None)),
+        **backend_kwargs(backend, opts.pop("backend_options", None)),
     )
     name = options.get("backend", "local")
     opts["_backend_name"] = name if isinstance(name, str) else None

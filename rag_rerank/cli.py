@@ -226,8 +226,8 @@ def _embedder_option(args: argparse.Namespace) -> Any:
     see `rerank.resolve_embedder`). A URL for an embedder that makes no HTTP calls would be
     silently ignored, so it is a usage error instead.
     """
+    from .backends.factory import base_url_problem
     from .embed import get_embedder, parse_embedder_spec
-    from .rerank import base_url_problem
 
     spec: str = args.embedder
     url: str | None = args.embed_base_url
@@ -243,7 +243,7 @@ def _embedder_option(args: argparse.Namespace) -> Any:
 
 
 def _backend_options(args: argparse.Namespace) -> dict[str, Any]:
-    from .rerank import base_url_problem
+    from .backends.factory import base_url_problem
 
     if args.base_url is not None and (problem := base_url_problem(args.base_url)):
         raise UsageError(f"--base-url: {problem}")

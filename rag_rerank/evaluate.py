@@ -533,9 +533,9 @@ def rerank_queries(
 ) -> tuple[dict[str, list[str]], dict[str, str], dict[str, str]]:
     """Ranked ids per qid (failed queries absent), and per failed qid its error message and kind
     ("input", "backend" or "internal", as in `batch`)."""
+    from .backends.factory import resolve_embedder
     from .batch import arerank_many, error_kind
     from .concurrency import run_coroutine
-    from .rerank import resolve_embedder
 
     lim = as_limits(options.get("limits"))
     depth = default_depth(lim, options.get("window_size")) if depth is None else depth
@@ -558,13 +558,13 @@ def rerank_queries(
     if progress is not None and finished:
         progress(finished, total)
     # One event loop and one shared backend for all slices; a slice is a checkpoint for --resume.
-    from .rerank import _backend_kwargs, make_backend
+    from .backends.factory import backend_kwargs, make_backend
 
     backend = opts.get("backend", "local")
     opts["backend"] = make_backend(backend, model=opts.get("model"),
                                    base_url=opts.get("base_url"), api_key=opts.get("api_key"),
                                    embedder=opts["embedder"],
-                                   **_backend_kwargs(backend, opts.pop("backend_options", None)))
+                                   **backend_kwargs(backend, opts.pop("backend_options", None)))
 
     async def run_slices() -> None:
         # One event loop for every slice: the shared backend's async client (bound to its loop) keeps
@@ -634,10 +634,10 @@ def evaluate(
     duplicate_threshold, limits, ... `distance_embedder` (default: `embedder`) measures the
     pairwise distance, so tables comparing several embedders can share one yardstick.
     """
+    from .backends.factory import resolve_embedder
     from .embed import get_embedder
     from .embed.lexical import LexicalEmbedder
     from .embed.memo import Memo
-    from .rerank import resolve_embedder
 
     _ir_measures()
     if k < 1:

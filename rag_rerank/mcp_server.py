@@ -80,8 +80,8 @@ def _misspelt_names(env: Mapping[str, str]) -> list[Violation]:
 
 def _check_options(options: Mapping[str, str]) -> list[Violation]:
     """Names and shapes only: no model is loaded and no server contacted (an MCP host waits on start-up)."""
+    from .backends.factory import BACKENDS, base_url_problem
     from .embed import parse_embedder_spec
-    from .rerank import BACKENDS, base_url_problem
 
     problems: list[Violation] = []
     backend = options.get("backend")
@@ -107,7 +107,7 @@ def _check_options(options: Mapping[str, str]) -> list[Violation]:
 def _missing_settings(options: Mapping[str, str], env: Mapping[str, str]) -> list[Violation]:
     """A backend that cannot run without a setting the environment does not give: every tool call
     of the session would fail, naming a CLI flag (`--model`) the operator cannot pass."""
-    from .rerank import unused_option_violations
+    from .backends.factory import unused_option_violations
 
     backend = options.get("backend")
     # RAG_RERANK_MODEL=gpt-4o-mini without RAG_RERANK_BACKEND=openai: every call would rank with the

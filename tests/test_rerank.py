@@ -10,9 +10,10 @@ import json
 import pytest
 
 from rag_rerank import arerank, rerank
+from rag_rerank.backends.factory import make_backend
 from rag_rerank.errors import BackendError, InputError
 from rag_rerank.models import Chunk, RerankResult
-from rag_rerank.rerank import candidate_k, make_backend
+from rag_rerank.rerank import candidate_k
 from rag_rerank.retry import RetryPolicy
 from tests.support.fake_llm import FakeLLM, InFlight, Reply
 from tests.support.quoting_ranker import quoting_ranker

@@ -124,7 +124,7 @@ class RerankAPIBackend(ClosableBackend):
             raise InputError(bad, headline="invalid rerank-api options")
         url, key = resolve_credentials("rerank-api", base_url, api_key, url_env=URL_ENV, key_env=KEY_ENV)
         assert url is not None  # checked above
-        from ..rerank import base_url_problem
+        from .factory import base_url_problem
 
         if problem := base_url_problem(url):
             raise InputError([Violation(path="base_url", message=problem, value=url)])

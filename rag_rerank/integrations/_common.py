@@ -67,7 +67,7 @@ def check_connection(backend: Any, *, model: Any, base_url: Any, api_key: Any) -
     """A `model`, `base_url` or `api_key` the named backend would ignore is refused when the
     component is built (`RagRerankCompressor(model="gpt-4o-mini")` without `backend="openai"`),
     as `rerank()` refuses it, instead of on the first query."""
-    from ..rerank import unused_option_violations
+    from ..backends.factory import unused_option_violations
 
     if isinstance(backend, str):
         bad = unused_option_violations(backend, model=model, base_url=base_url, api_key=api_key)

@@ -15,10 +15,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from ..backends.factory import make_backend, resolve_embedder
 from ..errors import InputError, MissingDependencyError, Violation
 from ..guard.limits import Limits, as_limits
 from ..models import RerankResult
-from ..rerank import make_backend, resolve_embedder
 from ..retry import RetryPolicy
 from . import _common
 from ._common import DROPPED_KEY

@@ -31,6 +31,7 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from ..backends.factory import BACKENDS, unused_option_violations
 from ..batch import (
     UNKNOWN_KEY_HINT,
     Outcome,
@@ -41,7 +42,7 @@ from ..batch import (
     _shared_options,
 )
 from ..errors import InputError, MissingDependencyError, Violation
-from ..rerank import BACKENDS, arerank, unused_option_violations
+from ..rerank import arerank
 
 if TYPE_CHECKING:  # pragma: no cover
     import pyarrow as pa
