@@ -35,6 +35,7 @@ from .concurrency import CALL_LIMIT
 from .errors import BackendError, InputError, RerankError, Violation
 from .guard.input import PATH_HINT, duplicate_keys_message, json_problem, loads_line
 from .models import RerankResult
+from .redaction import url_secrets
 from .rerank import aclose_built, arerank, redact
 from .wording import near_miss
 
@@ -450,7 +451,7 @@ def run_batch_cli(args: Any, backend_options: Mapping[str, Any]) -> int:
             with out_path.open("r+b") as fh:
                 fh.truncate(valid_end)
     todo = [ln for ln in lines if ln.number not in done]
-    secrets = [backend_options.get("api_key"), *_env_secrets()]
+    secrets = [backend_options.get("api_key"), *url_secrets(backend_options.get("base_url")), *_env_secrets()]
     options = {k: v for k, v in backend_options.items() if v is not None}
     bar = _progress_bar(len(todo), not getattr(args, "no_progress", False))
     stream: IO[str]
@@ -545,7 +546,8 @@ def _check_resumed(done: Mapping[int, Mapping[str, Any]], lines: Sequence[_Line]
         raise InputError([Violation(path="--output", message=msg, value=foreign)])
 
 
-def _env_secrets() -> list[str | None]:
-    import os
+def _env_secrets() -> list[str]:
+    """The API keys and base-URL credentials in the environment (`redaction.secrets_of`)."""
+    from .redaction import secrets_of
 
-    return [os.environ.get(name) for name in ("OPENAI_API_KEY", "ANTHROPIC_API_KEY", "RERANK_API_KEY")]
+    return secrets_of()

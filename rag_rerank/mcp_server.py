@@ -29,6 +29,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from .errors import InputError, MissingDependencyError, Violation
+from .redaction import scrub, secrets_of
 from .skill import SkillCard, load_skill
 from .tools import anthropic_tool, fallback_field, run_tool
 
@@ -170,7 +171,10 @@ def build_server(card: SkillCard | None = None, options: Mapping[str, Any] | Non
             result, meta = await anyio.to_thread.run_sync(
                 lambda: run_tool(dict(params.arguments or {}), **opts))
         except Exception as exc:  # a bug of ours is still a tool failure, not a broken protocol session
-            result = {"error": {"type": "internal_error", "message": f"{type(exc).__name__}: {exc}"}}
+            # Its text may quote a server's answer or a URL: the calling model never sees a credential.
+            hidden = secrets_of(opts.get("api_key"), urls=[opts.get("base_url")])
+            message = scrub(f"{type(exc).__name__}: {exc}", hidden)
+            result = {"error": {"type": "internal_error", "message": message}}
         is_error = "error" in result
         fell = fallback_field(meta) if meta is not None else None
         if fell is not None:

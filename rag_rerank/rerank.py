@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -41,6 +40,7 @@ from .guard import validate_request
 from .guard.input import ChunkSource, duplicate_threshold_violations
 from .guard.limits import Limits, as_limits
 from .models import Dropped, Ranked, RerankRequest, RerankResult, RunMeta, add_usage
+from .redaction import scrub, secrets_of
 from .render import render
 from .wording import counted
 
@@ -60,14 +60,13 @@ def candidate_k(n_chunks: int, top_k: int, copies: int = 0) -> int:
 
 def redact(text: str, secrets: Sequence[str | None]) -> str:
     """`text` with every secret replaced by `***`, so an API key never reaches meta or a log."""
-    for secret in secrets:
-        if secret and len(secret) >= 6:
-            text = text.replace(secret, "***")
-    return text
+    return scrub(text, secrets)
 
 
-def _secrets(api_key: str | None) -> list[str | None]:
-    return [api_key, *(os.environ.get(name) for name in _KEY_ENV)]
+def _secrets(api_key: str | None) -> list[str]:
+    """The key, the keys in the environment and the credentials of the base URLs there; a
+    `base_url` argument's credentials are scrubbed by its backend, where its messages are made."""
+    return secrets_of(api_key)
 
 
 @dataclass(frozen=True)

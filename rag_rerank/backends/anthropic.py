@@ -16,6 +16,7 @@ from typing import Any
 
 from ..errors import MissingDependencyError, Violation
 from ..models import RerankRequest
+from ..redaction import display_url, secrets_of
 from .base import BackendFailure, Completion, FatalFailure, TransientFailure
 from .common import (
     ClosableBackend,
@@ -53,7 +54,7 @@ def _text(block: Any) -> str:
 _TRANSIENT_ERRORS = frozenset({"overloaded_error", "rate_limit_error", "api_error", "timeout_error"})
 
 
-def _error_body(error: Any, key: str | None) -> BackendFailure:
+def _error_body(error: Any, key: Sequence[str]) -> BackendFailure:
     """An Anthropic error object sent with HTTP 200 (some proxies do): its own words, and a retry
     when its type is one the API itself would have sent as 429 / 5xx."""
     kind = error.get("type") if isinstance(error, dict) else getattr(error, "type", None)
@@ -117,9 +118,10 @@ class AnthropicBackend(ClosableBackend):
         self._key = key
         # Bound methods, not lambdas: a backend pickles (worker processes, framework copies).
         self._clients = SDKClients(self._make_sync, self._make_async)
+        self._hidden = secrets_of(key, urls=[url])  # what every message is scrubbed of
 
     def __repr__(self) -> str:  # never show the key
-        return f"AnthropicBackend(model={self.model!r}, base_url={self.base_url!r})"
+        return f"AnthropicBackend(model={self.model!r}, base_url={display_url(self.base_url)!r})"
 
     def _make_sync(self) -> Any:
         return _sdk().Anthropic(**self._client_kwargs())
@@ -154,7 +156,7 @@ class AnthropicBackend(ClosableBackend):
             # re-asked in vain: it is a wrong server, not a wrong answer.
             shape = getattr(resp, "object", None) or getattr(resp, "type", None)
             if shape == "error":
-                raise _error_body(getattr(resp, "error", None), self._key)
+                raise _error_body(getattr(resp, "error", None), self._hidden)
             seen = f" (it looks like {shape!r})" if isinstance(shape, str) else ""
             if shape == "message":
                 seen = " (a message whose content is not a list of blocks)"
@@ -167,7 +169,7 @@ class AnthropicBackend(ClosableBackend):
         blocks = list(getattr(resp, "content", None) or [])
         if stop == "refusal":
             said = " ".join(_text(b) for b in blocks if getattr(b, "type", "") == "text")
-            said = scrub(said.strip(), self._key)[:200]
+            said = scrub(said.strip(), self._hidden)[:200]
             raise FatalFailure("anthropic: the model refused" + (f": {said}" if said else ""))
         tool = next((b for b in blocks if getattr(b, "type", "") == "tool_use"
                      and getattr(b, "name", "") == TOOL_NAME), None)
@@ -211,7 +213,7 @@ class AnthropicBackend(ClosableBackend):
             kwargs.update(request_timeout(self.timeout, None if ends is None else ends - time.monotonic()))
             resp = client.messages.create(**kwargs)
         except sdk.AnthropicError as exc:
-            raise classify_sdk_error(exc, sdk, self._key, "anthropic") from None
+            raise classify_sdk_error(exc, sdk, self._hidden, "anthropic") from None
         except json.JSONDecodeError as exc:  # the SDK parses a JSON content-type body itself
             raise FatalFailure(f"anthropic: the server's answer is not valid JSON ({exc})") from None
         return self._completion(resp)
@@ -230,7 +232,7 @@ class AnthropicBackend(ClosableBackend):
             kwargs = self._kwargs(prompt, request, max_tokens, feedback, previous)
             resp = await self._clients.for_running_loop().messages.create(**kwargs)
         except sdk.AnthropicError as exc:
-            raise classify_sdk_error(exc, sdk, self._key, "anthropic") from None
+            raise classify_sdk_error(exc, sdk, self._hidden, "anthropic") from None
         except json.JSONDecodeError as exc:  # the SDK parses a JSON content-type body itself
             raise FatalFailure(f"anthropic: the server's answer is not valid JSON ({exc})") from None
         return self._completion(resp)

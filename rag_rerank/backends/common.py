@@ -24,6 +24,8 @@ from urllib.parse import urlparse
 from ..errors import ConfigError, Violation
 from ..guard.limits import load_schema
 from ..models import RerankRequest
+from ..redaction import display_url
+from ..redaction import scrub as _scrub
 from .base import BackendFailure, FatalFailure, TransientFailure
 
 # OpenAI strict mode accepts at most this many enum values (and a bounded total length); past that
@@ -137,7 +139,7 @@ def resolve_credentials(
         if is_local_url(url):
             key = LOCAL_DUMMY_KEY
         else:
-            where = url or f"the {provider} API"
+            where = display_url(url) or f"the {provider} API"
             # Every surface's spelling: a Python caller, the CLI and the MCP server's environment.
             raise ConfigError(f"{provider}: no API key for {where}; pass api_key= or set {key_env} (a local "
                               f"server needs none: give its URL as base_url=, --base-url, {url_env} or, "
@@ -145,11 +147,9 @@ def resolve_credentials(
     return url, key
 
 
-def scrub(text: str, secret: str | None) -> str:
-    """`text` with the API key (and any long-enough piece of it) replaced, for errors and logs."""
-    if not secret or secret == LOCAL_DUMMY_KEY or len(secret) < 4:
-        return text
-    return text.replace(secret, "***")
+def scrub(text: str, secret: str | Sequence[str | None] | None) -> str:
+    """`text` with the API key, or every secret of a list (`redaction.secrets_of`), replaced by `***`."""
+    return _scrub(text, secret)
 
 
 # --- failure classification ----------------------------------------------------------------
@@ -194,7 +194,8 @@ def retry_after_seconds(headers: Mapping[str, str] | None) -> float | None:
     return max(0.0, when.timestamp() - time.time())
 
 
-def classify_sdk_error(exc: Exception, sdk: Any, secret: str | None, provider: str) -> BackendFailure:
+def classify_sdk_error(exc: Exception, sdk: Any, secret: str | Sequence[str | None] | None,
+                       provider: str) -> BackendFailure:
     """One SDK exception as TransientFailure / FatalFailure, its message scrubbed of the key."""
     name = type(exc).__name__
     if isinstance(exc, sdk.APITimeoutError):

@@ -14,6 +14,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from ..errors import InputError, Violation
+from ..redaction import display_url
 from ..wording import near_miss
 from .base import Backend
 
@@ -42,9 +43,9 @@ def base_url_problem(url: Any) -> str | None:
         parts = urlsplit(url)
         parts.port  # noqa: B018 -- raises ValueError for a port that is not a number in 0-65535
     except ValueError as exc:
-        return f"{url!r} is not a URL ({exc}); {hint}"
+        return f"{display_url(url)!r} is not a URL ({exc}); {hint}"
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        return f"{url!r} is not a URL; {hint}"
+        return f"{display_url(url)!r} is not a URL; {hint}"
     return None
 
 
@@ -75,7 +76,7 @@ def make_backend(
     if name in ("openai", "anthropic", "rerank-api") and base_url is not None and (
         problem := base_url_problem(base_url)
     ):
-        raise InputError([Violation(path="base_url", message=problem, value=base_url)])
+        raise InputError([Violation(path="base_url", message=problem, value=display_url(base_url))])
     if name in BACKEND_OPTIONS:
         check_backend_options(name, kw)
     if name == "local":
@@ -133,7 +134,8 @@ def unused_option_violations(name: str, *, model: Any = None, base_url: Any = No
     why = {"model": "its scorer follows the embedder", "base_url": "it calls no server",
            "api_key": "it calls no server"}
     tail = {"base_url": " (an openai embedder's server: embedder=get_embedder('openai', base_url=...))"}
-    return [Violation(path=key, value="***" if key == "api_key" else value,
+    shown = {"api_key": "***", "base_url": display_url(base_url) if isinstance(base_url, str) else base_url}
+    return [Violation(path=key, value=shown.get(key, value),
                       message=f"the {name} backend takes no {key} ({why[key]}); {key} is for backend "
                       f"{readers[key]}{tail.get(key, '')}")
             for key, value in given.items() if value is not None and key not in takes]

@@ -20,6 +20,7 @@ from typing import Any
 
 from ..errors import InputError, MissingDependencyError, Violation
 from ..models import RerankRequest
+from ..redaction import display_url, secrets_of
 from .base import BackendFailure, Completion, FatalFailure, TransientFailure
 from .common import (
     ClosableBackend,
@@ -142,12 +143,13 @@ class OpenAIBackend(ClosableBackend):
         self._send_temperature = True
         self.forced_mode = None if response_format == "auto" else response_format
         self._key = key
+        self._hidden = secrets_of(key, urls=[self.base_url])  # what every message is scrubbed of
         self._official = self.base_url.startswith("https://api.openai.com")
         # Bound methods, not lambdas: a backend pickles (worker processes, framework copies).
         self._clients = SDKClients(self._make_sync, self._make_async)
 
     def __repr__(self) -> str:  # never show the key
-        return f"OpenAIBackend(model={self.model!r}, base_url={self.base_url!r})"
+        return f"OpenAIBackend(model={self.model!r}, base_url={display_url(self.base_url)!r})"
 
     # --- clients -----------------------------------------------------------------------------
     def _make_sync(self) -> Any:
@@ -194,7 +196,7 @@ class OpenAIBackend(ClosableBackend):
             return False
         self._send_temperature = False
         downgraded.append(f"openai: the server refused temperature={self.temperature:g} "
-                          f"({scrub(error_message(exc), self._key)[:100]}); sent without it")
+                          f"({scrub(error_message(exc), self._hidden)[:100]}); sent without it")
         return True
 
     def _rejects_format(self, exc: Exception, mode: str, last: bool) -> bool:
@@ -226,13 +228,13 @@ class OpenAIBackend(ClosableBackend):
                                f"response ({what})")
         refusal = getattr(message, "refusal", None)
         if refusal:
-            raise FatalFailure(f"openai: the model refused: {scrub(str(refusal), self._key)[:200]}")
+            raise FatalFailure(f"openai: the model refused: {scrub(str(refusal), self._hidden)[:200]}")
         finish = choice.finish_reason or "stop"
         if finish == "content_filter":
             raise FatalFailure("openai: the answer was withheld by the content filter (refusal)")
         notes = tuple(downgraded)
         if any("response_format" in note for note in downgraded):
-            notes += (f"openai: {self.base_url} uses response_format mode {mode!r}",)
+            notes += (f"openai: {display_url(self.base_url)} uses response_format mode {mode!r}",)
         return Completion(
             text=_content_text(message.content),
             finish_reason="length" if finish == "length" else finish,
@@ -248,7 +250,7 @@ class OpenAIBackend(ClosableBackend):
         code = error.get("code")
         status = int(code) if isinstance(code, int) or (isinstance(code, str) and code.isdigit()) else None
         said = f"{error.get('type') or code or 'error'}: {error.get('message')}"
-        detail = scrub(f"openai: the server answered HTTP 200 with an error: {said}", self._key)[:300]
+        detail = scrub(f"openai: the server answered HTTP 200 with an error: {said}", self._hidden)[:300]
         if status is not None and is_transient_status(status):
             return TransientFailure(detail, status=status)
         return FatalFailure(detail, status=status)
@@ -258,10 +260,11 @@ class OpenAIBackend(ClosableBackend):
         page as a str and builds a ChatCompletion from any JSON without validating it, so both
         read as 'no choices'; the usual cause is a --base-url that is not the OpenAI API root."""
         head = "openai: protocol error: the server's answer is not a Chat Completions response"
-        root = f"; is {self.base_url} the server's OpenAI-compatible API root (usually ending in /v1)?"
+        root = (f"; is {display_url(self.base_url)} the server's OpenAI-compatible API root "
+                "(usually ending in /v1)?")
         if isinstance(resp, (str, bytes)):
             text = resp.decode("utf-8", "replace") if isinstance(resp, bytes) else resp
-            shown = scrub(" ".join(text.split()), self._key)[:60]
+            shown = scrub(" ".join(text.split()), self._hidden)[:60]
             return f"{head} but text: {shown!r}{root}"
         if getattr(resp, "type", None) == "message" and getattr(resp, "content", None) is not None:
             return f"{head} (it looks like an Anthropic Messages response); for it use the anthropic backend"
@@ -284,9 +287,9 @@ class OpenAIBackend(ClosableBackend):
     ) -> None:
         """Note a response_format rejection (the caller moves to the next mode), else raise it classified."""
         if not self._rejects_format(exc, mode, last):
-            raise classify_sdk_error(exc, sdk, self._key, "openai") from None
+            raise classify_sdk_error(exc, sdk, self._hidden, "openai") from None
         downgraded.append(f"openai: server rejected response_format {mode!r}: "
-                          f"{scrub(error_message(exc), self._key)[:120]}")
+                          f"{scrub(error_message(exc), self._hidden)[:120]}")
 
     def complete(
         self,

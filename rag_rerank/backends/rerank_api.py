@@ -33,6 +33,7 @@ from typing import Any
 
 from ..errors import InputError, Violation
 from ..models import RerankRequest
+from ..redaction import display_url, secrets_of
 from ..wording import counted
 from .base import Completion, FatalFailure, TransientFailure
 from .common import (
@@ -127,8 +128,9 @@ class RerankAPIBackend(ClosableBackend):
         from .factory import base_url_problem
 
         if problem := base_url_problem(url):
-            raise InputError([Violation(path="base_url", message=problem, value=url)])
+            raise InputError([Violation(path="base_url", message=problem, value=display_url(url))])
         self.model, self.url, self._key = model, endpoint(url), key
+        self._hidden = secrets_of(key, urls=[url])  # what every message is scrubbed of
         self.timeout, self.max_chars, self.score_mapping = float(timeout), max_chars, score_mapping
         self._clients = SDKClients(self._make_sync, self._make_async)
 
@@ -161,15 +163,15 @@ class RerankAPIBackend(ClosableBackend):
         if isinstance(exc, httpx.TimeoutException):
             return TransientFailure(f"rerank-api: request timed out after {self.timeout:g}s")
         if isinstance(exc, httpx.TransportError):
-            return TransientFailure(f"rerank-api: connection error: {scrub(str(exc), self._key)[:200]}")
-        return FatalFailure(f"rerank-api: {type(exc).__name__}: {scrub(str(exc), self._key)[:300]}")
+            return TransientFailure(f"rerank-api: connection error: {scrub(str(exc), self._hidden)[:200]}")
+        return FatalFailure(f"rerank-api: {type(exc).__name__}: {scrub(str(exc), self._hidden)[:300]}")
 
     def _status(self, response: Any) -> None:
         status = int(response.status_code)
         if status < 400:
             return
-        text = " ".join(scrub(response.text, self._key).split())[:300]
-        detail = f"rerank-api: HTTP {status} from {self.url}: {text}"
+        text = " ".join(scrub(response.text, self._hidden).split())[:300]
+        detail = f"rerank-api: HTTP {status} from {display_url(self.url)}: {text}"
         if is_transient_status(status):
             raise TransientFailure(detail, status=status, retry_after=retry_after_seconds(response.headers))
         if status in (401, 403):
@@ -182,8 +184,9 @@ class RerankAPIBackend(ClosableBackend):
         try:
             body = response.json()
         except ValueError:
-            shown = " ".join(scrub(response.text, self._key).split())[:120]
-            raise FatalFailure(f"rerank-api: the response from {self.url} is not JSON: {shown!r}") from None
+            shown = " ".join(scrub(response.text, self._hidden).split())[:120]
+            where = display_url(self.url)
+            raise FatalFailure(f"rerank-api: the response from {where} is not JSON: {shown!r}") from None
         scores = self._scores(body, n)
         notes = (f"rerank-api: {counted(cut, 'document')} cut to max_chars={self.max_chars}",) if cut else ()
         obj = answer(request, scores, "rerank-api", "not_selected: not returned by the rerank API")
@@ -194,7 +197,7 @@ class RerankAPIBackend(ClosableBackend):
     def _scores(self, body: Any, n: int) -> list[float | None]:
         results = body.get("results") if isinstance(body, Mapping) else None
         if not isinstance(results, list):
-            raise FatalFailure(f"rerank-api: the response from {self.url} has no 'results' list "
+            raise FatalFailure(f"rerank-api: the response from {display_url(self.url)} has no 'results' list "
                                "(is this a /v1/rerank server?)")
         raw: dict[int, float] = {}
         for pos, item in enumerate(results):

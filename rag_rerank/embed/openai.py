@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import Attempt, EmbedderError, InputError, Violation
+from ..redaction import display_url, scrub, secrets_of
 from ..wording import counted
 from . import l2_normalise
 
@@ -142,10 +143,12 @@ class OpenAIEmbedder:
 
     def url(self) -> str:
         """Where the embeddings are posted: what a user must check when they do not come back."""
-        return str(self.client().base_url).rstrip("/") + "/embeddings"
+        return display_url(str(self.client().base_url).rstrip("/") + "/embeddings") or ""
 
     def _error(self, what: str, kind: str = "fatal", hint: str = "") -> EmbedderError:
         """One failure, naming the embedder, the URL and what came back (`what`), then `hint`."""
+        hidden = secrets_of(self.api_key, urls=[self.base_url])
+        what = scrub(what, hidden)
         head = f"the openai embedder (model {self.model or DEFAULT_MODEL!r}) at {self.url()} {what}"
         return EmbedderError(head + (f"; {hint}" if hint else ""), [Attempt(1, kind, what[:200])])
 
