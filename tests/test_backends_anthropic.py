@@ -9,6 +9,7 @@ import pytest
 
 from rag_rerank.backends.anthropic import TOOL_NAME, AnthropicBackend
 from rag_rerank.backends.base import FatalFailure, TransientFailure
+from rag_rerank.backends.common import DATA_NOTICE
 from rag_rerank.errors import BackendError, ConfigError, Violation
 from rag_rerank.guard import validate_request
 from rag_rerank.render import render
@@ -52,6 +53,7 @@ def test_forced_tool_answer_is_reserialised_as_the_raw_json(request_) -> None:
     assert schema["properties"]["ranked"]["items"]["properties"]["id"]["enum"] == list(request_.ids)
     assert "diversity_note" in schema["properties"]["ranked"]["items"]["properties"]
     assert body["messages"] == [{"role": "user", "content": render(request_)}]
+    assert body["system"] == DATA_NOTICE  # chunk text is data, said outside the card's task
 
 
 def test_reask_replays_the_tool_call_and_an_error_tool_result(request_) -> None:

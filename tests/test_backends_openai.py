@@ -8,12 +8,13 @@ import json
 import pytest
 
 from rag_rerank.backends.base import FatalFailure, TransientFailure
+from rag_rerank.backends.common import DATA_NOTICE
 from rag_rerank.backends.openai import OpenAIBackend, forget_modes, remembered_mode
 from rag_rerank.errors import ConfigError, InputError, Violation
 from rag_rerank.guard import validate_request
 from rag_rerank.render import render
 from rag_rerank.skill import load_skill
-from tests.support.fake_llm import FakeLLM, Reply
+from tests.support.fake_llm import FakeLLM, RecordedRequest, Reply
 
 KEY = "sk-test-SECRET-0123456789"
 
@@ -49,7 +50,8 @@ def test_valid_answer_and_strict_schema_with_id_enum(request_) -> None:
     assert req.headers.get("x-stainless-retry-count") == "0"
     body = req.body
     assert body["model"] == "m1" and body["max_tokens"] == 321 and body["temperature"] == 0.0
-    assert body["messages"] == [{"role": "user", "content": render(request_)}]
+    assert body["messages"] == [{"role": "system", "content": DATA_NOTICE},
+                                {"role": "user", "content": render(request_)}]
     fmt = body["response_format"]
     assert fmt["type"] == "json_schema" and fmt["json_schema"]["strict"] is True
     schema = fmt["json_schema"]["schema"]
@@ -69,9 +71,9 @@ def test_reask_sends_previous_answer_and_quoted_violations_without_mutating(requ
         backend = OpenAIBackend(base_url=srv.openai_url, api_key=KEY)
         backend.complete("PROMPT", request_, max_tokens=100, feedback=feedback, previous='{"ranked": []}')
     msgs = srv.requests[0].body["messages"]
-    assert [m["role"] for m in msgs] == ["user", "assistant", "user"]
-    assert msgs[1]["content"] == '{"ranked": []}'
-    lines = msgs[2]["content"].splitlines()
+    assert [m["role"] for m in msgs] == ["system", "user", "assistant", "user"]
+    assert msgs[2]["content"] == '{"ranked": []}'
+    lines = msgs[3]["content"].splitlines()
     assert lines[1:3] == [f"- {json.dumps(str(v))}" for v in feedback]
     assert (request_, feedback) == before
 
@@ -362,3 +364,21 @@ def test_a_model_that_refuses_temperature_is_asked_again_without_it(request_) ->
     assert note.startswith("openai: the server refused temperature=0 (Unsupported value: 'temperature' ")
     assert note.endswith("); sent without it")
     assert second.notes == ()
+
+
+def test_a_template_without_a_system_role_gets_the_data_notice_in_the_user_turn(request_) -> None:
+    """Gemma's chat template (vLLM, llama.cpp) answers 400 to a system message: the notice then rides
+    at the head of the user turn, learned once per backend, and meta's notes say so."""
+    def gemma(req: RecordedRequest) -> Reply:
+        if any(m["role"] == "system" for m in req.body["messages"]):
+            return Reply.openai_error(400, "System role not supported")
+        return Reply.openai_text(_answer())
+
+    with FakeLLM(handler=gemma) as srv:
+        backend = OpenAIBackend(base_url=srv.openai_url, api_key=KEY, response_format="text")
+        first = backend.complete(render(request_), request_, max_tokens=100)
+        backend.complete(render(request_), request_, max_tokens=100)
+    assert first.text == _answer() and any("no system role" in n for n in first.notes)
+    assert len(srv.requests) == 3  # refused once, then both calls without a system message
+    (turn,) = srv.requests[1].body["messages"]
+    assert turn == {"role": "user", "content": f"{DATA_NOTICE}\n\n{render(request_)}"}

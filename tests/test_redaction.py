@@ -63,7 +63,7 @@ def test_display_url_masks_credentials_and_keeps_what_a_user_checks() -> None:
     assert display_url("http://127.0.0.1:8000/v1") == "http://127.0.0.1:8000/v1"
 
 
-def test_secrets_of_reads_keys_and_url_credentials_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_secrets_of_reads_keys_and_url_credentials_from_the_env(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("OPENAI_BASE_URL", f"https://user:{PASSWORD}@proxy/v1")
     monkeypatch.setenv("ANTHROPIC_API_KEY", KEY)
     hidden = secrets_of()
@@ -96,10 +96,9 @@ def test_a_password_in_base_url_never_reaches_the_error_its_pickle_or_meta(backe
 
 
 def test_a_key_in_the_query_string_is_scrubbed_from_errors() -> None:
-    with FakeLLM(handler=_echo) as srv:
-        with pytest.raises(BackendError) as info:
-            rerank("cat", CHUNKS, backend="openai", base_url=srv.openai_url + f"?api-key={PASSWORD}",
-                   api_key=KEY, model="m")
+    with FakeLLM(handler=_echo) as srv, pytest.raises(BackendError) as info:
+        rerank("cat", CHUNKS, backend="openai", base_url=srv.openai_url + f"?api-key={PASSWORD}",
+               api_key=KEY, model="m")
     assert not _leaks(str(info.value))
 
 

@@ -114,9 +114,9 @@ def test_minted_id_then_correct_reask(request_, sleeps) -> None:
     assert any(v.id == "C3" and "not an input id" in v.message for v in bad.violations)
     assert sleeps.waits == []  # a re-ask does not back off
     reask = srv.requests[1].body["messages"]
-    assert [m["role"] for m in reask] == ["user", "assistant", "user"]
-    assert reask[1]["content"] == json.dumps(MINTED)
-    assert "'C3' is not an input id" in reask[2]["content"]
+    assert [m["role"] for m in reask] == ["system", "user", "assistant", "user"]
+    assert reask[2]["content"] == json.dumps(MINTED)
+    assert "'C3' is not an input id" in reask[3]["content"]
     assert out.usage["total_tokens"] == 240  # both calls counted
 
 
@@ -184,7 +184,7 @@ def test_truncation_retries_once_with_a_larger_budget_not_a_reask(request_, slee
         out = run(srv, request_, policy(sleeps, max_tokens=300))
     assert kinds(out.attempts) == ["truncated", "ok"]
     assert [r.body["max_tokens"] for r in srv.requests] == [300, 600]
-    assert len(srv.requests[1].body["messages"]) == 1  # same task, no feedback turn
+    assert [m["role"] for m in srv.requests[1].body["messages"]] == ["system", "user"]  # no feedback turn
 
 
 def test_truncated_twice_gives_up(request_, sleeps) -> None:
@@ -274,7 +274,7 @@ def test_async_deadline_cuts_a_hanging_call(request_, sleeps) -> None:
 
 def test_concurrent_async_calls_keep_their_own_state(request_, sleeps) -> None:
     def answer(req: RecordedRequest) -> Reply:  # minted the first time a prompt is seen, valid on the re-ask
-        return Reply.openai_text(json.dumps(GOOD if len(req.body["messages"]) > 1 else MINTED))
+        return Reply.openai_text(json.dumps(GOOD if len(req.body["messages"]) > 2 else MINTED))
 
     with FakeLLM(handler=answer) as srv:
         backend = OpenAIBackend(base_url=srv.openai_url, api_key=KEY)

@@ -19,6 +19,7 @@ from ..models import RerankRequest
 from ..redaction import display_url, secrets_of
 from .base import BackendFailure, Completion, FatalFailure, TransientFailure
 from .common import (
+    DATA_NOTICE,
     ClosableBackend,
     SDKClients,
     classify_sdk_error,
@@ -140,6 +141,7 @@ class AnthropicBackend(ClosableBackend):
         kwargs: dict[str, Any] = {
             "model": self.model,
             "max_tokens": int(max_tokens),
+            "system": DATA_NOTICE,
             "messages": build_messages(prompt, feedback, previous),
             "tools": [tool_definition(request)],
             "tool_choice": {"type": "tool", "name": TOOL_NAME},

@@ -23,6 +23,7 @@ from ..models import RerankRequest
 from ..redaction import display_url, secrets_of
 from .base import BackendFailure, Completion, FatalFailure, TransientFailure
 from .common import (
+    DATA_NOTICE,
     ClosableBackend,
     SDKClients,
     classify_sdk_error,
@@ -105,9 +106,15 @@ def _reasoning_chars(message: Any) -> int:
     return 0
 
 
-def build_messages(prompt: str, feedback: Sequence[Violation], previous: str | None) -> list[dict[str, str]]:
-    """The conversation: the task; on a re-ask also the rejected answer and the quoted violations."""
-    messages = [{"role": "user", "content": prompt}]
+def build_messages(prompt: str, feedback: Sequence[Violation], previous: str | None,
+                   system: bool = True) -> list[dict[str, str]]:
+    """The conversation: the data notice and the task; on a re-ask also the rejected answer and the
+    quoted violations. `system=False` (a chat template without a system role, e.g. Gemma's) puts
+    the notice at the head of the first user turn instead."""
+    if system:
+        messages = [{"role": "system", "content": DATA_NOTICE}, {"role": "user", "content": prompt}]
+    else:
+        messages = [{"role": "user", "content": f"{DATA_NOTICE}\n\n{prompt}"}]
     if feedback or previous is not None:
         messages.append({"role": "assistant", "content": previous or ""})
         messages.append({"role": "user", "content": feedback_text(feedback)})
@@ -141,6 +148,9 @@ class OpenAIBackend(ClosableBackend):
         # Reasoning models (o-series, gpt-5) refuse any temperature but their default: learned on
         # the first refusal, then the parameter is left out for this backend's calls.
         self._send_temperature = True
+        # Chat templates without a system role (Gemma's) answer 400: learned once, then the notice
+        # rides in the user turn.
+        self._send_system = True
         self.forced_mode = None if response_format == "auto" else response_format
         self._key = key
         self._hidden = secrets_of(key, urls=[self.base_url])  # what every message is scrubbed of
@@ -170,7 +180,8 @@ class OpenAIBackend(ClosableBackend):
 
     def _kwargs(self, mode: str, prompt: str, request: RerankRequest, max_tokens: int,
                 feedback: Sequence[Violation], previous: str | None) -> dict[str, Any]:
-        kwargs: dict[str, Any] = {"model": self.model, "messages": build_messages(prompt, feedback, previous)}
+        messages = build_messages(prompt, feedback, previous, system=self._send_system)
+        kwargs: dict[str, Any] = {"model": self.model, "messages": messages}
         # api.openai.com wants max_completion_tokens (reasoning models reject max_tokens); compatible
         # servers (llama.cpp, older vLLM) only know max_tokens.
         kwargs["max_completion_tokens" if self._official else "max_tokens"] = int(max_tokens)
@@ -197,6 +208,19 @@ class OpenAIBackend(ClosableBackend):
         self._send_temperature = False
         downgraded.append(f"openai: the server refused temperature={self.temperature:g} "
                           f"({scrub(error_message(exc), self._hidden)[:100]}); sent without it")
+        return True
+
+    def _refuses_system(self, exc: Exception, sdk: Any, downgraded: list[str]) -> bool:
+        """True (and the data notice moves into the user turn from now on) when a 400 / 422 says
+        the server's chat template has no system role ("System role not supported")."""
+        if not self._send_system or not isinstance(exc, sdk.APIStatusError):
+            return False
+        text = error_message(exc).lower()
+        if int(exc.status_code) not in (400, 422) or "system" not in text or "role" not in text:
+            return False
+        self._send_system = False
+        said = scrub(error_message(exc), self._hidden)[:100]
+        downgraded.append(f"openai: no system role ({said}); the data notice went in the user turn")
         return True
 
     def _rejects_format(self, exc: Exception, mode: str, last: bool) -> bool:
@@ -277,7 +301,7 @@ class OpenAIBackend(ClosableBackend):
         """The index of the mode to try next after a failed call (`complete` and `acomplete` alike):
         the same mode again without temperature when that is what the server refused, the next
         response_format mode when it refused the format, else the failure is raised classified."""
-        if self._refuses_temperature(exc, sdk, downgraded):
+        if self._refuses_temperature(exc, sdk, downgraded) or self._refuses_system(exc, sdk, downgraded):
             return i
         self._downgrade_or_raise(exc, sdk, modes[i], i == len(modes) - 1, downgraded)
         return i + 1
