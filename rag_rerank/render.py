@@ -5,6 +5,8 @@ JSON line in which `<`, `>`, `&` and every character that some reader treats as 
 written as `\\uXXXX` escapes. A JSON decoder gives back exactly the caller's strings, yet no
 caller text can close `</chunks>`, open an element, end a CDATA section or start a new JSONL
 record. Values are passed to Jinja as data, so Jinja syntax inside them is never executed.
+Invisible characters that can hide instructions from a human reviewer (Unicode tag characters,
+bidirectional overrides) are escaped too, so they show as visible escape text.
 """
 
 from __future__ import annotations
@@ -37,7 +39,26 @@ _JSON_ESCAPES = str.maketrans(
         "\x0c": "\\u000c",
     }
 )
-_XML_ESCAPES = str.maketrans({"&": "&amp;", "<": "&lt;", ">": "&gt;"})
+# Invisible characters that hide text from a person reviewing a prompt or a chunk store while a
+# model still reads it: Unicode tag characters (U+E0000-E007F, "ASCII smuggling": each one is an
+# ASCII letter in disguise) and the bidirectional embeddings, overrides and isolates that display
+# text in another order than the model reads it. In a chunk line they are JSON escapes (surrogate
+# pairs for the tag block), in the query character references: the model sees visible escape text,
+# and a JSON or XML decoder still gives back the caller's exact string.
+_INVISIBLE = (*range(0xE0000, 0xE0080), *range(0x202A, 0x202F), *range(0x2066, 0x206A))
+
+
+def _json_escape(cp: int) -> str:
+    if cp < 0x10000:
+        return f"\\u{cp:04x}"
+    high, low = 0xD800 + ((cp - 0x10000) >> 10), 0xDC00 + ((cp - 0x10000) & 0x3FF)
+    return f"\\u{high:04x}\\u{low:04x}"
+
+
+_JSON_ESCAPES.update({cp: _json_escape(cp) for cp in _INVISIBLE})
+_XML_ESCAPES = str.maketrans(
+    {"&": "&amp;", "<": "&lt;", ">": "&gt;", **{chr(cp): f"&#x{cp:X};" for cp in _INVISIBLE}}
+)
 
 
 @cache
