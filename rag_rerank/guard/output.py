@@ -8,6 +8,7 @@ never edits content. Formatting salvage is a separate, explicit step (`repair.py
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import re
@@ -70,6 +71,78 @@ def cites_chunk(reason: str, chunk_text: str) -> bool:
         return True
     grams = _non_ascii_runs(reason)
     return bool(grams) and any(g in chunk_text for g in grams)
+
+
+# A quotation in a reason: straight double quotes (a JSON-escaped \" inside allowed, as the scored
+# backends write them), curly quotes, guillemets and CJK corner brackets. Single quotes are left
+# alone: they are apostrophes as often as quotation marks. Negated classes with bounded lengths:
+# linear time on any reason.
+_QUOTE = re.compile(r'"((?:[^"\\\n]|\\.){0,1000})"|\u201c([^\u201d\n]{0,1000})\u201d'
+                    r"|\u00ab([^\u00bb\n]{0,1000})\u00bb|\u300c([^\u300d\n]{0,1000})\u300d")
+_ELLIPSIS = re.compile(r"\.\.\.|\u2026|\[\.\.\.\]")
+# Punctuation a quotation may end or start with that the chunk need not have at that spot.
+_EDGE = " \t.,;:!?-\u2013\u2014()[]{}'`\u2018\u2019"
+
+
+def _comparable(text: str) -> str:
+    """Text as a quotation is compared: NFKC, case-folded, without control or invisible format
+    characters, whitespace runs as one space."""
+    text = unicodedata.normalize("NFKC", text).casefold()
+    text = "".join(ch for ch in text if unicodedata.category(ch) not in ("Cc", "Cf") or ch in "\t\n")
+    return " ".join(text.split())
+
+
+def _quotations(reason: str) -> list[str]:
+    """The quoted passages of a reason, JSON escapes (\\" \\u00e9) read back."""
+    out = []
+    for m in _QUOTE.finditer(reason):
+        raw, *others = m.groups()
+        if raw is not None:
+            with contextlib.suppress(ValueError):  # not valid JSON escapes: compare as written
+                raw = json.loads(f'"{raw}"')
+            out.append(raw)
+        else:
+            out.append(next(o for o in others if o is not None))
+    return out
+
+
+def misquoted(reason: str, source: str) -> str | None:
+    """The first quotation in `reason` that `source` does not contain (case, Unicode form and
+    spacing aside; an ellipsis may elide words between pieces), or None. A reason is the model's
+    evidence that it read the chunk: a quotation that is not there was invented."""
+    quotes = _quotations(reason)
+    if not quotes:
+        return None
+    haystack = _comparable(source)
+    for quote in quotes:
+        pieces = [_comparable(p).strip(_EDGE) for p in _ELLIPSIS.split(quote)]
+        # A piece of one or two characters ("a", "%") proves nothing either way.
+        if not all(piece in haystack for piece in pieces if len(piece) >= 3):
+            return quote
+    return None
+
+
+def _quotable(chunk: Chunk) -> str:
+    """What the model was shown of a chunk that a reason may quote: its text, id and meta values."""
+    if chunk.meta is None:
+        return f"{chunk.text}\n{chunk.id}"
+    return f"{chunk.text}\n{chunk.id}\n{json.dumps(chunk.meta, ensure_ascii=False, default=str)}"
+
+
+class _LazyQuotable(Mapping[str, str]):
+    """`_quotable` by id, built only for the chunks whose reason quotes something."""
+
+    def __init__(self, chunks: Sequence[Chunk]) -> None:
+        self._chunks = {c.id: c for c in chunks}
+
+    def __getitem__(self, cid: str) -> str:
+        return _quotable(self._chunks[cid])
+
+    def __iter__(self) -> Any:
+        return iter(self._chunks)
+
+    def __len__(self) -> int:
+        return len(self._chunks)
 
 
 def _fold(cid: str) -> str:
@@ -209,7 +282,8 @@ def _is_number(value: Any) -> bool:
 
 
 def _item_violations(
-    section: str, i: int, item: Mapping[str, Any], texts: Mapping[str, str], ranked_ids: set[str], lim: Limits
+    section: str, i: int, item: Mapping[str, Any], texts: Mapping[str, str], ranked_ids: set[str],
+    lim: Limits, quotable: Mapping[str, str],
 ) -> list[Violation]:
     """Rules about one item's content that the schema cannot express."""
     out: list[Violation] = []
@@ -224,6 +298,11 @@ def _item_violations(
         if not concrete:
             msg = (f"reason {reason[:60]!r} cites nothing concrete from the chunk's text "
                    "(name a phrase, entity or claim)")
+            out.append(Violation(path=f"{path}.reason", message=msg, value=reason, id=cid))
+        elif isinstance(reason, str) and cid in quotable and (bad := misquoted(reason, quotable[cid])):
+            shown = bad if len(bad) <= 60 else bad[:57] + "..."
+            msg = (f"reason quotes {shown!r}, which is not in the chunk's text; quote the chunk exactly "
+                   "or do not quote")
             out.append(Violation(path=f"{path}.reason", message=msg, value=reason, id=cid))
     elif isinstance(reason, str) and reason.startswith(REDUNDANT_PREFIX):
         if reason[len(REDUNDANT_PREFIX):] not in ranked_ids:
@@ -285,6 +364,7 @@ def output_violations(
     if not isinstance(obj, Mapping):
         return out
     texts = {c.id: c.text for c in chunks}
+    quotable = _LazyQuotable(chunks)
     folded: dict[str, str] = {}
     for cid in texts:
         folded.setdefault(_fold(cid), cid)
@@ -307,7 +387,7 @@ def output_violations(
                 out.append(Violation(path=f"{path}.id", message=msg, value=cid, id=cid))
             else:
                 seen[cid] = path
-            out.extend(_item_violations(section, i, item, texts, ranked_ids, lim))
+            out.extend(_item_violations(section, i, item, texts, ranked_ids, lim, quotable))
     if len(ranked) > top_k:
         msg = f"{len(ranked)} ranked items is more than top_k={top_k}"
         out.append(Violation(path="$.ranked", message=msg, value=len(ranked)))
