@@ -253,12 +253,27 @@ def test_fifty_chunks_pass_fifty_one_fail() -> None:
 
 def test_token_budget_is_configurable_and_inclusive() -> None:
     lim = load_limits().with_overrides(max_context_tokens=10, chars_per_token=4)
-    assert validate_request("qq", [{"id": "a", "text": "x" * 38}], limits=lim)  # 40 chars = 10 tokens
-    out = reject(query="qq", chunks=[{"id": "a", "text": "x" * 39}], limits=lim)
+    assert validate_request("qq", [{"id": "a", "text": "x" * 37}], limits=lim)  # 40 chars = 10 tokens
+    out = reject(query="qq", chunks=[{"id": "a", "text": "x" * 38}], limits=lim)
     assert out == [
         "chunks: about 11 tokens of text is over the budget of 10 (max_context_tokens); the longest: id 'a' "
         "(chunks[0]) about 10 tokens; send fewer or shorter chunks or raise the budget"
     ]
+
+
+def test_the_budget_counts_the_id_and_meta_the_prompt_shows() -> None:
+    """A chunk's id and meta are rendered into the prompt beside its text: a 5 MB meta or id with a
+    one-word text used to pass the budget and go to the LLM in full on every call."""
+    huge_meta = {"id": "a", "text": "t", "meta": {"blob": "x" * 200_000}}
+    huge_id = {"id": "a" * 200_000, "text": "t"}
+    for chunk in (huge_meta, huge_id):
+        (problem,) = reject(chunks=[chunk])
+        assert "over the budget of 32000 (max_context_tokens)" in problem and "about 50" in problem
+        assert len(problem) < 300  # a huge id is shortened when the error names it
+    lim = load_limits().with_overrides(max_context_tokens=10, chars_per_token=4)
+    # query 1 + id 1 + text 1 + '{"k": "' 7 + 28 + '"}' 2 = 40 characters, 10 tokens
+    assert validate_request("q", [{"id": "a", "text": "t", "meta": {"k": "v" * 28}}], limits=lim)
+    assert reject(query="q", chunks=[{"id": "a", "text": "t", "meta": {"k": "v" * 29}}], limits=lim)
 
 
 def test_an_over_budget_error_names_the_chunks_to_shorten() -> None:
@@ -266,7 +281,7 @@ def test_an_over_budget_error_names_the_chunks_to_shorten() -> None:
     in windows too. Chunks that are each a small part of the budget are not listed."""
     chunks = jl(*({"id": f"c{i}", "text": "x" * (200_000 if i == 33 else 100)} for i in range(40)))
     out = reject(chunks=chunks)
-    assert len(out) == 1 and "the longest: id 'c33' (line 34) about 50000 tokens;" in out[0], out
+    assert len(out) == 1 and "the longest: id 'c33' (line 34) about 50001 tokens;" in out[0], out
     out = reject(chunks=chunks, window_size=20)
     assert len(out) == 1 and "chunks[20:40] about" in out[0] and "the longest: id 'c33' (line 34)" in out[0]
     many = reject(chunks=[{"id": f"c{i}", "text": "x" * 3000} for i in range(50)])
@@ -600,3 +615,9 @@ def test_an_integer_id_says_to_pass_it_as_a_string() -> None:
                            'must be strings: str(id), e.g. "7")')
     assert out[1].endswith("field 'id' must be a string, got number")  # not a whole number: no guess
     assert reject(chunks=jl({"id": 7, "text": "IVF"}))[0].endswith('must be strings: write "7")')  # JSONL
+
+
+def test_a_number_of_thousands_of_digits_is_named_without_pythons_advice() -> None:
+    """Python says to raise sys.set_int_max_str_digits(); for a data file that advice is wrong."""
+    (problem,) = reject(chunks='{"id": "a", "text": "t", "score": ' + "9" * 5000 + "}")
+    assert "a number of more than 4300 digits" in problem and "set_int_max_str_digits" not in problem

@@ -9,6 +9,7 @@ nesting so deep that a JSON codec would recurse out of stack.
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import json
 import math
@@ -109,7 +110,12 @@ def json_problem(exc: BaseException) -> str:
         return "nested too deeply"
     if isinstance(exc, json.JSONDecodeError):
         return f"{exc.msg.removesuffix(' at')} at column {exc.colno}"
-    return str(exc)
+    text = str(exc)
+    if "integer string conversion" in text:
+        # Python's advice (raise an interpreter-wide limit) is wrong for a data file: no score or
+        # meta value needs thousands of digits; the line is what is wrong.
+        return "a number of more than 4300 digits"
+    return text
 
 
 def duplicate_keys_message(keys: list[str]) -> str:
@@ -490,13 +496,25 @@ def _collection_violations(
     return out
 
 
+def _prompt_chars(chunk: Chunk) -> int:
+    """The characters a chunk puts in the prompt: its text, and its id and `meta`, which the
+    prompt shows too. Counting the text alone let a 5 MB `meta` or id through the budget into
+    every LLM call."""
+    n = len(chunk.text) + len(chunk.id)
+    if chunk.meta:
+        # A meta that is not plain JSON is named by the meta check; here it counts as nothing.
+        with contextlib.suppress(TypeError, ValueError, RecursionError):
+            n += len(json.dumps(chunk.meta, ensure_ascii=False, default=str))
+    return n
+
+
 def _longest(chunks: list[Chunk], where: list[str], lim: Limits) -> str:
     """The (at most 3) longest chunks that each take a tenth of the budget or more, with their place
     and estimated tokens: an over-budget error must say which chunk to shorten, not only the total
     (one 200,000-character document among fifty short ones is the usual cause)."""
-    size = {i: lim.estimate_tokens(len(c.text)) for i, c in enumerate(chunks)}
+    size = {i: lim.estimate_tokens(_prompt_chars(c)) for i, c in enumerate(chunks)}
     big = sorted((i for i in size if size[i] * 10 >= lim.max_context_tokens), key=lambda i: -size[i])[:3]
-    named = ", ".join(f"id {chunks[i].id!r} ({where[i]}) about {size[i]} tokens" for i in big)
+    named = ", ".join(f"id {_short(chunks[i].id)} ({where[i]}) about {size[i]} tokens" for i in big)
     return f"; the longest: {named}" if named else ""
 
 
@@ -527,7 +545,7 @@ def _size_violations(
     over: list[tuple[int, int, int]] = []  # (first, end, estimated tokens) of each prompt over budget
     for first in range(0, max(len(chunks), 1), max(size, 1)):
         part = chunks[first : first + size]
-        est = lim.estimate_tokens(sum(len(c.text) for c in part) + len(query))
+        est = lim.estimate_tokens(sum(_prompt_chars(c) for c in part) + len(query))
         if est > lim.max_context_tokens:
             over.append((first, first + len(part), est))
     if over and window_size is None:
