@@ -4,6 +4,7 @@ file was written by the same model), and a broken or stale cache never breaks th
 from __future__ import annotations
 
 import hashlib
+import os
 from pathlib import Path
 from typing import Any
 
@@ -204,3 +205,75 @@ def test_a_tilde_in_the_cache_variable_is_the_home_folder(
     monkeypatch.setenv("HOME", str(tmp_path))
     monkeypatch.setenv("RAG_RERANK_CACHE_DIR", "~/rr-cache")
     assert default_cache_dir() == tmp_path / "rr-cache"
+
+
+# --- a cache file is data another local user must not be able to plant ----------------------------------
+
+def _poisoned(file: Path, save: Any = np.savez) -> np.ndarray:
+    """Rewrite `file` so that it passes the same-model check (the first text's vector is right)
+    while the second text's vector is planted; returns the planted vector."""
+    emb = Counting().inner
+    good = emb.embed(TEXTS)
+    planted = -good[1]
+    keys = np.array([hashlib.sha1(t.encode()).hexdigest() for t in TEXTS])
+    with file.open("wb") as fh:
+        save(fh, keys=keys, vecs=np.stack([good[0], planted]).astype(np.float32))
+    return planted
+
+
+def _second_vector(directory: Path) -> np.ndarray:
+    return DiskCachedEmbedder(Counting(), directory).embed(TEXTS)[1]
+
+
+def test_the_poisoning_recipe_works_on_a_file_this_user_wrote(tmp_path: Path) -> None:
+    """The control for the tests below: a private file of ours is trusted, planted vector and all."""
+    planted = _poisoned(_saved(tmp_path, TEXTS))
+    assert np.array_equal(_second_vector(tmp_path), planted)
+
+
+@pytest.mark.skipif(not hasattr(os, "getuid"), reason="POSIX permission bits")
+def test_a_file_others_may_write_is_not_trusted(tmp_path: Path) -> None:
+    file = _saved(tmp_path, TEXTS)
+    planted = _poisoned(file)
+    file.chmod(0o666)
+    assert not np.array_equal(_second_vector(tmp_path), planted)
+
+
+def test_a_symlink_in_place_of_the_cache_file_is_not_followed(tmp_path: Path) -> None:
+    file = _saved(tmp_path / "cache", TEXTS)
+    elsewhere = tmp_path / "planted.npz"
+    planted = _poisoned(elsewhere)
+    elsewhere.chmod(0o600)
+    file.unlink()
+    file.symlink_to(elsewhere)
+    assert not np.array_equal(_second_vector(tmp_path / "cache"), planted)
+
+
+def test_a_compressed_cache_file_is_not_read(tmp_path: Path) -> None:
+    """`save` never deflates; a deflated member is a crafted file (and a zip bomb's shape)."""
+    planted = _poisoned(_saved(tmp_path, TEXTS), save=np.savez_compressed)
+    assert not np.array_equal(_second_vector(tmp_path), planted)
+
+
+class _Marker:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def __reduce__(self) -> Any:
+        return (Path.touch, (self.path,))
+
+
+def test_a_pickled_array_in_the_cache_is_never_unpickled(tmp_path: Path) -> None:
+    file = _saved(tmp_path, TEXTS)
+    marker = tmp_path / "unpickled"
+    with file.open("wb") as fh:
+        np.savez(fh, keys=np.array([_Marker(marker)], dtype=object), vecs=np.zeros((1, 4)))
+    assert _second_vector(tmp_path).shape[0] > 0
+    assert not marker.exists()
+
+
+@pytest.mark.skipif(not hasattr(os, "getuid"), reason="POSIX permission bits")
+def test_the_cache_folder_and_file_are_private(tmp_path: Path) -> None:
+    file = _saved(tmp_path / "new" / "vectors", TEXTS)
+    assert (tmp_path / "new" / "vectors").stat().st_mode & 0o777 == 0o700
+    assert file.stat().st_mode & 0o777 == 0o600

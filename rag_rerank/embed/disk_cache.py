@@ -6,19 +6,25 @@ embedder in `DiskCachedEmbedder`, which keeps one file per embedder name, keyed 
 SHA-1, so the second process pays only for the model load.
 
 The cache is a cache: a file that cannot be read, or holds anything but one finite vector per
-key, is ignored (and rewritten); a directory that cannot be written is skipped silently; and
-`RAG_RERANK_CACHE_DIR=off` turns it off. A name does not pin a model (a re-trained model folder,
-another server behind `openai:MODEL`, other `dimensions`), so before the first cached vector is
-used, one cached text is embedded again and compared: a file written by another model is
-dropped, never mixed with this one's vectors.
+key, is ignored (and rewritten), and so is a file that is a symlink, another user's, writable by
+group or others, or compressed (nothing is ever unpickled); a directory that cannot be written is
+skipped silently; and `RAG_RERANK_CACHE_DIR=off` turns it off. Two processes saving at once each
+replace the file whole (last one wins, a torn file is impossible).
+
+A name does not pin a model (a re-trained model folder, another server behind `openai:MODEL`,
+other `dimensions`), so before the first cached vector is used, one cached text is embedded again
+and compared: a file written by another model is dropped, never mixed with this one's vectors.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import stat
 import tempfile
+import zipfile
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -46,12 +52,48 @@ def default_cache_dir() -> Path | None:
     return Path(base) / "rag-rerank"
 
 
-def _read(file: Path) -> dict[str, np.ndarray]:
-    """The file's vectors by key, or {} for a file that is absent or not exactly what `save` writes."""
+def _trusted(st: os.stat_result) -> bool:
+    """Whether a cache file may be read: a regular file that only this user could have written.
+    A file of another user, or one that group or others may write (a shared or mis-set
+    RAG_RERANK_CACHE_DIR), could hold vectors planted to steer rankings; it is ignored, never
+    trusted for the texts its keys name."""
+    if not stat.S_ISREG(st.st_mode):
+        return False
+    getuid = getattr(os, "getuid", None)  # POSIX; Windows has no owner bits to check here
+    return getuid is None or (st.st_uid == getuid() and not st.st_mode & 0o022)
+
+
+def _stored_only(fh: Any, size: int) -> bool:
+    """Whether the zip holds only uncompressed members that fit in the file: `save` writes
+    `np.savez` (stored, not deflated), so a compressed member can only be a crafted file, and a
+    few kilobytes of deflate can expand to gigabytes in memory."""
     try:
-        with np.load(file) as z:
-            keys, vecs = z["keys"], z["vecs"]
-    except Exception:  # absent, truncated, not a zip (BadZipFile), bad CRC, a plain .npy: start again
+        with zipfile.ZipFile(fh) as z:
+            infos = z.infolist()
+    except (zipfile.BadZipFile, OSError, ValueError):
+        return False
+    stored = all(i.compress_type == zipfile.ZIP_STORED for i in infos)
+    return stored and sum(i.file_size for i in infos) <= size
+
+
+def _read(file: Path) -> dict[str, np.ndarray]:
+    """The file's vectors by key, or {} for a file that is absent, not exactly what `save` writes,
+    or not to be trusted (a symlink, another user's, writable by others, compressed)."""
+    try:
+        # O_NOFOLLOW: a symlink planted where the cache file goes is not followed; the checks are
+        # made on the open descriptor, so the file cannot be swapped between check and read.
+        fd = os.open(file, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_BINARY", 0))
+    except OSError:
+        return {}
+    try:
+        with os.fdopen(fd, "rb") as fh:
+            st = os.fstat(fh.fileno())
+            if not _trusted(st) or not _stored_only(fh, st.st_size):
+                return {}
+            fh.seek(0)
+            with np.load(fh, allow_pickle=False) as z:  # never unpickle: the file is data only
+                keys, vecs = z["keys"], z["vecs"]
+    except Exception:  # truncated, not a zip (BadZipFile), bad CRC, a plain .npy, object arrays: start again
         return {}
     ok = (
         keys.ndim == 1
@@ -118,7 +160,9 @@ class DiskCachedEmbedder:
             return
         tmp: str | None = None
         try:
-            self._file.parent.mkdir(parents=True, exist_ok=True)
+            # Private to this user (vectors and text hashes say what was embedded): 0700 folder,
+            # and mkstemp's 0600 file, renamed over the old one atomically.
+            self._file.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(dir=self._file.parent, suffix=".npz.tmp")
             with os.fdopen(fd, "wb") as fh:
                 np.savez(fh, keys=np.array(list(self._cache)), vecs=np.stack(list(self._cache.values())))
