@@ -357,3 +357,25 @@ def test_the_calling_model_is_told_when_the_local_fallback_answered() -> None:
         both.content[1].text)
     assert lexical.structured_content["fallback"]["backend"] is None, lexical.content[1].text
     assert lexical.meta["rag-rerank/run"]["fallback"] is None
+
+
+def test_a_backend_failure_result_never_shows_the_base_urls_password_or_the_key() -> None:
+    """RAG_RERANK_BASE_URL with a password, and a server that echoes the credentials it was sent
+    (a misconfigured proxy): the tool result the calling model reads masks every one of them."""
+    import base64
+
+    password, key = "mcp-hunter2-pass", "sk-mcp-SECRET-0123456789"
+    basic = base64.b64encode(f"user:{password}".encode()).decode()
+
+    def echo(req: RecordedRequest) -> Reply:
+        said = " ".join(f"{k}={v}" for k, v in req.headers.items() if k == "authorization")
+        return Reply.openai_error(401, f"rejected {said} password={password}")
+
+    with FakeLLM(handler=echo) as srv:
+        env = {"RAG_RERANK_BACKEND": "openai", "RAG_RERANK_MODEL": "m", "OPENAI_API_KEY": key,
+               "RAG_RERANK_BASE_URL": srv.openai_url.replace("http://", f"http://user:{password}@")}
+        _, (answer,) = anyio.run(_session_do, [("rerank_chunks", _happy_args())], env)
+        assert srv.requests, "the call reached the server"
+    text = " ".join(c.text for c in answer.content) + json.dumps(answer.structured_content)
+    assert answer.is_error and "backend_failure" in text and "***" in text
+    assert password not in text and key not in text and basic not in text
