@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 
 from rag_rerank.guard import repair_output
+from rag_rerank.guard.repair import MAX_FAILED_BRACES
 
 OBJ = json.dumps({"ranked": [{"id": "c3", "score": 0.9, "reason": "IVF {memory} ```fence``` <think>"}]})
 
@@ -92,3 +94,25 @@ def test_property_salvage_returns_the_object_verbatim(
     assert fixed.text == body
     removed = bool(before.strip() or after.strip() or fence)
     assert bool(fixed.repairs) == removed
+
+
+@pytest.mark.parametrize("raw", [
+    '{"ranked": []} ' + "{" * 5000,  # one object, then thousands of stray braces
+    "{" * 5000 + ' {"ranked": []}',  # stray braces first
+    "```json\n" + "{" * 5000,  # an unclosed fence of braces
+])
+def test_stray_braces_cost_a_bounded_number_of_decodes(raw: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each failed decode costs O(len(text)) (json computes the error's line and column), so one
+    attempt per stray '{' made a crafted answer quadratic: 500,000 braces took about 40 s. The
+    repair gives up after MAX_FAILED_BRACES failures; bench/redos.py measures the time."""
+    calls = []
+    real = json.JSONDecoder.raw_decode
+
+    def counting(self: json.JSONDecoder, s: str, idx: int = 0) -> Any:
+        calls.append(idx)
+        return real(self, s, idx)
+
+    monkeypatch.setattr(json.JSONDecoder, "raw_decode", counting)
+    out = repair_output(raw)
+    assert len(calls) <= MAX_FAILED_BRACES + 2
+    assert out.repairs in ((), ("removed a Markdown code fence",))  # not repaired into something else
