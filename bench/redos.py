@@ -74,7 +74,7 @@ def entry_points() -> dict[str, Callable[[str], Any]]:
     roomy = load_limits().with_overrides(max_context_tokens=10**9)
     chunk_b = Chunk(id="b", text="plain words")
     return {
-        "input guard (JSONL)": lambda s: parse_chunks(_chunk_jsonl(s)),
+        "input guard (JSONL)": lambda s: _quiet(parse_chunks, _chunk_jsonl(s)),
         "input guard (not JSON)": lambda s: _quiet(parse_chunks, s),
         "render": lambda s: render(validate_request("q", [{"id": "a", "text": s, "meta": {"m": s}}], 1, 0.7,
                                                     limits=roomy)),
