@@ -47,6 +47,7 @@ import numpy as np
 
 from .errors import InputError, MissingDependencyError, RerankError, Violation
 from .guard.limits import as_limits, load_limits
+from .redaction import display_url
 from .wording import counted
 
 SLICE = 16  # queries per resume checkpoint
@@ -401,13 +402,15 @@ def _embedder_server(embedder: Any) -> dict[str, Any]:
     other post-pass decisions, and a resume file must not mix the two."""
     if not hasattr(embedder, "base_url"):
         return {}
-    return {_EMBED_URL: getattr(embedder, "base_url", None) or os.environ.get("OPENAI_BASE_URL") or None}
+    # As shown, credentials masked: the header is written to a file and printed by --json.
+    url = getattr(embedder, "base_url", None) or os.environ.get("OPENAI_BASE_URL")
+    return {_EMBED_URL: display_url(url) or None}
 
 
 def _same_config(written: Any, config: Mapping[str, Any]) -> bool:
     """A header from before `embed_base_url` was recorded: such an embedder used OPENAI_BASE_URL."""
     if isinstance(written, dict) and _EMBED_URL in config and _EMBED_URL not in written:
-        written = {**written, _EMBED_URL: os.environ.get("OPENAI_BASE_URL") or None}
+        written = {**written, _EMBED_URL: display_url(os.environ.get("OPENAI_BASE_URL")) or None}
     return bool(written == dict(config))
 
 
@@ -416,7 +419,7 @@ def _config_difference(written: Any, config: Mapping[str, Any]) -> str:
     if not isinstance(written, Mapping):
         return f"its header is {str(written)[:80]!r}"
     if _EMBED_URL in config and _EMBED_URL not in written:
-        written = {**written, _EMBED_URL: os.environ.get("OPENAI_BASE_URL") or None}
+        written = {**written, _EMBED_URL: display_url(os.environ.get("OPENAI_BASE_URL")) or None}
     names = [*config, *(k for k in written if k not in config)]
     diffs = [f"{name}: file {written.get(name)!r}, now {config.get(name)!r}" for name in names
              if written.get(name) != config.get(name) or (name in written) != (name in config)]

@@ -682,3 +682,21 @@ def test_rerank_queries_closes_its_backend_once_for_all_slices() -> None:
             gc.collect()
     assert (len(ranked), failed) == (len(queries), {})
     assert [str(w.message) for w in caught if issubclass(w.category, ResourceWarning)] == []
+
+
+def test_the_resume_header_and_json_never_hold_the_embedding_servers_password(
+        tmp_path: Path, capsys, monkeypatch) -> None:
+    """`embed_base_url` is written to the resume file and printed by --json: a password in
+    OPENAI_BASE_URL is masked there, and a second run still finds the file its own."""
+    from tests.support.fake_llm import FakeLLM, auto_ranker
+
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    with FakeLLM(handler=auto_ranker()) as srv:
+        monkeypatch.setenv("OPENAI_BASE_URL", srv.openai_url.replace("http://", "http://user:s3cret-pass@"))
+        resume = tmp_path / "r.jsonl"
+        args = [*_tiny(tmp_path), "-e", "openai:e", "--resume", str(resume), "--json"]
+        assert main(args) == 0
+        assert main(args) == 0
+        assert srv.requests, "the embeddings were asked of the server"
+    out = capsys.readouterr().out + resume.read_text(encoding="utf-8")
+    assert "s3cret-pass" not in out and "user:***@127.0.0.1" in out
