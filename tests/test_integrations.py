@@ -163,3 +163,20 @@ def test_a_component_refuses_a_model_its_backend_would_ignore_when_built(module:
     with pytest.raises(InputError, match="the cross-encoder backend takes no base_url"):
         component(backend="cross-encoder", model="m", base_url="http://127.0.0.1:8000/v1")
     component(backend="openai", model="gpt-4o-mini", base_url="http://127.0.0.1:9/v1", fallback="local")
+
+
+@pytest.mark.parametrize("component", ["langchain", "llama_index"])
+def test_a_components_repr_masks_a_password_in_base_url(component: str) -> None:
+    """A component's repr lands in logs and tracebacks; the key is a SecretStr, and the base URL's
+    password is masked the same way errors mask it."""
+    if component == "langchain":
+        pytest.importorskip("langchain_core")
+        from rag_rerank.integrations.langchain import RagRerankCompressor as cls
+    else:
+        pytest.importorskip("llama_index.core")
+        from rag_rerank.integrations.llama_index import RagRerankPostprocessor as cls
+    made = cls(backend="openai", model="m", base_url="http://user:pw-SECRET-1@127.0.0.1:1/v1?api-key=QK-123456",
+               api_key="sk-abcdefgh1234")
+    for text in (repr(made), str(made)):
+        assert "pw-SECRET-1" not in text and "QK-123456" not in text and "sk-abcdefgh1234" not in text
+        assert "http://user:***@127.0.0.1:1/v1?api-key=***" in text

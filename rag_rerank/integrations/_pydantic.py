@@ -12,6 +12,7 @@ from typing import Any
 
 from pydantic import field_serializer, field_validator, model_validator
 
+from ..redaction import display_url
 from . import _common
 
 
@@ -31,6 +32,12 @@ class ComponentValidators:
         _common.check_connection(self.backend, model=self.model,  # type: ignore[attr-defined]
                                  base_url=self.base_url, api_key=self.api_key)  # type: ignore[attr-defined]
         return self
+
+    def __repr_args__(self) -> Any:
+        """The fields a repr shows, a password or key in `base_url` masked (`user:***@host`): a
+        component's repr ends up in logs and tracebacks. `api_key` is a SecretStr already."""
+        for name, value in super().__repr_args__():  # type: ignore[misc]
+            yield name, display_url(value) if name == "base_url" and isinstance(value, str) else value
 
     @field_validator("policy", mode="before")
     @classmethod
