@@ -205,7 +205,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         for r in fixed.repairs:
             _err(f"repair: {r}")
         raw = fixed.text
-    _, violations = judge(raw, chunks, args.top_k)
+    _, violations = judge(raw, chunks, args.top_k, query=args.query)
     if violations:
         _print_violations(violations, prefix="invalid")
         return EXIT_INVALID_OUTPUT
@@ -455,6 +455,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--top-k", "-k", type=whole_number, required=True,
                    help="the top_k the output was asked for")
     p.add_argument("--repair", action="store_true", help="first strip fences / prose / <think> (reported)")
+    p.add_argument("--query", "-q", default=None,
+                   help="the query the output answers: a reason may quote it as well as its chunk")
     p.add_argument("output", nargs="?", default="-", metavar="OUTPUT_FILE|-",
                    help="the raw LLM answer to judge, or - for stdin (the default)")
     p.set_defaults(func=cmd_check)

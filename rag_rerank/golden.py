@@ -38,7 +38,8 @@ _ALLOWED_KEYS: dict[str, set[str]] = {
     | {"query", "chunks", "top_k", "lambda", "expected_file", "expect_contains", "expect_not_contains",
        "expect_error"},
     "check": _COMMON_KEYS
-    | {"chunks", "top_k", "raw", "repair", "expect", "expect_violations", "expect_repairs", "expect_object"},
+    | {"chunks", "top_k", "raw", "repair", "expect", "expect_violations", "expect_repairs", "expect_object",
+       "query"},
     "rerank": _COMMON_KEYS
     | {"query", "chunks", "top_k", "lambda", "backend", "embedder", "options", "expect", "expect_error"},
 }
@@ -224,7 +225,7 @@ def _run_check(case: GoldenCase) -> list[str]:
                      for w in _missing_substrings(wanted or [], fixed.repairs)]
     elif "expect_repairs" in d:
         raise CaseFormatError("'expect_repairs' needs \"repair\": true")
-    obj, violations = judge(raw, chunks, d["top_k"])
+    obj, violations = judge(raw, chunks, d["top_k"], query=d.get("query"))
     found = _violation_strings(violations)
     if d["expect"] == "valid":
         if found:

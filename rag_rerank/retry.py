@@ -224,7 +224,8 @@ class _Run:
         if self.repair:
             fixed = repair_output(raw)
             text, repairs = fixed.text, fixed.repairs
-        obj, violations = judge(text, self.request.chunks, self.guard_top_k, limits=self.limits)
+        obj, violations = judge(text, self.request.chunks, self.guard_top_k, limits=self.limits,
+                                query=self.request.query)
         if obj is not None and not violations:
             detail = f"valid answer (finish_reason {completion.finish_reason}, max_tokens {self.max_tokens})"
             if repairs:

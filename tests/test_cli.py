@@ -638,3 +638,16 @@ def test_an_api_key_flag_names_the_environment_variables_and_hides_the_key(
                          "RERANK_API_KEY (a server on 127.0.0.1 / localhost needs none)")
     assert main(["rerank", "-q", "q", "-c", "x.jsonl", "--bogus", "1"]) == 2
     assert "API key" not in capsys.readouterr().err
+
+
+def test_check_with_the_query_accepts_a_reason_quoting_it(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    quoting = json.loads(VALID)
+    quoting["ranked"][0]["reason"] = 'answers "when should I choose IVF": ' + quoting["ranked"][0]["reason"]
+    o = write(tmp_path, "out.json", json.dumps(quoting))
+    chunks = str(EXAMPLES / "happy-path.jsonl")
+    code, _, err = run(capsys, "check", "--chunks", chunks, "--top-k", "3", o)
+    assert code == EXIT_INVALID_OUTPUT and any("reason quotes 'when should I choose IVF'" in e for e in err)
+    query = "When should I choose IVF over HNSW?"
+    assert run(capsys, "check", "-c", chunks, "--top-k", "3", "-q", query, o) == (EXIT_OK, "valid\n", [])

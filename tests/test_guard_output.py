@@ -512,3 +512,15 @@ def test_an_injected_chunk_ranked_first_with_an_invented_chunk_and_quote_is_refu
     found = problems(raw, chunks)
     assert any("'fake' is not an input id" in p for p in found)
     assert any(p.startswith("$.ranked[0].reason: id 'evil': reason quotes") for p in found)
+
+
+def test_a_reason_may_quote_the_query_when_the_query_is_known(happy_chunks: list[Chunk]) -> None:
+    """Models often quote the question they answer ("answers "when to choose IVF over HNSW" ..."):
+    that is not an invented quotation. Without the query the guard cannot tell, so it refuses."""
+    query = "When should I choose IVF over HNSW?"
+    raw = out([{**R3, "reason": 'answers "when should I choose IVF over HNSW": preferred when memory is '
+                                'constrained'}])
+    assert [str(v) for v in judge(raw, happy_chunks, 3, query=query)[1]] == []
+    assert check_output(raw, happy_chunks, 3, query=query) == json.loads(raw)
+    (problem,) = problems(raw, happy_chunks)
+    assert "reason quotes 'when should I choose IVF over HNSW'" in problem

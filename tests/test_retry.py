@@ -355,3 +355,14 @@ def test_truncation_error_names_every_max_tokens_used(request_, sleeps) -> None:
     assert [r.body["max_tokens"] for r in srv.requests] == [512, 1024]
     assert "still truncated at max_tokens=512, 1024" in str(info.value)
     assert "2048" not in str(info.value).split(" [#")[0]
+
+
+def test_a_reason_quoting_the_query_is_accepted_on_the_first_try(request_, sleeps) -> None:
+    """The card's query is quoted in a reason: the guard gets the request's query, so this valid
+    answer is not re-asked as an "invented quotation" (it would be without the query)."""
+    quoting = {**GOOD, "ranked": [{**GOOD["ranked"][0],
+                                   "reason": f'answers "{request_.query.rstrip("?")}": IVF is preferred when '
+                                             "index memory is constrained"}, GOOD["ranked"][1]]}
+    with FakeLLM([Reply.openai_text(json.dumps(quoting))]) as srv:
+        out = run(srv, request_, policy(sleeps))
+    assert out.obj == quoting and kinds(out.attempts) == ["ok"]

@@ -147,21 +147,27 @@ def misquoted(reason: str, source: str) -> str | None:
     return None
 
 
-def _quotable(chunk: Chunk) -> str:
-    """What the model was shown of a chunk that a reason may quote: its text, id and meta values."""
-    if chunk.meta is None:
-        return f"{chunk.text}\n{chunk.id}"
-    return f"{chunk.text}\n{chunk.id}\n{json.dumps(chunk.meta, ensure_ascii=False, default=str)}"
+def _quotable(chunk: Chunk, query: str | None = None) -> str:
+    """What the model was shown that a reason about this chunk may quote: the chunk's text, id and
+    meta values, and the query ("answers "when to choose IVF" with ..." quotes the question, not an
+    invention)."""
+    shown = [chunk.text, chunk.id]
+    if chunk.meta is not None:
+        shown.append(json.dumps(chunk.meta, ensure_ascii=False, default=str))
+    if query:
+        shown.append(query)
+    return "\n".join(shown)
 
 
 class _LazyQuotable(Mapping[str, str]):
     """`_quotable` by id, built only for the chunks whose reason quotes something."""
 
-    def __init__(self, chunks: Sequence[Chunk]) -> None:
+    def __init__(self, chunks: Sequence[Chunk], query: str | None = None) -> None:
         self._chunks = {c.id: c for c in chunks}
+        self._query = query
 
     def __getitem__(self, cid: str) -> str:
-        return _quotable(self._chunks[cid])
+        return _quotable(self._chunks[cid], self._query)
 
     def __iter__(self) -> Any:
         return iter(self._chunks)
@@ -379,8 +385,10 @@ def output_violations(
     top_k: int,
     *,
     limits: Limits | None = None,
+    query: str | None = None,
 ) -> list[Violation]:
-    """Every way a parsed output object breaks the contract for these chunks."""
+    """Every way a parsed output object breaks the contract for these chunks (`query`: what a reason
+    may quote besides its chunk)."""
     lim = as_limits(limits)
     out = [] if _plainly_conformant(obj) else [
         Violation(path=_json_path(err.absolute_path), message=_schema_message(err), value=err.instance)
@@ -389,7 +397,7 @@ def output_violations(
     if not isinstance(obj, Mapping):
         return out
     texts = {c.id: c.text for c in chunks}
-    quotable = _LazyQuotable(chunks)
+    quotable = _LazyQuotable(chunks, query)
     folded: dict[str, str] = {}
     for cid in texts:
         folded.setdefault(_fold(cid), cid)
@@ -433,24 +441,26 @@ def _unique(violations: list[Violation]) -> list[Violation]:
 
 
 def judge(
-    raw: str, chunks: Sequence[Chunk], top_k: int, limits: Limits | None = None
+    raw: str, chunks: Sequence[Chunk], top_k: int, limits: Limits | None = None, query: str | None = None
 ) -> tuple[dict[str, Any] | None, list[Violation]]:
     """Parse and check in one go: (object or None, every violation)."""
     obj, violations = parse_output(raw)
     if obj is not None:
-        violations += output_violations(obj, chunks, top_k, limits=limits)
+        violations += output_violations(obj, chunks, top_k, limits=limits, query=query)
     return obj, violations
 
 
 def check_output(
-    raw: str, chunks: ChunkSource, top_k: int, limits: Limits | Mapping[str, Any] | None = None
+    raw: str, chunks: ChunkSource, top_k: int, limits: Limits | Mapping[str, Any] | None = None,
+    query: str | None = None,
 ) -> dict[str, Any]:
     """The validated object, or an `OutputError` carrying every violation.
 
     `chunks` takes every form `rerank()` takes (JSONL text, a path, a list of dicts or `Chunk`s),
     through the input guard, so a caller checking an answer needs no extra parsing step. Bad
     chunks or a bad `top_k` (a string, 0, a bool) are the caller's mistake, not the model's: an
-    `InputError`, raised before the output is judged.
+    `InputError`, raised before the output is judged. With `query`, a reason may quote the query as
+    well as its chunk.
     """
     lim = as_limits(limits)
     top_k = normal_top_k(top_k)
@@ -465,7 +475,7 @@ def check_output(
             problems.extend(exc.violations)
     if problems:
         raise InputError(problems)
-    obj, violations = judge(raw, parsed, top_k, limits=lim)
+    obj, violations = judge(raw, parsed, top_k, limits=lim, query=query)
     if violations or obj is None:
         raise OutputError(violations, raw=raw)
     return obj
