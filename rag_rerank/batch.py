@@ -35,8 +35,8 @@ from .concurrency import CALL_LIMIT
 from .errors import BackendError, InputError, RerankError, Violation
 from .guard.input import PATH_HINT, duplicate_keys_message, json_problem, loads_line
 from .models import RerankResult
-from .redaction import url_secrets
-from .rerank import aclose_built, arerank, redact
+from .redaction import scrub, secrets_of
+from .rerank import aclose_built, arerank
 from .wording import near_miss
 
 EXIT_OK, EXIT_BAD_INPUT, EXIT_BACKEND, EXIT_INTERNAL = 0, 2, 3, 4
@@ -319,15 +319,15 @@ def _error_record(exc: Exception, secrets: Sequence[str | None]) -> dict[str, An
             head += f"; last attempt #{last.number} {last.kind}: {last.detail}"
         return {
             "kind": "backend",
-            "message": redact(head, secrets),
+            "message": scrub(head, secrets),
             "attempts": [
-                {"number": a.number, "kind": a.kind, "detail": redact(a.detail, secrets), "wait_s": a.wait_s}
+                {"number": a.number, "kind": a.kind, "detail": scrub(a.detail, secrets), "wait_s": a.wait_s}
                 for a in exc.attempts
             ],
         }
     if isinstance(exc, RerankError):
-        return {"kind": "input", "message": redact(str(exc), secrets)}
-    return {"kind": "internal", "message": redact(f"{type(exc).__name__}: {exc}", secrets)}
+        return {"kind": "input", "message": scrub(str(exc), secrets)}
+    return {"kind": "internal", "message": scrub(f"{type(exc).__name__}: {exc}", secrets)}
 
 
 def _record(line: _Line, outcome: Outcome, secrets: Sequence[str | None]) -> dict[str, Any]:
@@ -451,7 +451,7 @@ def run_batch_cli(args: Any, backend_options: Mapping[str, Any]) -> int:
             with out_path.open("r+b") as fh:
                 fh.truncate(valid_end)
     todo = [ln for ln in lines if ln.number not in done]
-    secrets = [backend_options.get("api_key"), *url_secrets(backend_options.get("base_url")), *_env_secrets()]
+    secrets = secrets_of(backend_options.get("api_key"), urls=[backend_options.get("base_url")])
     options = {k: v for k, v in backend_options.items() if v is not None}
     bar = _progress_bar(len(todo), not getattr(args, "no_progress", False))
     stream: IO[str]
@@ -544,10 +544,3 @@ def _check_resumed(done: Mapping[int, Mapping[str, Any]], lines: Sequence[_Line]
         msg = (f"--resume: {output} holds records for input {which} {shown}, which the input (requests "
                f"on lines 1-{last}) does not have; it was written for another input, use a new --output")
         raise InputError([Violation(path="--output", message=msg, value=foreign)])
-
-
-def _env_secrets() -> list[str]:
-    """The API keys and base-URL credentials in the environment (`redaction.secrets_of`)."""
-    from .redaction import secrets_of
-
-    return secrets_of()

@@ -46,9 +46,6 @@ from .wording import counted
 
 log = logging.getLogger("rag_rerank.rerank")
 
-_KEY_ENV = ("OPENAI_API_KEY", "ANTHROPIC_API_KEY", "RERANK_API_KEY")
-
-
 def candidate_k(n_chunks: int, top_k: int, copies: int = 0) -> int:
     """How many ranked candidates to ask the model for (see the module docstring).
 
@@ -56,17 +53,6 @@ def candidate_k(n_chunks: int, top_k: int, copies: int = 0) -> int:
     post-pass drops all but one, so each gets a slot of its own instead of crowding out a
     distinct chunk (ten copies of the answer would otherwise fill the candidate list)."""
     return max(1, min(n_chunks, max(2 * top_k, top_k + 5) + max(copies, 0)))
-
-
-def redact(text: str, secrets: Sequence[str | None]) -> str:
-    """`text` with every secret replaced by `***`, so an API key never reaches meta or a log."""
-    return scrub(text, secrets)
-
-
-def _secrets(api_key: str | None) -> list[str]:
-    """The key, the keys in the environment and the credentials of the base URLs there; a
-    `base_url` argument's credentials are scrubbed by its backend, where its messages are made."""
-    return secrets_of(api_key)
 
 
 @dataclass(frozen=True)
@@ -235,7 +221,7 @@ def _offline(plan: _Plan, error: EmbedderError, api_key: str | None) -> _Plan:
 
     if plan.embedder_note is not None:
         return plan
-    summary = redact(str(error), _secrets(api_key))
+    summary = scrub(str(error), secrets_of(api_key))
     note = (f"embedder {getattr(plan.embedder, 'name', plan.embedder)} failed, lexical vectors used instead "
             f"(fallback local): {summary}")
     log.warning("%s", note)  # meta.embedder_fallback says so per result; an operator needs it in the log
@@ -255,7 +241,7 @@ def _local_outcome(plan: _Plan, error: BackendError, api_key: str | None, score:
         plan = _offline(plan, error, api_key)
     else:  # meta.fallback says so per result; an operator watching a service needs it in the log
         log.warning("%s failed, ranking with the local backend (fallback local): %s", plan.backend_name,
-                    redact(str(error), _secrets(api_key)))
+                    scrub(str(error), secrets_of(api_key)))
     try:
         return score(make_backend("local", embedder=plan.embedder)), plan
     except EmbedderError as exc:
@@ -335,7 +321,7 @@ def _fallback_result(
         raise _redacted(error, api_key) from None
     result, plan = _postpass_or_offline(plan, outcome.obj, layout, duplicate_threshold, "local", api_key)
     backend_failed = not (isinstance(error, EmbedderError) and plan.backend_name == "local")
-    summary = redact(str(error), _secrets(api_key))
+    summary = scrub(str(error), secrets_of(api_key))
     notes = [f"{plan.backend_name} failed after {counted(len(error.attempts), 'attempt')}: {summary}"
              ] if backend_failed else []
     meta = _meta(
@@ -352,12 +338,12 @@ def _fallback_result(
 
 def _redacted(error: BackendError, api_key: str | None) -> BackendError:
     """The same failure with any API key removed from its text (attempt details come from SDKs)."""
-    secrets = _secrets(api_key)
+    secrets = secrets_of(api_key)
     text = str(error)
-    if redact(text, secrets) == text:
+    if scrub(text, secrets) == text:
         return error
-    attempts = [replace(a, detail=redact(a.detail, secrets)) for a in error.attempts]
-    head = redact(text.split(" [#", 1)[0], secrets)
+    attempts = [replace(a, detail=scrub(a.detail, secrets)) for a in error.attempts]
+    head = scrub(text.split(" [#", 1)[0], secrets)
     return type(error)(head, attempts, usage=error.usage)  # an EmbedderError stays one
 
 

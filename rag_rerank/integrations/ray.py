@@ -35,13 +35,13 @@ from ..backends.factory import BACKENDS, unused_option_violations
 from ..batch import (
     UNKNOWN_KEY_HINT,
     Outcome,
-    _env_secrets,
     _Line,
     _record,
     _run,
     _shared_options,
 )
 from ..errors import InputError, MissingDependencyError, Violation
+from ..redaction import secrets_of
 from ..rerank import arerank
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -102,7 +102,7 @@ class _Reranker:
         self.passthrough = passthrough
         self.concurrency = per_actor_concurrency
         self.wire = wire
-        self.secrets = [options.get("api_key"), *_env_secrets()]
+        self.secrets = secrets_of(options.get("api_key"), urls=[options.get("base_url")])
         self.loop = asyncio.new_event_loop()
 
     def _outcomes(self, items: Sequence[Mapping[str, Any]]) -> list[Outcome]:
