@@ -57,6 +57,8 @@ SHAPES: dict[str, Callable[[int], str]] = {
     "combining marks": lambda n: "a" + "\u0301" * n,
     "tag characters": lambda n: "\U000e0041" * n,
     "mixed alnum-punct": lambda n: "a-1_" * (n // 4),
+    # quotations that are not verbatim but loosely faithful: each is word-aligned with the source
+    "loose quotations": lambda n: '"memory is constrained here" ' * (n // 28),
 }
 
 
@@ -81,6 +83,8 @@ def entry_points() -> dict[str, Callable[[str], Any]]:
         "lexical embed": lambda s: lexical.embed([s]),
         "cites_chunk": lambda s: cites_chunk(s, s),
         "misquoted": lambda s: misquoted(s, "plain words"),
+        # as long a source as the reason, its words without the quotes and the "is": a loose match
+        "misquoted (long source)": lambda s: misquoted(s, s.replace('"', "").replace(" is ", " ")),
         "output guard (reason)": lambda s: judge(_answer(s), [chunk_b], 1),
         "output guard (raw)": lambda s: judge(s, [chunk_b], 1),
         "repair": repair_output,

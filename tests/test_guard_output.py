@@ -12,7 +12,7 @@ import pytest
 
 from rag_rerank.errors import OutputError
 from rag_rerank.guard import check_output, load_limits, parse_chunks
-from rag_rerank.guard.output import cites_chunk, judge, parse_output
+from rag_rerank.guard.output import cites_chunk, judge, misquoted, parse_output
 from rag_rerank.models import Chunk
 
 R3 = {"id": "c3", "score": 0.9, "reason": "IVF is preferred when index memory is constrained"}
@@ -497,6 +497,67 @@ def test_a_reason_quoting_words_not_in_its_chunk_is_refused(reason: str, happy_c
     (problem,) = problems(out([{**R3, "reason": reason}]), happy_chunks)
     assert problem.startswith("$.ranked[0].reason: id 'c3': reason quotes")
     assert "not in the chunk's text" in problem
+
+
+# How real models quote: loosely, as people do. Each of these was refused (and re-asked) when a
+# quotation had to be a verbatim substring of the chunk; a careful reader accepts them all.
+@pytest.mark.parametrize("reason", [
+    "IVF is \u201cpreferred when memory is constrained\u201d",  # a word left out
+    'IVF is "preferred when the index memory is constrained"',  # an article added
+    'IVF suits "disk resident indexes"',  # a space for the hyphen
+    'IVF memory: the corpus "exceeding RAM"',  # another inflection
+    "IVF is \u201cpreferred when index memory\u2019s constrained\u201d",  # a contraction
+    "IVF for the \u201cmemory-constrained\u201d case",  # a compound for the phrase
+    'IVF: "when corpus exceeds RAM, disk-resident indexes needed"',  # function words left out
+])
+def test_a_reason_may_quote_its_chunk_loosely(reason: str, happy_chunks: list[Chunk]) -> None:
+    assert problems(out([{**R3, "reason": reason}]), happy_chunks) == []
+
+
+@pytest.mark.parametrize("reason", [
+    'IVF: "IVF is preferred when index memory is plentiful"',  # a word the chunk lacks, for one it has
+    'IVF: "IVF is preferred when GPU memory is constrained"',  # a word added
+    'IVF memory: "IVF is not preferred when index memory is constrained"',  # a negation added
+    'IVF memory: "IVF is never preferred"',
+    'IVF memory: "the corpus exceeds 64 GB of RAM"',  # a number added
+    'IVF memory: "IVF is preferred when memory is constrained and speed matters most"',
+    'IVF memory: "quantum index"',
+])
+def test_a_loose_quotation_still_may_not_change_what_the_chunk_says(
+    reason: str, happy_chunks: list[Chunk]
+) -> None:
+    (problem,) = problems(out([{**R3, "reason": reason}]), happy_chunks)
+    assert problem.startswith("$.ranked[0].reason: id 'c3': reason quotes"), problem
+
+
+def test_a_quotation_may_not_drop_a_number_or_negation_of_its_chunk() -> None:
+    text = "HNSW reaches recall ~99% with low latency; it is not small."
+    chunks = parse_chunks([{"id": "h", "text": text}])
+    ok = out([{"id": "h", "score": 0.9, "reason": 'HNSW has "recall of ~99%" and "low-latency" search'}])
+    assert problems(ok, chunks) == []
+    for quote in ("recall with low latency", "recall ~90% with low latency", "recall 99% with high latency",
+                  "it is small"):
+        raw = out([{"id": "h", "score": 0.9, "reason": f'HNSW recall: "{quote}"'}])
+        assert [p.split(": ")[1] for p in problems(raw, chunks)] == ["id 'h'"], quote
+
+
+def test_a_loose_quotation_of_the_query_is_accepted(happy_chunks: list[Chunk]) -> None:
+    reason = 'answers "when to choose IVF over HNSW": preferred when memory is constrained'
+    raw = out([{**R3, "reason": reason}])
+    assert judge(raw, happy_chunks, 3, query="When should I choose IVF over HNSW?")[1] == []
+    assert problems(raw, happy_chunks) != []  # without the query, the question's words are not the chunk's
+
+
+def test_loose_comparison_is_bounded_then_quotations_must_be_verbatim() -> None:
+    """A crafted answer of many long loose quotations of a long chunk would cost (its words x the
+    chunk's words); past LOOSE_PAIRS word pairs a quotation must be verbatim, so the guard errs
+    toward refusing, never toward accepting unchecked."""
+    text = " ".join(f"index memory is constrained in shard{i}" for i in range(2000))  # 12,000 words
+    loose = '"memory constrained in"'  # "is" left out: loose, and 3 words x 12,001
+    assert misquoted(loose, text) is None
+    assert misquoted(" ".join([loose] * 10), text) is None  # 360,000 pairs
+    assert misquoted(" ".join([loose] * 100), text) == "memory constrained in"  # 3.6 million
+    assert misquoted(" ".join(['"memory is constrained in"'] * 1000), text) is None  # verbatim: free
 
 
 def test_an_injected_chunk_ranked_first_with_an_invented_chunk_and_quote_is_refused() -> None:

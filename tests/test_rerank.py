@@ -775,3 +775,34 @@ def test_a_model_that_obeys_an_injected_chunk_is_corrected_or_refused() -> None:
     assert first.prompt.count("</chunks>") == 1 and "\\u003c/chunks\\u003e" in first.prompt
     feedback = reask.last_user_text
     assert "'fake' is not an input id" in feedback and "reason quotes" in feedback
+
+
+# A real model's reasons quote loosely: a word left out, curly quotes, another inflection, the
+# question paraphrased with other function words. Refusing them burnt every re-ask and failed the call.
+_LOOSE = {
+    "ranked": [
+        {"id": "c3", "score": 0.95,
+         "reason": "Answers \u201cwhen to prefer IVF over HNSW\u201d: IVF is \u201cpreferred when memory "
+                   "is constrained\u201d or when the corpus is \u201cexceeding RAM\u201d"},
+        {"id": "c2", "score": 0.6,
+         "reason": 'IVF "partitions vectors into Voronoi cell" and scans nprobe lists'},
+        {"id": "c1", "score": 0.4,
+         "reason": 'HNSW has "recall of ~99%" with "low-latency" search but is RAM-heavy'},
+    ],
+    "dropped": [{"id": "c4", "reason": "redundant_with:c3"}, {"id": "c5", "reason": "risotto, off topic"}],
+}
+
+
+@pytest.mark.parametrize("api", ["openai", "anthropic"])
+def test_a_model_quoting_loosely_is_accepted_at_the_first_attempt(api: str) -> None:
+    chunks = _examples("happy-path")
+    reply = (Reply.openai_text(json.dumps(_LOOSE)) if api == "openai"
+             else Reply.anthropic_tool(_LOOSE))
+    with FakeLLM([reply]) as srv:
+        url = srv.openai_url if api == "openai" else srv.anthropic_url
+        result = rerank(QUERY, chunks, 3, backend=api, base_url=url, api_key="x", model="m",
+                        policy=FAST, fallback=None)
+        assert len(srv.requests) == 1
+    assert result.meta.attempts == 1 and result.meta.fallback is None
+    assert result.ids[0] == "c3"
+    _assert_contract(result, _ids(chunks), 3)

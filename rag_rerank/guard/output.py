@@ -131,19 +131,123 @@ def _closing_quote(text: str, start: int, closing: str) -> int:
     return -1
 
 
+# How loosely a quotation may follow its source. Models quote the way people do: a word left out or
+# an article added, another inflection ("exceeding RAM" for "exceeds RAM"), a hyphen for a space,
+# a compound ("memory-constrained") for a phrase. A careful reader calls those faithful; what they
+# do not accept is a word the source never had ("plentiful" for "constrained", "high latency" for
+# "low latency"), a changed number, or a negation dropped or added. So a quotation is compared word
+# by word (inflection folded) with its best-matching stretch of the source: every content word of
+# the quotation must be the source's, in the source's order; function words may differ cheaply,
+# and the source's words may be left out within a budget that grows with the quotation's length.
+_NEGATIONS = frozenset("not no never nor none neither cannot without t".split())  # noqa: SIM905  (t: don't)
+# Stop words that carry meaning in a quotation ("only", "all", "before") are edited as content words.
+_MEANINGFUL = "all any each few more most only some same other very too before after above below over under"
+_LIGHT = _STOPWORDS - frozenset([*_MEANINGFUL.split(), "against", "between", "again", "further", "once"])
+# What is left of a contraction once split at its apostrophe ("memory's" -> memory, s).
+_CONTRACTED = frozenset("s d m ll re ve".split())  # noqa: SIM905
+_SUFFIXES = ("ingly", "edly", "ings", "ing", "ies", "ied", "est", "es", "ed", "er", "ly", "s", "e", "y")
+_OMIT_LIGHT, _OMIT_CONTENT, _EDIT_LIGHT, _NEVER = 0.25, 0.5, 0.25, 1e6
+
+
+def _word_key(word: str) -> str:
+    """A word with its English inflection folded: "exceeds", "exceeding" and "exceeded" alike."""
+    if any(ch.isdigit() for ch in word) or word in _NEGATIONS:
+        return word
+    for suffix in _SUFFIXES:
+        if word.endswith(suffix) and len(word) - len(suffix) >= 3:
+            word = word[: -len(suffix)]
+            break
+    if len(word) >= 4 and word[-1] == word[-2] and word[-1] not in "aeiou":  # running -> runn -> run
+        word = word[:-1]
+    return word
+
+
+def _words(text: str) -> list[str]:
+    return _WORD.findall(_comparable(text))
+
+
+def _kind(word: str) -> int:
+    """0: a function word (cheap to edit), 1: a content word, 2: never edited (a negation or number)."""
+    if word in _NEGATIONS or any(ch.isdigit() for ch in word):
+        return 2
+    return 0 if word in _LIGHT or word in _CONTRACTED else 1
+
+
+class _Source:
+    """A source's words as arrays, built once per source and reused for each of its quotations."""
+
+    def __init__(self, text: str) -> None:
+        import numpy as np
+
+        words = _words(text)
+        self.ids: dict[str, int] = {}
+        keys = [self.ids.setdefault(_word_key(w), len(self.ids)) for w in words]
+        self.keys = np.array(keys, dtype=np.int64)
+        self.kinds = np.array([_kind(w) for w in words], dtype=np.int64)
+        omit = np.choose(self.kinds, [_OMIT_LIGHT, _OMIT_CONTENT, _NEVER]) if words else np.zeros(0)
+        self.omit_cum = np.concatenate([[0.0], np.cumsum(omit)])
+
+    def cost(self, quote: list[str]) -> float:
+        """The least weighted word edit distance between `quote` and any stretch of the source
+        (approximate substring matching: free start and end in the source)."""
+        import numpy as np
+
+        n = len(self.keys)
+        row = np.zeros(n + 1)  # aligning no quote word costs nothing, wherever it starts
+        for word in quote:
+            kind = _kind(word)
+            qid = self.ids.get(_word_key(word), -1)
+            insert = _NEVER if kind else _EDIT_LIGHT  # a content word, negation or number must be there
+            # A function word for a function word is cheap; for a content word, it leaves that out.
+            sub = np.where(self.kinds == 0, _EDIT_LIGHT, _OMIT_CONTENT + _EDIT_LIGHT) if not kind else _NEVER
+            sub = np.where(self.kinds == 2, _NEVER, sub)
+            sub = np.where(self.keys == qid, 0.0, sub)
+            new = np.empty(n + 1)
+            new[0] = row[0] + insert
+            new[1:] = np.minimum(row[:-1] + sub, row[1:] + insert)
+            # then skipping source words: new[j] = min over k <= j of new[k] + omitted cost k..j
+            new = self.omit_cum + np.minimum.accumulate(new - self.omit_cum)
+            row = new
+        return float(row.min())
+
+
+def _faithful(quote: list[str], source: _Source) -> bool:
+    """Whether a quoted piece's words are its source's as a careful reader would accept them."""
+    content = [w for w in quote if _kind(w)]
+    if not content:
+        return False  # only function words, and not verbatim: nothing to match loosely on
+    if any(_word_key(w) not in source.ids for w in content):  # a word the source never had
+        return False
+    return source.cost(quote) <= 0.25 + max(0, len(content) - 2) / 3
+
+
+# Word pairs compared loosely for one reason at most (about 20 ms): a crafted answer of many long
+# loose quotations of a long chunk would otherwise cost (its words x the chunk's words). Beyond it
+# a quotation must be verbatim, as it must be everywhere in the source before.
+LOOSE_PAIRS = 2_000_000
+
+
 def misquoted(reason: str, source: str) -> str | None:
-    """The first quotation in `reason` that `source` does not contain (case, Unicode form and
-    spacing aside; an ellipsis may elide words between pieces), or None. A reason is the model's
+    """The first quotation in `reason` that is not, loosely, in `source`, or None. Case, Unicode
+    form, spacing and punctuation aside, an ellipsis may elide words between pieces, and a quotation
+    may leave a word out, add an article or inflect a word differently (see `_faithful`); it may
+    not bring a word the source lacks, nor change a number or a negation. A reason is the model's
     evidence that it read the chunk: a quotation that is not there was invented."""
     quotes = _quotations(reason)
     if not quotes:
         return None
     haystack = _comparable(source)
+    words: _Source | None = None
+    pairs = 0
     for quote in quotes:
-        pieces = [_comparable(p).strip(_EDGE) for p in _ELLIPSIS.split(quote)]
-        # A piece of one or two characters ("a", "%") proves nothing either way.
-        if not all(piece in haystack for piece in pieces if len(piece) >= 3):
-            return quote
+        for piece in (_comparable(p).strip(_EDGE) for p in _ELLIPSIS.split(quote)):
+            if len(piece) < 3 or piece in haystack:  # one or two characters ("a", "%") prove nothing
+                continue
+            words = words or _Source(source)
+            quoted = _words(piece)
+            pairs += len(quoted) * (len(words.keys) + 1)
+            if pairs > LOOSE_PAIRS or not _faithful(quoted, words):
+                return quote
     return None
 
 
