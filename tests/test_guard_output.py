@@ -509,6 +509,7 @@ def test_a_reason_quoting_words_not_in_its_chunk_is_refused(reason: str, happy_c
     "IVF is \u201cpreferred when index memory\u2019s constrained\u201d",  # a contraction
     "IVF for the \u201cmemory-constrained\u201d case",  # a compound for the phrase
     'IVF: "when corpus exceeds RAM, disk-resident indexes needed"',  # function words left out
+    'IVF: on-disk "disk indexes"',  # two words with one of the chunk's left out between them
 ])
 def test_a_reason_may_quote_its_chunk_loosely(reason: str, happy_chunks: list[Chunk]) -> None:
     assert problems(out([{**R3, "reason": reason}]), happy_chunks) == []

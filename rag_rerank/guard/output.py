@@ -218,7 +218,7 @@ def _faithful(quote: list[str], source: _Source) -> bool:
         return False  # only function words, and not verbatim: nothing to match loosely on
     if any(_word_key(w) not in source.ids for w in content):  # a word the source never had
         return False
-    return source.cost(quote) <= 0.25 + max(0, len(content) - 2) / 3
+    return source.cost(quote) <= 0.25 + (len(content) - 1) / 4
 
 
 # Word pairs compared loosely for one reason at most (about 20 ms): a crafted answer of many long
