@@ -162,8 +162,12 @@ def _word_key(word: str) -> str:
     return word
 
 
+# A thousands separator between digits ("1,000", "1 000", "1'000"): "1000" is the same number.
+_DIGIT_GROUP = re.compile(r"(?<=\d)[,' \u00a0\u202f_](?=\d{3}(?!\d))")
+
+
 def _words(text: str) -> list[str]:
-    return _WORD.findall(_comparable(text))
+    return _WORD.findall(_DIGIT_GROUP.sub("", _comparable(text)))
 
 
 def _kind(word: str) -> int:
