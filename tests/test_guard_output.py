@@ -543,6 +543,19 @@ def test_a_quotation_may_not_drop_a_number_or_negation_of_its_chunk() -> None:
         assert [p.split(": ")[1] for p in problems(raw, chunks)] == ["id 'h'"], quote
 
 
+def test_the_refusal_says_where_the_quotation_was_looked_for(happy_chunks: list[Chunk]) -> None:
+    """Judged without the query (`rag-rerank check` with no --query), a quotation of the question is
+    refused; the message says the query was not given, and how to give it, instead of only "not in
+    the chunk's text", which sent a user looking for a fault in the chunk."""
+    raw = out([{**R3, "reason": 'answers "when should I choose IVF over HNSW": memory is constrained'}])
+    (without,) = problems(raw, happy_chunks)
+    assert ("not in the chunk's text (the query was not given: check_output(query=), "
+            "rag-rerank check --query)") in without
+    raw = out([{**R3, "reason": 'IVF "is preferred when memory is plentiful"'}])
+    (with_query,) = [str(v) for v in judge(raw, happy_chunks, 3, query="When should I choose IVF?")[1]]
+    assert "which is neither in the chunk's text nor in the query; quote the chunk exactly" in with_query
+
+
 def test_a_loose_quotation_of_the_query_is_accepted(happy_chunks: list[Chunk]) -> None:
     reason = 'answers "when to choose IVF over HNSW": preferred when memory is constrained'
     raw = out([{**R3, "reason": reason}])

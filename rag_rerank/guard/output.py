@@ -274,6 +274,15 @@ class _LazyQuotable(Mapping[str, str]):
         self._chunks = {c.id: c for c in chunks}
         self._query = query
 
+    @property
+    def where(self) -> str:
+        """Where a quotation was looked for, for the violation: a caller judging without the query
+        learns why a quotation of the question was refused, and how to allow it."""
+        if self._query:
+            return "neither in the chunk's text nor in the query"
+        return ("not in the chunk's text (the query was not given: check_output(query=), "
+                "rag-rerank check --query)")
+
     def __getitem__(self, cid: str) -> str:
         return _quotable(self._chunks[cid], self._query)
 
@@ -422,7 +431,7 @@ def _is_number(value: Any) -> bool:
 
 def _item_violations(
     section: str, i: int, item: Mapping[str, Any], texts: Mapping[str, str], ranked_ids: set[str],
-    lim: Limits, quotable: Mapping[str, str],
+    lim: Limits, quotable: _LazyQuotable,
 ) -> list[Violation]:
     """Rules about one item's content that the schema cannot express."""
     out: list[Violation] = []
@@ -440,7 +449,7 @@ def _item_violations(
             out.append(Violation(path=f"{path}.reason", message=msg, value=reason, id=cid))
         elif isinstance(reason, str) and cid in quotable and (bad := misquoted(reason, quotable[cid])):
             shown = bad if len(bad) <= 60 else bad[:57] + "..."
-            msg = (f"reason quotes {shown!r}, which is not in the chunk's text; quote the chunk exactly "
+            msg = (f"reason quotes {shown!r}, which is {quotable.where}; quote the chunk exactly "
                    "or do not quote")
             out.append(Violation(path=f"{path}.reason", message=msg, value=reason, id=cid))
     elif isinstance(reason, str) and reason.startswith(REDUNDANT_PREFIX):
