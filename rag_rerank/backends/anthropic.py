@@ -16,7 +16,7 @@ from typing import Any
 
 from ..errors import MissingDependencyError, Violation
 from ..models import RerankRequest
-from ..redaction import display_url, secrets_of
+from ..redaction import display_url, scrub, secrets_of
 from .base import BackendFailure, Completion, FatalFailure, TransientFailure
 from .common import (
     DATA_NOTICE,
@@ -27,7 +27,6 @@ from .common import (
     generation_schema,
     request_timeout,
     resolve_credentials,
-    scrub,
     usage_dict,
 )
 

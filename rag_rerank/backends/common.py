@@ -24,8 +24,7 @@ from urllib.parse import urlparse
 from ..errors import ConfigError, Violation
 from ..guard.limits import load_schema
 from ..models import RerankRequest
-from ..redaction import display_url
-from ..redaction import scrub as _scrub
+from ..redaction import display_url, scrub
 from .base import BackendFailure, FatalFailure, TransientFailure
 
 # OpenAI strict mode accepts at most this many enum values (and a bounded total length); past that
@@ -156,11 +155,6 @@ def resolve_credentials(
                               f"server needs none: give its URL as base_url=, --base-url, {url_env} or, "
                               "for `rag-rerank mcp`, RAG_RERANK_BASE_URL)")
     return url, key
-
-
-def scrub(text: str, secret: str | Sequence[str | None] | None) -> str:
-    """`text` with the API key, or every secret of a list (`redaction.secrets_of`), replaced by `***`."""
-    return _scrub(text, secret)
 
 
 # --- failure classification ----------------------------------------------------------------

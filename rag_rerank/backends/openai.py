@@ -20,7 +20,7 @@ from typing import Any
 
 from ..errors import InputError, MissingDependencyError, Violation
 from ..models import RerankRequest
-from ..redaction import display_url, secrets_of
+from ..redaction import display_url, scrub, secrets_of
 from .base import BackendFailure, Completion, FatalFailure, TransientFailure
 from .common import (
     DATA_NOTICE,
@@ -32,7 +32,6 @@ from .common import (
     is_transient_status,
     request_timeout,
     resolve_credentials,
-    scrub,
     strict_schema,
     usage_dict,
 )

@@ -33,7 +33,7 @@ from typing import Any
 
 from ..errors import InputError, Violation
 from ..models import RerankRequest
-from ..redaction import display_url, secrets_of
+from ..redaction import display_url, scrub, secrets_of
 from ..wording import counted
 from .base import Completion, FatalFailure, TransientFailure
 from .common import (
@@ -42,7 +42,6 @@ from .common import (
     is_transient_status,
     resolve_credentials,
     retry_after_seconds,
-    scrub,
 )
 from .scored import answer
 
