@@ -267,8 +267,9 @@ def _quotable(chunk: Chunk, query: str | None = None) -> str:
     return "\n".join(shown)
 
 
-class _LazyQuotable(Mapping[str, str]):
-    """`_quotable` by id, built only for the chunks whose reason quotes something."""
+class _Quotable:
+    """What each chunk's reason may quote, built only for a reason that quotes something: a reason
+    without a quotation mark costs one regex search, not a JSON dump of its chunk's meta."""
 
     def __init__(self, chunks: Sequence[Chunk], query: str | None = None) -> None:
         self._chunks = {c.id: c for c in chunks}
@@ -283,14 +284,13 @@ class _LazyQuotable(Mapping[str, str]):
         return ("not in the chunk's text (the query was not given: check_output(query=), "
                 "rag-rerank check --query)")
 
-    def __getitem__(self, cid: str) -> str:
-        return _quotable(self._chunks[cid], self._query)
-
-    def __iter__(self) -> Any:
-        return iter(self._chunks)
-
-    def __len__(self) -> int:
-        return len(self._chunks)
+    def misquoted(self, cid: str, reason: str) -> str | None:
+        """`misquoted(reason, ...)` against what chunk `cid`'s reason may quote; None for an id
+        that is not an input (that violation is reported on its own)."""
+        chunk = self._chunks.get(cid)
+        if chunk is None or _OPENING.search(reason) is None:
+            return None
+        return misquoted(reason, _quotable(chunk, self._query))
 
 
 def _fold(cid: str) -> str:
@@ -431,7 +431,7 @@ def _is_number(value: Any) -> bool:
 
 def _item_violations(
     section: str, i: int, item: Mapping[str, Any], texts: Mapping[str, str], ranked_ids: set[str],
-    lim: Limits, quotable: _LazyQuotable,
+    lim: Limits, quotable: _Quotable,
 ) -> list[Violation]:
     """Rules about one item's content that the schema cannot express."""
     out: list[Violation] = []
@@ -447,7 +447,7 @@ def _item_violations(
             msg = (f"reason {reason[:60]!r} cites nothing concrete from the chunk's text "
                    "(name a phrase, entity or claim)")
             out.append(Violation(path=f"{path}.reason", message=msg, value=reason, id=cid))
-        elif isinstance(reason, str) and cid in quotable and (bad := misquoted(reason, quotable[cid])):
+        elif isinstance(reason, str) and (bad := quotable.misquoted(cid, reason)):
             shown = bad if len(bad) <= 60 else bad[:57] + "..."
             msg = (f"reason quotes {shown!r}, which is {quotable.where}; quote the chunk exactly "
                    "or do not quote")
@@ -514,7 +514,7 @@ def output_violations(
     if not isinstance(obj, Mapping):
         return out
     texts = {c.id: c.text for c in chunks}
-    quotable = _LazyQuotable(chunks, query)
+    quotable = _Quotable(chunks, query)
     folded: dict[str, str] = {}
     for cid in texts:
         folded.setdefault(_fold(cid), cid)
