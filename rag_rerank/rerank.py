@@ -221,7 +221,7 @@ def _offline(plan: _Plan, error: EmbedderError, api_key: str | None) -> _Plan:
 
     if plan.embedder_note is not None:
         return plan
-    summary = scrub(str(error), secrets_of(api_key))
+    summary = failure_summary(error, api_key)
     note = (f"embedder {getattr(plan.embedder, 'name', plan.embedder)} failed, lexical vectors used instead "
             f"(fallback local): {summary}")
     log.warning("%s", note)  # meta.embedder_fallback says so per result; an operator needs it in the log
@@ -241,7 +241,7 @@ def _local_outcome(plan: _Plan, error: BackendError, api_key: str | None, score:
         plan = _offline(plan, error, api_key)
     else:  # meta.fallback says so per result; an operator watching a service needs it in the log
         log.warning("%s failed, ranking with the local backend (fallback local): %s", plan.backend_name,
-                    scrub(str(error), secrets_of(api_key)))
+                    failure_summary(error, api_key))
     try:
         return score(make_backend("local", embedder=plan.embedder)), plan
     except EmbedderError as exc:
@@ -321,7 +321,7 @@ def _fallback_result(
         raise _redacted(error, api_key) from None
     result, plan = _postpass_or_offline(plan, outcome.obj, layout, duplicate_threshold, "local", api_key)
     backend_failed = not (isinstance(error, EmbedderError) and plan.backend_name == "local")
-    summary = scrub(str(error), secrets_of(api_key))
+    summary = failure_summary(error, api_key)
     notes = [f"{plan.backend_name} failed after {counted(len(error.attempts), 'attempt')}: {summary}"
              ] if backend_failed else []
     meta = _meta(
@@ -334,6 +334,11 @@ def _fallback_result(
         notes=(*notes, *_scoring_notes(plan)),
     )
     return replace(result, meta=meta)
+
+
+def failure_summary(error: BackendError, api_key: str | None) -> str:
+    """A failure as `meta.notes` and the log show it: its text with every secret of the call masked."""
+    return scrub(str(error), secrets_of(api_key))
 
 
 def _redacted(error: BackendError, api_key: str | None) -> BackendError:

@@ -165,9 +165,9 @@ def _named(plan: _Plan, window: Window, error: BackendError, api_key: str | None
 
 
 def _fallback_note(plan: _Plan, window: Window, error: BackendError, api_key: str | None) -> str:
-    from .redaction import scrub, secrets_of
+    from .rerank import failure_summary
 
-    summary = scrub(str(error), secrets_of(api_key))
+    summary = failure_summary(error, api_key)
     return (f"{window.name}: {plan.backend_name} failed after {counted(len(error.attempts), 'attempt')}, "
             f"ranked by the local backend: {summary}")
 
