@@ -407,10 +407,16 @@ def _embedder_server(embedder: Any) -> dict[str, Any]:
     return {_EMBED_URL: display_url(url) or None}
 
 
-def _same_config(written: Any, config: Mapping[str, Any]) -> bool:
+def _with_embed_url(written: Mapping[str, Any], config: Mapping[str, Any]) -> Mapping[str, Any]:
     """A header from before `embed_base_url` was recorded: such an embedder used OPENAI_BASE_URL."""
-    if isinstance(written, dict) and _EMBED_URL in config and _EMBED_URL not in written:
-        written = {**written, _EMBED_URL: display_url(os.environ.get("OPENAI_BASE_URL")) or None}
+    if _EMBED_URL in config and _EMBED_URL not in written:
+        return {**written, _EMBED_URL: display_url(os.environ.get("OPENAI_BASE_URL")) or None}
+    return written
+
+
+def _same_config(written: Any, config: Mapping[str, Any]) -> bool:
+    if isinstance(written, dict):
+        written = _with_embed_url(written, config)
     return bool(written == dict(config))
 
 
@@ -418,8 +424,7 @@ def _config_difference(written: Any, config: Mapping[str, Any]) -> str:
     """Which settings differ between a resume file's header and this run, as `name: file X, now Y`."""
     if not isinstance(written, Mapping):
         return f"its header is {str(written)[:80]!r}"
-    if _EMBED_URL in config and _EMBED_URL not in written:
-        written = {**written, _EMBED_URL: display_url(os.environ.get("OPENAI_BASE_URL")) or None}
+    written = _with_embed_url(written, config)
     names = [*config, *(k for k in written if k not in config)]
     diffs = [f"{name}: file {written.get(name)!r}, now {config.get(name)!r}" for name in names
              if written.get(name) != config.get(name) or (name in written) != (name in config)]
