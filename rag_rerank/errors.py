@@ -172,6 +172,23 @@ def _attempt_runs(attempts: Sequence[Attempt]) -> list[str]:
             f"{run[0].detail}" for run in runs]
 
 
+class InternalError(RuntimeError):
+    """A promise the code makes to itself was broken: a bug in rag-rerank, not the caller's input
+    or a backend's failure. Deliberately not a `RerankError` (batch files it as `internal`, the CLI
+    exits 4). Raised, for one, when a scored backend (whose answers pass the output guard by
+    construction, `backends/scored.py`) writes an answer the guard refuses: re-asking a
+    deterministic scorer could only repeat it, so it fails at once with the guard's findings."""
+
+    def __init__(self, message: str, violations: Sequence[Violation] = ()) -> None:
+        self.message = message
+        self.violations: tuple[Violation, ...] = tuple(violations)
+        shown = "; ".join(str(v) for v in self.violations[:3])
+        super().__init__(f"{message}{': ' + shown if shown else ''} (a bug in rag-rerank; please report it)")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.message, self.violations))
+
+
 class ConfigError(RerankError):
     """The set-up cannot work, so nothing was attempted: no API key for a remote service
     (CLI exit 2, like bad input; a backend failure, exit 3, means a call was made and failed)."""

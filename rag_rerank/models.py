@@ -160,6 +160,9 @@ class RerankRequest:
     # (`embed_meta_fields`, fusion.with_embedded_meta); None means every text is the caller's.
     # A scorer may read the prefixed text, but a reason must quote the chunk, not its title.
     own_texts: Mapping[str, str] | None = field(default=None, hash=False)
+    # The minimum score in force (`limits.min_score`): a scorer drops what is at or below it, the
+    # output guard refuses it in `ranked`. None means the contract's own (`guard/limits.json`).
+    min_score: float | None = None
 
     @property
     def ids(self) -> tuple[str, ...]:

@@ -3,7 +3,9 @@
   transient  (429, 5xx but 501 and 505, 529 overloaded, timeouts, connection errors)
              -> exponential backoff with jitter; a server's Retry-After / retry-after-ms wins
   invalid    (the output guard rejected the answer)
-             -> re-ask, at most `max_reasks` times, quoting every violation to the model
+             -> re-ask, at most `max_reasks` times, quoting every violation to the model; never for
+                a scored backend (`scored = True`: local, cross-encoder, rerank API), whose answers
+                pass the guard by construction: a refusal there is an `InternalError`, a bug
   truncated  (finish_reason "length" / stop_reason "max_tokens" and not a valid answer)
              -> one retry with a larger output budget; not a re-ask, the model did nothing wrong
   fatal      (auth, bad request, not found, refusal)
@@ -32,7 +34,7 @@ from typing import Any
 from tenacity import AsyncRetrying, RetryCallState, Retrying, retry_if_exception_type
 
 from .backends.base import Backend, BackendFailure, Completion, TransientFailure
-from .errors import Attempt, BackendError, InputError, Violation
+from .errors import Attempt, BackendError, InputError, InternalError, Violation
 from .guard.limits import Limits
 from .guard.output import judge
 from .guard.repair import repair_output
@@ -246,6 +248,10 @@ class _Run:
             bigger = int(self.max_tokens * self.policy.truncation_factor)
             self.max_tokens = min(self.policy.max_tokens_cap, max(self.max_tokens + 1, bigger))
             raise _Retry("truncated")
+        if getattr(self.backend, "scored", False):
+            # A scored backend's answer passes the guard by construction (backends/scored.py), and
+            # a re-ask of a deterministic scorer could only repeat it: a refusal here is our bug.
+            raise InternalError(f"{self.name} wrote an answer its own output guard refuses", violations)
         self.counts["invalid_output"] += 1
         first = str(violations[0]) if violations else "no JSON object"
         detail = f"{counted(len(violations), 'violation')}, first: {first}"[:300]

@@ -183,7 +183,9 @@ def test_cli_batch_and_call_tool(model_dir: str, tmp_path: Path, capsys: pytest.
     lib = rerank(query, chunks, 3, backend="cross-encoder", model=model_dir).to_dict()
     assert main(["rerank", "-q", query, "-c", str(path), "-k", "3", "--backend", "cross-encoder",
                  "--model", model_dir, "--batch-size", "2", "--max-length", "128"]) == 0
-    assert json.loads(capsys.readouterr().out) == lib
+    # Another batch size pads the inputs differently: the logits may differ in the last bits
+    # (0.542204 against 0.542205), so the scores agree within a tolerance, everything else exactly.
+    _same_within_tolerance(json.loads(capsys.readouterr().out), lib)
     lines = tmp_path / "batch.jsonl"
     rows = [json.loads(x) for x in chunks.splitlines() if x]
     records: list[dict[str, Any]] = [{"query": query, "chunks": rows, "top_k": 3}] * 2
@@ -215,3 +217,11 @@ def test_a_copy_takes_the_processs_cached_model_instead_of_its_weights(model_dir
         assert (copied.model, copied.batch_size, copied.calibration_factor) == (
             backend.model, backend.batch_size, backend.calibration_factor)
         assert rerank(query, chunks, 3, backend=copied).to_json() == alone
+
+
+def _same_within_tolerance(got: dict[str, Any], want: dict[str, Any]) -> None:
+    """Two card objects that agree in ids, reasons and order, and in scores within 1e-5."""
+    assert got["dropped"] == want["dropped"]
+    assert [(r["id"], r["reason"]) for r in got["ranked"]] == [(r["id"], r["reason"]) for r in want["ranked"]]
+    scores = [r["score"] for r in want["ranked"]]
+    assert [r["score"] for r in got["ranked"]] == pytest.approx(scores, abs=1e-5)

@@ -13,7 +13,8 @@ import json
 import unicodedata
 
 from rag_rerank import rerank
-from rag_rerank.backends.local import LocalBackend, best_phrase, lexical_scores
+from rag_rerank.backends.local import LocalBackend, lexical_scores
+from rag_rerank.backends.scored import best_phrase
 from rag_rerank.guard.limits import load_limits
 from rag_rerank.paths import golden_dir
 

@@ -17,6 +17,7 @@ import pytest
 from rag_rerank import arerank, rerank
 from rag_rerank.backends.base import FatalFailure, TransientFailure
 from rag_rerank.backends.rerank_api import RerankAPIBackend, endpoint, map_scores
+from rag_rerank.backends.scored import SCORE_DECIMALS
 from rag_rerank.batch import arerank_many
 from rag_rerank.cli import main
 from rag_rerank.errors import BackendError, InputError
@@ -102,7 +103,7 @@ def test_request_shape_scores_order_reasons_and_usage() -> None:
     assert req.body == {"model": "rerank-small", "query": query,
                         "documents": [c.text for c in request.chunks], "top_n": 5}
     expected = _overlap_scores(req)
-    by_id = {c.id: round(s, 3) for c, s in zip(request.chunks, expected, strict=True)}
+    by_id = {c.id: round(s, SCORE_DECIMALS) for c, s in zip(request.chunks, expected, strict=True)}
     # lambda 1: plain relevance order, and the score is the server's (already in [0, 1])
     assert [r.id for r in result.ranked] == sorted(
         (cid for cid, s in by_id.items() if s > 0.2), key=lambda cid: -by_id[cid])[:3]
@@ -129,7 +130,7 @@ def test_logits_are_mapped_through_the_sigmoid() -> None:
     ids = [c.id for c in validate_request(query, chunks).chunks]
     mapped = dict(zip(ids, map_scores(raw, "sigmoid"), strict=True))
     for r in result.ranked:
-        assert r.score == round(mapped[r.id], 3)
+        assert r.score == pytest.approx(mapped[r.id], abs=1e-6)
     assert endpoint("http://h/v1/") == "http://h/v1/rerank" and endpoint("http://h/rerank") == "http://h/rerank"
 
 

@@ -14,8 +14,9 @@ import time
 import pytest
 
 from rag_rerank.backends.anthropic import AnthropicBackend
+from rag_rerank.backends.base import Completion
 from rag_rerank.backends.openai import OpenAIBackend, forget_modes
-from rag_rerank.errors import BackendError, InputError
+from rag_rerank.errors import BackendError, InputError, InternalError
 from rag_rerank.guard import validate_request
 from rag_rerank.render import render
 from rag_rerank.retry import Outcome, RetryPolicy, acall_with_retries, call_with_retries
@@ -366,3 +367,35 @@ def test_a_reason_quoting_the_query_is_accepted_on_the_first_try(request_, sleep
     with FakeLLM([Reply.openai_text(json.dumps(quoting))]) as srv:
         out = run(srv, request_, policy(sleeps))
     assert out.obj == quoting and kinds(out.attempts) == ["ok"]
+
+
+class _ScoredButWrong:
+    """A backend declaring itself scored (guard-valid by construction) that writes a minted id:
+    what a bug in a scored backend would look like to the retry loop."""
+
+    name = "scored-test"
+    model = None
+    scored = True
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def complete(self, prompt: str, request: object, **_: object) -> Completion:
+        self.calls += 1
+        return Completion(text=json.dumps(MINTED))
+
+    async def acomplete(self, prompt: str, request: object, **kw: object) -> Completion:
+        return self.complete(prompt, request, **kw)
+
+
+def test_a_scored_backend_is_never_re_asked_and_its_refusal_is_an_internal_error(request_) -> None:
+    # Re-asking a deterministic scorer could only repeat its answer (two wasted calls, then a
+    # BackendError the user cannot act on): one call, then the bug named as one.
+    backend = _ScoredButWrong()
+    with pytest.raises(InternalError, match="scored-test wrote an answer its own output guard") as err:
+        call_with_retries(backend, request_, render(request_), guard_top_k=3)
+    assert backend.calls == 1 and not isinstance(err.value, BackendError)
+    assert any("'C3' is not an input id" in v.message for v in err.value.violations)
+    with pytest.raises(InternalError):
+        asyncio.run(acall_with_retries(backend, request_, render(request_), guard_top_k=3))
+    assert backend.calls == 2

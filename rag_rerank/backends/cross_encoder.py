@@ -32,8 +32,9 @@ import numpy as np
 from ..errors import InputError, MissingDependencyError, Violation
 from ..models import RerankRequest
 from .base import Completion
-from .scored import answer
+from .scored import SCORE_DECIMALS, answer, labelled
 
+CROSS_ENCODER_REASON = labelled("cross-encoder")
 _models: dict[tuple[str, str | None, int | None], Any] = {}
 _lock = threading.Lock()
 _OFFLINE_VARS = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
@@ -110,6 +111,7 @@ class CrossEncoderBackend:
     """Scores with a cross-encoder and answers in the card's format (see the module docstring)."""
 
     name = "cross-encoder"
+    scored = True  # answers built by backends/scored.py: guard-valid by construction, never re-asked
 
     def __init__(self, model: str | None = None, *, batch_size: int = 32, device: str | None = "cpu",
                  max_length: int | None = None, calibration_factor: float = 1.0) -> None:
@@ -163,7 +165,7 @@ class CrossEncoderBackend:
     def complete(self, prompt: str, request: RerankRequest, *, max_tokens: int,
                  feedback: Sequence[Violation] = (), previous: str | None = None) -> Completion:
         sc = self.scores(request.query, [c.text for c in request.chunks])
-        obj = answer(request, [float(s) for s in sc], "cross-encoder")
+        obj = answer(request, [float(s) for s in sc], CROSS_ENCODER_REASON, decimals=SCORE_DECIMALS)
         return Completion(text=json.dumps(obj, ensure_ascii=False), model=self.model, usage={})
 
     async def acomplete(self, prompt: str, request: RerankRequest, *, max_tokens: int,

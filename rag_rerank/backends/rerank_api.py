@@ -43,11 +43,12 @@ from .common import (
     resolve_credentials,
     retry_after_seconds,
 )
-from .scored import answer
+from .scored import SCORE_DECIMALS, answer, labelled
 
 URL_ENV, KEY_ENV = "RERANK_BASE_URL", "RERANK_API_KEY"
 SCORE_MAPPINGS = ("auto", "identity", "sigmoid")
 DEFAULT_MAX_CHARS = 10_000
+RERANK_API_REASON = labelled("rerank-api")
 
 
 def endpoint(base_url: str) -> str:
@@ -97,6 +98,7 @@ class RerankAPIBackend(ClosableBackend):
     """A `/v1/rerank` client behind the Backend protocol (see the module docstring)."""
 
     name = "rerank-api"
+    scored = True  # answers built by backends/scored.py: guard-valid by construction, never re-asked
 
     def __init__(self, model: str | None = None, base_url: str | None = None, api_key: str | None = None, *,
                  timeout: float = 60.0, max_chars: int | None = DEFAULT_MAX_CHARS,
@@ -188,7 +190,8 @@ class RerankAPIBackend(ClosableBackend):
             raise FatalFailure(f"rerank-api: the response from {where} is not JSON: {shown!r}") from None
         scores = self._scores(body, n)
         notes = (f"rerank-api: {counted(cut, 'document')} cut to max_chars={self.max_chars}",) if cut else ()
-        obj = answer(request, scores, "rerank-api", "not_selected: not returned by the rerank API")
+        obj = answer(request, scores, RERANK_API_REASON, decimals=SCORE_DECIMALS,
+                     unscored_reason="not_selected: not returned by the rerank API")
         model = body.get("model") if isinstance(body.get("model"), str) else self.model
         return Completion(text=json.dumps(obj, ensure_ascii=False), model=model, usage=_usage(body),
                           notes=notes)

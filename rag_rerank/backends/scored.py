@@ -1,38 +1,141 @@
-"""The card's answer from a list of numeric scores: what the non-LLM scorers (cross-encoder,
-rerank API) share.
+"""The card's answer from a list of numeric scores: what every scored backend (local, cross-encoder,
+rerank API) shares.
 
-A cross-encoder or a hosted reranker gives one number per chunk and nothing else. To go through
-the same output guard and post-pass as an LLM, that becomes the card's JSON object here: chunks
-at or below the minimum score are dropped (`below_min_score`), the best `request.top_k` of the
-rest are ranked (the pipeline asks for candidate_k, so MMR has room), every other one is
+A scorer gives one number per chunk and nothing else. To go through the same output guard and
+post-pass as an LLM, that becomes the card's JSON object here: chunks at or below the minimum
+score in force (`request.min_score`) are dropped (`below_min_score`), the best `request.top_k` of
+the rest are ranked (the pipeline asks for candidate_k, so MMR has room), every other one is
 `not_selected`, and each ranked chunk gets a reason that quotes its own best-matching phrase,
-found by the local backend's `best_phrase` so every scorer explains itself the same way.
+found by the local backend's `best_phrase`, so every scorer explains itself the same way.
+
+**Valid by construction.** Each reason is checked here with the output guard's own functions
+(`cites_chunk`, `misquoted`), on the same `text.comparable` form the guard uses. A quotation the
+guard would refuse is replaced by the unquoted matched words; a chunk with nothing concrete to
+name is dropped as `no_citable_phrase`. So a scored answer passes the guard whatever the Unicode
+of the chunks, and a scored backend is never re-asked (`retry.py`): repeating a deterministic
+scorer could only repeat its answer.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from .. import reasons
+from ..embed.units import UNSPACED, kind
 from ..guard.limits import load_limits
-from ..guard.output import cites_chunk
+from ..guard.output import cites_chunk, misquoted
 from ..models import RerankRequest
-from .local import _STOPWORDS, best_phrase, lexical_scores
+from ..text import quote, readable
+from .terms import STOPWORDS, lexical_scores, stem, word_spans
+
+# Decimals of a written score for the model-backed scorers: enough that two chunks the model tells
+# apart keep its order through the post-pass (which sees only the written scores).
+SCORE_DECIMALS = 6
+# describe(index, score, quoted phrase or None, matched query words) -> the reason's text
+Describe = Callable[[int, float, "str | None", "list[str]"], str]
 
 
-def reason_for(query: str, texts: Sequence[str], index: int, label: str, score: float,
-               weight_of: dict[str, float] | None = None) -> str:
-    """A one-line reason quoting chunk `index`'s best-matching phrase, naming the scorer and its score."""
-    if weight_of is None:
-        weight_of = query_term_weights(query, texts)
-    phrase, matched = best_phrase(texts[index], weight_of)
-    matched = [m for m in matched if m.lower() not in _STOPWORDS] or matched
-    quoted = json.dumps(phrase, ensure_ascii=False)
-    if matched:
-        return f"quotes {quoted}, sharing query terms {', '.join(matched)} ({label} {score:.3f})"
-    return f"{label} {score:.3f} for {quoted}"
+def labelled(label: str) -> Describe:
+    """How a non-LLM scorer words its reasons: the quoted phrase and the query words it shares,
+    then the scorer's name and its score."""
+
+    def describe(index: int, score: float, phrase: str | None, matched: list[str]) -> str:
+        if phrase is None:
+            return f"shares query terms {', '.join(matched)} ({label} {score:.3f})" if matched else ""
+        quoted = json.dumps(phrase, ensure_ascii=False)
+        if matched:
+            return f"quotes {quoted}, sharing query terms {', '.join(matched)} ({label} {score:.3f})"
+        return f"{label} {score:.3f} for {quoted}"
+
+    return describe
+
+
+@dataclass(frozen=True)
+class _Tokens:
+    stems: list[str]
+    spans: list[tuple[int, int]]
+    widths: list[float]  # how much of a word each token is: 1, or less for a character unit of CJK text
+
+
+# A character unigram or bigram of unspaced text (two units per character) counts as a fifth of a
+# word when `best_phrase` sizes its window: eight "words" of Chinese are about twenty characters.
+_UNSPACED_WIDTH = 0.2
+_EDGE_CHARS = 4
+_NO_WORDS_CHARS = 60  # a chunk without words is quoted from its start, this many characters
+
+
+def _tokenise(text: str) -> _Tokens:
+    found = word_spans(text)
+    return _Tokens([stem(u) for u, _, _ in found], [(lo, hi) for _, lo, hi in found],
+                   [_UNSPACED_WIDTH if len(u) <= 2 and kind(u[0]) == UNSPACED else 1.0 for u, _, _ in found])
+
+
+
+
+def best_phrase(text: str, term_weight: dict[str, float], window: int = 8) -> tuple[str | None, list[str]]:
+    """The `window`-word span of the chunk holding the most query weight, in its `text.quote` form
+    (None when it has none: see there), and the chunk's words in it that match a query term.
+    Without any shared term: the chunk's opening words."""
+    tokens = _tokenise(text)
+    n = len(tokens.stems)
+    if n == 0:
+        return quote(text, 0, _NO_WORDS_CHARS), []
+    w = np.array([term_weight.get(s, 0.0) for s in tokens.stems])
+    best_start, best_val = 0, 0.0
+    # the window ends where `window` words' worth of tokens after each start runs out
+    cw = np.concatenate([[0.0], np.cumsum(tokens.widths)])
+    ends = np.clip(np.searchsorted(cw, cw[:n] + window, side="right") - 1, np.arange(n) + 1, n)
+    if w.any():
+        csum = np.concatenate([[0.0], np.cumsum(w)])
+        vals = csum[ends] - csum[:n]
+        best_start = int(np.argmax(vals))
+        best_val = float(vals[best_start])
+    end = int(ends[best_start])
+    lo, hi = tokens.spans[best_start][0], tokens.spans[end - 1][1]
+    # a character unit may start or end inside a word ("밀번호" of "비밀번호"): widen the quote to
+    # the word's edges, by at most a few characters (Chinese has no edges to find)
+    for _ in range(_EDGE_CHARS):
+        if lo > 0 and text[lo - 1].isalnum():
+            lo -= 1
+        if hi < len(text) and text[hi].isalnum():
+            hi += 1
+    phrase = quote(text, lo, hi)  # the guard's own normal form: accepted by construction
+    if phrase is not None and lo > 0:
+        phrase = "…" + phrase
+    if phrase is not None and hi < len(text.rstrip()):
+        phrase += "…"
+    matched: list[str] = []
+    if best_val > 0:
+        window_spans = zip(tokens.stems[best_start:end], tokens.spans[best_start:end], strict=True)
+        for a, b in _merge_unspaced(text, [span for s, span in window_spans if term_weight.get(s, 0.0) > 0]):
+            word = readable(text[a:b])
+            if word.lower() not in {m.lower() for m in matched}:
+                matched.append(word)
+        # a lone CJK character ("の", "用") is named only when nothing longer matched
+        longer = [m for m in matched if not (len(m) == 1 and kind(m) == UNSPACED)]
+        matched = longer or matched
+    return phrase, matched
+
+
+def _merge_unspaced(text: str, spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Spans of matched words, with overlapping or adjacent CJK character units merged into the
+    stretch of text they cover: "查看磁盘空间", not "查看, 看磁, 磁盘, 盘空, 空间"."""
+    def cjk(a: int, b: int) -> bool:
+        return kind(text[a]) == UNSPACED and kind(text[b - 1]) == UNSPACED
+
+    out: list[tuple[int, int]] = []
+    for a, b in spans:
+        if out and a <= out[-1][1] and cjk(a, b) and cjk(*out[-1]):
+            out[-1] = (out[-1][0], max(out[-1][1], b))
+        else:
+            out.append((a, b))
+    return out
+
 
 
 def query_term_weights(query: str, texts: Sequence[str]) -> dict[str, float]:
@@ -41,32 +144,55 @@ def query_term_weights(query: str, texts: Sequence[str]) -> dict[str, float]:
     return {t: float(x) for t, x in zip(terms, term_w, strict=True) if x > 0}
 
 
-def answer(request: RerankRequest, scores: Sequence[float | None], label: str,
-           unscored_reason: str = "not_selected: not scored") -> dict[str, Any]:
-    """The card's output object for `request` from per-chunk `scores` in [0, 1] (input order);
-    a None score (a chunk the scorer did not return) is dropped with `unscored_reason`."""
-    texts = [c.text for c in request.chunks]
+def reason_for(text: str, index: int, score: float, weight_of: dict[str, float],
+               describe: Describe) -> str | None:
+    """A reason for chunk `index` (its own `text`) that the output guard accepts, or None when the
+    chunk holds nothing concrete to name (see the module docstring)."""
+    phrase, matched = best_phrase(text, weight_of)
+    matched = [m for m in matched if m.lower() not in STOPWORDS] or matched
+    reason = describe(index, score, phrase, matched)
+    if phrase is not None and misquoted(reason, text) is not None:  # a bug in `text.quote` if ever
+        reason = describe(index, score, None, matched)
+    if reason and cites_chunk(reason, text):
+        return reason
+    return None
+
+
+def minimum_score(request: RerankRequest) -> float:
+    """The minimum score in force for `request`: its own, else the contract's."""
+    return load_limits().min_score if request.min_score is None else float(request.min_score)
+
+
+def answer(request: RerankRequest, scores: Sequence[float | None], describe: Describe, *,
+           decimals: int = 3, unscored_reason: str = "not_selected: not scored",
+           weight_of: dict[str, float] | None = None) -> dict[str, Any]:
+    """The card's output object for `request` from per-chunk `scores` in [0, 1] (input order).
+
+    Chunks are ordered by full-precision score (ties: input order) and their scores written with
+    `decimals` decimals, so two chunks a scorer tells apart keep its order even when they round
+    alike. A None score (a chunk the scorer did not return) is dropped with `unscored_reason`."""
     own = [request.own_text(c) for c in request.chunks]  # reasons quote the chunk, not an embedded title
-    weight_of = query_term_weights(request.query, texts)
-    min_score = load_limits().min_score
-    rounded = [None if s is None else round(float(s), 3) for s in scores]
-    order = sorted(range(len(texts)), key=lambda i: (rounded[i] is None, -(rounded[i] or 0.0), i))
+    if weight_of is None:
+        weight_of = query_term_weights(request.query, [c.text for c in request.chunks])
+    floor = minimum_score(request)
+    order = sorted(range(len(own)), key=lambda i: (scores[i] is None, -(scores[i] or 0.0), i))
     ranked: list[dict[str, Any]] = []
     dropped: list[dict[str, Any]] = []
     for i in order:
-        cid, score = request.chunks[i].id, rounded[i]
-        if score is None:
+        cid, raw = request.chunks[i].id, scores[i]
+        if raw is None:
             dropped.append({"id": cid, "reason": unscored_reason})
-        elif score <= min_score:
+            continue
+        score = round(float(raw), decimals)
+        if score <= floor:
             dropped.append({"id": cid, "reason": reasons.reason(reasons.BELOW_MIN_SCORE,
                                                                reasons.score_detail(score))})
         elif len(ranked) >= request.top_k:
             dropped.append({"id": cid, "reason": reasons.reason(reasons.NOT_SELECTED,
                                                                reasons.score_detail(score))})
+        elif (reason := reason_for(own[i], i, score, weight_of, describe)) is not None:
+            ranked.append({"id": cid, "score": score, "reason": reason})
         else:
-            reason = reason_for(request.query, own, i, label, score, weight_of)
-            if cites_chunk(reason, own[i]):
-                ranked.append({"id": cid, "score": score, "reason": reason})
-            else:
-                dropped.append({"id": cid, "reason": "no_citable_phrase: nothing concrete to quote"})
+            dropped.append({"id": cid, "reason": reasons.reason(reasons.NO_CITABLE_PHRASE,
+                                                               "nothing concrete to quote")})
     return {"ranked": ranked, "dropped": dropped}

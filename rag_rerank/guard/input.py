@@ -709,4 +709,5 @@ def validate_request(
         violations.extend(exc.violations)
     if violations:
         raise InputError(violations)
-    return RerankRequest(query=query, chunks=tuple(parsed), top_k=int(top_k), lambda_=float(lambda_))
+    return RerankRequest(query=query, chunks=tuple(parsed), top_k=int(top_k), lambda_=float(lambda_),
+                         min_score=lim.min_score)

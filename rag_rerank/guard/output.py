@@ -21,6 +21,7 @@ from jsonschema import Draft202012Validator
 from .. import reasons
 from ..errors import InputError, OutputError, Violation
 from ..models import Chunk
+from ..text import comparable
 from .input import ChunkSource, normal_top_k, parse_chunks, top_k_violations
 from .limits import Limits, as_limits, load_schema
 
@@ -51,7 +52,7 @@ def _stem(word: str) -> str:
 
 def _content_tokens(text: str) -> set[str]:
     out = set()
-    for w in _WORD.findall(text.lower()):
+    for w in _WORD.findall(comparable(text)):
         if w in _STOPWORDS or w in _GENERIC:
             continue
         if len(w) >= 3 or any(ch.isdigit() for ch in w):
@@ -66,11 +67,13 @@ def _non_ascii_runs(text: str) -> set[str]:
 
 
 def cites_chunk(reason: str, chunk_text: str) -> bool:
-    """True when the reason names something concrete (a word, entity, number) from the chunk."""
+    """True when the reason names something concrete (a word, entity, number) from the chunk; both
+    compared in the one `text.comparable` form, so an NFD accent or a control character in the
+    chunk does not hide a word the reason names."""
     if _content_tokens(reason) & _content_tokens(chunk_text):
         return True
-    grams = _non_ascii_runs(reason)
-    return bool(grams) and any(g in chunk_text for g in grams)
+    grams = _non_ascii_runs(comparable(reason))
+    return bool(grams) and any(g in comparable(chunk_text) for g in grams)
 
 
 # A quotation in a reason: straight double quotes (a JSON-escaped \" inside allowed, as the scored
@@ -81,14 +84,6 @@ _OPENING = re.compile("[" + "".join(_CLOSING) + "]")
 _ELLIPSIS = re.compile(r"\.\.\.|\u2026|\[\.\.\.\]")
 # Punctuation a quotation may end or start with that the chunk need not have at that spot.
 _EDGE = " \t.,;:!?-\u2013\u2014()[]{}'`\u2018\u2019"
-
-
-def _comparable(text: str) -> str:
-    """Text as a quotation is compared: NFKC, case-folded, without control or invisible format
-    characters, whitespace runs as one space."""
-    text = unicodedata.normalize("NFKC", text).casefold()
-    text = "".join(ch for ch in text if unicodedata.category(ch) not in ("Cc", "Cf") or ch in "\t\n")
-    return " ".join(text.split())
 
 
 def _quotations(reason: str) -> list[str]:
@@ -167,7 +162,7 @@ _DIGIT_GROUP = re.compile(r"(?<=\d)[,' \u00a0\u202f_](?=\d{3}(?!\d))")
 
 
 def _words(text: str) -> list[str]:
-    return _WORD.findall(_DIGIT_GROUP.sub("", _comparable(text)))
+    return _WORD.findall(_DIGIT_GROUP.sub("", comparable(text)))
 
 
 def _kind(word: str) -> int:
@@ -240,11 +235,11 @@ def misquoted(reason: str, source: str) -> str | None:
     quotes = _quotations(reason)
     if not quotes:
         return None
-    haystack = _comparable(source)
+    haystack = comparable(source)
     words: _Source | None = None
     pairs = 0
     for quote in quotes:
-        for piece in (_comparable(p).strip(_EDGE) for p in _ELLIPSIS.split(quote)):
+        for piece in (comparable(p).strip(_EDGE) for p in _ELLIPSIS.split(quote)):
             if len(piece) < 3 or piece in haystack:  # one or two characters ("a", "%") prove nothing
                 continue
             words = words or _Source(source)

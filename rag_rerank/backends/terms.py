@@ -1,0 +1,134 @@
+"""Words, stems and BM25 over a candidate set: the lexical evidence every scored backend shares.
+
+The local backend's `lexical` signal and every scored backend's reasons (which query words a chunk
+shares, `scored.best_phrase`) read a text the same way, through here. The stopword list, the
+stemmer and the Latin word split are the ones the default profile's weights were fitted with
+(`bench/tune_default.py`): changing them changes every default score, so they move only with a refit.
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+
+from ..embed.units import reads_foreign, units, units_with_spans
+
+# Words that carry no topic on their own. They still count for a little (`stopword_weight`):
+# "when ..." questions are answered by "... when ..." sentences, but "the" must not make an
+# unrelated chunk look relevant.
+STOPWORD_TEXT = """
+a about above after again against all also am an and any are as at be because been before being
+below between both but by can could did do does doing down during each either few for from further
+had has have having he her here hers him his how i if in into is it its itself just me more most my
+no nor not now of off on once only or other our out over own same she should so some such than that
+the their them then there these they this those through to too under until up very was we were what
+when where which while who whom why will with would you your yours one two per via s t
+"""
+STOPWORDS = frozenset(STOPWORD_TEXT.split())
+WORD = re.compile(r"\w+", re.UNICODE)
+_SUFFIXES = ("ations", "ation", "ings", "ing", "edly", "ies", "ied", "ed", "es", "ly", "s")
+
+
+@lru_cache(maxsize=65536)
+def stem(word: str) -> str:
+    """A light, dependency-free English stemmer: strip one common suffix, keep at least 3 letters,
+    then cut to 6 characters so 'preferred' / 'prefer' / 'preference' meet. Non-Latin words pass
+    unchanged. Crude on purpose: it only has to make surface variants of a query term match."""
+    w = word.lower()
+    if not w.isascii():
+        return w
+    for suf in _SUFFIXES:
+        if w.endswith(suf) and len(w) - len(suf) >= 3:
+            w = w[: -len(suf)]
+            break
+    return w[:6]
+
+
+
+@dataclass(frozen=True)
+class Bm25:
+    """BM25 constants of the lexical signal; function words count `stopword_weight` of a content word."""
+
+    k1: float = 1.2
+    b: float = 0.75
+    stopword_weight: float = 0.1
+
+
+DEFAULT_BM25 = Bm25()
+
+def word_spans(text: str) -> list[tuple[str, int, int]]:
+    """The words of `text` with their spans. Text mostly in a script that `\\w+` cannot split
+    (Chinese, Japanese, Korean, Thai) or that the static table cannot read (Cyrillic, Arabic, Hebrew,
+    ...) gets the script-aware units of `embed.units`: CJK unigrams and bigrams, marks kept inside
+    words, NFC, no zero-width characters. Latin text keeps the plain word split it was fitted on."""
+    if text.isascii() or not reads_foreign(text):
+        return [(m.group(), *m.span()) for m in WORD.finditer(text)]
+    return units_with_spans(text)
+
+
+def words(text: str) -> list[str]:
+    """The lower-cased words of `text` (see `word_spans`); ASCII text at C speed. Latin text
+    is NFC-normalised first, so an NFD "café" (e + combining accent) is one word, as the NFC one is."""
+    if text.isascii():
+        return WORD.findall(text.lower())
+    if not reads_foreign(text):
+        return WORD.findall(unicodedata.normalize("NFC", text).lower())
+    return units(text)
+
+
+def query_terms(query: str) -> tuple[list[str], np.ndarray]:
+    """Distinct query stems and their base weight (1, or `stopword_weight` is applied later)."""
+    seen: dict[str, bool] = {}
+    for word in words(query):
+        s = stem(word)
+        if s not in seen:
+            seen[s] = word in STOPWORDS
+        elif word not in STOPWORDS:
+            seen[s] = False
+    terms = list(seen)
+    return terms, np.array([seen[t] for t in terms], dtype=bool)
+
+
+def lexical_scores(
+    query: str, texts: Sequence[str], weights: Bm25 = Bm25()
+) -> tuple[np.ndarray, list[str], np.ndarray, np.ndarray]:
+    """BM25 over the candidate set, normalised to [0, 1] as coverage of the query.
+
+    Returns (scores, query terms, per-term weights = idf x stopword factor, and per chunk whether it
+    shares a content word, i.e. a query term that is not a function word). Words are counted with
+    C-level `findall` / `Counter` and each distinct word is stemmed once; only words that stem to a
+    query term are looked at per chunk, so 50 chunks cost a few milliseconds."""
+    terms, is_stop = query_terms(query)
+    n = len(texts)
+    if not terms or n == 0:
+        return np.zeros(n), terms, np.zeros(len(terms)), np.zeros(n, dtype=bool)
+    index = {t: j for j, t in enumerate(terms)}
+    counts = [Counter(words(t)) for t in texts]
+    vocab = set().union(*counts)
+    word_term = {w: index[st] for w in vocab if (st := stem(w)) in index}
+    matching = word_term.keys()
+    tf = np.zeros((n, len(terms)), dtype=np.float64)
+    for i, c in enumerate(counts):
+        for w in matching & c.keys():
+            tf[i, word_term[w]] += c[w]
+    lengths = np.array([max(c.total(), 1) for c in counts], dtype=np.float64)
+    # Document frequency over distinct texts: five identical copies of the one chunk that answers
+    # are one document, not five, or their shared terms would look common and the copies would
+    # all fall below the minimum score (removing copies is the post-pass's job, not scoring's).
+    distinct = list({t: i for i, t in reversed(list(enumerate(texts)))}.values())
+    df = (tf[distinct] > 0).sum(axis=0)
+    idf = np.log1p((len(distinct) - df + 0.5) / (df + 0.5))
+    term_w = idf * np.where(is_stop, weights.stopword_weight, 1.0)
+    norm = weights.k1 * (1.0 - weights.b + weights.b * lengths / lengths.mean())
+    sat = tf * (weights.k1 + 1.0) / (tf + norm[:, None])
+    # A chunk of average length holding every query term once scores sum(term_w) exactly.
+    ideal = term_w.sum()
+    scores = (sat @ term_w) / ideal if ideal > 0 else np.zeros(n)
+    content = (tf[:, ~is_stop] > 0).any(axis=1)
+    return np.clip(scores, 0.0, 1.0), terms, term_w, content

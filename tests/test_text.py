@@ -1,0 +1,69 @@
+"""The one normalisation of quoted text: a quotation written by `text.quote` is accepted by the
+output guard for any text and any slice of it, whatever its Unicode (controls, NFD accents,
+format characters, ligatures, CJK)."""
+
+from __future__ import annotations
+
+import json
+import unicodedata
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from rag_rerank.guard.output import cites_chunk, misquoted
+from rag_rerank.text import comparable, quote, readable
+
+# What web and PDF text is made of: words, mojibake bytes (C1 controls), decomposed accents,
+# invisible format characters, ligatures and compatibility forms, other scripts.
+_MANGLE = [chr(c) for c in range(0x80, 0xA0)] + [
+    "\u0301", "\u0308", "\u200b", "\u202e", "\ufeff", "\u00ad", "\U0001f600", "\ufb01", "\u2126", "é",
+    "中文", "ש", "\x00", "\t", "\n", "\u00a0", "ß", "İ", "ǰ", "\u1100\u1161\u11a8"]
+_PIECES = st.one_of(st.sampled_from(["Bluetooth", "secure", "café", "naïve", "IVF", "HNSW", " ", ". "]),
+                    st.sampled_from(_MANGLE), st.text(max_size=5))
+MANGLED = st.lists(_PIECES, min_size=1, max_size=30).map("".join)
+ANY_TEXT = st.one_of(st.text(max_size=80), MANGLED, MANGLED.map(lambda t: unicodedata.normalize("NFD", t)))
+
+
+@given(ANY_TEXT, st.data())
+def test_a_quote_of_any_slice_passes_the_guard(text: str, data: st.DataObject) -> None:
+    lo = data.draw(st.integers(0, len(text)))
+    hi = data.draw(st.integers(lo, len(text)))
+    phrase = quote(text, lo, hi)
+    if phrase is None:
+        return
+    assert comparable(phrase) in comparable(text)
+    assert misquoted(f"quotes {json.dumps(phrase, ensure_ascii=False)}", text) is None
+
+
+@given(ANY_TEXT)
+def test_readable_and_comparable_are_idempotent(text: str) -> None:
+    once = readable(text)
+    assert readable(once) == once
+    assert comparable(once) == comparable(text)
+    assert comparable(comparable(text)) == comparable(text)
+    assert not any(unicodedata.category(ch) in ("Cc", "Cf") for ch in once)
+
+
+@pytest.mark.parametrize(("text", "phrase"), [
+    ("Bluetooth is \u00e2\u0080\u009cfairly\u00e2\u0080\u009d secure.", "Bluetooth is â fairlyâ secure"),
+    ("un cafe\u0301 noir", "un café noir"),  # NFD in, one composed spelling out
+    ("the \ufb01le system", "the file system"),
+    ("zero\u200bwidth", "zerowidth"),
+])
+def test_the_mojibake_and_nfd_that_failed_on_web_text_are_quoted_and_accepted(text: str, phrase: str) -> None:
+    assert quote(text, 0, len(text.rstrip("."))) == phrase
+    reason = f"quotes {json.dumps(phrase, ensure_ascii=False)}"
+    assert misquoted(reason, text) is None and cites_chunk(reason, text)
+
+
+def test_a_slice_ending_before_a_combining_accent_takes_the_accent() -> None:
+    text = "un cafe\u0301 noir"
+    assert quote(text, 0, 7) == "un café"  # text[:7] is "un cafe", the accent follows
+
+
+def test_cites_chunk_compares_in_the_same_form() -> None:
+    # Regression: an NFD chunk hid "café" from a reason that names it (composed), so the local
+    # backend dropped a relevant chunk as no_citable_phrase and an LLM's reason was re-asked.
+    assert cites_chunk("mentions café prices", "Le cafe\u0301 est cher")
+    assert cites_chunk("names the fairly secure pairing", "Bluetooth is \u00e2\u0080\u009cfairly\u00e2")
