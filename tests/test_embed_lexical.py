@@ -119,3 +119,10 @@ def test_stopword_weight_removes_function_word_similarity():
     assert float(plain[1] @ plain[0]) > 0.15  # "how do i" alone makes them look related
     assert abs(float(damped[1] @ damped[0])) < 0.05
     assert float(damped[2] @ damped[0]) > 0.4  # the content words still match
+
+
+def test_text_is_read_in_the_one_comparable_form() -> None:
+    # A zero-width space or a soft hyphen inside a word (web and PDF text) is not a word break,
+    # and an NFD accent is the composed one: the duplicate detector sees what the guard sees.
+    assert normalise_text("zero\u200bwidth soft\u00adhyphen") == " zerowidth softhyphen "
+    assert normalise_text("cafe\u0301") == normalise_text("café")

@@ -25,12 +25,12 @@ Why this design:
 from __future__ import annotations
 
 import re
-import unicodedata
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from ..errors import InputError, Violation
+from ..text import comparable
 
 _P = np.uint64(0x100000001B3)  # FNV-64 prime: odd, hence invertible modulo 2**64
 _P_INV = np.uint64(pow(0x100000001B3, -1, 2**64))
@@ -77,12 +77,11 @@ def _mix(h: np.ndarray) -> np.ndarray:
 
 
 def normalise_text(text: str) -> str:
-    """NFKC, case-folded, every run of non-word characters one space, padded by one space.
-
-    The padding makes word boundaries part of the character n-grams (" cat" differs from "cat").
+    """`text.comparable` (NFKC, case-folded, controls a space, invisible format characters gone: the
+    form quotations are compared in), every run of non-word characters one space, padded by one
+    space. The padding makes word boundaries part of the character n-grams (" cat" differs from "cat").
     """
-    folded = unicodedata.normalize("NFKC", text).casefold()
-    return " " + _NON_WORD.sub(" ", folded).strip() + " "
+    return " " + _NON_WORD.sub(" ", comparable(text)).strip() + " "
 
 
 @dataclass(frozen=True)
