@@ -13,6 +13,9 @@ input line and writes one JSONL line per input line, in input order:
 Lines are written as soon as every earlier line is done, so the output file is always a prefix
 of the input: `--resume` keeps the complete lines already there (cutting off a half-written last
 line from a crash), skips their line numbers, and appends the rest. Nothing is done twice or lost.
+The CLI adds `"config": {...}` to every record (`record_config`: backend, model, base_url without
+credentials, embedder, ... whatever decides a result), so `--resume` refuses a file written with
+other settings, and an existing non-empty `--output` is replaced only with `--overwrite`.
 Exit code: 0 every line ok, 3 some line had a backend failure, otherwise 2 some line had bad input
 (4 an internal error). It is computed over the whole output file, resumed lines included.
 """
@@ -35,8 +38,9 @@ from .concurrency import CALL_LIMIT
 from .errors import BackendError, InputError, RerankError, Violation
 from .guard.input import PATH_HINT, duplicate_keys_message, json_problem, loads_line
 from .models import RerankResult
-from .redaction import scrub, secrets_of
+from .redaction import display_url, scrub, secrets_of
 from .rerank import aclose_built, arerank
+from .runconfig import config_difference, embedder_server
 from .wording import near_miss
 
 EXIT_OK, EXIT_BAD_INPUT, EXIT_BACKEND, EXIT_INTERNAL = 0, 2, 3, 4
@@ -424,6 +428,73 @@ def _progress_bar(total: int, enabled: bool) -> Any:
     return tqdm(total=total, unit="query", file=sys.stderr)
 
 
+# A cross-encoder's knobs that decide how fast it scores, not what: a resumed run may change them.
+_SPEED_KNOBS = frozenset({"device", "batch_size"})
+
+
+def record_config(options: Mapping[str, Any]) -> dict[str, Any]:
+    """What decides a batch record's result, as the CLI writes it in the record's `config`.
+
+    `options` are the run's `arerank` options as the CLI passes them (backend, model, base_url,
+    embedder, fallback, policy, backend_options, layout, strict, window_size and the metadata
+    options). Recorded: the backend by name, its model and server, the embedder by name and, for
+    an embeddings server, its URL; the fallback; the LLM's output budget (`policy.max_tokens`);
+    the backend's scoring knobs; the layout, strict parsing, window size and metadata options; and
+    the contract's default top_k and lambda, which a line without its own takes. A line's own
+    settings are in its input line, not here. Left out: credentials (URLs are shown as
+    `display_url` shows them; the api key never), and what only decides how fast a run goes or
+    how long it waits (concurrency, the engine and workers, the deadline, a cross-encoder's device
+    and batch size), which a resumed run may change. JSON values only, as they read back.
+    """
+    from .guard.limits import load_limits
+
+    backend = options.get("backend", "local")
+    embedder = resolve_embedder(options.get("embedder", "lexical"), backend, options.get("base_url"))
+    limits = load_limits()
+    name = backend if isinstance(backend, str) else str(getattr(backend, "name", type(backend).__name__))
+    config: dict[str, Any] = {
+        "backend": name,
+        "model": options.get("model"),
+        "base_url": display_url(options.get("base_url")),
+        "embedder": str(getattr(embedder, "name", embedder)),
+        **embedder_server(embedder),
+        "fallback": options.get("fallback"),
+        "max_tokens": getattr(options.get("policy"), "max_tokens", None),
+        "layout": options.get("layout", "mmr"),
+        "strict": bool(options.get("strict", False)),
+        "window_size": options.get("window_size"),
+        "default_top_k": limits.default_top_k,
+        "default_lambda": limits.default_lambda,
+    }
+    knobs = {k: v for k, v in (options.get("backend_options") or {}).items() if k not in _SPEED_KNOBS}
+    if knobs:
+        config["backend_options"] = knobs
+    for name in SCORING_KEYS:  # the metadata options: they change which chunks rank first
+        if options.get(name) is not None:
+            config[name] = options[name]
+    result: dict[str, Any] = json.loads(json.dumps(config))  # lists, not tuples: as the file reads back
+    return result
+
+
+def _check_config(done: Mapping[int, Mapping[str, Any]], config: Mapping[str, Any], output: str) -> None:
+    """Every record being resumed must have been written with this run's configuration: a file
+    half written by one backend, model or embedder and finished by another would mix two systems'
+    results without a word (as `eval --resume` refuses a header of another configuration)."""
+    for number in sorted(done):
+        rec = done[number]
+        if rec.get("config") == config:
+            continue
+        if "config" not in rec:
+            msg = (f"--resume: {output}'s record of input line {number} does not say which configuration "
+                   "wrote it (written before batch records carried their 'config'), so this run cannot "
+                   "tell whether its settings match; start again with --overwrite, or use a new --output")
+        else:
+            msg = (f"--resume: {output} was written with another configuration (record of input line "
+                   f"{number}: {config_difference(rec['config'], config)}); resume with the same settings, "
+                   "or start again with --overwrite, or use a new --output")
+        raise InputError([Violation(path="--output", message=msg)])
+
+
 def run_batch_cli(args: Any, backend_options: Mapping[str, Any]) -> int:
     """`rag-rerank batch`: see the module docstring for the file formats and exit codes."""
     from .textio import UsageError, read_text
@@ -431,8 +502,14 @@ def run_batch_cli(args: Any, backend_options: Mapping[str, Any]) -> int:
     if args.concurrency < 1:
         raise UsageError(f"--concurrency must be at least 1, got {args.concurrency}")
     to_stdout = args.output in (None, "-")
+    overwrite = bool(getattr(args, "overwrite", False))
     if args.resume and to_stdout:
         raise UsageError("--resume needs --output FILE (it skips the lines already in that file)")
+    if overwrite and to_stdout:
+        raise UsageError("--overwrite needs --output FILE (it replaces that file)")
+    if overwrite and args.resume:
+        raise UsageError("--resume and --overwrite exclude each other: --resume continues --output, "
+                         "--overwrite replaces it")
     lines = parse_input(read_text(args.input, what="input"))
     if not lines:
         raise UsageError(f"--input: {args.input} holds no requests; write one JSON object "
@@ -444,9 +521,16 @@ def run_batch_cli(args: Any, backend_options: Mapping[str, Any]) -> int:
     if out_path is not None and args.input != "-" and out_path.exists() and out_path.samefile(args.input):
         # "w" would replace the requests with their results: the input is lost
         raise UsageError(f"--output: {args.output} is the --input file; write the results to another file")
+    if (out_path is not None and not args.resume and not overwrite and out_path.is_file()
+            and out_path.stat().st_size > 0):
+        # "w" would truncate it: results of an earlier run (hours of LLM calls) lost to a missing flag
+        raise UsageError(f"--output: {args.output} already exists and is not empty; pass --resume to "
+                         "continue it or --overwrite to replace it")
+    config = record_config(backend_options)
     if out_path is not None and args.resume:
         done, valid_end = read_done(out_path)
         _check_resumed(done, lines, args.output)
+        _check_config(done, config, args.output)
         if out_path.exists() and valid_end < out_path.stat().st_size:
             with out_path.open("r+b") as fh:
                 fh.truncate(valid_end)
@@ -468,7 +552,7 @@ def run_batch_cli(args: Any, backend_options: Mapping[str, Any]) -> int:
     try:
 
         def on_record(index: int, rec: dict[str, Any]) -> None:
-            writer.add(index, rec)
+            writer.add(index, {**rec, "config": config})  # what `--resume` checks (record_config)
             if bar is not None:
                 bar.update(1)
 

@@ -479,7 +479,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output", "-o", default="-", metavar="FILE|-", help="JSONL results (default stdout)")
     p.add_argument("--concurrency", type=whole_number, default=4,
                    help="requests in flight at most (default 4)")
-    p.add_argument("--resume", action="store_true", help="skip lines already present in --output")
+    p.add_argument("--resume", action="store_true",
+                   help="continue --output: skip the lines already in it (written with the same settings)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace an existing non-empty --output (without it or --resume, batch refuses to)")
     p.add_argument("--no-progress", action="store_true", help="never show a progress bar")
     p.add_argument("--engine", choices=["local", "ray"], default="local",
                    help="local: one process, async (default); ray: Ray Data actors (needs rag-rerank[ray])")

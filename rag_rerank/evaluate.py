@@ -48,6 +48,7 @@ import numpy as np
 from .errors import InputError, MissingDependencyError, RerankError, Violation
 from .guard.limits import as_limits, load_limits
 from .redaction import display_url
+from .runconfig import EMBED_URL, config_difference, embedder_server
 from .wording import counted
 
 SLICE = 16  # queries per resume checkpoint
@@ -387,30 +388,17 @@ def _config(k: int, lambda_: float | None, depth: int, options: Mapping[str, Any
     for name in ("window_size", *SCORING_KEYS):
         if options.get(name) is not None:
             config[name] = options[name]
-    config.update(_embedder_server(embedder))
+    config.update(embedder_server(embedder))
     return config
 
 
 
-_EMBED_URL = "embed_base_url"
 _KINDS = ("input", "backend", "internal")
-
-
-def _embedder_server(embedder: Any) -> dict[str, Any]:
-    """Where an embeddings-server embedder sends its texts: the same model name on another server
-    (an openai backend's --base-url, --embed-base-url, OPENAI_BASE_URL) gives other vectors, so
-    other post-pass decisions, and a resume file must not mix the two."""
-    if not hasattr(embedder, "base_url"):
-        return {}
-    # As shown, credentials masked: the header is written to a file and printed by --json.
-    url = getattr(embedder, "base_url", None) or os.environ.get("OPENAI_BASE_URL")
-    return {_EMBED_URL: display_url(url) or None}
-
 
 def _with_embed_url(written: Mapping[str, Any], config: Mapping[str, Any]) -> Mapping[str, Any]:
     """A header from before `embed_base_url` was recorded: such an embedder used OPENAI_BASE_URL."""
-    if _EMBED_URL in config and _EMBED_URL not in written:
-        return {**written, _EMBED_URL: display_url(os.environ.get("OPENAI_BASE_URL")) or None}
+    if EMBED_URL in config and EMBED_URL not in written:
+        return {**written, EMBED_URL: display_url(os.environ.get("OPENAI_BASE_URL")) or None}
     return written
 
 
@@ -424,11 +412,7 @@ def _config_difference(written: Any, config: Mapping[str, Any]) -> str:
     """Which settings differ between a resume file's header and this run, as `name: file X, now Y`."""
     if not isinstance(written, Mapping):
         return f"its header is {str(written)[:80]!r}"
-    written = _with_embed_url(written, config)
-    names = [*config, *(k for k in written if k not in config)]
-    diffs = [f"{name}: file {written.get(name)!r}, now {config.get(name)!r}" for name in names
-             if written.get(name) != config.get(name) or (name in written) != (name in config)]
-    return "; ".join(diffs) or "the header differs"
+    return config_difference(_with_embed_url(written, config), config)
 
 
 def _error_kind_of(record: Mapping[str, Any]) -> str:

@@ -14,7 +14,7 @@ from rag_rerank.cli import main
 from rag_rerank.errors import InputError
 from rag_rerank.models import RerankResult
 from rag_rerank.skill import load_skill
-from tests.support.fake_llm import FakeLLM, InFlight, Reply
+from tests.support.fake_llm import FakeLLM, InFlight, RecordedRequest, Reply, auto_ranker
 from tests.support.quoting_ranker import quoting_ranker
 
 QUERY = "When should I prefer IVF over HNSW for vector search?"
@@ -135,7 +135,9 @@ def test_batch_cli_writes_every_line_in_order_and_exits_2_on_bad_input(tmp_path:
     assert recs[0]["query_id"] == "q0"
     assert recs[0]["result"] == rerank(q0["query"], q0["chunks"], q0["top_k"]).to_dict()
     assert recs[3]["result"]["ranked"] == [] and len(recs[3]["result"]["dropped"]) == 3
-    assert set(recs[0]) == {"line", "query_id", "result", "meta"}
+    assert set(recs[0]) == {"line", "query_id", "result", "meta", "config"}
+    assert set(recs[1]) == {"line", "error", "config"}
+    assert recs[0]["config"]["backend"] == "local" and recs[0]["config"]["embedder"] == "lexical"
     assert set(recs[0]["result"]) == {"ranked", "dropped"}
     err = capsys.readouterr().err
     assert "line 2: input error" in err and "5 ok, 1 failed" in err
@@ -533,3 +535,164 @@ def test_arerank_many_closes_the_backend_it_built_from_a_name() -> None:
                 return await twice(backend)
 
         assert all(isinstance(r, RerankResult) for r in asyncio.run(shared()))
+
+
+# --- an existing output is neither truncated silently nor continued with other settings ---------------
+
+
+def test_an_existing_output_is_refused_without_resume_or_overwrite(tmp_path: Path, capsys) -> None:
+    """Regression: `batch -o results.jsonl` without --resume truncated an earlier run's results."""
+    inp, out = tmp_path / "q.jsonl", tmp_path / "results.jsonl"
+    _write_input(inp, [json.dumps(q) for q in _queries(2)])
+    out.write_text('{"line": 1, "result": {"ranked": [], "dropped": []}}\n', encoding="utf-8")
+    before = out.read_bytes()
+    assert main(["batch", "-i", str(inp), "-o", str(out), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err == (f"rag-rerank: error: --output: {out} already exists and is not empty; pass --resume to "
+                   "continue it or --overwrite to replace it\n")
+    assert out.read_bytes() == before
+    # --overwrite replaces it
+    assert main(["batch", "-i", str(inp), "-o", str(out), "--no-progress", "--overwrite"]) == 0
+    assert [r["line"] for r in _read(out)] == [1, 2] and all("result" in r for r in _read(out))
+    # an empty file (`mktemp`) is no earlier run: written without either flag
+    empty = tmp_path / "empty.jsonl"
+    empty.touch()
+    assert main(["batch", "-i", str(inp), "-o", str(empty), "--no-progress"]) == 0
+    assert len(_read(empty)) == 2
+
+
+def test_overwrite_needs_an_output_file_and_excludes_resume(tmp_path: Path, capsys) -> None:
+    inp, out = tmp_path / "q.jsonl", tmp_path / "out.jsonl"
+    _write_input(inp, [json.dumps(q) for q in _queries(1)])
+    assert main(["batch", "-i", str(inp), "-o", str(out), "--resume", "--overwrite", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--resume and --overwrite exclude each other" in err
+    assert main(["batch", "-i", str(inp), "--overwrite", "--no-progress"]) == 2
+    assert "--overwrite needs --output FILE" in capsys.readouterr().err
+    assert not out.exists()
+
+
+def _half_done(tmp_path: Path, n: int = 4, extra: tuple[str, ...] = ()) -> tuple[Path, Path, bytes]:
+    """An input of n requests and an output holding the first two records, written by the local
+    backend with the flags `extra`; and that output's bytes."""
+    inp, out = tmp_path / "q.jsonl", tmp_path / "out.jsonl"
+    _write_input(inp, [json.dumps(q) for q in _queries(n)])
+    assert main(["batch", "-i", str(inp), "-o", str(out), "--no-progress", *extra]) == 0
+    half = "".join(out.read_text(encoding="utf-8").splitlines(keepends=True)[:2])
+    out.write_text(half, encoding="utf-8")
+    return inp, out, out.read_bytes()
+
+
+def test_resume_refuses_an_output_written_by_another_backend(tmp_path: Path, capsys) -> None:
+    """Regression: `--resume --backend openai` on a file the local backend half wrote appended the
+    model's results after the local ones, one file, two systems, no word said."""
+    inp, out, before = _half_done(tmp_path)
+    capsys.readouterr()
+    with FakeLLM(handler=quoting_ranker()) as srv:
+        url = srv.openai_url
+        code = main(["batch", "-i", str(inp), "-o", str(out), "--resume", "--no-progress",
+                     "--backend", "openai", "--base-url", url, "-m", "m"])
+        assert srv.requests == []  # refused before any request
+    assert code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    assert f"--resume: {out} was written with another configuration (record of input line 1: " in err
+    assert "backend: file 'local', now 'openai'" in err and "model: file None, now 'm'" in err
+    assert f"base_url: file None, now '{url}'" in err
+    assert "--overwrite" in err and "Traceback" not in err
+    assert out.read_bytes() == before
+
+
+@pytest.mark.parametrize(
+    ("first", "then", "named"),
+    [
+        ((), ("--embedder", "static"), "embedder: file 'lexical', now 'static'"),
+        ((), ("--layout", "diversity"), "layout: file 'mmr', now 'diversity'"),
+        ((), ("--strict",), "strict: file False, now True"),
+        (("--window-size", "5"), ("--window-size", "10"), "window_size: file 5, now 10"),
+        ((), ("--meta-field", "published"), "meta_field: file None, now 'published'"),
+        (("--max-tokens", "600"), (), "max_tokens: file 600, now None"),
+    ],
+)
+def test_resume_refuses_an_output_written_with_other_settings(
+    tmp_path: Path, capsys, first: tuple[str, ...], then: tuple[str, ...], named: str
+) -> None:
+    inp, out, before = _half_done(tmp_path, extra=first)
+    capsys.readouterr()
+    assert main(["batch", "-i", str(inp), "-o", str(out), "--resume", "--no-progress", *then]) == 2
+    err = capsys.readouterr().err
+    assert "written with another configuration" in err and named in err, err
+    assert out.read_bytes() == before
+
+
+def test_resume_accepts_changes_that_decide_only_speed(tmp_path: Path, capsys) -> None:
+    """Concurrency, the deadline and the progress bar do not change a line's result: a resumed run
+    may change them (a longer deadline is how to finish a run whose calls timed out)."""
+    inp, out, _ = _half_done(tmp_path, extra=("--concurrency", "1"))
+    assert main(["batch", "-i", str(inp), "-o", str(out), "--resume", "--no-progress",
+                 "--concurrency", "3", "--deadline", "300"]) == 0
+    assert [r["line"] for r in _read(out)] == [1, 2, 3, 4]
+    assert "2 already done" in capsys.readouterr().err
+
+
+def test_resume_refuses_records_that_do_not_say_their_configuration(tmp_path: Path, capsys) -> None:
+    inp, out = tmp_path / "q.jsonl", tmp_path / "out.jsonl"
+    _write_input(inp, [json.dumps(q) for q in _queries(2)])
+    out.write_text(json.dumps({"line": 1, "result": {"ranked": [], "dropped": []}}) + "\n", encoding="utf-8")
+    before = out.read_bytes()
+    assert main(["batch", "-i", str(inp), "-o", str(out), "--resume", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "record of input line 1 does not say which configuration wrote it" in err
+    assert "--overwrite" in err and out.read_bytes() == before
+
+
+def test_resume_compares_the_embedders_server_too(tmp_path: Path, capsys) -> None:
+    """The same embedder name on another server gives other vectors: eval's resume header records
+    the server, and so does every batch record."""
+    inp, out = tmp_path / "q.jsonl", tmp_path / "out.jsonl"
+    _write_input(inp, [json.dumps(q) for q in _queries(3)])
+    with FakeLLM() as one, FakeLLM() as two:
+        assert main(["batch", "-i", str(inp), "-o", str(out), "--no-progress", "-e", "openai:emb",
+                     "--embed-base-url", one.openai_url]) == 0
+        assert _read(out)[0]["config"]["embed_base_url"] == one.openai_url
+        out.write_text(out.read_text(encoding="utf-8").splitlines(keepends=True)[0], encoding="utf-8")
+        capsys.readouterr()
+        assert main(["batch", "-i", str(inp), "-o", str(out), "--resume", "--no-progress", "-e",
+                     "openai:emb", "--embed-base-url", two.openai_url]) == 2
+        err = capsys.readouterr().err
+        assert f"embed_base_url: file '{one.openai_url}', now '{two.openai_url}'" in err
+        assert main(["batch", "-i", str(inp), "-o", str(out), "--resume", "--no-progress", "-e",
+                     "openai:emb", "--embed-base-url", one.openai_url]) == 0
+    assert [r["line"] for r in _read(out)] == [1, 2, 3]
+
+
+def test_the_recorded_configuration_holds_no_credentials(tmp_path: Path, capsys, monkeypatch) -> None:
+    """A base URL's password (and the Basic header's base64 of it) and the API key stay out of the
+    file; a resumed run with another password (credentials decide no result) continues it."""
+    import base64
+
+    inp, out = tmp_path / "q.jsonl", tmp_path / "out.jsonl"
+    _write_input(inp, [json.dumps(q) for q in _queries(3)])
+    monkeypatch.setenv("OPENAI_API_KEY", SECRET)
+    password = "pw-SECRET-0123456789"
+    rank = quoting_ranker()
+
+    def answer(req: RecordedRequest) -> Reply:  # rankings, and hashed vectors for the embedder
+        return auto_ranker()(req) if req.api == "embeddings" else rank(req)
+
+    with FakeLLM(handler=answer) as srv:
+        url = srv.openai_url.replace("http://", f"http://user:{password}@")
+        argv = ["batch", "-i", str(inp), "-o", str(out), "--no-progress", "--backend", "openai", "-m", "m",
+                "-e", "openai", "--base-url", url]
+        assert main(argv) == 0
+        text = out.read_text(encoding="utf-8")
+        for secret in (SECRET, password, base64.b64encode(f"user:{password}".encode()).decode()):
+            assert secret not in text
+        config = _read(out)[0]["config"]
+        shown = srv.openai_url.replace("http://", "http://user:***@")
+        assert config["base_url"] == shown and config["embed_base_url"] == shown
+        out.write_text(text.splitlines(keepends=True)[0], encoding="utf-8")
+        other = url.replace(password, "pw-OTHER-9876543210")
+        assert main([*argv[:-1], other, "--resume"]) == 0
+    assert [r["line"] for r in _read(out)] == [1, 2, 3]
+    assert SECRET not in out.read_text(encoding="utf-8") + capsys.readouterr().err
