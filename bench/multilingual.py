@@ -4,7 +4,7 @@ would keep it keeps.
 Reads `golden/multilingual/judged.jsonl` (German, French, Spanish, Chinese, Japanese, Korean,
 Arabic, Hebrew, Russian, German/English code-mixing, emoji, and English queries over Spanish and
 Chinese chunks; 5 chunks per query graded 0/1/2 with off-topic marked, written before any scorer
-ran on it), runs `rag_rerank.rerank` (top_k 3, the full pipeline with the post-pass) per query and
+ran on it), runs `rag_rerank.rerank()` (top_k 3, the full pipeline with the post-pass) per query and
 prints, per query and in total: answers (grade 2) ranked, off-topic chunks ranked, whether every
 chunk was dropped, and nDCG@3 of the ranked list.
 

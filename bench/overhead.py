@@ -26,13 +26,14 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from rag_rerank import make_backend, rerank  # noqa: E402
 from rag_rerank.embed import get_embedder  # noqa: E402
 from rag_rerank.guard import validate_request  # noqa: E402
 from rag_rerank.guard.output import judge  # noqa: E402
 from rag_rerank.models import Dropped, Ranked  # noqa: E402
 from rag_rerank.postpass import postpass  # noqa: E402
 from rag_rerank.render import render  # noqa: E402
-from rag_rerank.rerank import candidate_k, make_backend, rerank  # noqa: E402
+from rag_rerank.windows import candidate_k  # noqa: E402
 from tests.support.shared_data import data_dir, need  # noqa: E402
 
 DEFAULT_DATA = data_dir() / "trec-dl19" / "bm25-top100.json"

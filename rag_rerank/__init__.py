@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import logging as _logging
 
+from .api import arerank, arerank_many, rerank
 from .backends.factory import make_backend
-from .batch import arerank_many
 from .errors import (
     Attempt,
     BackendError,
@@ -20,9 +20,9 @@ from .errors import (
 from .guard import Limits, check_output, parse_chunks, repair_output, validate_request
 from .models import Chunk, Dropped, Ranked, RerankRequest, RerankResult, RunMeta
 from .render import render
-from .rerank import arerank, rerank
 from .retry import RetryPolicy
 from .router import Router, route
+from .session import Reranker
 from .skill import SkillCard, load_skill
 
 __version__ = "0.1.0"
@@ -61,6 +61,7 @@ __all__ = [
     "RerankError",
     "RerankRequest",
     "RerankResult",
+    "Reranker",
     "RetryPolicy",
     "Router",
     "RunMeta",

@@ -172,6 +172,32 @@ def _attempt_runs(attempts: Sequence[Attempt]) -> list[str]:
             f"{run[0].detail}" for run in runs]
 
 
+class BackendFailure(RerankError):
+    """Raised by a backend for one failed call, already classified."""
+
+    kind = "fatal"
+
+    def __init__(self, message: str, *, status: int | None = None) -> None:
+        self.status = status
+        super().__init__(message)
+
+
+class TransientFailure(BackendFailure):
+    """Rate limit, 5xx, overloaded, timeout, connection reset: worth a backoff and another try."""
+
+    kind = "transient"
+
+    def __init__(self, message: str, *, status: int | None = None, retry_after: float | None = None) -> None:
+        self.retry_after = retry_after
+        super().__init__(message, status=status)
+
+
+class FatalFailure(BackendFailure):
+    """Auth, bad request, refusal, missing model: retrying cannot help, fail fast."""
+
+    kind = "fatal"
+
+
 class InternalError(RuntimeError):
     """A promise the code makes to itself was broken: a bug in rag-rerank, not the caller's input
     or a backend's failure. Deliberately not a `RerankError` (batch files it as `internal`, the CLI
@@ -187,6 +213,10 @@ class InternalError(RuntimeError):
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), (self.message, self.violations))
+
+
+class UsageError(RerankError):
+    """A command line that cannot be acted on: a missing file, a bad option value (CLI exit 2)."""
 
 
 class ConfigError(RerankError):

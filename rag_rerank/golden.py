@@ -244,7 +244,7 @@ def _run_check(case: GoldenCase) -> list[str]:
 
 
 def _run_rerank(case: GoldenCase) -> list[str]:
-    from .rerank import rerank
+    from .api import rerank
 
     d = case.data
     if not isinstance(d.get("options", {}), dict):

@@ -30,6 +30,7 @@ from typing import Any
 
 from .errors import InputError, MissingDependencyError, Violation
 from .redaction import scrub, secrets_of
+from .session import SessionCache
 from .skill import SkillCard, load_skill
 from .tools import anthropic_tool, fallback_field, run_tool
 
@@ -81,7 +82,8 @@ def _misspelt_names(env: Mapping[str, str]) -> list[Violation]:
 
 def _check_options(options: Mapping[str, str]) -> list[Violation]:
     """Names and shapes only: no model is loaded and no server contacted (an MCP host waits on start-up)."""
-    from .backends.factory import BACKENDS, base_url_problem
+    from .backends.common import base_url_problem
+    from .backends.factory import BACKENDS
     from .embed import parse_embedder_spec
 
     problems: list[Violation] = []
@@ -144,6 +146,9 @@ def build_server(card: SkillCard | None = None, options: Mapping[str, Any] | Non
     card = card or load_skill()
     definition = anthropic_tool(card)
     opts = dict(options_from_env() if options is None else options)
+    # One Reranker for the server's life, built on the first call: its backend keeps its connection
+    # pool and its embedder its model from call to call (a bad setting is reported per call).
+    sessions = SessionCache()
     tool = types.Tool(
         name=definition["name"],
         title=card.title,
@@ -169,7 +174,7 @@ def build_server(card: SkillCard | None = None, options: Mapping[str, Any] | Non
         meta = None
         try:
             result, meta = await anyio.to_thread.run_sync(
-                lambda: run_tool(dict(params.arguments or {}), **opts))
+                lambda: run_tool(dict(params.arguments or {}), sessions=sessions, **opts))
         except Exception as exc:  # a bug of ours is still a tool failure, not a broken protocol session
             # Its text may quote a server's answer or a URL: the calling model never sees a credential.
             hidden = secrets_of(opts.get("api_key"), urls=[opts.get("base_url")])

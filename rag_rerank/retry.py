@@ -33,8 +33,16 @@ from typing import Any
 
 from tenacity import AsyncRetrying, RetryCallState, Retrying, retry_if_exception_type
 
-from .backends.base import Backend, BackendFailure, Completion, TransientFailure
-from .errors import Attempt, BackendError, InputError, InternalError, Violation
+from .backends.base import Backend, Completion
+from .errors import (
+    Attempt,
+    BackendError,
+    BackendFailure,
+    InputError,
+    InternalError,
+    TransientFailure,
+    Violation,
+)
 from .guard.limits import Limits
 from .guard.output import judge
 from .guard.repair import repair_output

@@ -44,7 +44,9 @@ import numpy as np
 from .counts import counts_before, shown
 from .embed import Embedder, l2_normalise
 from .errors import InputError, Violation
+from .logistic import fit_kernel_logistic, sparse_gram
 from .skill import SkillCard, SkillCardError, load_all_skills
+from .text import INTENT_STOPWORDS, intent_stem
 from .wording import counted
 
 # Chosen on out-of-fold development scores by `python bench/route.py --write`; see the docstring.
@@ -59,54 +61,12 @@ AMBIGUITY_GAP = 0.05
 # on the held-out set.
 REGULARISATION_C = 60.0
 GROUP_WEIGHTS: Mapping[str, float] = {"w": 1.0, "b": 1.3, "c": 1.0, "e": 0.5}
-# Newton steps for the classifier; it converges in about ten.
-FIT_STEPS = 50
 MAX_UTTERANCE_CHARS = 4000
 
-# Function words carry no intent; a small generic English list, nothing skill-specific.
-_STOPWORD_TEXT = """
-    a an the this these that those my our your their its it i me we you he she they them us of to in
-    on for from with by at as into onto over out up about than then so and or but not no is are was
-    were be been being am do does did done have has had can could would should will shall may might
-    must please pls just all any each every some one ones here there below above what which who whom
-    how why when where whether if also only very more most less own same i'm i've i'd let's it's
-    that's what's don't isn't
-"""
-_STOPWORDS = frozenset(_STOPWORD_TEXT.split())
 _WORD = re.compile(r"[a-z0-9]+(?:'[a-z]+)?")
 _NUMBER = re.compile(r"^\d+(?:\.\d+)?$")
 # "summarize" and "summarise", "prioritized" and "prioritised" are one word to a user.
 _BRITISH = re.compile(r"^([a-z]{3,})iz(e|ed|es|er|ers|ing|ation|ations)$")
-
-
-@lru_cache(maxsize=65536)
-def _stem(word: str) -> str:
-    """A deliberately crude suffix stripper: both sides of every comparison go through it."""
-    for suffix in (
-        "ations",
-        "ation",
-        "ances",
-        "ance",
-        "ences",
-        "ence",
-        "ants",
-        "ant",
-        "ents",
-        "ent",
-        "ings",
-        "ing",
-        "ers",
-        "er",
-        "ies",
-        "es",
-        "ed",
-        "s",
-        "ly",
-        "e",
-    ):
-        if word.endswith(suffix) and len(word) - len(suffix) >= 3:
-            return word[: -len(suffix)] + ("y" if suffix == "ies" else "")
-    return word
 
 
 def tokens(text: str) -> list[str]:
@@ -119,12 +79,12 @@ def tokens(text: str) -> list[str]:
     low = re.sub(r"\bre-(?=[a-z])", "re", low)
     out: list[str] = []
     for word in _WORD.findall(low):
-        if word in _STOPWORDS:
+        if word in INTENT_STOPWORDS:
             continue
         if _NUMBER.match(word) or word in ("k", "n"):
             out.append("#n")
         elif len(word) > 1:
-            out.append(_stem(_BRITISH.sub(r"\1is\2", word)))
+            out.append(intent_stem(_BRITISH.sub(r"\1is\2", word)))
     return out
 
 
@@ -203,7 +163,7 @@ def _classifier_tokens(text: str) -> list[str]:
         if _NUMBER.match(word) or word in ("k", "n"):
             out.append("#n")
         else:
-            out.append(_stem(_BRITISH.sub(r"\1is\2", word)))
+            out.append(intent_stem(_BRITISH.sub(r"\1is\2", word)))
     return out
 
 
@@ -270,14 +230,14 @@ class CardClassifier:
         rows = np.array([r for r, d in enumerate(feats) for _ in d], dtype=np.int64)
         cols = np.array([self.vocab[f] for d in feats for f in d], dtype=np.int64)
         vals = np.array([v for d in feats for v in d.values()], dtype=np.float64)
-        gram = _sparse_gram(rows, cols, vals, len(texts))
+        gram = sparse_gram(rows, cols, vals, len(texts))
         if dense is not None:
             scaled = GROUP_WEIGHTS["e"] * dense
             gram += scaled @ scaled.T
         y = np.array([1.0] * len(positive) + [0.0] * len(negative))
         n_pos, n_neg = max(len(positive), 1), max(len(negative), 1)
         sample_w = np.where(y == 1.0, 0.5 / n_pos, 0.5 / n_neg)
-        alpha, self.bias = _fit_kernel_logistic(gram, y, sample_w, lam=1.0 / (c * max(len(texts), 1)))
+        alpha, self.bias = fit_kernel_logistic(gram, y, sample_w, lam=1.0 / (c * max(len(texts), 1)))
         # The weights are X' alpha: each example adds alpha_i times its features.
         weights = np.bincount(cols, weights=vals * alpha[rows], minlength=len(self.vocab))
         if dense is not None:
@@ -294,78 +254,6 @@ class CardClassifier:
         if self.dense_dim and dense is not None:
             z += GROUP_WEIGHTS["e"] * float(self.weights[len(self.vocab) :] @ dense)
         return 1.0 / (1.0 + math.exp(-z))
-
-
-def _sparse_gram(rows: np.ndarray, cols: np.ndarray, vals: np.ndarray, n: int) -> np.ndarray:
-    """X X' for X given as coordinates. A feature only one example has adds to that example's
-    diagonal entry alone; the others (about half) form a dense float32 block for one BLAS call."""
-    gram = np.zeros((n, n))
-    if not len(cols):
-        return gram
-    df = np.bincount(cols)
-    single = df[cols] == 1
-    np.add.at(gram, (rows[single], rows[single]), vals[single] ** 2)
-    shared = ~single
-    if shared.any():
-        _, dense_cols = np.unique(cols[shared], return_inverse=True)
-        block = np.zeros((n, int(dense_cols.max()) + 1), dtype=np.float32)
-        block[rows[shared], dense_cols] = vals[shared]
-        gram += (block @ block.T).astype(np.float64)
-    return gram
-
-
-def _fit_kernel_logistic(
-    gram: np.ndarray, y: np.ndarray, sample_w: np.ndarray, *, lam: float, steps: int = FIT_STEPS
-) -> tuple[np.ndarray, float]:
-    """Minimise sum_i w_i logloss(y_i, (K a)_i + b) + lam/2 a'Ka over (a, b) by damped Newton.
-
-    With z = K a + b, the gradient in a is K (g + lam a) where g = w (p - y), so a Newton step
-    solves (D K + lam I) da + D 1 db = -(g + lam a), 1'D K da + 1'D 1 db = -1'g (D = w p (1-p)),
-    the system with K factored out (exact when K is invertible, a valid descent step otherwise).
-    Halving the step until the objective falls keeps it safe from any start.
-    """
-    n = len(y)
-    alpha, bias = np.zeros(n), 0.0
-    if n == 0:
-        return alpha, bias
-
-    def objective(a: np.ndarray, b: float) -> float:
-        z = gram @ a + b
-        return float(sample_w @ (np.logaddexp(0.0, z) - y * z) + 0.5 * lam * a @ (gram @ a))
-
-    current = objective(alpha, bias)
-    for _ in range(steps):
-        z = gram @ alpha + bias
-        p = 1.0 / (1.0 + np.exp(-z))
-        g = sample_w * (p - y)
-        d = sample_w * p * (1.0 - p)
-        system = np.empty((n + 1, n + 1))
-        system[:n, :n] = d[:, None] * gram
-        system[:n, :n][np.diag_indices(n)] += lam
-        system[:n, n] = d
-        system[n, :n] = d @ gram
-        system[n, n] = d.sum()
-        rhs = -np.concatenate([g + lam * alpha, [g.sum()]])
-        try:
-            step = np.linalg.solve(system, rhs)
-        except np.linalg.LinAlgError:
-            step = np.linalg.lstsq(system, rhs, rcond=None)[0]
-        t = 1.0
-        while t > 1e-4:
-            cand_a, cand_b = alpha + t * step[:n], bias + t * float(step[n])
-            value = objective(cand_a, cand_b)
-            if value <= current:
-                break
-            t /= 2
-        else:
-            break
-        improvement = current - value
-        alpha, bias, current = cand_a, cand_b, value
-        # Close enough: the last step moved the loss by under a billionth (probabilities by far
-        # less than any threshold's precision).
-        if improvement <= 1e-9 * max(abs(current), 1.0):
-            break
-    return alpha, bias
 
 
 @dataclass(frozen=True)
@@ -396,8 +284,8 @@ def _item_words(card: SkillCard) -> frozenset[str]:
     """Nouns a stated count may refer to: the card's `count_nouns` ("chunks", "hits", "nodes"...),
     the `chunks` input's name and the words of the triggers and of the not-for item that states
     the size limit (e.g. "candidate sets larger than ~50 chunks")."""
-    words = {_stem(spec.name) for spec in card.inputs if spec.type == "chunks"}
-    words.update(_stem(w.lower()) for w in card.count_nouns)
+    words = {intent_stem(spec.name) for spec in card.inputs if spec.type == "chunks"}
+    words.update(intent_stem(w.lower()) for w in card.count_nouns)
     for text in (*card.triggers, *(n for n in card.not_for if re.search(r"\d", n))):
         words.update(t for t in tokens(text) if t != "#n")
     return frozenset(words)
@@ -639,7 +527,7 @@ def _stated_count(utterance: str, item_words: Iterable[str]) -> int | None:
     somewhere; "more than 50" / "over 50" / "> 50" means at least 51.
     """
     words = set(item_words)
-    names_items = any(_stem(w) in words for w in re.findall(r"[a-z]+", utterance.lower()))
+    names_items = any(intent_stem(w) in words for w in re.findall(r"[a-z]+", utterance.lower()))
     best: int | None = None
     for value, after, before in counts_before(utterance):
         if after and after[0] in _MEASURES:
@@ -647,7 +535,7 @@ def _stated_count(utterance: str, item_words: Iterable[str]) -> int | None:
         for nxt in after:
             if nxt[0].isdigit():
                 break
-            if _stem(nxt) in words or (names_items and nxt in _PRONOUNS):
+            if intent_stem(nxt) in words or (names_items and nxt in _PRONOUNS):
                 if re.search(r"(?:more|larger|bigger|greater) than$|(?:over|above|>)$", before):
                     value += 1
                 best = value if best is None else max(best, value)

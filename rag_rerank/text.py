@@ -16,6 +16,9 @@ macOS. So the rule lives here, once:
   accent after the last letter belongs to it), checked to be inside ``comparable(text)``: what the
   scored backends put between quotation marks, so the guard accepts it by construction.
 
+It also holds the package's word lists and stemmers (one job each, see below), so the scorer,
+the guard, the embedders and the router read words from one place.
+
 This module is a leaf: it imports nothing from the package.
 """
 
@@ -95,4 +98,91 @@ def quote(text: str, lo: int, hi: int) -> str | None:
     return None
 
 
-__all__ = ["comparable", "quote", "readable"]
+# --------------------------------------------------------------------------- words and stems
+#
+# Each list and stemmer below has one job. Where fitted weights depend on one (the local backend's
+# scorer, fitted by bench/tune_default.py; the router's classifier, fitted on the skill card's
+# phrases), it is kept exactly as it was fitted; the others share one list.
+
+STOPWORDS = frozenset("""
+a about above after again against all also am an and any are as at be because been before being
+below between both but by can could did do does doing down during each either few for from further
+had has have having he her here hers herself him himself his how i if in into is it its itself just
+me more most my myself no nor not now of off on once one only or other our ours out over own per
+same she should so some such than that the their theirs them then there these they this those
+through to too two under until up use used using very via was we were what when where which while
+who whom why will with would you your yours
+""".split())  # noqa: SIM905 (a word list reads better as text)
+"""English function words: not evidence in a quotation (the output guard) and, with
+`stopword_weight` < 1, damped by the lexical embedder."""
+
+SCORER_STOPWORDS = frozenset("""
+a about above after again against all also am an and any are as at be because been before being
+below between both but by can could did do does doing down during each either few for from further
+had has have having he her here hers him his how i if in into is it its itself just me more most my
+no nor not now of off on once one only or other our out over own per s same she should so some such
+t than that the their them then there these they this those through to too two under until up very
+via was we were what when where which while who whom why will with would you your yours
+""".split())  # noqa: SIM905 (a word list reads better as text)
+"""The local backend's function words (a query term among them counts `Bm25.stopword_weight`): as
+its weights were fitted with them."""
+
+INTENT_STOPWORDS = frozenset("""
+a about above all also am an and any are as at be been being below but by can could did do does
+don't done each every for from had has have he here how i i'd i'm i've if in into is isn't it
+it's its just less let's may me might more most must my no not of on one ones only onto or our
+out over own please pls same shall she should so some than that that's the their them then there
+these they this those to up us very was we were what what's when where whether which who whom
+why will with would you your
+""".split())  # noqa: SIM905 (a word list reads better as text)
+"""The router's function words: they carry no intent (its classifier was fitted without them)."""
+
+NEGATIONS = frozenset("not no never nor none neither cannot without t".split())  # noqa: SIM905  (t: don't)
+"""Words that turn a claim around: a quotation may not add or drop one."""
+
+_SCORER_SUFFIXES = ("ations", "ation", "ings", "ing", "edly", "ies", "ied", "ed", "es", "ly", "s")
+_INFLECTIONS = ("ingly", "edly", "ings", "ing", "ies", "ied", "est", "es", "ed", "er", "ly", "s", "e", "y")
+_INTENT_SUFFIXES = ("ations", "ation", "ances", "ance", "ences", "ence", "ants", "ant", "ents", "ent", "ings",
+                    "ing", "ers", "er", "ies", "es", "ed", "s", "ly", "e")
+
+
+@lru_cache(maxsize=65536)
+def scorer_stem(word: str) -> str:
+    """The local backend's stemmer (as fitted): strip one common suffix, keep at least 3 letters,
+    then cut to 6 characters so 'preferred' / 'prefer' / 'preference' meet. Non-Latin words pass
+    unchanged. Crude on purpose: it only has to make surface variants of a query term match."""
+    w = word.lower()
+    if not w.isascii():
+        return w
+    for suf in _SCORER_SUFFIXES:
+        if w.endswith(suf) and len(w) - len(suf) >= 3:
+            w = w[: -len(suf)]
+            break
+    return w[:6]
+
+
+def inflection_key(word: str) -> str:
+    """A word with its English inflection folded, for comparing a quotation with its source:
+    "exceeds", "exceeding" and "exceeded" alike; a number or a negation stays as it is."""
+    if any(ch.isdigit() for ch in word) or word in NEGATIONS:
+        return word
+    for suffix in _INFLECTIONS:
+        if word.endswith(suffix) and len(word) - len(suffix) >= 3:
+            word = word[: -len(suffix)]
+            break
+    if len(word) >= 4 and word[-1] == word[-2] and word[-1] not in "aeiou":  # running -> runn -> run
+        word = word[:-1]
+    return word
+
+
+@lru_cache(maxsize=65536)
+def intent_stem(word: str) -> str:
+    """The router's deliberately crude suffix stripper (both sides of every comparison go through it)."""
+    for suffix in _INTENT_SUFFIXES:
+        if word.endswith(suffix) and len(word) - len(suffix) >= 3:
+            return word[: -len(suffix)] + ("y" if suffix == "ies" else "")
+    return word
+
+
+__all__ = ["INTENT_STOPWORDS", "NEGATIONS", "SCORER_STOPWORDS", "STOPWORDS", "comparable", "inflection_key",
+           "intent_stem", "quote", "readable", "scorer_stem"]

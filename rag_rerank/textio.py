@@ -1,8 +1,9 @@
 """Text in and out for the commands: a user-named file (or stdin) read as UTF-8, and a list of
 violations turned into a bounded list of lines.
 
-`cli.py`, `batch.py` and `evaluate.py` all need these; they live here, below all three, so the
-library never depends on the CLI (the CLI is a thin layer on top of it, not the other way round).
+The commands (`cli/`), the batch file format and the evaluation all need these; they live here,
+below all of them, so the library never depends on the CLI (the CLI is a thin layer on top of it,
+not the other way round).
 """
 
 from __future__ import annotations
@@ -11,12 +12,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from .errors import RerankError, Violation, whole_argument_first
-
-
-class UsageError(RerankError):
-    """A command line that cannot be acted on: a missing file, a bad option value (CLI exit 2)."""
-
+from .errors import UsageError, Violation, whole_argument_first
 
 # A junk file can break the contract on every one of its lines; past this many, more lines only
 # bury the first ones (usually the same mistake repeated) and make a terminal or a CI log unreadable.
@@ -71,4 +67,4 @@ def read_text(source: str, what: str = "chunks") -> str:
         raise UsageError(f"{name}: line {line}: {not_utf8(data, exc)}") from None
 
 
-__all__ = ["MAX_SHOWN_VIOLATIONS", "UsageError", "read_text", "violation_lines"]
+__all__ = ["MAX_SHOWN_VIOLATIONS", "read_text", "violation_lines"]

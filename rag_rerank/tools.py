@@ -29,6 +29,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from .api import rerank
 from .errors import (
     BackendError,
     InputError,
@@ -37,10 +38,11 @@ from .errors import (
     Violation,
     whole_argument_first,
 )
-from .guard.input import MAX_CHUNKS_ADVICE, PATH_HINT, loads_line, window_advice
+from .guard.input import MAX_CHUNKS_ADVICE, PATH_HINT, loads_line, validate_request, window_advice
 from .guard.limits import Limits, as_limits
 from .models import RunMeta
 from .paths import guard_dir
+from .session import SessionCache
 from .skill import SkillCard, load_skill
 
 # The card's input name -> the Python keyword of `rerank()` (`lambda` is a Python keyword).
@@ -277,11 +279,11 @@ def fallback_field(meta: RunMeta) -> dict[str, Any] | None:
     return {"backend": meta.fallback, "embedder": meta.embedder_fallback, "notice": notice}
 
 
-def run_tool(arguments: Any, **options: Any) -> tuple[dict[str, Any], RunMeta | None]:
+def run_tool(arguments: Any, *, sessions: SessionCache | None = None,
+             **options: Any) -> tuple[dict[str, Any], RunMeta | None]:
     """`call_tool`'s answer and, when the rerank ran, its `RunMeta` (the MCP server reports a
-    fallback from it)."""
-    from .rerank import rerank
-
+    fallback from it). With `sessions` (what a long-lived server holds), every call reranks with the
+    one `Reranker` built from `options`; without, the call is a one-shot `rerank()`."""
     kwargs, problems = parse_arguments(arguments)
     if problems:
         return invalid_input(problems), None
@@ -289,7 +291,16 @@ def run_tool(arguments: Any, **options: Any) -> tuple[dict[str, Any], RunMeta | 
     # A calling model has this tool's arguments, not the CLI's flags: advise its own window_size.
     advice = MAX_CHUNKS_ADVICE.set(functools.partial(window_advice, cli=False))
     try:
-        result = rerank(**kwargs, **options)
+        # The calling model's arguments are judged before the operator's settings build anything: a
+        # bad argument is `invalid_input` whatever the setup, a bad setup is not the model's to fix.
+        validate_request(kwargs.get("query"), kwargs.get("chunks"), kwargs.get("top_k"),
+                         kwargs.get("lambda_"), limits=options.get("limits"),
+                         window_size=options.get("window_size"))
+        if sessions is None:
+            result = rerank(**kwargs, **options)
+        else:
+            reranker, request = sessions.get(options)
+            result = reranker.rerank(**kwargs, **request)
     except InputError as exc:
         if not any(_names_an_argument(v.path) for v in exc.violations):
             # The operator's options (a missing model or server URL, a bad embedder or limits), not

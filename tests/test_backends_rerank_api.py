@@ -14,13 +14,11 @@ from typing import Any
 
 import pytest
 
-from rag_rerank import arerank, rerank
-from rag_rerank.backends.base import FatalFailure, TransientFailure
+from rag_rerank import arerank, arerank_many, rerank
 from rag_rerank.backends.rerank_api import RerankAPIBackend, endpoint, map_scores
 from rag_rerank.backends.scored import SCORE_DECIMALS
-from rag_rerank.batch import arerank_many
 from rag_rerank.cli import main
-from rag_rerank.errors import BackendError, InputError
+from rag_rerank.errors import BackendError, FatalFailure, InputError, TransientFailure
 from rag_rerank.guard import validate_request
 from rag_rerank.guard.output import cites_chunk
 from rag_rerank.retry import RetryPolicy

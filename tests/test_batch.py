@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from rag_rerank import arerank_many, rerank
-from rag_rerank.batch import MAX_MESSAGE_VIOLATIONS, exit_code, parse_input, read_done
+from rag_rerank.batchfile import MAX_MESSAGE_VIOLATIONS, exit_code, parse_input, read_done
 from rag_rerank.cli import main
 from rag_rerank.errors import InputError
 from rag_rerank.models import RerankResult

@@ -146,12 +146,12 @@ def test_loading_the_model_prints_no_progress_bar(capfd):
 
 _LOAD_SCRIPT = """
 from transformers.utils import logging as hf_logging
-from rag_rerank.embed.sentence_transformers import SentenceTransformerEmbedder, _quiet_loading
+from rag_rerank.embed.sentence_transformers import SentenceTransformerEmbedder, quiet_loading
 
 before = hf_logging.get_verbosity()
 print(SentenceTransformerEmbedder().embed(["a first chunk"]).shape)
 assert hf_logging.get_verbosity() == before, "verbosity restored after the load"
-with _quiet_loading():
+with quiet_loading():
     hf_logging.get_logger("transformers").error("a real transformers error stays visible")
 """
 
@@ -174,7 +174,7 @@ def test_loading_the_model_prints_no_transformers_load_report(embedder) -> None:
 def test_rerank_with_the_model_from_eight_threads_matches_each_call_alone(embedder) -> None:
     """One model and one vector cache per process, shared by every thread: a row must never reach
     another thread's texts."""
-    from rag_rerank.rerank import make_backend, rerank
+    from rag_rerank import make_backend, rerank
     from tests.test_rerank import _thread_cases, same_alone_and_in_threads
 
     cases = _thread_cases(8)

@@ -11,10 +11,12 @@ import pytest
 
 pytest.importorskip("ir_measures")
 
+from rag_rerank import rerank
 from rag_rerank.cli import main
 from rag_rerank.errors import InputError
-from rag_rerank.evaluate import evaluate, read_candidates, rerank_queries, reranked_order
-from rag_rerank.rerank import rerank
+from rag_rerank.evaluate import evaluate, rerank_queries
+from rag_rerank.judgments import read_candidates
+from rag_rerank.metrics import reranked_order
 from tests.support.shared_data import data_dir, require
 
 DATA = data_dir()
@@ -464,7 +466,7 @@ def test_a_resume_config_mismatch_names_the_setting_that_differs(tmp_path, capsy
 def _qrels(rows: list[tuple[str, str, int]]):
     import tempfile
 
-    from rag_rerank.evaluate import read_qrels
+    from rag_rerank.judgments import read_qrels
 
     with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False, encoding="utf-8") as fh:
         fh.write("".join(f"{q} 0 {d} {r}\n" for q, d, r in rows))
@@ -482,17 +484,17 @@ _TEXTS = {
 def test_novelty_ndcg_equals_plain_ndcg_when_no_candidate_repeats_another():
     from ir_measures import calc_aggregate, nDCG
 
-    from rag_rerank.evaluate import _run, novelty_ndcg
+    from rag_rerank.metrics import novelty_ndcg, scored_run
 
     qrels = _qrels([("q1", "a", 2), ("q1", "b", 1), ("q1", "c", 0)])
     orders = {"q1": ["c", "b", "a"]}
     texts = {"q1": {d: _TEXTS[d] for d in ("a", "b", "c")}}
-    plain = calc_aggregate([nDCG @ 10], qrels, _run(orders))[nDCG @ 10]
+    plain = calc_aggregate([nDCG @ 10], qrels, scored_run(orders))[nDCG @ 10]
     assert novelty_ndcg(qrels, orders, texts, 10) == pytest.approx(plain)
 
 
 def test_a_near_copy_listed_below_its_original_gains_nothing_and_the_ideal_skips_copies():
-    from rag_rerank.evaluate import novelty_ndcg
+    from rag_rerank.metrics import novelty_ndcg
 
     qrels = _qrels([("q1", "a", 2), ("q1", "a-copy", 2), ("q1", "b", 1)])
     texts = {"q1": {d: _TEXTS[d] for d in ("a", "a-copy", "b")}}
@@ -641,7 +643,7 @@ def test_a_document_judged_twice_with_different_grades_is_named(tmp_path, capsys
 
 
 def _synthetic_queries(n: int = 20) -> list:
-    from rag_rerank.evaluate import CandidateQuery
+    from rag_rerank.judgments import CandidateQuery
 
     return [CandidateQuery(f"q{i}", f"When does IVF save index memory? ({i})",
                            tuple({"id": f"d{j}", "text": f"IVF note {j}: partitions save index memory {i}"}

@@ -12,8 +12,7 @@ from typing import Any
 
 import pytest
 
-from rag_rerank import arerank, rerank
-from rag_rerank.batch import arerank_many
+from rag_rerank import arerank, arerank_many, rerank
 from rag_rerank.cli import main
 from rag_rerank.errors import InputError
 from rag_rerank.fusion import _extended_iso, _parse_date, fuse, meta_fusion

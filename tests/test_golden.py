@@ -142,7 +142,7 @@ def test_unreadable_and_incomplete_case_files_fail_without_crashing(tmp_path: Pa
 
 
 def test_rerank_cases_run_through_the_pipeline(tmp_path: Path) -> None:
-    pytest.importorskip("rag_rerank.rerank")
+    pytest.importorskip("rag_rerank.api")
     case = {
         "description": "adversarial: nothing relevant, all dropped",
         "query": "When should I prefer IVF over HNSW for vector search?",

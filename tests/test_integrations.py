@@ -3,7 +3,6 @@ behaviour: each module needs its extra, and without it says which extra to insta
 
 from __future__ import annotations
 
-import inspect
 import os
 import re
 import subprocess
@@ -13,6 +12,8 @@ import pytest
 
 from rag_rerank import InputError, rerank
 from rag_rerank.integrations import _common
+from rag_rerank.options import ALL_OPTIONS
+from rag_rerank.session import SessionCache
 from tests.conftest import ROOT
 
 MODULES = [
@@ -71,8 +72,10 @@ def test_importing_rag_rerank_does_not_import_any_framework() -> None:
     assert done.stdout.strip() == "[]"
 
 
-def test_option_names_follow_rerank_signature() -> None:
-    params = [p for p in inspect.signature(rerank).parameters if p not in ("query", "chunks", "top_k")]
+def test_option_names_are_rerank_options() -> None:
+    """A component passes on every keyword of rerank() (the session and request options, one list
+    in `rag_rerank.options`) but the count, which each framework names itself."""
+    params = [p for p in ALL_OPTIONS if p != "top_k"]
     assert list(_common.rerank_option_names()) == params
     for name in ("lambda_", "backend", "model", "base_url", "api_key", "embedder", "fallback", "policy",
                  "layout", "strict"):
@@ -121,7 +124,7 @@ def test_named_metadata_of_loader_types_reaches_the_reranker_as_plain_json() -> 
     assert recs[1]["meta"] == {"year": 2024, "title": "b", "rating": 2.5, "key": 12}
     assert type(recs[0]["meta"]["year"]) is int and type(recs[1]["meta"]["rating"]) is float
     texts = ["Paris is the capital of France", "France has Paris as its capital city"]
-    newest = _common.run("capital of France", ["old", "new"], texts, 2,
+    newest = _common.run(SessionCache(), "capital of France", ["old", "new"], texts, 2,
                          {"meta_field": "year", "lambda_": 1.0},
                          [{"year": np.int64(2019)}, {"year": np.int64(2024)}])
     assert newest.ids == ["new", "old"]

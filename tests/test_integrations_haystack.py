@@ -180,10 +180,10 @@ def test_secrets_and_unserializable_options() -> None:
 def test_warm_up_builds_the_backend_once() -> None:
     ranker = RagRerankRanker()
     ranker.warm_up()
-    built = ranker._built
+    built = ranker.reranker
     ranker.warm_up()
     ranker.run(query=QUERY, documents=_docs())
-    assert ranker._built is built
+    assert ranker.reranker is built and ranker.reranker.backend is built.backend
 
 
 def test_meta_field_and_embed_meta_fields_read_the_documents_meta() -> None:

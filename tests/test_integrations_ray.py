@@ -225,16 +225,16 @@ def test_one_actor_builds_its_backend_and_embedder_once() -> None:
     objects serve both (a model would load once per actor), and the rows are rerank()'s."""
     import pyarrow as pa
 
-    from rag_rerank.integrations.ray import _Reranker
+    from rag_rerank.integrations.ray import RerankActor
 
-    actor = _Reranker({"backend": "local", "embedder": "lexical"}, per_actor_concurrency=2, wire=False)
-    backend, embedder = actor.options["backend"], actor.options["embedder"]
+    actor = RerankActor({"backend": "local", "embedder": "lexical"}, per_actor_concurrency=2, wire=False)
+    backend, embedder = actor.reranker.backend, actor.reranker.embedder
     for rows in (_requests(3), _requests(5)[3:]):
         out = actor(pa.Table.from_pylist(rows)).to_pylist()
         for row, got in zip(rows, out, strict=True):
             want = rerank(row["query"], row["chunks"], row["top_k"], row["lambda"])
             assert _present(got["ranked"]) == [r.to_dict() for r in want.ranked] and got["error"] is None
-    assert actor.options["backend"] is backend and actor.options["embedder"] is embedder
+    assert actor.reranker.backend is backend and actor.reranker.embedder is embedder
 
 
 @needs_ray
@@ -264,8 +264,8 @@ def test_rerank_dataset_refuses_bad_settings_before_any_actor_starts(local_ray: 
         assert word in text
     import threading
 
+    from rag_rerank import make_backend
     from rag_rerank.integrations.ray import _check
-    from rag_rerank.rerank import make_backend
 
     class LockedEmbedder:  # holds a lock: cannot travel to the actors
         name, duplicate_threshold = "locked", 0.5

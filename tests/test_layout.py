@@ -1,10 +1,13 @@
-"""The package's layering: the library never depends on the CLI, and there is one MMR.
+"""The package's layering, checked on every import statement of every module, wherever it sits
+(function-local ones included):
 
-`cli.py` is a thin layer on top of the library (argument parsing, exit codes). If a library module
-imported it, `batch`/`evaluate` -> `cli` -> `batch` would be a circle again and the library would
-drag argparse and the CLI's process-level choices into every caller. Checked statically (every
-import statement of every module, wherever it sits, including function-local ones) and at run time
-(importing each module in a fresh interpreter does not load `rag_rerank.cli`).
+* the library never depends on the CLI: `cli/` is a thin layer on top of it (argument parsing,
+  exit codes); at run time too, importing each module in a fresh interpreter does not load it;
+* no import circle between the package's modules: a circle hidden by an import placed inside a
+  function is still a circle (two modules that each need the other's insides);
+* no private name (`_Plan`, `_run`) imported from another module: what a module shares, it names
+  publicly, so a reader knows what may be relied on;
+* one MMR.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "rag_rerank"
-ALLOWED = {"rag_rerank/cli.py", "rag_rerank/__main__.py"}
+ALLOWED = {"rag_rerank/__main__.py", *(str(p.relative_to(ROOT)) for p in (PACKAGE / "cli").glob("*.py"))}
 
 
 def _module_name(path: Path) -> str:
@@ -28,22 +31,50 @@ def _module_name(path: Path) -> str:
     return ".".join(parts)
 
 
-def _imported_modules(path: Path) -> set[str]:
-    """Absolute names of every module an import statement in `path` can load."""
+def _from_imports(path: Path) -> list[tuple[str, str]]:
+    """(absolute module, imported name) of every `from M import name` in `path`, wherever it sits."""
     tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
     package = _module_name(path).split(".")
     if path.name != "__init__.py":
         package = package[:-1]
-    names: set[str] = set()
+    out = []
     for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            names.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom):
+        if isinstance(node, ast.ImportFrom):
             base = package[: len(package) - node.level + 1] if node.level else []
             module = ".".join([*base, *(node.module.split(".") if node.module else [])])
-            names.add(module)
-            names.update(f"{module}.{alias.name}" for alias in node.names)  # `from . import cli`
+            out.extend((module, alias.name) for alias in node.names)
+    return out
+
+
+def _imported_modules(path: Path) -> set[str]:
+    """Absolute names of every module an import statement in `path` can load."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    names: set[str] = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import)
+                       for alias in node.names}
+    for module, name in _from_imports(path):
+        names.add(module)
+        names.add(f"{module}.{name}")  # `from . import cli`
     return names
+
+
+PACKAGE_MODULES = {_module_name(p) for p in PACKAGE.rglob("*.py")}
+
+
+def _dependencies(path: Path) -> set[str]:
+    """The package's modules that `path` imports: `from P import name` counts as importing the
+    submodule P.name when there is one (then P is its package, loaded anyway), else P itself."""
+    deps: set[str] = set()
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            deps.update(alias.name for alias in node.names if alias.name in PACKAGE_MODULES)
+    for module, name in _from_imports(path):
+        if f"{module}.{name}" in PACKAGE_MODULES:
+            deps.add(f"{module}.{name}")
+        elif module in PACKAGE_MODULES:
+            deps.add(module)
+    deps.discard(_module_name(path))
+    return deps
 
 
 LIBRARY_MODULES = sorted(p for p in PACKAGE.rglob("*.py") if str(p.relative_to(ROOT)) not in ALLOWED)
@@ -53,8 +84,10 @@ def test_the_scan_sees_the_whole_package_and_resolves_relative_imports() -> None
     # guards the test itself: a scan that found no modules, or read `from .cli import x` as
     # something else, would pass for any code
     assert len(LIBRARY_MODULES) > 20
-    cli_imports = _imported_modules(PACKAGE / "cli.py")
-    assert {"rag_rerank.batch", "rag_rerank.textio", "rag_rerank.errors"} <= cli_imports
+    cli_imports = _imported_modules(PACKAGE / "cli" / "batch.py")
+    assert {"rag_rerank.batchfile", "rag_rerank.textio", "rag_rerank.errors",
+            "rag_rerank.cli.common"} <= cli_imports
+    assert "rag_rerank.cli.common" in _dependencies(PACKAGE / "cli" / "batch.py")
     backend = next(p for p in PACKAGE.glob("backends/*.py") if p.name != "__init__.py")
     assert any(name.startswith("rag_rerank.") for name in _imported_modules(backend))
 
@@ -89,3 +122,64 @@ def test_one_mmr_implementation() -> None:
                for node in ast.walk(ast.parse(p.read_text(encoding="utf-8")))
                if isinstance(node, ast.FunctionDef) and "mmr" in node.name.lower()]
     assert defined == [], defined
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every strongly connected component of more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    out: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in sorted(graph.get(node, ())):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                top = stack.pop()
+                on_stack.discard(top)
+                component.append(top)
+                if top == node:
+                    break
+            if len(component) > 1:
+                out.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return out
+
+
+def test_the_cycle_finder_finds_a_cycle() -> None:
+    # guards the test below: a finder that never reports would pass for any code
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert _cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_import_circle_between_the_packages_modules() -> None:
+    """The package `__init__` files are left out as targets: `rag_rerank/__init__.py` is the public
+    facade that re-exports the library, and every submodule's import loads it first anyway."""
+    graph = {_module_name(p): _dependencies(p) - {"rag_rerank"} for p in PACKAGE.rglob("*.py")}
+    cycles = _cycles(graph)
+    assert not cycles, "import circles (imports inside functions count): " + "; ".join(
+        " <-> ".join(c) for c in cycles)
+
+
+def test_no_private_name_is_imported_from_another_module() -> None:
+    crossings = sorted(
+        f"{_module_name(p)} imports {name} from {module}"
+        for p in PACKAGE.rglob("*.py")
+        for module, name in _from_imports(p)
+        if module.startswith("rag_rerank") and name.startswith("_") and not name.startswith("__")
+        and f"{module}.{name}" not in PACKAGE_MODULES  # a package-private module (`integrations._common`)
+    )
+    assert not crossings, crossings

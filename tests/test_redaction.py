@@ -20,10 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from rag_rerank import rerank
+from rag_rerank import make_backend, rerank
 from rag_rerank.errors import BackendError, InputError, RerankError
 from rag_rerank.redaction import display_url, scrub, secrets_of, url_secrets
-from rag_rerank.rerank import make_backend
 from tests.support.fake_llm import FakeLLM, RecordedRequest, Reply
 
 ROOT = Path(__file__).resolve().parents[1]

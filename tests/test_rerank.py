@@ -13,8 +13,8 @@ from rag_rerank import arerank, rerank
 from rag_rerank.backends.factory import make_backend
 from rag_rerank.errors import BackendError, InputError
 from rag_rerank.models import Chunk, RerankResult
-from rag_rerank.rerank import candidate_k
 from rag_rerank.retry import RetryPolicy
+from rag_rerank.windows import candidate_k
 from tests.support.fake_llm import FakeLLM, InFlight, Reply
 from tests.support.quoting_ranker import quoting_ranker
 

@@ -333,7 +333,7 @@ def test_the_deadline_is_passed_to_a_backend_that_takes_a_timeout(request_, slee
 
         def complete(self, prompt, request, *, max_tokens, feedback=(), previous=None, timeout=None):
             seen.append(timeout)
-            from rag_rerank.backends.base import TransientFailure
+            from rag_rerank.errors import TransientFailure
 
             raise TransientFailure("recorder: busy")
 

@@ -1,8 +1,9 @@
-"""What every backend returns and the failure classes the retry policy acts on.
+"""What every backend is and returns: the `Backend` protocol and its `Completion`.
 
 A backend only talks to its model: it sends the rendered prompt (plus, on a re-ask, the guard's
 violations) and returns the raw text. It never retries by itself (SDKs run with max_retries=0)
-and never judges the output; `retry.py` and the output guard own those decisions.
+and never judges the output; `retry.py` and the output guard own those decisions. A failed call is
+raised as one of the classified failures of `errors.py` (`TransientFailure`, `FatalFailure`).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
-from ..errors import RerankError, Violation
+from ..errors import Violation
 from ..models import RerankRequest
 
 
@@ -27,32 +28,6 @@ class Completion:
     # Characters of reasoning the server returned apart from the answer (`reasoning_content`):
     # they count against max_tokens, so a truncation report says where the budget went.
     reasoning_chars: int = 0
-
-
-class BackendFailure(RerankError):
-    """Raised by a backend for one failed call, already classified."""
-
-    kind = "fatal"
-
-    def __init__(self, message: str, *, status: int | None = None) -> None:
-        self.status = status
-        super().__init__(message)
-
-
-class TransientFailure(BackendFailure):
-    """Rate limit, 5xx, overloaded, timeout, connection reset: worth a backoff and another try."""
-
-    kind = "transient"
-
-    def __init__(self, message: str, *, status: int | None = None, retry_after: float | None = None) -> None:
-        self.retry_after = retry_after
-        super().__init__(message, status=status)
-
-
-class FatalFailure(BackendFailure):
-    """Auth, bad request, refusal, missing model: retrying cannot help, fail fast."""
-
-    kind = "fatal"
 
 
 @runtime_checkable

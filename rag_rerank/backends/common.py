@@ -19,13 +19,12 @@ import time
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
-from urllib.parse import urlparse
+from urllib.parse import urlparse, urlsplit
 
-from ..errors import ConfigError, Violation
+from ..errors import BackendFailure, ConfigError, FatalFailure, TransientFailure, Violation
 from ..guard.limits import load_schema
 from ..models import RerankRequest
 from ..redaction import display_url, scrub
-from .base import BackendFailure, FatalFailure, TransientFailure
 
 # OpenAI strict mode accepts at most this many enum values (and a bounded total length); past that
 # the ids are left unconstrained and the output guard alone enforces them.
@@ -119,6 +118,26 @@ def feedback_text(feedback: Sequence[Violation]) -> str:
 # --- credentials ---------------------------------------------------------------------------
 
 LOCAL_DUMMY_KEY = "sk-no-key-required"
+
+
+def base_url_problem(url: Any) -> str | None:
+    """Why `url` cannot be a server address, or None when it can.
+
+    Checked before any request: the SDKs report a malformed URL as a ValueError from deep inside
+    (an internal error, exit 4) or as a connection failure (a backend error, exit 3), and treat an
+    empty one as "no base URL", sending the request to the public API instead of a local server.
+    """
+    if not isinstance(url, str):
+        return f"must be a URL string, got {type(url).__name__}"
+    hint = "give an http:// or https:// URL, e.g. http://127.0.0.1:8000/v1"
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 -- raises ValueError for a port that is not a number in 0-65535
+    except ValueError as exc:
+        return f"{display_url(url)!r} is not a URL ({exc}); {hint}"
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return f"{display_url(url)!r} is not a URL; {hint}"
+    return None
 
 
 def is_local_url(url: str | None) -> bool:
@@ -316,13 +335,17 @@ class SDKClients:
         if client is not None:
             client.close()
 
-    async def aclose(self) -> None:
-        """Close the running loop's async client, then the sync client (`close`)."""
+    async def release_loop(self) -> None:
+        """Close the running loop's async client only (a loop about to end); the sync client stays."""
         with self._lock:
             client = self._async.pop(asyncio.get_running_loop(), None)
         if client is not None:
             closing = getattr(client, "aclose", None) or client.close  # httpx / the SDKs
             await closing()
+
+    async def aclose(self) -> None:
+        """Close the running loop's async client, then the sync client (`close`)."""
+        await self.release_loop()
         self.close()
 
 
@@ -342,6 +365,11 @@ class ClosableBackend:
     async def aclose(self) -> None:
         """Close the async client of the running loop, then the sync client."""
         await self._clients.aclose()
+
+    async def release_loop(self) -> None:
+        """Close the async client of the running loop only: `Reranker.rerank_many` runs a loop of
+        its own and ends it, while the session (and its sync client) goes on."""
+        await self._clients.release_loop()
 
     def __enter__(self) -> Any:
         return self

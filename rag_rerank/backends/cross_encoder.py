@@ -92,9 +92,9 @@ def load_cross_encoder(model: str, device: str | None = "cpu", max_length: int |
 
 def _load(cls: Any, target: str, device: str | None, max_length: int | None, *,
           local_files_only: bool) -> Any:
-    from ..embed.sentence_transformers import _quiet_loading
+    from ..embed.sentence_transformers import quiet_loading
 
-    with _quiet_loading():
+    with quiet_loading():
         return cls(target, device=device, max_length=max_length, local_files_only=local_files_only)
 
 

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
-from urllib.parse import urlsplit
 
 from ..errors import InputError, Violation
 from ..redaction import display_url
 from ..wording import near_miss
 from .base import Backend
+from .common import base_url_problem
 
 BACKENDS = ("local", "openai", "anthropic", "cross-encoder", "rerank-api")
 # Keyword options each named backend takes besides model / base_url / api_key (`backend_options`).
@@ -27,26 +27,6 @@ BACKEND_OPTIONS: dict[str, tuple[str, ...]] = {
     "cross-encoder": ("batch_size", "device", "max_length", "calibration_factor"),
     "rerank-api": ("timeout", "max_chars", "score_mapping"),
 }
-
-
-def base_url_problem(url: Any) -> str | None:
-    """Why `url` cannot be a server address, or None when it can.
-
-    Checked before any request: the SDKs report a malformed URL as a ValueError from deep inside
-    (an internal error, exit 4) or as a connection failure (a backend error, exit 3), and treat an
-    empty one as "no base URL", sending the request to the public API instead of a local server.
-    """
-    if not isinstance(url, str):
-        return f"must be a URL string, got {type(url).__name__}"
-    hint = "give an http:// or https:// URL, e.g. http://127.0.0.1:8000/v1"
-    try:
-        parts = urlsplit(url)
-        parts.port  # noqa: B018 -- raises ValueError for a port that is not a number in 0-65535
-    except ValueError as exc:
-        return f"{display_url(url)!r} is not a URL ({exc}); {hint}"
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        return f"{display_url(url)!r} is not a URL; {hint}"
-    return None
 
 
 def make_backend(

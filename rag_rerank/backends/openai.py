@@ -18,10 +18,17 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from ..errors import InputError, MissingDependencyError, Violation
+from ..errors import (
+    BackendFailure,
+    FatalFailure,
+    InputError,
+    MissingDependencyError,
+    TransientFailure,
+    Violation,
+)
 from ..models import RerankRequest
 from ..redaction import display_url, scrub, secrets_of
-from .base import BackendFailure, Completion, FatalFailure, TransientFailure
+from .base import Completion
 from .common import (
     DATA_NOTICE,
     ClosableBackend,

@@ -31,14 +31,15 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..errors import InputError, Violation
+from ..errors import FatalFailure, InputError, TransientFailure, Violation
 from ..models import RerankRequest
 from ..redaction import display_url, scrub, secrets_of
 from ..wording import counted
-from .base import Completion, FatalFailure, TransientFailure
+from .base import Completion
 from .common import (
     ClosableBackend,
     SDKClients,
+    base_url_problem,
     is_transient_status,
     resolve_credentials,
     retry_after_seconds,
@@ -126,8 +127,6 @@ class RerankAPIBackend(ClosableBackend):
             raise InputError(bad, headline="invalid rerank-api options")
         url, key = resolve_credentials("rerank-api", base_url, api_key, url_env=URL_ENV, key_env=KEY_ENV)
         assert url is not None  # checked above
-        from .factory import base_url_problem
-
         if problem := base_url_problem(url):
             raise InputError([Violation(path="base_url", message=problem, value=display_url(url))])
         self.model, self.url, self._key = model, endpoint(url), key

@@ -1,9 +1,10 @@
 """Words, stems and BM25 over a candidate set: the lexical evidence every scored backend shares.
 
 The local backend's `lexical` signal and every scored backend's reasons (which query words a chunk
-shares, `scored.best_phrase`) read a text the same way, through here. The stopword list, the
-stemmer and the Latin word split are the ones the default profile's weights were fitted with
-(`bench/tune_default.py`): changing them changes every default score, so they move only with a refit.
+shares, `scored.best_phrase`) read a text the same way, through here. The stopword list and the
+stemmer (`text.SCORER_STOPWORDS`, `text.scorer_stem`) and the Latin word split are the ones the
+default profile's weights were fitted with (`bench/tune_default.py`): changing them changes every
+default score, so they move only with a refit.
 """
 
 from __future__ import annotations
@@ -13,42 +14,14 @@ import unicodedata
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import lru_cache
 
 import numpy as np
 
 from ..embed.units import reads_foreign, units, units_with_spans
+from ..text import SCORER_STOPWORDS as STOPWORDS
+from ..text import scorer_stem as stem
 
-# Words that carry no topic on their own. They still count for a little (`stopword_weight`):
-# "when ..." questions are answered by "... when ..." sentences, but "the" must not make an
-# unrelated chunk look relevant.
-STOPWORD_TEXT = """
-a about above after again against all also am an and any are as at be because been before being
-below between both but by can could did do does doing down during each either few for from further
-had has have having he her here hers him his how i if in into is it its itself just me more most my
-no nor not now of off on once only or other our out over own same she should so some such than that
-the their them then there these they this those through to too under until up very was we were what
-when where which while who whom why will with would you your yours one two per via s t
-"""
-STOPWORDS = frozenset(STOPWORD_TEXT.split())
 WORD = re.compile(r"\w+", re.UNICODE)
-_SUFFIXES = ("ations", "ation", "ings", "ing", "edly", "ies", "ied", "ed", "es", "ly", "s")
-
-
-@lru_cache(maxsize=65536)
-def stem(word: str) -> str:
-    """A light, dependency-free English stemmer: strip one common suffix, keep at least 3 letters,
-    then cut to 6 characters so 'preferred' / 'prefer' / 'preference' meet. Non-Latin words pass
-    unchanged. Crude on purpose: it only has to make surface variants of a query term match."""
-    w = word.lower()
-    if not w.isascii():
-        return w
-    for suf in _SUFFIXES:
-        if w.endswith(suf) and len(w) - len(suf) >= 3:
-            w = w[: -len(suf)]
-            break
-    return w[:6]
-
 
 
 @dataclass(frozen=True)

@@ -9,37 +9,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 import numpy as np
 
 from ..errors import InputError, RerankError, Violation
 from ..models import Chunk
 from ..wording import counted
-
-
-@runtime_checkable
-class Embedder(Protocol):
-    """Anything with a name and `embed(texts) -> (n, d) float32`, rows of unit length (or zero).
-
-    `duplicate_threshold` is the cosine at or above which two chunks count as near-duplicates
-    for this embedder (cosine scales differ between models, so the threshold travels with it).
-    """
-
-    name: str
-    duplicate_threshold: float
-
-    def embed(self, texts: list[str]) -> np.ndarray: ...
-
-
-def l2_normalise(matrix: np.ndarray) -> np.ndarray:
-    """Unit rows as float32; an all-zero row stays zero instead of becoming NaN."""
-    m = np.asarray(matrix, dtype=np.float32)
-    if m.ndim != 2:
-        m = m.reshape(len(m), -1)
-    norms = np.linalg.norm(m, axis=1, keepdims=True)
-    return np.divide(m, norms, out=np.zeros_like(m), where=norms > 0)
-
+from .base import Embedder, l2_normalise
 
 # --------------------------------------------------------------------------- choosing an embedder
 

@@ -22,7 +22,7 @@ import numpy as np
 from ..errors import Attempt, EmbedderError, InputError, Violation
 from ..redaction import display_url, scrub, secrets_of
 from ..wording import counted
-from . import l2_normalise
+from .base import l2_normalise
 
 DEFAULT_MODEL = "text-embedding-3-small"
 # Not measured here (no network): a conservative cosine for "restates the same text" with OpenAI's

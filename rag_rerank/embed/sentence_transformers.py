@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import InputError, MissingDependencyError, Violation
-from . import l2_normalise
+from .base import l2_normalise
 
 DEFAULT_MODEL = "all-MiniLM-L6-v2"
 _DEFAULT_ALIASES = frozenset({DEFAULT_MODEL.lower(), f"sentence-transformers/{DEFAULT_MODEL}".lower()})
@@ -77,7 +77,7 @@ def model_folder_problem(model: str) -> str | None:
 
 
 @contextlib.contextmanager
-def _quiet_loading() -> Iterator[None]:
+def quiet_loading() -> Iterator[None]:
     """No "Loading weights" progress bar and no warning chatter from transformers while the model
     loads: stderr carries our one-line errors and `rerank --meta`'s JSON, which a bar or the
     multi-line, ANSI-coloured "BertModel LOAD REPORT" (an unused `position_ids` buffer in the
@@ -115,7 +115,7 @@ def load_model(model: str | None = None, device: str | None = "cpu") -> Any:
                 raise InputError([Violation(path="embedder", value=model, message="cannot load "
                                             f"sentence-transformers model {target!r}: {problem}")])
             try:
-                with _quiet_loading():
+                with quiet_loading():
                     _models[key] = SentenceTransformer(target, device=device)
             except (OSError, ValueError) as exc:  # no such folder or hub model, not a model folder
                 detail = " ".join(str(exc).split())[:300]

@@ -21,21 +21,13 @@ from jsonschema import Draft202012Validator
 from .. import reasons
 from ..errors import InputError, OutputError, Violation
 from ..models import Chunk
-from ..text import comparable
+from ..text import NEGATIONS, STOPWORDS, comparable, inflection_key
 from .input import ChunkSource, normal_top_k, parse_chunks, top_k_violations
 from .limits import Limits, as_limits, load_schema
 
 REDUNDANT_PREFIX = "redundant_with:"
 
 _WORD = re.compile(r"\w+", re.UNICODE)
-_STOPWORDS = frozenset(
-    """a about above after again against all also am an and any are as at be because been before being
-    below between both but by can could did do does doing down during each either few for from further had
-    has have having he her here hers him his how i if in into is it its itself just me more most my no nor
-    not now of off on once only or other our out over own same she should so some such than that the their
-    them then there these they this those through to too under until up very was we were what when where
-    which while who whom why will with would you your yours use used using one two per via""".split()  # noqa: SIM905
-)
 # Words that say a chunk is relevant without saying why; they do not count as a citation.
 _GENERIC = frozenset(
     """relevant relevance highly high query question chunk chunks passage passages document documents text
@@ -53,7 +45,7 @@ def _stem(word: str) -> str:
 def _content_tokens(text: str) -> set[str]:
     out = set()
     for w in _WORD.findall(comparable(text)):
-        if w in _STOPWORDS or w in _GENERIC:
+        if w in STOPWORDS or w in _GENERIC:
             continue
         if len(w) >= 3 or any(ch.isdigit() for ch in w):
             out.add(_stem(w))
@@ -134,27 +126,12 @@ def _closing_quote(text: str, start: int, closing: str) -> int:
 # by word (inflection folded) with its best-matching stretch of the source: every content word of
 # the quotation must be the source's, in the source's order; function words may differ cheaply,
 # and the source's words may be left out within a budget that grows with the quotation's length.
-_NEGATIONS = frozenset("not no never nor none neither cannot without t".split())  # noqa: SIM905  (t: don't)
 # Stop words that carry meaning in a quotation ("only", "all", "before") are edited as content words.
 _MEANINGFUL = "all any each few more most only some same other very too before after above below over under"
-_LIGHT = _STOPWORDS - frozenset([*_MEANINGFUL.split(), "against", "between", "again", "further", "once"])
+_LIGHT = STOPWORDS - frozenset([*_MEANINGFUL.split(), "against", "between", "again", "further", "once"])
 # What is left of a contraction once split at its apostrophe ("memory's" -> memory, s).
 _CONTRACTED = frozenset("s d m ll re ve".split())  # noqa: SIM905
-_SUFFIXES = ("ingly", "edly", "ings", "ing", "ies", "ied", "est", "es", "ed", "er", "ly", "s", "e", "y")
 _OMIT_LIGHT, _OMIT_CONTENT, _EDIT_LIGHT, _NEVER = 0.25, 0.5, 0.25, 1e6
-
-
-def _word_key(word: str) -> str:
-    """A word with its English inflection folded: "exceeds", "exceeding" and "exceeded" alike."""
-    if any(ch.isdigit() for ch in word) or word in _NEGATIONS:
-        return word
-    for suffix in _SUFFIXES:
-        if word.endswith(suffix) and len(word) - len(suffix) >= 3:
-            word = word[: -len(suffix)]
-            break
-    if len(word) >= 4 and word[-1] == word[-2] and word[-1] not in "aeiou":  # running -> runn -> run
-        word = word[:-1]
-    return word
 
 
 # A thousands separator between digits ("1,000", "1 000", "1'000"): "1000" is the same number.
@@ -167,7 +144,7 @@ def _words(text: str) -> list[str]:
 
 def _kind(word: str) -> int:
     """0: a function word (cheap to edit), 1: a content word, 2: never edited (a negation or number)."""
-    if word in _NEGATIONS or any(ch.isdigit() for ch in word):
+    if word in NEGATIONS or any(ch.isdigit() for ch in word):
         return 2
     return 0 if word in _LIGHT or word in _CONTRACTED else 1
 
@@ -180,7 +157,7 @@ class _Source:
 
         words = _words(text)
         self.ids: dict[str, int] = {}
-        keys = [self.ids.setdefault(_word_key(w), len(self.ids)) for w in words]
+        keys = [self.ids.setdefault(inflection_key(w), len(self.ids)) for w in words]
         self.keys = np.array(keys, dtype=np.int64)
         self.kinds = np.array([_kind(w) for w in words], dtype=np.int64)
         omit = np.choose(self.kinds, [_OMIT_LIGHT, _OMIT_CONTENT, _NEVER]) if words else np.zeros(0)
@@ -195,7 +172,7 @@ class _Source:
         row = np.zeros(n + 1)  # aligning no quote word costs nothing, wherever it starts
         for word in quote:
             kind = _kind(word)
-            qid = self.ids.get(_word_key(word), -1)
+            qid = self.ids.get(inflection_key(word), -1)
             insert = _NEVER if kind else _EDIT_LIGHT  # a content word, negation or number must be there
             # A function word for a function word is cheap; for a content word, it leaves that out.
             sub = np.where(self.kinds == 0, _EDIT_LIGHT, _OMIT_CONTENT + _EDIT_LIGHT) if not kind else _NEVER
@@ -215,7 +192,7 @@ def _faithful(quote: list[str], source: _Source) -> bool:
     content = [w for w in quote if _kind(w)]
     if not content:
         return False  # only function words, and not verbatim: nothing to match loosely on
-    if any(_word_key(w) not in source.ids for w in content):  # a word the source never had
+    if any(inflection_key(w) not in source.ids for w in content):  # a word the source never had
         return False
     return source.cost(quote) <= 0.25 + (len(content) - 1) / 4
 

@@ -1,9 +1,12 @@
 """What the three framework components share, so they behave alike and none re-implements `rerank`.
 
-* **Options.** Every component takes `rerank()`'s options under `rerank()`'s names. The names are
-  read from `rerank`'s signature, so an option added to `rerank()` later (say `window_size`) is
-  accepted by every component without a change here, while a misspelt one is refused when the
-  component is built instead of on the first query.
+* **Options.** Every component takes `rerank()`'s options under `rerank()`'s names
+  (`options.ALL_OPTIONS`), so an option added to `rerank()` later is accepted by every component
+  without a change here, while a misspelt one is refused when the component is built instead of on
+  the first query.
+* **One session.** Each component reranks through a `Reranker` session (`SessionCache`) built on first
+  use from its options and kept: one backend, one connection pool, one embedder model for every
+  call, rebuilt only when a session option (backend, model, base_url, api_key, embedder) changes.
 * **Ids.** Only an id and the text of each item go to the reranker; the result names ids, and
   `placed` maps them back to the caller's items by position, so metadata of any type (datetimes,
   objects) never passes through JSON and comes back untouched. The one exception is metadata the
@@ -18,15 +21,17 @@
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
+from ..backends.factory import unused_option_violations
 from ..errors import InputError, Violation
 from ..guard.input import validate_params
 from ..models import Dropped, Ranked, RerankResult, RunMeta
-from ..rerank import arerank, rerank
+from ..options import ALL_OPTIONS
+from ..retry import RetryPolicy
+from ..session import SessionCache
 
 # Metadata keys written on the returned copies (LangChain metadata, LlamaIndex node metadata,
 # Haystack meta). Prefixed so they never overwrite a caller's own "reason" or "note".
@@ -43,8 +48,8 @@ T = TypeVar("T")
 
 
 def rerank_option_names() -> tuple[str, ...]:
-    """The keyword options of `rerank()` a component may pass through, in signature order."""
-    return tuple(name for name in inspect.signature(rerank).parameters if name not in _SUPPLIED)
+    """The keyword options of `rerank()` a component may pass through (all but its own `top_k`)."""
+    return tuple(name for name in ALL_OPTIONS if name not in _SUPPLIED)
 
 
 def check_options(options: Mapping[str, Any], *, component: str, count_name: str) -> dict[str, Any]:
@@ -67,8 +72,6 @@ def check_connection(backend: Any, *, model: Any, base_url: Any, api_key: Any) -
     """A `model`, `base_url` or `api_key` the named backend would ignore is refused when the
     component is built (`RagRerankCompressor(model="gpt-4o-mini")` without `backend="openai"`),
     as `rerank()` refuses it, instead of on the first query."""
-    from ..backends.factory import unused_option_violations
-
     if isinstance(backend, str):
         bad = unused_option_violations(backend, model=model, base_url=base_url, api_key=api_key)
         if bad:
@@ -116,8 +119,6 @@ def policy_data(policy: Any) -> Any:
     written. Anything else as it is."""
     import dataclasses
 
-    from ..retry import RetryPolicy
-
     if isinstance(policy, RetryPolicy):
         return {f.name: getattr(policy, f.name) for f in dataclasses.fields(policy) if f.repr}
     return policy
@@ -127,8 +128,6 @@ def policy_value(value: Any) -> Any:
     """A `policy` given to a component as such a dict (a reloaded dump) back as a `RetryPolicy`;
     an unknown key is an `InputError` naming it. Anything else as it is (rerank() judges it)."""
     import dataclasses
-
-    from ..retry import RetryPolicy
 
     if not isinstance(value, Mapping):
         return value
@@ -205,21 +204,23 @@ def _empty(query: Any, top_k: Any, options: Mapping[str, Any]) -> RerankResult:
                                                             notes=("no candidates: nothing to rerank",)))
 
 
-def run(query: Any, ids: Sequence[str], texts: Sequence[Any], top_k: Any,
+def run(sessions: SessionCache, query: Any, ids: Sequence[str], texts: Sequence[Any], top_k: Any,
         options: Mapping[str, Any], metas: Sequence[Mapping[str, Any] | None] | None = None) -> RerankResult:
-    """`rerank()` over the items' ids and texts; an empty list gives an empty result."""
+    """The component's session reranking the items' ids and texts; an empty list gives an empty result."""
     if not ids:
         return _empty(query, top_k, options)
-    return rerank(query, records(ids, texts, metas, options), top_k, **options)
+    reranker, request = sessions.get(options)
+    return reranker.rerank(query, records(ids, texts, metas, options), top_k, **request)
 
 
-async def arun(query: Any, ids: Sequence[str], texts: Sequence[Any], top_k: Any,
+async def arun(sessions: SessionCache, query: Any, ids: Sequence[str], texts: Sequence[Any], top_k: Any,
                options: Mapping[str, Any], metas: Sequence[Mapping[str, Any] | None] | None = None
                ) -> RerankResult:
-    """`arerank()` over the items' ids and texts: the backend call is awaited, not run in a thread."""
+    """`run` with the backend calls awaited, not run in a thread."""
     if not ids:
         return _empty(query, top_k, options)
-    return await arerank(query, records(ids, texts, metas, options), top_k, **options)
+    reranker, request = sessions.get(options)
+    return await reranker.arerank(query, records(ids, texts, metas, options), top_k, **request)
 
 
 def placed(result: RerankResult, ids: Sequence[str]) -> tuple[list[tuple[int, Ranked]],

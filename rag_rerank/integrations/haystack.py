@@ -15,11 +15,11 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from ..backends.factory import make_backend, resolve_embedder
 from ..errors import InputError, MissingDependencyError, Violation
 from ..guard.limits import Limits, as_limits
 from ..models import RerankResult
 from ..retry import RetryPolicy
+from ..session import Reranker, SessionCache
 from . import _common
 from ._common import DROPPED_KEY
 
@@ -125,7 +125,7 @@ class RagRerankRanker:
         self.layout = layout
         self.strict = strict
         self.rerank_options = dict(rerank_options)
-        self._built: tuple[Any, Any] | None = None
+        self._sessions = SessionCache()
         self._last: RerankResult | None = None
 
     @property
@@ -133,31 +133,27 @@ class RagRerankRanker:
         """The `RerankResult` (with `.dropped` and `.meta`) of the most recent run of this component."""
         return self._last
 
+    @property
+    def reranker(self) -> Reranker:
+        """The `Reranker` session this component ranks with, built by `warm_up` (or the first run)."""
+        return self._sessions.get(self._options())[0]
+
     # --- life cycle
 
     def warm_up(self) -> None:
-        """Build the backend and the embedder once (a sentence-transformers model loads here) and
-        reuse them, with their HTTP connection pools, for every run."""
-        if self._built is not None:
-            return
-        key = self.api_key.resolve_value() if self.api_key is not None else None
-        embedder = resolve_embedder(self.embedder, self.backend, self.base_url)
-        backend = make_backend(self.backend, model=self.model, base_url=self.base_url, api_key=key,
-                               embedder=embedder)
-        self._built = (backend, embedder)
+        """Build the `Reranker` session once (the backend and its HTTP connection pool; a
+        sentence-transformers model loads here) and reuse it for every run."""
+        self._sessions.get(self._options())
 
     def _options(self) -> dict[str, Any]:
-        self.warm_up()
-        assert self._built is not None
-        backend, embedder = self._built
         key = self.api_key.resolve_value() if self.api_key is not None else None
         return {
             "lambda_": self.lambda_,
-            "backend": backend,
+            "backend": self.backend,
             "model": self.model,
             "base_url": self.base_url,
-            "api_key": key,  # the backend already holds it; rerank() uses it to redact error text
-            "embedder": embedder,
+            "api_key": key,
+            "embedder": self.embedder,
             "fallback": self.fallback,
             "policy": self.policy,
             "layout": self.layout,
@@ -242,7 +238,7 @@ class RagRerankRanker:
         """
         documents = list(documents)
         ids = [d.id for d in documents]
-        result = _common.run(query, ids, *self._call_args(documents, top_k, lambda_))
+        result = _common.run(self._sessions, query, ids, *self._call_args(documents, top_k, lambda_))
         return self._assemble(documents, ids, result)
 
     @component.output_types(documents=list[Document], dropped=list[Document])
@@ -251,5 +247,5 @@ class RagRerankRanker:
         """`run` for `Pipeline.run_async`: the backend call is awaited (`arerank`)."""
         documents = list(documents)
         ids = [d.id for d in documents]
-        result = await _common.arun(query, ids, *self._call_args(documents, top_k, lambda_))
+        result = await _common.arun(self._sessions, query, ids, *self._call_args(documents, top_k, lambda_))
         return self._assemble(documents, ids, result)

@@ -16,6 +16,7 @@ from typing import Any
 
 from ..errors import InputError, MissingDependencyError, Violation
 from ..models import RerankResult
+from ..session import Reranker, SessionCache
 from . import _common
 from ._common import DROPPED_KEY, SCORE_KEY, Reranked
 
@@ -69,6 +70,7 @@ class RagRerankCompressor(ComponentValidators, BaseDocumentCompressor,
     """Further rerank() options by name; unknown keywords given to the constructor land here."""
 
     _last: RerankResult | None = PrivateAttr(default=None)
+    _sessions: SessionCache = PrivateAttr(default_factory=SessionCache)
 
     @property
     def last_result(self) -> RerankResult | None:
@@ -80,6 +82,12 @@ class RagRerankCompressor(ComponentValidators, BaseDocumentCompressor,
 
     def _options(self) -> dict[str, Any]:
         return _common.component_options(self)
+
+    @property
+    def reranker(self) -> Reranker:
+        """The `Reranker` session this component ranks with: built on first use, kept while its
+        backend, model, base_url, api_key and embedder stay the same."""
+        return self._sessions.get(self._options())[0]
 
     @staticmethod
     def _ids(documents: Sequence[Document]) -> list[str]:
@@ -117,16 +125,16 @@ class RagRerankCompressor(ComponentValidators, BaseDocumentCompressor,
         """Kept and dropped Documents (copies) and the `RerankResult` of this call."""
         documents = list(documents)
         ids = self._ids(documents)
-        result = _common.run(query, ids, [d.page_content for d in documents], self.top_n, self._options(),
-                             [d.metadata for d in documents])
+        texts, metas = [d.page_content for d in documents], [d.metadata for d in documents]
+        result = _common.run(self._sessions, query, ids, texts, self.top_n, self._options(), metas)
         return self._assemble(documents, ids, result)
 
     async def arerank_documents(self, documents: Sequence[Document], query: str) -> Reranked[Document]:
         """`rerank_documents` with the backend call awaited (`arerank`), not pushed to a thread."""
         documents = list(documents)
         ids = self._ids(documents)
-        result = await _common.arun(query, ids, [d.page_content for d in documents], self.top_n,
-                                    self._options(), [d.metadata for d in documents])
+        texts, metas = [d.page_content for d in documents], [d.metadata for d in documents]
+        result = await _common.arun(self._sessions, query, ids, texts, self.top_n, self._options(), metas)
         return self._assemble(documents, ids, result)
 
     def compress_documents(

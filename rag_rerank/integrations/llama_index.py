@@ -16,6 +16,7 @@ from typing import Any
 
 from ..errors import InputError, MissingDependencyError, Violation
 from ..models import RerankResult
+from ..session import Reranker, SessionCache
 from . import _common
 from ._common import DROPPED_KEY, NOTE_KEY, REASON_KEY, Reranked
 
@@ -72,6 +73,7 @@ class RagRerankPostprocessor(ComponentValidators, BaseNodePostprocessor):
                                            description="Further rerank() options by name.")
 
     _last: RerankResult | None = PrivateAttr(default=None)
+    _sessions: SessionCache = PrivateAttr(default_factory=SessionCache)
 
     @classmethod
     def class_name(cls) -> str:
@@ -86,6 +88,12 @@ class RagRerankPostprocessor(ComponentValidators, BaseNodePostprocessor):
 
     def _options(self) -> dict[str, Any]:
         return _common.component_options(self)
+
+    @property
+    def reranker(self) -> Reranker:
+        """The `Reranker` session this component ranks with: built on first use, kept while its
+        backend, model, base_url, api_key and embedder stay the same."""
+        return self._sessions.get(self._options())[0]
 
     def _model_name(self) -> str:
         name = self.backend if isinstance(self.backend, str) else getattr(self.backend, "name", "backend")
@@ -130,7 +138,7 @@ class RagRerankPostprocessor(ComponentValidators, BaseNodePostprocessor):
         with self._event(nodes, query) as event:
             ids, texts = self._inputs(nodes)
             metas = [n.node.metadata for n in nodes]
-            result = _common.run(query, ids, texts, self.top_n, self._options(), metas)
+            result = _common.run(self._sessions, query, ids, texts, self.top_n, self._options(), metas)
             out = self._assemble(nodes, ids, result)
             event.on_end(payload={EventPayload.NODES: list(out.items)})
         dispatcher.event(ReRankEndEvent(nodes=list(out.items)))
@@ -142,7 +150,7 @@ class RagRerankPostprocessor(ComponentValidators, BaseNodePostprocessor):
         nodes = list(nodes)
         with self._event(nodes, query) as event:
             ids, texts = self._inputs(nodes)
-            result = await _common.arun(query, ids, texts, self.top_n, self._options(),
+            result = await _common.arun(self._sessions, query, ids, texts, self.top_n, self._options(),
                                         [n.node.metadata for n in nodes])
             out = self._assemble(nodes, ids, result)
             event.on_end(payload={EventPayload.NODES: list(out.items)})

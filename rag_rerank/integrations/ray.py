@@ -2,9 +2,9 @@
 
 `rerank_dataset(ds, concurrency=N, **rerank_options)` maps a dataset of batch-file rows
 `{query_id?, query, chunks, top_k?, lambda?, ...}` through `N` actors (`map_batches` with a
-callable class). Each actor builds the backend and the embedder once, so a model loads once per
-worker and an LLM backend keeps one connection pool per worker, and runs each batch of rows
-through `batch._run` (the local engine's per-request logic: bounded async concurrency, failures
+callable class). Each actor holds one `Reranker` session, so a model loads once per worker and an
+LLM backend keeps one connection pool per worker, and runs each batch of rows through
+`Reranker.arerank_many` (the local engine's per-request logic: bounded async concurrency, failures
 isolated per request) with `per_actor_concurrency` requests in flight. Requests in flight across
 the cluster = actors x `per_actor_concurrency`: that is the number to hold under a provider's
 rate limit.
@@ -14,10 +14,11 @@ Output rows keep the input columns and add `ranked`, `dropped` (the records of b
 apply to a row is null (a Ray dataset is a table).
 
 `run_lines` is the `rag-rerank batch --engine ray` engine: the CLI keeps reading, resuming and
-writing in input order (batch.py); requests travel to the actors as JSON text, so every value
-reaches the guards exactly as the local engine would see it (Arrow would unify the records'
-types and give every record every key). Before joining `--ray-address` it opens a TCP connection
-there with a few seconds' budget: Ray's own retries on an address nothing answers on last minutes.
+writing in input order (`cli/batch.py`, in the format of `batchfile.py`); requests travel to the
+actors as JSON text, so every value reaches the guards exactly as the local engine would see it
+(Arrow would unify the records' types and give every record every key). Before joining
+`--ray-address` it opens a TCP connection there with a few seconds' budget: Ray's own retries on an
+address nothing answers on last minutes.
 """
 
 from __future__ import annotations
@@ -32,17 +33,11 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..backends.factory import BACKENDS, unused_option_violations
-from ..batch import (
-    UNKNOWN_KEY_HINT,
-    Outcome,
-    _Line,
-    _record,
-    _run,
-    _shared_options,
-)
+from ..batchfile import Line, Outcome, record
 from ..errors import InputError, MissingDependencyError, Violation
+from ..options import ALL_OPTIONS, UNKNOWN_KEY_HINT, split_options
 from ..redaction import secrets_of
-from ..rerank import arerank
+from ..session import Reranker
 
 if TYPE_CHECKING:  # pragma: no cover
     import pyarrow as pa
@@ -90,15 +85,16 @@ def _request_from_row(row: Mapping[str, Any], passthrough: frozenset[str] = froz
     return item
 
 
-class _Reranker:
-    """One per actor: the backend and embedder are built here, once, and reused for every batch.
+class RerankActor:
+    """One per actor: its `Reranker` session is built here, once, and reused for every batch.
 
     One event loop lives as long as the actor, so an async HTTP client's connection pool (bound to
     the loop it was first used on) survives from batch to batch."""
 
     def __init__(self, options: Mapping[str, Any], per_actor_concurrency: int, wire: bool,
                  passthrough: frozenset[str] = frozenset()) -> None:
-        self.options = _shared_options(dict(options))
+        session, request = split_options(options)
+        self.reranker = Reranker(**session, **request)
         self.passthrough = passthrough
         self.concurrency = per_actor_concurrency
         self.wire = wire
@@ -106,15 +102,8 @@ class _Reranker:
         self.loop = asyncio.new_event_loop()
 
     def _outcomes(self, items: Sequence[Mapping[str, Any]]) -> list[Outcome]:
-        outcomes: list[Any] = [None] * len(items)
-
-        def on_done(index: int, outcome: Outcome) -> None:
-            outcomes[index] = outcome
-
-        self.loop.run_until_complete(
-            _run(items, concurrency=self.concurrency, on_done=on_done, options=self.options)
-        )
-        return outcomes
+        run = self.reranker.arerank_many(items, concurrency=self.concurrency)
+        return list(self.loop.run_until_complete(run))
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         import pyarrow as pa
@@ -123,7 +112,7 @@ class _Reranker:
         if self.wire:
             items = [json.loads(r[_REQUEST]) for r in rows]
             recs = [
-                _record(_Line(r[_LINE], it.get("query_id", it.get("qid")), it), out, self.secrets)
+                record(Line(r[_LINE], it.get("query_id", it.get("qid")), it), out, self.secrets)
                 for r, it, out in zip(rows, items, self._outcomes(items), strict=True)
             ]
             return pa.table(
@@ -138,7 +127,7 @@ class _Reranker:
             outcomes = self._outcomes(items)
         finally:
             UNKNOWN_KEY_HINT.reset(hint)
-        recs = [_record(_Line(0, None, it), o, self.secrets) for it, o in zip(items, outcomes, strict=True)]
+        recs = [record(Line(0, None, it), o, self.secrets) for it, o in zip(items, outcomes, strict=True)]
         table = batch.drop_columns([c for c in OUTPUT_COLUMNS if c in batch.column_names])
         columns = {
             "ranked": [rec["result"]["ranked"] if "result" in rec else None for rec in recs],
@@ -201,13 +190,11 @@ def _check(concurrency: Any, batch_size: Any, per_actor_concurrency: Any, option
             problems.append(
                 Violation(path=name, value=value, message=f"must be an integer of at least 1, got {value!r}")
             )
-    import inspect
-
-    params = inspect.signature(arerank).parameters
+    keywords = [k for k in ALL_OPTIONS if k not in ("top_k", "lambda_")]  # rerank()'s keyword-only options
     for key in options:
-        if key not in params or params[key].kind is not inspect.Parameter.KEYWORD_ONLY:
-            opts = ", ".join(k for k, p in params.items() if p.kind is inspect.Parameter.KEYWORD_ONLY)
-            problems.append(Violation(path=key, message=f"unknown rerank option {key!r} (options: {opts})"))
+        if key not in keywords:
+            problems.append(Violation(path=key, message=f"unknown rerank option {key!r} "
+                                      f"(options: {', '.join(keywords)})"))
     backend = options.get("backend", "local")
     if isinstance(backend, str) and backend not in BACKENDS:
         problems.append(
@@ -255,13 +242,13 @@ def _map(
     size = concurrency if isinstance(concurrency, tuple) else (concurrency, concurrency)
     opts, per_actor = dict(options), per_actor_concurrency
 
-    class Reranker(_Reranker):  # the settings travel with the class, not as object-store arguments
+    class RagRerank(RerankActor):  # the settings travel with the class, not as object-store arguments
         def __init__(self) -> None:
             super().__init__(opts, per_actor, wire, keep)
 
-    Reranker.__name__ = Reranker.__qualname__ = "RagRerank"
+    RagRerank.__qualname__ = "RagRerank"
     return ds.map_batches(
-        Reranker,
+        RagRerank,
         batch_size=batch_size,
         batch_format="pyarrow",
         compute=ray.data.ActorPoolStrategy(min_size=size[0], max_size=size[-1]),
@@ -451,7 +438,7 @@ def _auth_advice(env: Mapping[str, str], target: str | None) -> str:
 
 
 def run_lines(
-    lines: Sequence[_Line],
+    lines: Sequence[Line],
     *,
     on_done: Callable[[int, Outcome], None],
     on_record: Callable[[int, dict[str, Any]], None],

@@ -1,0 +1,135 @@
+"""`rag-rerank eval`: measured quality of a backend on a judged collection, input order vs reranked
+(the `eval` extra); the metrics are `evaluate.py`'s, this module prints them as a table or JSON."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from ..batchfile import exit_code_for
+from ..errors import InputError, Violation
+from ..evaluate import EvalReport, evaluate
+from ..guard.limits import load_limits
+from ..wording import counted
+from .common import add_backend_args, add_meta_args, add_window_args, meta_options, run_options, whole_number
+
+
+def register(command: Callable[..., argparse.ArgumentParser]) -> None:
+    p = command("eval", "measure nDCG@10 / Recall / MRR of input vs reranked order (needs rag-rerank[eval])")
+    p.add_argument("--candidates", required=True, metavar="FILE",
+                   help="JSONL {qid, query, chunks:[{id,text}]}")
+    p.add_argument("--qrels", required=True, metavar="FILE", help="TREC qrels")
+    p.add_argument("--k", type=whole_number, default=10,
+                   help="top_k to keep and Recall@k cut-off (default 10)")
+    p.add_argument("--depth", type=whole_number, default=None,
+                   help="rerank the first N candidates of each query (default 50, the card's limit; with "
+                   "--window-size, all of them up to 1000); the rest keep their input positions after them")
+    p.add_argument("--rel-level", type=int, default=1,
+                   help="lowest qrels grade that counts as relevant for Recall and MRR (default 1; DL19 "
+                   "convention: 2)")
+    p.add_argument("--duplicate-threshold", type=float, default=None,
+                   help="post-pass near-duplicate cosine in [0, 1] (default: the embedder's own; 1.0 keeps "
+                   "all but identical vectors)")
+    p.add_argument("--lambda", dest="lambda_", type=float, default=None,
+                   help="MMR trade-off in [0, 1] (0.7)")
+    p.add_argument("--subtopics", default=None, metavar="FILE", help="subtopic judgments for alpha-nDCG")
+    p.add_argument("--concurrency", type=whole_number, default=4,
+                   help="queries reranked at once at most (default 4)")
+    p.add_argument("--resume", default=None, metavar="FILE", help="cache of per-query results to resume from")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    p.add_argument("--no-progress", action="store_true", help="never show a progress bar")
+    add_backend_args(p)
+    add_window_args(p)
+    add_meta_args(p)
+    p.set_defaults(func=run)
+
+
+
+def run(args: argparse.Namespace) -> int:
+    return run_eval(args, backend_options={**run_options(args), **meta_options(args)})
+
+
+
+
+def format_table(report: EvalReport) -> str:
+    """Metrics as rows, input and reranked side by side with the difference."""
+    lines = [f"{'metric':<16}{'input':>10}{'reranked':>10}{'delta':>10}"]
+    for name, before in report.input.items():
+        after = report.reranked.get(name, float("nan"))
+        lines.append(f"{name:<16}{before:>10.4f}{after:>10.4f}{after - before:>+10.4f}")
+    cfg = report.config
+    k = cfg.get("k")
+    # What the columns and the less common rows are: a table pasted into a report must stand alone.
+    lines += [f"input: the candidates' order; reranked: the reranker's top {k}, then the rest in input order",
+              f"Recall, MRR: grade >= {report.rel_level} is relevant; "
+              "novelty-nDCG: no gain for a near-copy of a chunk above",
+              f"distance@{k}: mean pairwise cosine distance of the first {k} (higher = more varied)"]
+    lam = cfg.get("lambda")
+    lam_text = f"{load_limits().default_lambda:g} (default)" if lam is None else f"{lam:g}"
+    unjudged = report.n_queries - (report.n_queries if report.n_judged is None else report.n_judged)
+    if unjudged:
+        lines.append(f"{unjudged} of the {counted(report.n_queries, 'query', 'queries')} "
+                     f"{'has' if unjudged == 1 else 'have'} no judgments in the qrels: nDCG, "
+                     "Recall, MRR and novelty-nDCG average over the others")
+    lines.append(f"{counted(report.n_queries, 'query', 'queries')}, backend {cfg.get('backend')}, "
+                 f"embedder {cfg.get('embedder')}, "
+                 f"k {cfg.get('k')}, lambda {lam_text}, depth {cfg.get('depth')}, "
+                 + (f"windows of {cfg['window_size']}, " if cfg.get("window_size") else "")
+                 + f"{report.wall_s:.1f} s" + (f", {len(report.failed)} failed" if report.failed else ""))
+    return "\n".join(lines)
+
+
+def _progress_printer(enabled: bool) -> tuple[Callable[[int, int], None] | None, Any]:
+    if not enabled or not sys.stderr.isatty():
+        return None, None
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return None, None
+    bar = tqdm(unit="query", file=sys.stderr, leave=False)
+
+    def update(done: int, total: int) -> None:
+        bar.total = total
+        bar.n = done
+        bar.refresh()
+
+    return update, bar
+
+
+def run_eval(args: Any, backend_options: Mapping[str, Any]) -> int:
+    """`rag-rerank eval`: metrics, then one stderr line per failed query; exit 0, or as `batch`
+    does, by the worst failure: 2 bad input only, 3 a backend failure, 4 an internal error."""
+    for name in ("candidates", "qrels", "subtopics"):
+        value = getattr(args, name, None)
+        if value is not None and Path(value).is_dir():
+            raise InputError([Violation(path=f"--{name}", message=f"{value} is a directory, not a file")])
+        if value is not None and not Path(value).exists():  # a pipe (`<(...)`) is read like a file
+            raise InputError([Violation(path=f"--{name}", message=f"no such file: {value}")])
+    if args.concurrency < 1:
+        raise InputError([Violation(path="--concurrency", message="must be at least 1",
+                                    value=args.concurrency)])
+    rel_level = getattr(args, "rel_level", 1)
+    progress, bar = _progress_printer(not args.no_progress)
+    opts = {key: v for key, v in backend_options.items() if v is not None}
+    try:
+        report = evaluate(args.candidates, args.qrels, k=args.k, lambda_=args.lambda_,
+                          depth=getattr(args, "depth", None), subtopics=args.subtopics,
+                          rel_level=rel_level, concurrency=args.concurrency,
+                          duplicate_threshold=getattr(args, "duplicate_threshold", None),
+                          progress=progress, resume=args.resume, **opts)
+    except InputError as exc:  # the CLI's user knows the flag, not the keyword
+        named = [replace(v, path="--rel-level", message=v.message.replace("rel_level ", "", 1))
+                 if v.path == "rel_level" else v for v in exc.violations]
+        raise InputError(named, exc.headline) from None
+    finally:
+        if bar is not None:
+            bar.close()
+    print(json.dumps(report.to_dict(), ensure_ascii=False) if args.json else format_table(report))
+    for qid, message in report.failed.items():
+        print(f"rag-rerank: query {qid} kept its input order: {message}", file=sys.stderr)
+    return exit_code_for(set(report.failure_kinds.values()))

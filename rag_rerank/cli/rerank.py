@@ -1,0 +1,94 @@
+"""`rag-rerank rerank`: rerank chunks for a query and print the card's result object."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from ..api import rerank
+from ..textio import read_text
+from ..windows import WINDOW_PROGRESS
+from .common import (
+    EXIT_OK,
+    UsageError,
+    add_backend_args,
+    add_meta_args,
+    add_pipeline_args,
+    add_request_args,
+    add_window_args,
+    err,
+    indent_width,
+    meta_options,
+    run_options,
+)
+
+
+def register(command: Callable[..., argparse.ArgumentParser]) -> None:
+    p = command("rerank", "rerank chunks for a query and print the result object")
+    add_request_args(p)
+    add_backend_args(p)
+    p.add_argument("--meta", action="store_true",
+                   help="print run metadata (attempts, usage, latency) to stderr")
+    p.add_argument("--indent", type=indent_width, default=None,
+                   help="pretty-print the JSON (N spaces, N >= 0)")
+    add_pipeline_args(p)
+    add_meta_args(p)
+    add_window_args(p, concurrency=True)
+    p.set_defaults(func=run)
+
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.concurrency < 1:
+        raise UsageError(f"--concurrency must be at least 1, got {args.concurrency}")
+    bar = _window_bar() if getattr(args, "window_size", None) else None
+    token = WINDOW_PROGRESS.set(bar.update if bar is not None else None)
+    try:
+        result = rerank(args.query, read_text(args.chunks), args.top_k, args.lambda_, layout=args.layout,
+                        strict=args.strict, concurrency=args.concurrency, **run_options(args),
+                        **meta_options(args))
+    finally:
+        WINDOW_PROGRESS.reset(token)
+        if bar is not None:
+            bar.close()
+    print(result.to_json(indent=args.indent))
+    if args.meta:
+        print(json.dumps(result.meta.to_dict(), ensure_ascii=False), file=sys.stderr)
+    elif (notice := result.meta.fallback_notice("--fallback local")) is not None:
+        # Exit 0 and a schema object on stdout look exactly like the backend's own ranking, so
+        # without `--meta` the failure would go unseen. (With `--meta` stderr stays one JSON
+        # object, whose `fallback` / `embedder_fallback` fields say it.)
+        err(f"warning: {notice}")
+    return EXIT_OK
+
+
+class _WindowBar:
+    """A tqdm bar over the window calls of one `rerank --window-size` (created on the first report,
+    when the number of calls is known), cleared when the result is printed."""
+
+    def __init__(self, tqdm: Any) -> None:
+        self.tqdm, self.bar = tqdm, None
+
+    def update(self, done: int, total: int) -> None:
+        if self.bar is None:
+            self.bar = self.tqdm(total=total, unit="call", desc="windows", file=sys.stderr, leave=False)
+        self.bar.n = done
+        self.bar.refresh()
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def _window_bar() -> _WindowBar | None:
+    """A progress bar when stderr is a terminal and tqdm is installed (as in `batch`), else None."""
+    if not sys.stderr.isatty():
+        return None
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return None
+    return _WindowBar(tqdm)

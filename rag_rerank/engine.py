@@ -1,0 +1,575 @@
+"""The engine: every decision of one rerank, written once, without I/O.
+
+    plan ─► flow:  [one call | windows ─► survivors ─► final pass]  ─► post-pass ─► RerankResult
+                    └─ a failed call, with fallback="local": the local backend answers it
+
+`plan()` checks the request and its options (every problem in one `InputError`) and renders what
+the scorer is asked. `flow(plan)` is a generator, as httpx's `Auth.auth_flow` is: it yields the
+work to do and receives its results, and returns the `RerankResult`. It never calls a backend
+itself, so the same decisions serve the synchronous and the asynchronous worlds; the two short
+drivers that differ live in `session.py`. It yields two kinds of step:
+
+* `Calls`: backend calls to make, each through the retry loop (`retry.py`) and the output guard,
+  at most `workers` at once; the driver sends back, per call, its `Outcome` or the exception it
+  ended with (every call finishes; the engine decides what a failure means).
+* `Work`: a computation (the post-pass) the async driver runs in a worker thread when `heavy`
+  (a model or an HTTP embedder), so one request does not stall the event loop; an exception it
+  raises is thrown back into the flow, where the fallback decides.
+
+**Fallback** (`fallback="local"`) lives here, in one place for one call, each window and the
+final pass: a `BackendError` of another backend is answered by the local backend (meta says
+`fallback: "local"`, notes say why); an `EmbedderError` (the embedder failed, whoever scored) puts
+lexical vectors in its place for the rest of the request (`meta.embedder_fallback`).
+
+**candidate_k** (`windows.asked`): the scorer is asked for more than `top_k` candidates so that
+MMR and the removal of near-duplicates have room; the post-pass picks the final `top_k`.
+
+The caller's query, chunk list and dicts are only read: the input guard builds new frozen
+`Chunk`s and nothing downstream touches the originals.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Generator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from .backends.base import Backend
+from .errors import BackendError, EmbedderError, InputError, Violation
+from .fusion import MetaFusion, check_embed_meta_fields, meta_fusion, meta_values, with_embedded_meta
+from .guard import validate_request
+from .guard.input import ChunkSource, duplicate_threshold_violations
+from .guard.limits import Limits, as_limits
+from .models import Dropped, Ranked, RerankRequest, RerankResult, RunMeta, add_usage
+from .options import Options
+from .redaction import scrub, secrets_of
+from .render import render
+from .retry import Outcome, RetryPolicy
+from .windows import Survivors, Window, asked, final_window, loser_reason, select_survivors, split, windowed
+from .wording import counted
+
+log = logging.getLogger("rag_rerank.rerank")
+
+
+# --------------------------------------------------------------------------- the steps a flow yields
+
+
+@dataclass(frozen=True)
+class Call:
+    """One backend call with its retries: `ask` shown through `prompt`, judged for `guard_top_k`."""
+
+    backend: Backend
+    ask: RerankRequest
+    prompt: str
+    policy: RetryPolicy | None
+    limits: Limits
+    repair: bool = True
+
+
+@dataclass(frozen=True)
+class Calls:
+    """Calls to make, at most `workers` at once (sync) or under `limit` slots (async: the batch's
+    shared bound when there is one). The driver answers with one `Outcome` or exception per call,
+    in order. `progress` counts them toward a windowed request's progress callback."""
+
+    calls: tuple[Call, ...]
+    workers: int = 1
+    limit: int | None = None
+    progress: tuple[int, int] | None = None  # (calls done before these, calls in all)
+
+
+@dataclass(frozen=True)
+class Work:
+    """A computation for the driver to run: inline, or in a worker thread from async code when
+    `heavy`. Its exception, if any, is thrown back into the flow."""
+
+    run: Callable[[], Any]
+    heavy: bool = False
+
+
+@dataclass(frozen=True)
+class Progress:
+    """Tell a synchronous caller's progress callback (`windows.WINDOW_PROGRESS`) how far the calls are."""
+
+    done: int
+    total: int
+
+
+Step = Calls | Work | Progress
+Flow = Generator[Step, Any, RerankResult]
+
+
+# --------------------------------------------------------------------------- what a session built
+
+
+@dataclass(frozen=True)
+class Setup:
+    """What a session built once and every request shares: the backend (`backend_name` is the name
+    the caller gave it), the embedder, and the API key every message is scrubbed of."""
+
+    backend: Backend
+    backend_name: str
+    embedder: Any
+    api_key: str | None = field(default=None, repr=False)
+    make_local: Callable[[Any], Backend] | None = field(default=None, repr=False)
+
+
+# --------------------------------------------------------------------------- planning
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Everything decided before any call, and the options the flow follows."""
+
+    request: RerankRequest  # the caller's request, top_k as asked
+    ask: RerankRequest  # what the scorer is shown: the view below with top_k = candidate_k
+    prompt: str
+    setup: Setup
+    options: Options
+    limits: Limits
+    started: float
+    # The caller's request with embed_meta_fields prefixed to each text: what every scorer and the
+    # post-pass embedder see (the request itself when no field is listed).
+    view: RerankRequest
+    embedder: Any
+    fusion: MetaFusion | None = None
+    meta_values: Mapping[str, float | None] | None = None
+    window_size: int | None = None  # set only when the request is ranked in windows
+    # Why the embedder was replaced by the lexical one (`fallback="local"` after an EmbedderError).
+    embedder_note: str | None = None
+
+    @property
+    def backend(self) -> Backend:
+        return self.setup.backend
+
+    @property
+    def backend_name(self) -> str:
+        return self.setup.backend_name
+
+    @property
+    def fallback(self) -> str | None:
+        return self.options.fallback  # type: ignore[no-any-return]
+
+    def call(self, ask: RerankRequest, prompt: str, backend: Backend | None = None,
+             repair: bool | None = None) -> Call:
+        """A call of `backend` (default: the session's) for `ask`, under this plan's policy and limits."""
+        return Call(backend or self.backend, ask, prompt, self.options.policy, self.limits,
+                    (not self.options.strict) if repair is None else repair)
+
+
+def check_options(options: Options) -> None:
+    """The options that are wrong whatever the request: each an `InputError` of its own, before
+    the request is read (as `rerank()` always reported them)."""
+    from .concurrency import check_concurrency
+
+    if options.fallback not in (None, "local"):
+        raise InputError([Violation(path="fallback", value=options.fallback,
+                                    message=f"fallback must be None or 'local', got {options.fallback!r}")])
+    if options.policy is not None and not isinstance(options.policy, RetryPolicy):
+        msg = f"policy must be None or a RetryPolicy, got {type(options.policy).__name__}"
+        raise InputError([Violation(path="policy", message=msg)])
+    check_concurrency(options.concurrency)
+
+
+def plan(setup: Setup, query: Any, chunks: ChunkSource, options: Options) -> Plan:
+    """Every check and decision before the backend is called: the request, the options, the
+    metadata values (all parsed before any call), the prompt or the windows."""
+    check_options(options)
+    started = time.perf_counter()
+    lim = as_limits(options.limits)
+    request, fields, fusion = _validated(query, chunks, options, lim)
+    values = meta_values(request, fusion) if fusion is not None else None
+    view = with_embedded_meta(request, fields)
+    window_size = options.window_size
+    if window_size is not None and windowed(request, int(window_size)):
+        # Each window and the final pass render their own prompt (windows.py).
+        return Plan(request, view, "", setup, options, lim, started, view, setup.embedder, fusion, values,
+                    window_size=int(window_size))
+    ask = asked(view)
+    return Plan(request, ask, render(ask), setup, options, lim, started, view, setup.embedder, fusion, values)
+
+
+def _validated(query: Any, chunks: ChunkSource, options: Options, lim: Limits
+               ) -> tuple[RerankRequest, tuple[str, ...], MetaFusion | None]:
+    """The request and the options, every problem with any of them in one `InputError`."""
+    opts = options.scoring()
+    problems: list[Violation] = duplicate_threshold_violations(options.duplicate_threshold)
+    fields: tuple[str, ...] = ()
+    fusion: MetaFusion | None = None
+    try:
+        fields = check_embed_meta_fields(opts.pop("embed_meta_fields", None))
+    except InputError as exc:
+        problems.extend(exc.violations)
+    try:
+        fusion = meta_fusion(**opts)
+    except InputError as exc:
+        problems.extend(exc.violations)
+    try:
+        request = validate_request(query, chunks, options.top_k, options.lambda_, limits=lim,
+                                   window_size=options.window_size)
+    except InputError as exc:
+        problems.extend(exc.violations)
+    if problems:
+        raise InputError(problems)
+    return request, fields, fusion
+
+
+# --------------------------------------------------------------------------- the flow
+
+
+def flow(plan: Plan) -> Flow:
+    """The whole rerank as steps for a driver (module docstring)."""
+    if plan.window_size is not None:
+        return (yield from _windowed(plan))
+    return (yield from _single(plan))
+
+
+@dataclass(frozen=True)
+class Scored:
+    """One call's guard-valid answer (a window, the final pass or the only call) and how it came."""
+
+    obj: Mapping[str, Any]
+    attempts: int
+    repairs: tuple[str, ...]
+    usage: Mapping[str, int]
+    model: str | None
+    latency_ms: float
+    notes: tuple[str, ...] = ()
+    fallback: str | None = None
+    note: str | None = None  # why the fallback answered
+    offline: Plan | None = None  # the plan with the lexical embedder, when the embedder failed here
+
+
+def _scored(outcome: Outcome, started: float, fallback: str | None = None, note: str | None = None,
+            failed: BackendError | None = None, offline: Plan | None = None) -> Scored:
+    """A call's answer; after a fallback, `failed` is the backend's failure, whose attempts and
+    tokens count too."""
+    attempts, usage = len(outcome.attempts), dict(outcome.usage)
+    if failed is not None:
+        attempts, usage = attempts + len(failed.attempts), add_usage(failed.usage, usage)
+    return Scored(outcome.obj, attempts, tuple(outcome.repairs), usage, outcome.model,
+                  (time.perf_counter() - started) * 1000.0, tuple(outcome.notes), fallback, note, offline)
+
+
+def _falls_back(plan: Plan, error: BaseException) -> bool:
+    """Whether `fallback="local"` answers `error`: any failure of another backend, and a failure of
+    the embedder the local backend scores with."""
+    return (isinstance(error, BackendError) and plan.fallback == "local"
+            and (plan.backend_name != "local" or isinstance(error, EmbedderError)))
+
+
+def _offline(plan: Plan, error: EmbedderError) -> Plan:
+    """`plan` with the lexical embedder in place of the one that failed, and why (for meta.notes)."""
+    from .embed import get_embedder
+
+    if plan.embedder_note is not None:
+        return plan
+    summary = failure_summary(error, plan.setup.api_key)
+    note = (f"embedder {getattr(plan.embedder, 'name', plan.embedder)} failed, lexical vectors used instead "
+            f"(fallback local): {summary}")
+    log.warning("%s", note)  # meta.embedder_fallback says so per result; an operator needs it in the log
+    return replace(plan, embedder=get_embedder("lexical"), embedder_note=note)
+
+
+def _local(plan: Plan) -> Backend:
+    """The local backend scoring with `plan`'s embedder: the fallback's scorer."""
+    if plan.setup.make_local is not None:
+        return plan.setup.make_local(plan.embedder)
+    from .backends.factory import make_backend
+
+    return make_backend("local", embedder=plan.embedder)
+
+
+@dataclass(frozen=True)
+class Answer:
+    """How one ask was answered: by the session's backend (`outcome`), by the local backend after
+    `error` (`outcome`, `error` and the plan it scored under, `used`), or not at all (`error`)."""
+
+    outcome: Outcome | None
+    error: BaseException | None = None
+    used: Plan | None = None
+
+
+def _answers(plan: Plan, asks: Sequence[tuple[RerankRequest, str]], *, workers: int, limit: int | None,
+             progress: tuple[int, int] | None = None) -> Generator[Step, Any, list[Answer]]:
+    """Each ask answered by the session's backend, and where that fails and the fallback applies,
+    by the local backend: with the plan's embedder, unless that is what failed (or fails now), then
+    fully offline with the lexical one."""
+    outcomes = yield Calls(tuple(plan.call(ask, prompt) for ask, prompt in asks), workers, limit, progress)
+    out = [Answer(o) if isinstance(o, Outcome) else Answer(None, o) for o in outcomes]
+    pending: dict[int, Plan] = {}
+    for i, answer in enumerate(out):
+        error = answer.error
+        if error is None or not _falls_back(plan, error):
+            continue
+        if isinstance(error, EmbedderError):
+            pending[i] = _offline(plan, error)
+        else:  # meta.fallback says so per result; an operator watching a service needs it in the log
+            log.warning("%s failed, ranking with the local backend (fallback local): %s", plan.backend_name,
+                        failure_summary(error, plan.setup.api_key))  # type: ignore[arg-type]
+            pending[i] = plan
+    for _ in range(2):  # the second round only after the local backend's own embedder failed
+        if not pending:
+            break
+        order = list(pending)
+        calls = tuple(plan.call(asks[i][0], asks[i][1], backend=_local(pending[i]), repair=True)
+                      for i in order)
+        results = yield Calls(calls, 1, limit)  # the local backend: CPU-bound, one thread
+        again: dict[int, Plan] = {}
+        for i, result in zip(order, results, strict=True):
+            if isinstance(result, Outcome):
+                out[i] = Answer(result, out[i].error, pending[i])
+            elif isinstance(result, EmbedderError) and pending[i].embedder_note is None:
+                again[i] = _offline(pending[i], result)
+            elif not isinstance(result, BackendError):
+                out[i] = Answer(None, result)  # a bug of the fallback, not a failure: raised as it is
+        pending = again
+    return out
+
+
+def _heavy(plan: Plan) -> bool:
+    """Whether the post-pass embeds with a model or a server (then off the event loop): lexical
+    and caller vectors cost well under a millisecond per chunk."""
+    name = _embedder_name(plan)
+    return not (name.startswith("lexical") or name == "caller")
+
+
+def _postpass_step(plan: Plan, obj: Mapping[str, Any], view: RerankRequest, fallback: str | None
+                   ) -> Generator[Step, Any, tuple[RerankResult, Plan]]:
+    """The post-pass; with `fallback="local"`, on lexical vectors when the embedder fails, keeping
+    the ranking the backend already gave (asking the LLM again would bill it twice)."""
+    try:
+        return (yield Work(lambda: _postpass(plan, obj, view), _heavy(plan))), plan
+    except EmbedderError as exc:
+        if fallback != "local":
+            raise _redacted(exc, plan.setup.api_key) from None
+        plan = _offline(plan, exc)
+        return (yield Work(lambda: _postpass(plan, obj, view), _heavy(plan))), plan
+
+
+def _postpass(plan: Plan, obj: Mapping[str, Any], view: RerankRequest) -> RerankResult:
+    from .fusion import fuse
+    from .postpass import postpass
+
+    ranked, dropped = _ranked_and_dropped(obj)
+    if plan.fusion is not None and plan.meta_values is not None:
+        ranked, dropped = fuse(ranked, dropped, plan.meta_values, plan.fusion, plan.limits.min_score)
+    return postpass(view, ranked, dropped, embedder=plan.embedder,
+                    duplicate_threshold=plan.options.duplicate_threshold, layout=plan.options.layout,
+                    min_score=plan.limits.min_score)
+
+
+def _ranked_and_dropped(obj: Mapping[str, Any]) -> tuple[list[Ranked], list[Dropped]]:
+    """The guarded output object as value types (the guard already checked every field)."""
+    ranked = [Ranked(id=r["id"], score=float(r["score"]), reason=r["reason"],
+                     diversity_note=r.get("diversity_note")) for r in obj.get("ranked", ())]
+    dropped = [Dropped(id=d["id"], reason=d["reason"]) for d in obj.get("dropped", ()) or ()]
+    return ranked, dropped
+
+
+# --------------------------------------------------------------------------- one call
+
+
+def _single(plan: Plan) -> Flow:
+    (answer,) = yield from _answers(plan, [(plan.ask, plan.prompt)], workers=1, limit=None)
+    if answer.outcome is None:
+        error = answer.error
+        assert error is not None
+        raise _redacted(error, plan.setup.api_key) if isinstance(error, BackendError) else error
+    if answer.error is None:
+        return (yield from _finish(plan, answer.outcome))
+    return (yield from _fallback_result(plan, answer))
+
+
+def _finish(plan: Plan, outcome: Outcome) -> Flow:
+    result, plan = yield from _postpass_step(plan, outcome.obj, plan.view, plan.fallback)
+    notes = [*outcome.notes]
+    if plan.ask.top_k != plan.request.top_k:
+        notes.append(f"candidate_k={plan.ask.top_k}")
+    notes.extend(_scoring_notes(plan))
+    meta = _meta(plan, model=outcome.model or getattr(plan.backend, "model", None),
+                 attempts=len(outcome.attempts), repairs=outcome.repairs, usage=outcome.usage, notes=notes)
+    return replace(result, meta=meta)
+
+
+def _fallback_result(plan: Plan, answer: Answer) -> Flow:
+    """The local ranking after the backend's failure, flagged in meta.
+
+    After an `EmbedderError` (the embedder failed, whoever scored) the local backend scores with
+    the lexical embedder and only `meta.embedder_fallback` says so; after any other failure of
+    another backend, `meta.fallback` is "local"."""
+    error, outcome, used = answer.error, answer.outcome, answer.used
+    assert isinstance(error, BackendError) and outcome is not None and used is not None
+    result, used = yield from _postpass_step(used, outcome.obj, used.view, "local")
+    backend_failed = not (isinstance(error, EmbedderError) and used.backend_name == "local")
+    summary = failure_summary(error, used.setup.api_key)
+    notes = [f"{used.backend_name} failed after {counted(len(error.attempts), 'attempt')}: {summary}"
+             ] if backend_failed else []
+    meta = _meta(used, model=outcome.model, attempts=len(error.attempts) + len(outcome.attempts),
+                 repairs=outcome.repairs, usage=add_usage(error.usage, outcome.usage),
+                 fallback="local" if backend_failed else None, notes=(*notes, *_scoring_notes(used)))
+    return replace(result, meta=meta)
+
+
+# --------------------------------------------------------------------------- windows
+
+
+def _windowed(plan: Plan) -> Flow:
+    """Windows scored concurrently, one final pass over the survivors, the post-pass over them."""
+    assert plan.window_size is not None
+    windows = split(plan.view, plan.window_size)
+    concurrency = int(plan.options.concurrency)
+    # Threads for the synchronous driver: the local backend is CPU-bound (the GIL would only add
+    # switching), a remote one waits on the network.
+    workers = 1 if plan.backend_name == "local" else max(1, min(concurrency, len(windows)))
+    total = len(windows) + 1
+    answers = yield from _answers(plan, [(w.ask, w.prompt) for w in windows], workers=workers,
+                                  limit=concurrency, progress=(0, total))
+    scored = [_window_answer(plan, w, a) for w, a in zip(windows, answers, strict=True)]
+    survivors = select_survivors(plan.view, plan.limits, windows, [s.obj for s in scored], plan.window_size)
+    final = None
+    if survivors.indices:
+        window = final_window(plan.view, survivors, len(windows))
+        (answer,) = yield from _answers(plan, [(window.ask, window.prompt)], workers=1, limit=concurrency)
+        final = (window, _window_answer(plan, window, answer))
+    yield Progress(total, total)
+    return (yield from _assemble(plan, windows, scored, survivors, final))
+
+
+def _window_answer(plan: Plan, window: Window, answer: Answer) -> Scored:
+    """A window's (or the final pass's) answer, or its failure raised with the window named."""
+    started = time.perf_counter()
+    if answer.outcome is None:
+        error = answer.error
+        if isinstance(error, BackendError):
+            raise _named(plan, window, error)
+        raise error  # type: ignore[misc]
+    if answer.error is None:
+        return _scored(answer.outcome, started)
+    error, used = answer.error, answer.used
+    assert isinstance(error, BackendError) and used is not None
+    offline = used if used.embedder_note is not None else None
+    if isinstance(error, EmbedderError) and plan.backend_name == "local":
+        return _scored(answer.outcome, started, failed=error, offline=offline)
+    summary = failure_summary(error, plan.setup.api_key)
+    note = (f"{window.name}: {plan.backend_name} failed after {counted(len(error.attempts), 'attempt')}, "
+            f"ranked by the local backend: {summary}")
+    return _scored(answer.outcome, started, "local", note, error, offline)
+
+
+def _named(plan: Plan, window: Window, error: BackendError) -> BackendError:
+    """The failure with the window it happened in at the front, API keys removed."""
+    clean = _redacted(error, plan.setup.api_key)
+    head = str(clean).split(" [#", 1)[0]
+    return BackendError(f"{window.label}: {head}", clean.attempts, usage=clean.usage)
+
+
+def _entry(window: Window, answer: Scored, survivors: Survivors | None) -> dict[str, Any]:
+    entry: dict[str, Any] = {"stage": "final" if window.final else "window", "index": window.index,
+                             "size": len(window.ask.chunks)}
+    if not window.final:
+        entry["chunks"] = [window.first, window.end]
+        if survivors is not None:
+            entry["survivors"] = sum(1 for i in survivors.indices if window.first <= i < window.end)
+    entry.update({"attempts": answer.attempts, "usage": dict(answer.usage), "fallback": answer.fallback,
+                  "latency_ms": round(answer.latency_ms, 3)})
+    return entry
+
+
+def _assemble(plan: Plan, windows: Sequence[Window], scored: Sequence[Scored], survivors: Survivors,
+              final: tuple[Window, Scored] | None) -> Flow:
+    """The post-pass over the survivors, the losers' reasons, and the meta of every call."""
+    request = plan.request
+    # Once the embedder failed in a window, the rest of the request compares lexical vectors too.
+    plan = next((a.offline for a in (*scored, *([final[1]] if final else [])) if a.offline), plan)
+    if final is not None:
+        window, answer = final
+        kept = survivors.indices
+        sub = replace(plan, request=replace(request, chunks=tuple(request.chunks[i] for i in kept)))
+        result, sub = yield from _postpass_step(sub, answer.obj, replace(plan.view, chunks=window.ask.chunks),
+                                                plan.fallback)
+        plan = replace(plan, embedder=sub.embedder, embedder_note=sub.embedder_note)
+    else:  # no chunk scored above the minimum in any window: nothing to rank
+        result = RerankResult(ranked=())
+    ranked_ids = {r.id for r in result.ranked}
+    reason_of = {d.id: d.reason for d in result.dropped}
+    for i, why in survivors.reasons.items():
+        reason_of[request.chunks[i].id] = why
+    for i, (window, own) in survivors.window_dropped.items():
+        reason_of[request.chunks[i].id] = loser_reason(window, own, ranked_ids)
+    dropped = tuple(Dropped(c.id, reason_of[c.id]) for c in request.chunks if c.id not in ranked_ids)
+
+    calls = [*zip(windows, scored, strict=True), *([final] if final is not None else [])]
+    usage = add_usage(*(answer.usage for _, answer in calls))
+    repairs = [f"{w.name}: {r}" for w, a in calls for r in a.repairs]
+    notes = [a.note for _, a in calls if a.note] + _scoring_notes(plan)
+    notes.append(f"windows: {len(windows)} of at most {counted(windows[0].end - windows[0].first, 'chunk')}, "
+                 f"{counted(len(survivors.indices), 'survivor')}"
+                 + (", final pass skipped (no chunk above the minimum score)" if final is None else ""))
+    model = next((a.model for w, a in reversed(calls) if a.fallback is None and a.model), None)
+    meta = _meta(plan, model=model or getattr(plan.backend, "model", None),
+                 attempts=sum(a.attempts for _, a in calls), repairs=repairs, usage=usage,
+                 fallback="local" if any(a.fallback for _, a in calls) else None, notes=notes,
+                 calls=len(calls), windows=tuple(_entry(w, a, survivors) for w, a in calls))
+    meta = replace(meta, embedder=result.meta.embedder or meta.embedder,
+                   notes=(*meta.notes, *result.meta.notes))
+    return RerankResult(ranked=result.ranked, dropped=dropped, meta=meta)
+
+
+# --------------------------------------------------------------------------- meta and messages
+
+
+def _meta(plan: Plan, *, model: str | None, attempts: int, repairs: Sequence[str], usage: Mapping[str, int],
+          fallback: str | None = None, notes: Sequence[str] = (), calls: int = 1,
+          windows: Sequence[Mapping[str, Any]] = ()) -> RunMeta:
+    return RunMeta(
+        backend=plan.backend_name,
+        model=model,
+        attempts=attempts,
+        repairs=tuple(repairs),
+        usage=dict(usage),
+        latency_ms=(time.perf_counter() - plan.started) * 1000.0,
+        fallback=fallback,
+        embedder=_embedder_name(plan),
+        notes=(*notes, *([plan.embedder_note] if plan.embedder_note else [])),
+        calls=calls,
+        windows=tuple(windows),
+        embedder_fallback="lexical" if plan.embedder_note else None,
+    )
+
+
+def _scoring_notes(plan: Plan) -> list[str]:
+    f = plan.fusion
+    if f is None:
+        return []
+    return [f"meta_fusion: field={f.field} weight={f.weight:g} mode={f.ranking_mode} order={f.sort_order} "
+            f"missing={f.missing} type={f.value_type}"]
+
+
+def _embedder_name(plan: Plan) -> str:
+    """What the post-pass compared: the caller's vectors when every chunk carries one."""
+    if all(c.embedding is not None for c in plan.request.chunks):
+        return "caller"
+    return str(getattr(plan.embedder, "name", plan.embedder))
+
+
+def failure_summary(error: BaseException, api_key: str | None) -> str:
+    """A failure as `meta.notes` and the log show it: its text with every secret of the call masked."""
+    return scrub(str(error), secrets_of(api_key))
+
+
+def _redacted(error: BackendError, api_key: str | None) -> BackendError:
+    """The same failure with any API key removed from its text (attempt details come from SDKs)."""
+    secrets = secrets_of(api_key)
+    text = str(error)
+    if scrub(text, secrets) == text:
+        return error
+    attempts = [replace(a, detail=scrub(a.detail, secrets)) for a in error.attempts]
+    head = scrub(text.split(" [#", 1)[0], secrets)
+    return type(error)(head, attempts, usage=error.usage)  # an EmbedderError stays one
+
+
+__all__ = ["Call", "Calls", "Flow", "Plan", "Progress", "Setup", "Step", "Work", "check_options",
+           "failure_summary", "flow", "plan"]

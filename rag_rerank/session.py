@@ -1,0 +1,337 @@
+"""`Reranker`: the session a user holds, and the two drivers that run the engine's flow.
+
+A session takes the configuration once (backend, model, base_url, api_key, embedder, and defaults
+for every request option: fallback, policy, limits, layout, ...), builds the backend and the
+embedder once (an SDK client and its connection pool, a sentence-transformers model), and reranks
+many requests with them: `rerank` / `arerank`, `rerank_many` / `arerank_many`. Close it when done
+(`with Reranker(...) as reranker:`, `async with`), or let `rerank()` / `arerank()` (`api.py`) make
+a one-shot session per call, as httpx's `httpx.get` does with a `Client`.
+
+The drivers are the only place where sync and async differ: `_run` executes the engine's steps
+(`engine.Calls`, `engine.Work`, `engine.Progress`) with threads, `_arun` with awaits. Every
+decision (windows, fallback, post-pass, meta) is in `engine.flow`, written once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import threading
+from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from typing import TYPE_CHECKING, Any
+
+from .backends.factory import backend_kwargs, make_backend, resolve_embedder
+from .concurrency import CALL_LIMIT, call_slot, check_concurrency, run_coroutine
+from .engine import Call, Calls, Flow, Progress, Setup, Work, check_options, flow, plan
+from .guard.input import ChunkSource
+from .models import RerankResult
+from .options import REQUEST_OPTIONS, Options, check_names, request_call, split_options
+from .retry import Outcome, acall_with_retries, call_with_retries
+from .windows import WINDOW_PROGRESS
+
+if TYPE_CHECKING:
+    from .backends.base import Backend
+
+Result = RerankResult | Exception
+
+
+class Reranker:
+    """A reranking session: configured once, used for many requests (module docstring).
+
+    `backend` is "local" (offline, deterministic; the default), "openai" (any OpenAI-compatible
+    server through `base_url`), "anthropic", "cross-encoder", "rerank-api", or a backend instance
+    (kept open: it is the caller's). `embedder` drives MMR similarity ("lexical", the default;
+    "sentence-transformers[:MODEL]", "openai[:MODEL]", or an Embedder). `backend_options` carries a
+    named backend's own knobs (timeout, temperature, batch_size, ...). Every other keyword is the
+    session's default for that request option (`top_k`, `lambda_`, `fallback`, `policy`, `limits`,
+    `layout`, `duplicate_threshold`, `strict`, `window_size`, `concurrency`, the `meta_*` options,
+    `embed_meta_fields`); a call may override any of them.
+
+    Bad configuration is an `InputError` naming every problem, raised here, before any request.
+    What the session built from names (the backend's HTTP clients, an embedder's connections) is
+    closed by `close()` / `aclose()`; objects passed in are the caller's and stay open.
+    """
+
+    def __init__(self, backend: str | Backend = "local", *, model: str | None = None,
+                 base_url: str | None = None, api_key: str | None = None, embedder: Any = "lexical",
+                 backend_options: Mapping[str, Any] | None = None, **defaults: Any) -> None:
+        check_names(defaults, REQUEST_OPTIONS)
+        self._defaults = Options(**defaults)
+        self._given = frozenset(defaults)  # request options the session sets (a batch line may not, but some)
+        check_options(self._defaults)
+        self._embedder = resolve_embedder(embedder, backend, base_url)
+        self._backend = make_backend(backend, model=model, base_url=base_url, api_key=api_key,
+                                     embedder=self._embedder, **backend_kwargs(backend, backend_options))
+        name = backend if isinstance(backend, str) else str(getattr(self._backend, "name",
+                                                                        type(self._backend).__name__))
+        self._owned = [obj for obj, spec in ((self._backend, backend), (self._embedder, embedder))
+                       if isinstance(spec, str)]
+        self._setup = Setup(self._backend, name, self._embedder, api_key)
+
+    def __repr__(self) -> str:
+        embedder = getattr(self._embedder, "name", self._embedder)
+        return f"Reranker(backend={self._backend!r}, embedder={embedder!r})"
+
+    @property
+    def backend(self) -> Backend:
+        """The backend every request of this session is scored by."""
+        return self._backend
+
+    @property
+    def embedder(self) -> Any:
+        """The embedder of the post-pass (and of the local backend's scoring)."""
+        return self._embedder
+
+    @property
+    def backend_name(self) -> str:
+        """The backend's name as the caller gave it (`meta.backend` of every result)."""
+        return self._setup.backend_name
+
+    @property
+    def defaults(self) -> Options:
+        """The session's request options, before a call's own."""
+        return self._defaults
+
+    def options(self, **overrides: Any) -> Options:
+        """The options a call with these keywords runs with: the session's, then the call's."""
+        return self._defaults.merged(overrides)
+
+    # --- one request -------------------------------------------------------------------------
+
+    def flow(self, query: Any, chunks: ChunkSource, top_k: int | None = None, lambda_: float | None = None,
+             **options: Any) -> Flow:
+        """The engine's flow for one request (for a custom driver); `rerank` runs it."""
+        opts = self.options(**options)
+        if top_k is not None:
+            opts = opts.merged({"top_k": top_k})
+        if lambda_ is not None:
+            opts = opts.merged({"lambda_": lambda_})
+        return flow(plan(self._setup, query, chunks, opts))
+
+    def rerank(self, query: str, chunks: ChunkSource, top_k: int | None = None, lambda_: float | None = None,
+               **options: Any) -> RerankResult:
+        """Rerank `chunks` for `query`: at most `top_k` ranked (default 5), MMR with `lambda_`
+        (default 0.7). `options` override the session's request options for this call.
+
+        Raises `InputError` for bad input and `BackendError` (every attempt attached) when the
+        backend fails and there is no fallback."""
+        return _run(self.flow(query, chunks, top_k, lambda_, **options))
+
+    async def arerank(self, query: str, chunks: ChunkSource, top_k: int | None = None,
+                      lambda_: float | None = None, **options: Any) -> RerankResult:
+        """`rerank` for asyncio: the backend calls are awaited, so many requests share one loop."""
+        return await _arun(self.flow(query, chunks, top_k, lambda_, **options))
+
+    # --- many requests -----------------------------------------------------------------------
+
+    async def arerank_many(self, requests: Iterable[Mapping[str, Any] | Exception], *, concurrency: int = 4,
+                           progress: Callable[[int, int], None] | None = None,
+                           on_done: Callable[[int, Result], Any] | None = None) -> list[Result]:
+        """Rerank every `{query, chunks, top_k?, lambda?, ...}` mapping with at most `concurrency`
+        requests, and as many backend calls, in flight (a request's windows share the bound).
+
+        Returns one entry per request, in input order: a `RerankResult`, or the exception that
+        request raised (an `Exception` item is passed through as its own failure). A request may
+        set its own request options (`options.request_call`). `progress(done, total)` and
+        `on_done(index, result)` are called as each finishes."""
+        items = list(requests)
+        check_concurrency(concurrency)
+        results: list[Result | None] = [None] * len(items)
+        sem = asyncio.Semaphore(concurrency)
+        # The same bound on backend calls: a request with window_size makes several (concurrency.py).
+        token = CALL_LIMIT.set(asyncio.Semaphore(concurrency))
+        done = 0
+
+        async def one(index: int, item: Mapping[str, Any] | Exception) -> None:
+            nonlocal done
+            outcome: Result
+            if isinstance(item, Exception):
+                outcome = item
+            else:
+                async with sem:
+                    try:
+                        args, options = request_call(item, self._given)
+                        outcome = await self.arerank(*args, **options)
+                    except Exception as exc:  # recorded per request; one bad request never stops the rest
+                        outcome = exc
+            results[index] = outcome
+            done += 1
+            if progress is not None:
+                progress(done, len(items))
+            if on_done is not None:
+                res = on_done(index, outcome)
+                if asyncio.iscoroutine(res):
+                    await res
+
+        try:
+            await asyncio.gather(*(one(i, it) for i, it in enumerate(items)))
+        finally:
+            CALL_LIMIT.reset(token)
+        return [r for r in results if r is not None]
+
+    def rerank_many(self, requests: Iterable[Mapping[str, Any]], *, concurrency: int = 4,
+                    progress: Callable[[int, int], None] | None = None) -> list[Result]:
+        """`arerank_many` from synchronous code (its own event loop, closed afterwards)."""
+
+        async def run() -> list[Result]:
+            try:
+                return await self.arerank_many(requests, concurrency=concurrency, progress=progress)
+            finally:  # this loop's async clients, closed on it; the session stays usable
+                await self.release_loop()
+
+        return run_coroutine(run())
+
+    # --- closing -----------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Close what this session built from names (HTTP clients); objects passed in stay open."""
+        for obj in self._owned:
+            close = getattr(obj, "close", None)
+            if callable(close):
+                close()
+
+    async def aclose(self) -> None:
+        """`close` from async code: a backend's async client is closed on the loop it belongs to."""
+        for obj in self._owned:
+            aclose = getattr(obj, "aclose", None)
+            close = getattr(obj, "close", None)
+            if callable(aclose):
+                await aclose()
+            elif callable(close):
+                close()
+
+    async def release_loop(self) -> None:
+        """Close the async clients made on the running loop, one about to end (`asyncio.run`): the
+        session goes on, and a later loop gets clients of its own."""
+        for obj in self._owned:
+            release = getattr(obj, "release_loop", None)
+            if callable(release):
+                await release()
+
+    def __enter__(self) -> Reranker:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    async def __aenter__(self) -> Reranker:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+
+class SessionCache:
+    """A `Reranker` built on first use from a set of options and kept while its session options stay
+    the same: what a framework component (whose fields may be reassigned) and the MCP server hold.
+    Thread-safe. A copy or a pickle starts without one: it opens its own connections."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._key: dict[str, Any] | None = None
+        self._session: Reranker | None = None
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (SessionCache, ())
+
+    def get(self, options: Mapping[str, Any]) -> tuple[Reranker, dict[str, Any]]:
+        """The session for `options` and the request options to pass on each call."""
+        session, request = split_options(options)
+        with self._lock:
+            if self._session is None or self._key != session:
+                self._session, self._key = Reranker(**session), session
+            return self._session, request
+
+
+
+# --------------------------------------------------------------------------- the two drivers
+
+
+def _call(call: Call) -> Outcome | Exception:
+    try:
+        return call_with_retries(call.backend, call.ask, call.prompt, guard_top_k=call.ask.top_k,
+                                 policy=call.policy, limits=call.limits, repair=call.repair)
+    except Exception as exc:  # the engine decides what a failure means
+        return exc
+
+
+def _calls(step: Calls) -> list[Outcome | Exception]:
+    """The calls of a step, on a thread pool when several may run at once; the progress callback
+    (a windowed request's) is told as each finishes."""
+    progress = WINDOW_PROGRESS.get() if step.progress is not None else None
+    offset, total = step.progress or (0, 0)
+    if step.workers <= 1 or len(step.calls) <= 1:
+        out = []
+        for done, call in enumerate(step.calls, start=1):
+            out.append(_call(call))
+            if progress is not None:
+                progress(offset + done, total)
+        return out
+    with ThreadPoolExecutor(max_workers=min(step.workers, len(step.calls)),
+                            thread_name_prefix="rag-rerank-window") as pool:
+        # Each call in a copy of the caller's context: a request id or a tracing span held in a
+        # ContextVar (structlog, OpenTelemetry) stays on the call's logs and HTTP requests, as it
+        # does for `arerank`'s tasks. (One copy per call: a context cannot be entered twice at once.)
+        futures = [pool.submit(contextvars.copy_context().run, _call, call) for call in step.calls]
+        if progress is not None:
+            for done, _ in enumerate(as_completed(futures), start=1):
+                progress(offset + done, total)
+        return [future.result() for future in futures]
+
+
+def _run(steps: Flow) -> RerankResult:
+    """Run a flow in this thread: calls on threads, work inline."""
+    send: Any = None
+    error: BaseException | None = None
+    while True:
+        try:
+            step = steps.throw(error) if error is not None else steps.send(send)
+        except StopIteration as finished:
+            return finished.value  # type: ignore[no-any-return]
+        send, error = None, None
+        if isinstance(step, Calls):
+            send = _calls(step)
+        elif isinstance(step, Work):
+            try:
+                send = step.run()
+            except Exception as exc:  # thrown back: the flow decides (the fallback of the post-pass)
+                error = exc
+        elif isinstance(step, Progress):
+            report = WINDOW_PROGRESS.get()
+            if report is not None:
+                report(step.done, step.total)
+
+
+async def _acall(call: Call, limit: asyncio.Semaphore | None) -> Outcome | Exception:
+    async with call_slot(limit):  # inside a batch, the batch's bound on calls in flight
+        try:
+            return await acall_with_retries(call.backend, call.ask, call.prompt, guard_top_k=call.ask.top_k,
+                                            policy=call.policy, limits=call.limits, repair=call.repair)
+        except Exception as exc:  # the engine decides what a failure means
+            return exc
+
+
+async def _arun(steps: Flow) -> RerankResult:
+    """Run a flow on the running event loop: calls awaited together, heavy work in a thread."""
+    send: Any = None
+    error: BaseException | None = None
+    limit: asyncio.Semaphore | None = None  # one per request, shared by its windows and final pass
+    while True:
+        try:
+            step = steps.throw(error) if error is not None else steps.send(send)
+        except StopIteration as finished:
+            return finished.value  # type: ignore[no-any-return]
+        send, error = None, None
+        if isinstance(step, Calls):
+            if step.limit is not None and limit is None:
+                limit = asyncio.Semaphore(step.limit)
+            send = list(await asyncio.gather(*(_acall(c, limit if step.limit else None) for c in step.calls)))
+        elif isinstance(step, Work):
+            try:
+                send = await asyncio.to_thread(step.run) if step.heavy else step.run()
+            except Exception as exc:
+                error = exc
+
+
+__all__ = ["Reranker", "Result", "SessionCache"]
