@@ -55,6 +55,14 @@ class FatalFailure(BackendFailure):
     kind = "fatal"
 
 
+class UnreachableFailure(FatalFailure):
+    """Nothing to talk to: the connection was refused (nothing listens on that port) or the host
+    name does not resolve. A server being started, a wrong port or a typo in the URL does not
+    change in the seconds a backoff waits, so this fails fast (`fallback="local"` answers at once)
+    instead of six transient attempts over 18 s. A timeout or a dropped connection, where a
+    server is there, stays a `TransientFailure`."""
+
+
 @runtime_checkable
 class Backend(Protocol):
     name: str

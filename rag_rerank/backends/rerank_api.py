@@ -14,7 +14,8 @@ the logistic sigmoid (a logit of 0 becomes 0.5). `"identity"` (values clipped to
 `"sigmoid"` force one mapping.
 
 **Failures** follow the LLM backends' policy, driven by `retry.py`: 429 and 5xx are transient
-(Retry-After honoured), a timeout or a dropped connection too; 401/403 and other 4xx fail fast;
+(Retry-After honoured), a timeout or a dropped connection too; 401/403 and other 4xx fail fast,
+and so does a connection refused or a host name that does not resolve (nothing to retry against);
 a body that is not the protocol (not JSON, no `results`, an index out of range or repeated, a
 score that is not a number) is fatal with a message saying what was wrong. The API key is
 scrubbed from every message. **Long documents** are cut to `max_chars` characters (default
@@ -35,13 +36,15 @@ from ..errors import InputError, Violation
 from ..models import RerankRequest
 from ..redaction import display_url, scrub, secrets_of
 from ..wording import counted
-from .base import Completion, FatalFailure, TransientFailure
+from .base import Completion, FatalFailure, TransientFailure, UnreachableFailure
 from .common import (
     ClosableBackend,
     SDKClients,
+    connection_detail,
     is_transient_status,
     resolve_credentials,
     retry_after_seconds,
+    unreachable_reason,
 )
 from .scored import answer
 
@@ -162,7 +165,9 @@ class RerankAPIBackend(ClosableBackend):
         if isinstance(exc, httpx.TimeoutException):
             return TransientFailure(f"rerank-api: request timed out after {self.timeout:g}s")
         if isinstance(exc, httpx.TransportError):
-            return TransientFailure(f"rerank-api: connection error: {scrub(str(exc), self._hidden)[:200]}")
+            if (why := unreachable_reason(exc, self._hidden)) is not None:
+                return UnreachableFailure(f"rerank-api: {why}")
+            return TransientFailure(f"rerank-api: connection error: {connection_detail(exc, self._hidden)}")
         return FatalFailure(f"rerank-api: {type(exc).__name__}: {scrub(str(exc), self._hidden)[:300]}")
 
     def _status(self, response: Any) -> None:
