@@ -173,6 +173,14 @@ def check_options(options: Options) -> None:
     check_concurrency(options.concurrency)
 
 
+def check_request(query: Any, chunks: ChunkSource, options: Options) -> RerankRequest:
+    """The request as `plan` would accept it, or the `InputError` it would raise: for a caller that
+    must judge a request before anything is built (the tool call judges the calling model's
+    arguments before the operator's settings)."""
+    check_options(options)
+    return _validated(query, chunks, options, as_limits(options.limits))[0]
+
+
 def plan(setup: Setup, query: Any, chunks: ChunkSource, options: Options) -> Plan:
     """Every check and decision before the backend is called: the request, the options, the
     metadata values (all parsed before any call), the prompt or the windows."""
@@ -572,4 +580,4 @@ def _redacted(error: BackendError, api_key: str | None) -> BackendError:
 
 
 __all__ = ["Call", "Calls", "Flow", "Plan", "Progress", "Setup", "Step", "Work", "check_options",
-           "failure_summary", "flow", "plan"]
+           "check_request", "failure_summary", "flow", "plan"]

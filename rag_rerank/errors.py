@@ -198,6 +198,14 @@ class FatalFailure(BackendFailure):
     kind = "fatal"
 
 
+class UnreachableFailure(FatalFailure):
+    """Nothing to talk to: the connection was refused (nothing listens on that port) or the host
+    name does not resolve. A server being started, a wrong port or a typo in the URL does not
+    change in the seconds a backoff waits, so this fails fast (`fallback="local"` answers at once)
+    instead of six transient attempts over 18 s. A timeout or a dropped connection, where a
+    server is there, stays a `TransientFailure`."""
+
+
 class InternalError(RuntimeError):
     """A promise the code makes to itself was broken: a bug in rag-rerank, not the caller's input
     or a backend's failure. Deliberately not a `RerankError` (batch files it as `internal`, the CLI

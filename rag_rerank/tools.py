@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from .api import rerank
+from .engine import check_request
 from .errors import (
     BackendError,
     InputError,
@@ -38,9 +39,10 @@ from .errors import (
     Violation,
     whole_argument_first,
 )
-from .guard.input import MAX_CHUNKS_ADVICE, PATH_HINT, loads_line, validate_request, window_advice
+from .guard.input import MAX_CHUNKS_ADVICE, PATH_HINT, loads_line, window_advice
 from .guard.limits import Limits, as_limits
 from .models import RunMeta
+from .options import Options, split_options
 from .paths import guard_dir
 from .session import SessionCache
 from .skill import SkillCard, load_skill
@@ -293,9 +295,9 @@ def run_tool(arguments: Any, *, sessions: SessionCache | None = None,
     try:
         # The calling model's arguments are judged before the operator's settings build anything: a
         # bad argument is `invalid_input` whatever the setup, a bad setup is not the model's to fix.
-        validate_request(kwargs.get("query"), kwargs.get("chunks"), kwargs.get("top_k"),
-                         kwargs.get("lambda_"), limits=options.get("limits"),
-                         window_size=options.get("window_size"))
+        _, request_options = split_options(options)
+        own = {k: v for k, v in kwargs.items() if k not in ("query", "chunks")}
+        check_request(kwargs.get("query"), kwargs.get("chunks"), Options().merged({**request_options, **own}))
         if sessions is None:
             result = rerank(**kwargs, **options)
         else:

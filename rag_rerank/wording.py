@@ -15,5 +15,19 @@ def counted(n: int, noun: str, plural: str | None = None) -> str:
 def near_miss(key: str, known: Iterable[str]) -> str:
     """`; did you mean 'top_k'?` for a name close to a known one (`topk`), else nothing: the one
     wording of every misspelt-key message (batch lines, backend_options)."""
-    near = difflib.get_close_matches(key, sorted(known), n=1)
-    return f"; did you mean {near[0]!r}?" if near else ""
+    near = closest(key, known)
+    return f"; did you mean {near!r}?" if near else ""
+
+
+def closest(key: str, candidates: Iterable[str], *, ignore_case: bool = False) -> str | None:
+    """The candidate most like `key` when one is close enough to be a misspelling of it, else
+    None; with `ignore_case`, `Text` and `TEXT` count as `text`. The measure of every near miss."""
+    names = sorted(candidates)
+    if not ignore_case:
+        near = difflib.get_close_matches(key, names, n=1)
+        return near[0] if near else None
+    folded: dict[str, str] = {}
+    for name in names:
+        folded.setdefault(name.lower(), name)
+    near = difflib.get_close_matches(key.lower(), list(folded), n=1)
+    return folded[near[0]] if near else None

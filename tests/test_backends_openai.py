@@ -9,7 +9,14 @@ import pytest
 
 from rag_rerank.backends.common import DATA_NOTICE
 from rag_rerank.backends.openai import OpenAIBackend, forget_modes, remembered_mode
-from rag_rerank.errors import ConfigError, FatalFailure, InputError, TransientFailure, Violation
+from rag_rerank.errors import (
+    ConfigError,
+    FatalFailure,
+    InputError,
+    TransientFailure,
+    UnreachableFailure,
+    Violation,
+)
 from rag_rerank.guard import validate_request
 from rag_rerank.render import render
 from rag_rerank.skill import load_skill
@@ -161,13 +168,16 @@ def test_status_codes_are_classified_and_the_key_is_scrubbed(request_) -> None:
     assert len(srv.requests) == 3  # SDK max_retries=0: one request per call
 
 
-def test_timeout_and_connection_refused_are_transient(request_) -> None:
+def test_a_timeout_is_transient_and_a_refused_connection_fatal(request_) -> None:
+    """A server that is slow is there (worth a retry); once it is gone, nothing listens on its port
+    and retrying cannot help (tests/test_unreachable.py has the pipeline's side)."""
     with FakeLLM([Reply.openai_text(_answer(), delay=2.0)]) as srv:
         backend = OpenAIBackend(base_url=srv.openai_url, api_key=KEY, timeout=0.3)
         with pytest.raises(TransientFailure, match="timed out"):
             backend.complete("P", request_, max_tokens=50)
         url = srv.openai_url
-    with pytest.raises(TransientFailure, match="connection"):
+    refused = r"connection refused at 127\.0\.0\.1:\d+: nothing listens there"
+    with pytest.raises(UnreachableFailure, match=refused):
         OpenAIBackend(base_url=url, api_key=KEY, timeout=2).complete("P", request_, max_tokens=50)
 
 

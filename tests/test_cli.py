@@ -651,3 +651,18 @@ def test_check_with_the_query_accepts_a_reason_quoting_it(
     assert code == EXIT_INVALID_OUTPUT and any("reason quotes 'when should I choose IVF'" in e for e in err)
     query = "When should I choose IVF over HNSW?"
     assert run(capsys, "check", "-c", chunks, "--top-k", "3", "-q", query, o) == (EXIT_OK, "valid\n", [])
+
+
+@pytest.mark.parametrize(("field", "said"), [("page_content", " (a LangChain Document's text)"),
+                                             ("content", " (a Haystack Document's text)"), ("body", "")])
+def test_a_framework_shaped_chunk_file_is_told_to_rename_its_text_field(
+    field: str, said: str, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """`rag-rerank rerank` on documents exported from LangChain or Haystack: exit 2, one line per
+    record naming the field to rename, no traceback."""
+    f = write(tmp_path, "docs.jsonl", "".join(json.dumps({"id": i, field: f"text {i}"}) + "\n" for i in "ab"))
+    code, out, err = run(capsys, "rerank", "-q", "IVF or HNSW?", "-c", f)
+    assert code == EXIT_BAD_INPUT and out == ""
+    assert err == [f"rag-rerank: error: line {n}: chunks[{n - 1}].text: id '{i}': missing required field "
+                   f"'text'; this record has '{field}'{said}: rename it to 'text'"
+                   for n, i in ((1, "a"), (2, "b"))]

@@ -172,9 +172,21 @@ def test_an_unreachable_embeddings_server_is_named_with_its_url() -> None:
         url = srv.openai_url
     with pytest.raises(EmbedderError) as exc:  # the server is gone: connection refused
         get_embedder("openai", base_url=url, max_retries=0).embed(TEXTS)
+    port = url.split(":")[2].split("/")[0]
     assert str(exc.value).startswith("the openai embedder (model 'text-embedding-3-small') at "
-                                     f"{url}/embeddings could not be reached (")
-    assert exc.value.attempts[0].kind == "transient"
+                                     f"{url}/embeddings could not be reached: connection refused at "
+                                     f"127.0.0.1:{port}: nothing listens there")
+    assert exc.value.attempts[0].kind == "fatal"  # nothing to retry against (a reset stays transient)
+
+
+def test_a_dropped_connection_stays_transient_for_the_embedder() -> None:
+    """A server that accepts and resets the connection is there: the SDK's own retries apply and the
+    failure is transient, unlike a refused connection above."""
+    from tests.support.sockets import Resetter
+
+    with Resetter() as server, pytest.raises(EmbedderError) as exc:
+        get_embedder("openai", base_url=f"http://127.0.0.1:{server.port}/v1", max_retries=0).embed(TEXTS)
+    assert exc.value.attempts[0].kind == "transient" and "could not be reached (" in str(exc.value)
 
 
 def test_a_used_embedder_pickles_and_deep_copies_with_a_client_of_its_own() -> None:

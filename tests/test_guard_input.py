@@ -621,3 +621,40 @@ def test_a_number_of_thousands_of_digits_is_named_without_pythons_advice() -> No
     """Python says to raise sys.set_int_max_str_digits(); for a data file that advice is wrong."""
     (problem,) = reject(chunks='{"id": "a", "text": "t", "score": ' + "9" * 5000 + "}")
     assert "a number of more than 4300 digits" in problem and "set_int_max_str_digits" not in problem
+
+
+# --- a record shaped like a framework's document -------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("record", "hint"),
+    [
+        ({"id": "a", "page_content": "IVF"},
+         "'page_content' (a LangChain Document's text): rename it to 'text'"),
+        ({"id": "a", "content": "IVF"}, "'content' (a Haystack Document's text): rename it to 'text'"),
+        ({"id": "a", "body": "IVF"}, "'body': rename it to 'text'"),
+        ({"id": "a", "txt": "IVF"}, "'txt': rename it to 'text'"),  # a misspelling
+        ({"id": "a", "Text": "IVF"}, "'Text': rename it to 'text'"),
+        ({"id_": "a", "text": "IVF"}, "'id_' (a LlamaIndex node's id): rename it to 'id'"),
+        ({"id": "a", "page_content": "IVF", "metadata": {"source": "s"}},
+         "'page_content' (a LangChain Document's text): rename it to 'text' (and 'metadata' to 'meta', "
+         "or it is ignored)"),
+    ],
+)
+def test_a_framework_shaped_record_is_told_which_field_to_rename(record: dict[str, object],
+                                                                 hint: str) -> None:
+    """Regression: `{"id", "page_content"}` (LangChain), `{"id", "content"}` (Haystack) and
+    `{"id", "body"}` got a bare "missing required field 'text'"."""
+    missing = "id" if "text" in record else "text"
+    expected = f"chunks[0].{missing}: " + ("id 'a': " if missing == "text" else "") + (
+        f"missing required field '{missing}'; this record has {hint}")
+    with pytest.raises(InputError) as exc:  # a list of dicts (Python), one violation
+        parse_chunks([record])
+    assert messages(exc) == [expected]
+    assert reject(chunks=jl(record)) == [f"line 1: {expected}"]  # JSONL text: the line is named too
+
+
+def test_no_rename_hint_without_a_field_that_could_be_the_text() -> None:
+    assert reject(chunks=jl({"id": "a", "title": "IVF"})) == [
+        "line 1: chunks[0].text: id 'a': missing required field 'text'"]
+    assert validate_request("q", jl({"id": "a", "text": "t", "content": "u"})).ids == ("a",)  # text is there

@@ -806,3 +806,20 @@ def test_a_model_quoting_loosely_is_accepted_at_the_first_attempt(api: str) -> N
     assert result.meta.attempts == 1 and result.meta.fallback is None
     assert result.ids[0] == "c3"
     _assert_contract(result, _ids(chunks), 3)
+
+
+def test_rerank_names_the_field_to_rename_in_framework_shaped_records() -> None:
+    """A LangChain or Haystack document written out as a dict reaches rerank() without `text`: the
+    error names the field that holds it, whichever way the chunks come (dicts or JSONL text)."""
+    docs = [{"id": "a", "page_content": "IVF saves memory", "metadata": {"source": "wiki"}},
+            {"id": "b", "content": "HNSW is a graph"}]
+    for chunks in (docs, "".join(json.dumps(d) + "\n" for d in docs)):
+        with pytest.raises(InputError) as info:
+            rerank("IVF or HNSW?", chunks)
+        messages = [v.message for v in info.value.violations]
+        assert messages == [
+            "missing required field 'text'; this record has 'page_content' (a LangChain Document's text): "
+            "rename it to 'text' (and 'metadata' to 'meta', or it is ignored)",
+            "missing required field 'text'; this record has 'content' (a Haystack Document's text): "
+            "rename it to 'text'"]
+        assert [v.path for v in info.value.violations] == ["chunks[0].text", "chunks[1].text"]

@@ -34,3 +34,11 @@ def test_no_message_counts_with_a_parenthesised_plural() -> None:
                  for no, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1)
                  if pattern.search(line)]
     assert offenders == []
+
+
+def test_closest_can_ignore_case_and_returns_the_name_as_written() -> None:
+    from rag_rerank.wording import closest
+
+    assert closest("id", ["ID", "idx"]) == "idx"  # case matters by default: 'ID' shares no letter
+    assert closest("id", ["ID", "idx"], ignore_case=True) == "ID"
+    assert closest("text", ["txt"]) == "txt" and closest("text", ["title", "source"]) is None

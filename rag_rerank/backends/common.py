@@ -10,10 +10,12 @@ from __future__ import annotations
 import asyncio
 import copy
 import email.utils
+import errno
 import ipaddress
 import json
 import os
 import re
+import socket
 import threading
 import time
 import weakref
@@ -21,7 +23,14 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 from urllib.parse import urlparse, urlsplit
 
-from ..errors import BackendFailure, ConfigError, FatalFailure, TransientFailure, Violation
+from ..errors import (
+    BackendFailure,
+    ConfigError,
+    FatalFailure,
+    TransientFailure,
+    UnreachableFailure,
+    Violation,
+)
 from ..guard.limits import load_schema
 from ..models import RerankRequest
 from ..redaction import display_url, scrub
@@ -218,14 +227,105 @@ def retry_after_seconds(headers: Mapping[str, str] | None) -> float | None:
     return max(0.0, when.timestamp() - time.time())
 
 
+# Errors of one address that say only "not this way" (an IPv6 address on a machine without IPv6):
+# when every other address tried refused the connection, nothing listens there either.
+_NO_ROUTE = frozenset({errno.EADDRNOTAVAIL, errno.ENETUNREACH, errno.EAFNOSUPPORT})
+
+
+def _causes(exc: BaseException) -> list[BaseException]:
+    """`exc` and every exception it was raised from or while handling, first to last: the SDKs wrap
+    the socket's error (APIConnectionError <- httpx ConnectError <- httpcore ConnectError <-
+    ConnectionRefusedError), and anyio puts the errors of several addresses in an ExceptionGroup."""
+    out: list[BaseException] = []
+    todo: list[BaseException] = [exc]
+    while todo:
+        cur = todo.pop(0)
+        if any(cur is seen for seen in out):
+            continue
+        out.append(cur)
+        todo += [e for e in (cur.__cause__, cur.__context__) if e is not None]
+    return out
+
+
+def _verdict(exc: BaseException) -> str | None:
+    """'refused', 'unresolved', 'no_route' or None for one connection error and its causes."""
+    for cause in _causes(exc):
+        if isinstance(cause, socket.gaierror):
+            return "unresolved"
+        if isinstance(cause, ConnectionRefusedError) or getattr(cause, "errno", None) == errno.ECONNREFUSED:
+            return "refused"
+        members = getattr(cause, "exceptions", None)  # every address tried (anyio's ExceptionGroup)
+        if isinstance(members, (tuple, list)) and members:
+            verdicts = [_verdict(m) for m in members]
+            if all(v is not None for v in verdicts) and set(verdicts) != {"no_route"}:
+                return "unresolved" if "unresolved" in verdicts else "refused"
+            return None
+        if isinstance(cause, (TimeoutError, socket.timeout)):
+            return None
+        if getattr(cause, "errno", None) in _NO_ROUTE:
+            return "no_route"
+    return None
+
+
+def unreachable_reason(exc: BaseException, secret: str | Sequence[str | None] | None = None) -> str | None:
+    """Why nothing could be reached, when a connection error says so for certain: the connection
+    was refused (ECONNREFUSED: nothing listens on that port) or the host name does not resolve;
+    None for anything else (a timeout, a reset, a TLS or proxy error), which stays transient.
+
+    Read from the exception chain, not the message: the SDKs say only "Connection error."."""
+    verdict = _verdict(exc)
+    if verdict not in ("refused", "unresolved"):
+        return None
+    url = _request_url(exc)
+    if verdict == "unresolved":
+        host = urlparse(url).hostname if url else None
+        cause = next((c for c in _causes(exc) if isinstance(c, socket.gaierror)), None)
+        why = f" ({cause.strerror})" if cause is not None and cause.strerror else ""
+        named = f"the host name {host!r}" if host else "the host name"
+        return scrub(f"{named} does not resolve{why}; is the base URL's host right?", secret)
+    parts = urlparse(url) if url else None
+    where = f" at {parts.hostname}:{parts.port or (443 if parts.scheme == 'https' else 80)}" if parts else ""
+    return scrub(f"connection refused{where}: nothing listens there (is the server running, and is the "
+                 "base URL's port right?)", secret)
+
+
+def _request_url(exc: BaseException) -> str | None:
+    """The URL of the request that failed, as an SDK or httpx error carries it (None if it does not)."""
+    for cause in _causes(exc):
+        try:
+            request = getattr(cause, "request", None)  # httpx raises RuntimeError when it has none
+        except RuntimeError:
+            continue
+        url = getattr(request, "url", None)
+        if url is not None:
+            return str(url)
+    return None
+
+
+def connection_detail(exc: BaseException, secret: str | Sequence[str | None] | None) -> str:
+    """The innermost cause of a connection error in a few words: the SDKs' own text is only
+    "Connection error.", which leaves a reset and a TLS failure looking the same."""
+    chain = _causes(exc)
+    inner = chain[-1] if chain else exc
+    text = " ".join(str(inner).split()) or type(inner).__name__
+    if inner is not exc:
+        text = f"{type(inner).__name__}: {text}"
+    return scrub(text, secret)[:200]
+
+
 def classify_sdk_error(exc: Exception, sdk: Any, secret: str | Sequence[str | None] | None,
                        provider: str) -> BackendFailure:
-    """One SDK exception as TransientFailure / FatalFailure, its message scrubbed of the key."""
+    """One SDK exception as TransientFailure / FatalFailure, its message scrubbed of the key.
+
+    A connection that could not be made at all (refused, a host name that does not resolve) is an
+    `UnreachableFailure` and fails fast; any other connection error is transient."""
     name = type(exc).__name__
     if isinstance(exc, sdk.APITimeoutError):
         return TransientFailure(f"{provider}: request timed out")
     if isinstance(exc, sdk.APIConnectionError):
-        return TransientFailure(f"{provider}: connection error: {scrub(str(exc), secret)[:200]}")
+        if (why := unreachable_reason(exc, secret)) is not None:
+            return UnreachableFailure(f"{provider}: {why}")
+        return TransientFailure(f"{provider}: connection error: {connection_detail(exc, secret)}")
     if isinstance(exc, sdk.APIStatusError):
         status = int(exc.status_code)
         message = scrub(error_message(exc), secret)[:300]

@@ -14,7 +14,8 @@ the logistic sigmoid (a logit of 0 becomes 0.5). `"identity"` (values clipped to
 `"sigmoid"` force one mapping.
 
 **Failures** follow the LLM backends' policy, driven by `retry.py`: 429 and 5xx are transient
-(Retry-After honoured), a timeout or a dropped connection too; 401/403 and other 4xx fail fast;
+(Retry-After honoured), a timeout or a dropped connection too; 401/403 and other 4xx fail fast,
+and so does a connection refused or a host name that does not resolve (nothing to retry against);
 a body that is not the protocol (not JSON, no `results`, an index out of range or repeated, a
 score that is not a number) is fatal with a message saying what was wrong. The API key is
 scrubbed from every message. **Long documents** are cut to `max_chars` characters (default
@@ -31,7 +32,7 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..errors import FatalFailure, InputError, TransientFailure, Violation
+from ..errors import FatalFailure, InputError, TransientFailure, UnreachableFailure, Violation
 from ..models import RerankRequest
 from ..redaction import display_url, scrub, secrets_of
 from ..wording import counted
@@ -40,9 +41,11 @@ from .common import (
     ClosableBackend,
     SDKClients,
     base_url_problem,
+    connection_detail,
     is_transient_status,
     resolve_credentials,
     retry_after_seconds,
+    unreachable_reason,
 )
 from .scored import SCORE_DECIMALS, answer, labelled
 
@@ -163,7 +166,9 @@ class RerankAPIBackend(ClosableBackend):
         if isinstance(exc, httpx.TimeoutException):
             return TransientFailure(f"rerank-api: request timed out after {self.timeout:g}s")
         if isinstance(exc, httpx.TransportError):
-            return TransientFailure(f"rerank-api: connection error: {scrub(str(exc), self._hidden)[:200]}")
+            if (why := unreachable_reason(exc, self._hidden)) is not None:
+                return UnreachableFailure(f"rerank-api: {why}")
+            return TransientFailure(f"rerank-api: connection error: {connection_detail(exc, self._hidden)}")
         return FatalFailure(f"rerank-api: {type(exc).__name__}: {scrub(str(exc), self._hidden)[:300]}")
 
     def _status(self, response: Any) -> None:

@@ -157,7 +157,7 @@ class OpenAIEmbedder:
         the server's own message, and for an endpoint the server does not have, what to do instead."""
         import openai
 
-        from ..backends.common import error_message, is_transient_status
+        from ..backends.common import error_message, is_transient_status, unreachable_reason
 
         if isinstance(exc, openai.APIStatusError):
             status = int(exc.status_code)
@@ -169,6 +169,9 @@ class OpenAIEmbedder:
         if isinstance(exc, openai.APITimeoutError):
             return self._error(f"did not answer within {self.timeout:g}s", "transient")
         if isinstance(exc, openai.APIConnectionError):
+            hidden = secrets_of(self.api_key, urls=[self.base_url])
+            if (why := unreachable_reason(exc, hidden)) is not None:
+                return self._error(f"could not be reached: {why}")  # fatal: nothing to retry against
             cause = exc.__cause__ or exc
             return self._error(f"could not be reached ({type(cause).__name__}: {cause})", "transient")
         return self._error(f"failed ({type(exc).__name__}: {exc})")

@@ -25,7 +25,7 @@ from jsonschema import Draft202012Validator
 
 from ..errors import InputError, Violation
 from ..models import Chunk, RerankRequest
-from ..wording import counted
+from ..wording import closest, counted
 from .limits import Limits, as_limits, load_schema
 
 ChunkSource = str | bytes | os.PathLike[str] | Iterable[Mapping[str, Any] | Chunk]
@@ -164,7 +164,7 @@ def _schema_violations(record: Any, index: int, line: int | None) -> list[Violat
             msg = f"a chunk must be a JSON object, got {_json_type(record)}"
         elif err.validator == "required":
             missing = err.message.split("'")[1] if "'" in err.message else "?"
-            msg = f"missing required field '{missing}'"
+            msg = f"missing required field '{missing}'" + _rename_hint(record, missing)
             path = f"chunks[{index}].{missing}"
         elif err.validator == "type":
             want = err.validator_value
@@ -183,6 +183,37 @@ def _schema_violations(record: Any, index: int, line: int | None) -> list[Violat
             msg = err.message.replace("\n", " ")
         out.append(Violation(path=path, message=msg, value=err.instance, line=line, id=rid))
     return sorted(out, key=lambda v: v.path)
+
+
+# What other tools call a chunk's required fields: a record shaped like theirs (a LangChain or
+# Haystack document written out as JSON, a search index's hit) lacks `text` or `id` only by name.
+_ALIASES: dict[str, dict[str, str]] = {
+    "text": {"page_content": " (a LangChain Document's text)", "content": " (a Haystack Document's text)",
+             "body": "", "contents": "", "passage": "", "document": "", "chunk": ""},
+    "id": {"id_": " (a LlamaIndex node's id)", "doc_id": "", "_id": "", "uuid": "", "docid": ""},
+}
+
+
+def _rename_hint(record: Any, missing: str) -> str:
+    """For a record missing `text` (or `id`) that has the field under another name (`page_content`,
+    `content`, `body`, a misspelling such as `txt` or `Text`): which of its fields to rename. A
+    bare "missing required field 'text'" left a LangChain or Haystack user to guess that their
+    text was there all along, under the framework's name for it."""
+    if not isinstance(record, Mapping) or missing not in _ALIASES:
+        return ""
+    properties = load_schema("chunk")["properties"]
+    others = [k for k in record if isinstance(k, str) and k not in properties]
+    other_aliases = {a for field, names in _ALIASES.items() if field != missing for a in names}
+    found = next((k for k in others if k in _ALIASES[missing]), None)
+    why = _ALIASES[missing].get(found, "") if found is not None else ""
+    if found is None:
+        found = closest(missing, [k for k in others if k not in other_aliases], ignore_case=True)
+    if found is None:
+        return ""
+    hint = f"; this record has {found!r}{why}: rename it to {missing!r}"
+    if "metadata" in others and "meta" not in record:  # LangChain's and LlamaIndex's name for it
+        hint += " (and 'metadata' to 'meta', or it is ignored)"
+    return hint
 
 
 def _value_violations(rec: Mapping[str, Any], index: int, line: int | None) -> list[Violation]:
