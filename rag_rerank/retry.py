@@ -1,6 +1,6 @@
 """The single owner of retries: every failure is classified first, then handled by its own rule.
 
-  transient  (429, 5xx but 501 and 505, 529 overloaded, timeouts, connection errors)
+  transient  (429, 5xx but 501 and 505, 529 overloaded, timeouts, a connection reset or dropped)
              -> exponential backoff with jitter; a server's Retry-After / retry-after-ms wins
   invalid    (the output guard rejected the answer)
              -> re-ask, at most `max_reasks` times, quoting every violation to the model; never for
@@ -8,7 +8,8 @@
                 pass the guard by construction: a refusal there is an `InternalError`, a bug
   truncated  (finish_reason "length" / stop_reason "max_tokens" and not a valid answer)
              -> one retry with a larger output budget; not a re-ask, the model did nothing wrong
-  fatal      (auth, bad request, not found, refusal)
+  fatal      (auth, bad request, not found, refusal; nothing to connect to: a refused connection
+             or a host name that does not resolve, `UnreachableFailure`)
              -> fail fast
 
 Everything is bounded three ways: attempts in total, attempts per kind, and a wall-clock
