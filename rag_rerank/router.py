@@ -69,23 +69,34 @@ _NUMBER = re.compile(r"^\d+(?:\.\d+)?$")
 _BRITISH = re.compile(r"^([a-z]{3,})iz(e|ed|es|er|ers|ing|ation|ations)$")
 
 
+def _words(text: str, possessives: bool = False) -> list[str]:
+    """The lower-cased words of `text`, "re-rank" joined as "rerank"; with `possessives`, a curly
+    apostrophe is a straight one and "'s" goes."""
+    low = text.lower().replace("_", " ")
+    if possessives:
+        low = low.replace("\u2019", "'")
+    low = re.sub(r"\bre-(?=[a-z])", "re", low)
+    if possessives:
+        low = re.sub(r"(?<=[a-z])'s\b", "", low)
+    return _WORD.findall(low)
+
+
+def _is_count(word: str) -> bool:
+    return bool(_NUMBER.match(word)) or word in ("k", "n")
+
+
+def _token(word: str) -> str:
+    """A number or the placeholders k / n as "#n", any other word as its stem."""
+    return "#n" if _is_count(word) else intent_stem(_BRITISH.sub(r"\1is\2", word))
+
+
 def tokens(text: str) -> list[str]:
     """Lower-cased content-word stems; numbers and the placeholders k / n become one token "#n".
 
     "re-rank" and "rerank" are the same word, as are "top-5", "top 5", "top_k" and "top K", and
     "summarize" and "summarise".
     """
-    low = text.lower().replace("_", " ")
-    low = re.sub(r"\bre-(?=[a-z])", "re", low)
-    out: list[str] = []
-    for word in _WORD.findall(low):
-        if word in INTENT_STOPWORDS:
-            continue
-        if _NUMBER.match(word) or word in ("k", "n"):
-            out.append("#n")
-        elif len(word) > 1:
-            out.append(intent_stem(_BRITISH.sub(r"\1is\2", word)))
-    return out
+    return [_token(w) for w in _words(text) if w not in INTENT_STOPWORDS and (len(w) > 1 or _is_count(w))]
 
 
 def _word_features(tok: str) -> list[str]:
@@ -153,18 +164,7 @@ _ARTICLES = frozenset({"a", "an", "the"})
 def _classifier_tokens(text: str) -> list[str]:
     """`tokens` without dropping function words: "how", "should" and "what" are what tell a
     question *about* reranking from a request to rerank, and the classifier can weigh them."""
-    low = text.lower().replace("_", " ").replace("\u2019", "'")
-    low = re.sub(r"\bre-(?=[a-z])", "re", low)
-    low = re.sub(r"(?<=[a-z])'s\b", "", low)
-    out: list[str] = []
-    for word in _WORD.findall(low):
-        if word in _ARTICLES:
-            continue
-        if _NUMBER.match(word) or word in ("k", "n"):
-            out.append("#n")
-        else:
-            out.append(intent_stem(_BRITISH.sub(r"\1is\2", word)))
-    return out
+    return [_token(w) for w in _words(text, possessives=True) if w not in _ARTICLES]
 
 
 def _ending(text: str) -> str:

@@ -19,12 +19,14 @@ import contextvars
 import threading
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .backends.factory import backend_kwargs, make_backend, resolve_embedder
 from .concurrency import CALL_LIMIT, call_slot, check_concurrency, run_coroutine
-from .engine import Call, Calls, Flow, Progress, Setup, Work, check_options, flow, plan
+from .engine import Call, Calls, Flow, Progress, Setup, Step, Work, check_options, flow, plan
 from .guard.input import ChunkSource
+from .lifecycle import Closing
 from .models import RerankResult
 from .options import REQUEST_OPTIONS, Options, check_names, request_call, split_options
 from .retry import Outcome, acall_with_retries, call_with_retries
@@ -36,7 +38,7 @@ if TYPE_CHECKING:
 Result = RerankResult | Exception
 
 
-class Reranker:
+class Reranker(Closing):
     """A reranking session: configured once, used for many requests (module docstring).
 
     `backend` is "local" (offline, deterministic; the default), "openai" (any OpenAI-compatible
@@ -209,17 +211,6 @@ class Reranker:
             if callable(release):
                 await release()
 
-    def __enter__(self) -> Reranker:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    async def __aenter__(self) -> Reranker:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()
 
 
 class SessionCache:
@@ -280,15 +271,24 @@ def _calls(step: Calls) -> list[Outcome | Exception]:
         return [future.result() for future in futures]
 
 
+@dataclass(frozen=True)
+class _Done:
+    result: RerankResult
+
+
+def _advance(steps: Flow, send: Any, error: BaseException | None) -> Step | _Done:
+    """The flow's next step, after sending it the last step's result (or throwing its error)."""
+    try:
+        return steps.throw(error) if error is not None else steps.send(send)
+    except StopIteration as finished:
+        return _Done(finished.value)
+
+
 def _run(steps: Flow) -> RerankResult:
     """Run a flow in this thread: calls on threads, work inline."""
     send: Any = None
     error: BaseException | None = None
-    while True:
-        try:
-            step = steps.throw(error) if error is not None else steps.send(send)
-        except StopIteration as finished:
-            return finished.value  # type: ignore[no-any-return]
+    while not isinstance(step := _advance(steps, send, error), _Done):
         send, error = None, None
         if isinstance(step, Calls):
             send = _calls(step)
@@ -301,6 +301,7 @@ def _run(steps: Flow) -> RerankResult:
             report = WINDOW_PROGRESS.get()
             if report is not None:
                 report(step.done, step.total)
+    return step.result
 
 
 async def _acall(call: Call, limit: asyncio.Semaphore | None) -> Outcome | Exception:
@@ -317,11 +318,7 @@ async def _arun(steps: Flow) -> RerankResult:
     send: Any = None
     error: BaseException | None = None
     limit: asyncio.Semaphore | None = None  # one per request, shared by its windows and final pass
-    while True:
-        try:
-            step = steps.throw(error) if error is not None else steps.send(send)
-        except StopIteration as finished:
-            return finished.value  # type: ignore[no-any-return]
+    while not isinstance(step := _advance(steps, send, error), _Done):
         send, error = None, None
         if isinstance(step, Calls):
             if step.limit is not None and limit is None:
@@ -332,6 +329,7 @@ async def _arun(steps: Flow) -> RerankResult:
                 send = await asyncio.to_thread(step.run) if step.heavy else step.run()
             except Exception as exc:
                 error = exc
+    return step.result
 
 
 __all__ = ["Reranker", "Result", "SessionCache"]

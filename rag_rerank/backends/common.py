@@ -32,6 +32,7 @@ from ..errors import (
     Violation,
 )
 from ..guard.limits import load_schema
+from ..lifecycle import Closing
 from ..models import RerankRequest
 from ..redaction import display_url, scrub
 
@@ -449,7 +450,7 @@ class SDKClients:
         self.close()
 
 
-class ClosableBackend:
+class ClosableBackend(Closing):
     """`close()` / `await aclose()` and `with` / `async with` for a backend that holds `SDKClients`.
 
     A backend built once and shared keeps its connection pools open for reuse; close it when done
@@ -470,18 +471,6 @@ class ClosableBackend:
         """Close the async client of the running loop only: `Reranker.rerank_many` runs a loop of
         its own and ends it, while the session (and its sync client) goes on."""
         await self._clients.release_loop()
-
-    def __enter__(self) -> Any:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    async def __aenter__(self) -> Any:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()
 
 
 def request_timeout(client_timeout: float, remaining: float | None) -> dict[str, Any]:

@@ -51,7 +51,7 @@ import numpy as np
 from ..errors import Violation
 from ..models import RerankRequest
 from .base import Completion
-from .scored import answer
+from .scored import answer, worded
 from .terms import DEFAULT_BM25, Bm25, lexical_scores, stem
 
 __all__ = ["FEATURES", "PROFILES", "Bm25", "Fusion", "LocalBackend", "Profile", "Signals", "cohesion_outlier",
@@ -240,12 +240,9 @@ class LocalBackend:
         rounded = np.round(self.fusion(sig), 3) if texts else np.zeros(0)
 
         def describe(i: int, score: float, phrase: str | None, matched: list[str]) -> str:
-            if phrase is None:
-                return f"shares query terms {', '.join(matched)}" if matched else ""
-            quoted = json.dumps(phrase, ensure_ascii=False)
-            if matched:
-                return f"quotes {quoted}, sharing query terms {', '.join(matched)}"
-            return f"closest in meaning: {quoted} (semantic {float(sig.semantic[i]):.2f})"
+            semantic = float(sig.semantic[i])
+            return worded(phrase, matched,
+                          lambda quoted: f"closest in meaning: {quoted} (semantic {semantic:.2f})")
 
         return answer(request, [float(x) for x in rounded], describe, weight_of=weight_of)
 

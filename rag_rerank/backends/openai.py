@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Generator, Sequence
 from typing import Any
 
 from ..errors import (
@@ -321,6 +321,29 @@ class OpenAIBackend(ClosableBackend):
         downgraded.append(f"openai: server rejected response_format {mode!r}: "
                           f"{scrub(error_message(exc), self._hidden)[:120]}")
 
+    def _negotiation(self, prompt: str, request: RerankRequest, max_tokens: int,
+                     feedback: Sequence[Violation], previous: str | None
+                     ) -> Generator[dict[str, Any], Any, Completion]:
+        """The call's decisions, for both drivers: yields the keywords of each request to send (one
+        per response_format mode tried) and receives its response or the SDK's exception."""
+        sdk = _sdk()
+        modes = self._modes()
+        downgraded: list[str] = []
+        i = 0
+        while i < len(modes):
+            mode = modes[i]
+            answer = yield self._kwargs(mode, prompt, request, max_tokens, feedback, previous)
+            if isinstance(answer, sdk.OpenAIError):
+                i = self._after_error(answer, sdk, modes, i, downgraded)
+                continue
+            if isinstance(answer, json.JSONDecodeError):  # the SDK parses a JSON content-type body itself
+                raise FatalFailure(f"openai: the server's answer is not valid JSON ({answer})") from None
+            if not self.forced_mode:
+                _remember(self.base_url, mode)
+            return self._completion(answer, mode, downgraded)
+        # unreachable: "text" is the last mode and is never treated as a rejection
+        raise FatalFailure("openai: the server rejected every response_format mode")
+
     def complete(
         self,
         prompt: str,
@@ -334,26 +357,18 @@ class OpenAIBackend(ClosableBackend):
         ends = None if timeout is None else time.monotonic() + timeout  # before the SDK's first import
         sdk = _sdk()
         client = self._clients.sync()
-        modes = self._modes()
-        downgraded: list[str] = []
-        i = 0
-        while i < len(modes):
-            mode = modes[i]
+        steps = self._negotiation(prompt, request, max_tokens, feedback, previous)
+        kwargs = next(steps)
+        while True:
             left = None if ends is None else ends - time.monotonic()
             try:
-                resp = client.chat.completions.create(
-                    **self._kwargs(mode, prompt, request, max_tokens, feedback, previous),
-                    **request_timeout(self.timeout, left))
-            except sdk.OpenAIError as exc:
-                i = self._after_error(exc, sdk, modes, i, downgraded)
-                continue
-            except json.JSONDecodeError as exc:  # the SDK parses a JSON content-type body itself
-                raise FatalFailure(f"openai: the server's answer is not valid JSON ({exc})") from None
-            if not self.forced_mode:
-                _remember(self.base_url, mode)
-            return self._completion(resp, mode, downgraded)
-        # unreachable: "text" is the last mode and is never treated as a rejection
-        raise FatalFailure("openai: the server rejected every response_format mode")
+                answer: Any = client.chat.completions.create(**kwargs, **request_timeout(self.timeout, left))
+            except (sdk.OpenAIError, json.JSONDecodeError) as exc:
+                answer = exc
+            try:
+                kwargs = steps.send(answer)
+            except StopIteration as done:
+                return done.value  # type: ignore[no-any-return]
 
     async def acomplete(
         self,
@@ -366,20 +381,14 @@ class OpenAIBackend(ClosableBackend):
     ) -> Completion:
         sdk = _sdk()
         client = self._clients.for_running_loop()
-        modes = self._modes()
-        downgraded: list[str] = []
-        i = 0
-        while i < len(modes):
-            mode = modes[i]
+        steps = self._negotiation(prompt, request, max_tokens, feedback, previous)
+        kwargs = next(steps)
+        while True:
             try:
-                resp = await client.chat.completions.create(
-                    **self._kwargs(mode, prompt, request, max_tokens, feedback, previous))
-            except sdk.OpenAIError as exc:
-                i = self._after_error(exc, sdk, modes, i, downgraded)
-                continue
-            except json.JSONDecodeError as exc:  # the SDK parses a JSON content-type body itself
-                raise FatalFailure(f"openai: the server's answer is not valid JSON ({exc})") from None
-            if not self.forced_mode:
-                _remember(self.base_url, mode)
-            return self._completion(resp, mode, downgraded)
-        raise FatalFailure("openai: the server rejected every response_format mode")
+                answer: Any = await client.chat.completions.create(**kwargs)
+            except (sdk.OpenAIError, json.JSONDecodeError) as exc:
+                answer = exc
+            try:
+                kwargs = steps.send(answer)
+            except StopIteration as done:
+                return done.value  # type: ignore[no-any-return]

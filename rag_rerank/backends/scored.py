@@ -40,17 +40,25 @@ SCORE_DECIMALS = 6
 Describe = Callable[[int, float, "str | None", "list[str]"], str]
 
 
+def worded(phrase: str | None, matched: list[str], otherwise: Callable[[str], str], tail: str = "") -> str:
+    """A scored backend's reason: the quoted phrase and the query words it shares (then `tail`);
+    `otherwise(quoted phrase)` when it shares none; the shared words alone when the phrase could
+    not be quoted (None); "" (nothing to cite) when there is neither."""
+    if phrase is None:
+        return f"shares query terms {', '.join(matched)}{tail}" if matched else ""
+    quoted = json.dumps(phrase, ensure_ascii=False)
+    if matched:
+        return f"quotes {quoted}, sharing query terms {', '.join(matched)}{tail}"
+    return otherwise(quoted)
+
+
 def labelled(label: str) -> Describe:
     """How a non-LLM scorer words its reasons: the quoted phrase and the query words it shares,
     then the scorer's name and its score."""
 
     def describe(index: int, score: float, phrase: str | None, matched: list[str]) -> str:
-        if phrase is None:
-            return f"shares query terms {', '.join(matched)} ({label} {score:.3f})" if matched else ""
-        quoted = json.dumps(phrase, ensure_ascii=False)
-        if matched:
-            return f"quotes {quoted}, sharing query terms {', '.join(matched)} ({label} {score:.3f})"
-        return f"{label} {score:.3f} for {quoted}"
+        return worded(phrase, matched, lambda quoted: f"{label} {score:.3f} for {quoted}",
+                      f" ({label} {score:.3f})")
 
     return describe
 

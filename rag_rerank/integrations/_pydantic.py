@@ -1,7 +1,7 @@
 """What the two pydantic components (LangChain's compressor, LlamaIndex's postprocessor) declare
 alike: constructor keywords that are not fields become `rerank_options`, a connection option the
-backend would ignore is refused, and the `policy` field is written to and read from a dump as the
-numbers of its `RetryPolicy`.
+backend would ignore is refused, the `policy` field is written to and read from a dump as the
+numbers of its `RetryPolicy`, and the `Reranker` session they rank with.
 
 A mixin, not a base model: each component's base class comes from its framework. Imported only by
 those two modules, after their framework (which brings pydantic) has imported."""
@@ -13,11 +13,22 @@ from typing import Any
 from pydantic import field_serializer, field_validator, model_validator
 
 from ..redaction import display_url
+from ..session import Reranker
 from . import _common
 
 
 class ComponentValidators:
-    """Mix into a pydantic component that has a `policy` field and a `rerank_options` field."""
+    """Mix into a pydantic component that has a `policy` field, a `rerank_options` field and a
+    `_sessions` (`SessionCache`) private attribute."""
+
+    def _options(self) -> dict[str, Any]:
+        return _common.component_options(self)
+
+    @property
+    def reranker(self) -> Reranker:
+        """The `Reranker` session this component ranks with: built on first use, kept while its
+        backend, model, base_url, api_key and embedder stay the same."""
+        return self._sessions.get(self._options())[0]  # type: ignore[attr-defined]
 
     @model_validator(mode="before")
     @classmethod

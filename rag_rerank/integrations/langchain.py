@@ -16,7 +16,7 @@ from typing import Any
 
 from ..errors import InputError, MissingDependencyError, Violation
 from ..models import RerankResult
-from ..session import Reranker, SessionCache
+from ..session import SessionCache
 from . import _common
 from ._common import DROPPED_KEY, SCORE_KEY, Reranked
 
@@ -79,15 +79,6 @@ class RagRerankCompressor(ComponentValidators, BaseDocumentCompressor,
         Shared by every call: when one instance serves concurrent requests, use
         `arerank_documents`, whose return value belongs to its own call."""
         return self._last
-
-    def _options(self) -> dict[str, Any]:
-        return _common.component_options(self)
-
-    @property
-    def reranker(self) -> Reranker:
-        """The `Reranker` session this component ranks with: built on first use, kept while its
-        backend, model, base_url, api_key and embedder stay the same."""
-        return self._sessions.get(self._options())[0]
 
     @staticmethod
     def _ids(documents: Sequence[Document]) -> list[str]:

@@ -16,7 +16,7 @@ from typing import Any
 
 from ..errors import InputError, MissingDependencyError, Violation
 from ..models import RerankResult
-from ..session import Reranker, SessionCache
+from ..session import SessionCache
 from . import _common
 from ._common import DROPPED_KEY, NOTE_KEY, REASON_KEY, Reranked
 
@@ -85,15 +85,6 @@ class RagRerankPostprocessor(ComponentValidators, BaseNodePostprocessor):
 
         Shared by every call; for concurrent use, `arerank_nodes` returns each call's own result."""
         return self._last
-
-    def _options(self) -> dict[str, Any]:
-        return _common.component_options(self)
-
-    @property
-    def reranker(self) -> Reranker:
-        """The `Reranker` session this component ranks with: built on first use, kept while its
-        backend, model, base_url, api_key and embedder stay the same."""
-        return self._sessions.get(self._options())[0]
 
     def _model_name(self) -> str:
         name = self.backend if isinstance(self.backend, str) else getattr(self.backend, "name", "backend")
