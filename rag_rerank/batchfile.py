@@ -30,10 +30,12 @@ from typing import IO, Any
 from .backends.factory import resolve_embedder
 from .errors import BackendError, InputError, RerankError, Violation
 from .guard.input import duplicate_keys_message, json_problem, loads_line
+from .guard.limits import load_limits
 from .models import RerankResult
 from .options import SCORING_OPTIONS
 from .redaction import display_url, scrub
 from .runconfig import config_difference, embedder_server
+from .textio import violation_lines
 from .wording import near_miss
 
 EXIT_OK, EXIT_BAD_INPUT, EXIT_BACKEND, EXIT_INTERNAL = 0, 2, 3, 4
@@ -105,7 +107,6 @@ def error_kind(exc: Exception) -> str:
 
 def error_record(exc: Exception, secrets: Sequence[str | None]) -> dict[str, Any]:
     if isinstance(exc, InputError):
-        from .textio import violation_lines
 
         # One numbering: the record's "line" is the input line; a violation's own line (of a
         # chunks value given as JSONL text inside that line) is left out, its path
@@ -238,7 +239,6 @@ def record_config(options: Mapping[str, Any]) -> dict[str, Any]:
     how long it waits (concurrency, the engine and workers, the deadline, a cross-encoder's device
     and batch size), which a resumed run may change. JSON values only, as they read back.
     """
-    from .guard.limits import load_limits
 
     backend = options.get("backend", "local")
     embedder = resolve_embedder(options.get("embedder", "lexical"), backend, options.get("base_url"))

@@ -37,13 +37,17 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .backends.base import Backend
+from .backends.factory import make_backend
+from .concurrency import check_concurrency
+from .embed import get_embedder
 from .errors import BackendError, EmbedderError, InputError, Violation
-from .fusion import MetaFusion, check_embed_meta_fields, meta_fusion, meta_values, with_embedded_meta
+from .fusion import MetaFusion, check_embed_meta_fields, fuse, meta_fusion, meta_values, with_embedded_meta
 from .guard import validate_request
 from .guard.input import ChunkSource, duplicate_threshold_violations
 from .guard.limits import Limits, as_limits
 from .models import Dropped, Ranked, RerankRequest, RerankResult, RunMeta, add_usage
 from .options import Options
+from .postpass import postpass
 from .redaction import scrub, secrets_of
 from .render import render
 from .retry import Outcome, RetryPolicy
@@ -113,7 +117,6 @@ class Setup:
     backend_name: str
     embedder: Any
     api_key: str | None = field(default=None, repr=False)
-    make_local: Callable[[Any], Backend] | None = field(default=None, repr=False)
 
 
 # --------------------------------------------------------------------------- planning
@@ -162,8 +165,6 @@ class Plan:
 def check_options(options: Options) -> None:
     """The options that are wrong whatever the request: each an `InputError` of its own, before
     the request is read (as `rerank()` always reported them)."""
-    from .concurrency import check_concurrency
-
     if options.fallback not in (None, "local"):
         raise InputError([Violation(path="fallback", value=options.fallback,
                                     message=f"fallback must be None or 'local', got {options.fallback!r}")])
@@ -270,8 +271,6 @@ def _falls_back(plan: Plan, error: BaseException) -> bool:
 
 def _offline(plan: Plan, error: EmbedderError) -> Plan:
     """`plan` with the lexical embedder in place of the one that failed, and why (for meta.notes)."""
-    from .embed import get_embedder
-
     if plan.embedder_note is not None:
         return plan
     summary = failure_summary(error, plan.setup.api_key)
@@ -283,10 +282,6 @@ def _offline(plan: Plan, error: EmbedderError) -> Plan:
 
 def _local(plan: Plan) -> Backend:
     """The local backend scoring with `plan`'s embedder: the fallback's scorer."""
-    if plan.setup.make_local is not None:
-        return plan.setup.make_local(plan.embedder)
-    from .backends.factory import make_backend
-
     return make_backend("local", embedder=plan.embedder)
 
 
@@ -358,9 +353,6 @@ def _postpass_step(plan: Plan, obj: Mapping[str, Any], view: RerankRequest, fall
 
 
 def _postpass(plan: Plan, obj: Mapping[str, Any], view: RerankRequest) -> RerankResult:
-    from .fusion import fuse
-    from .postpass import postpass
-
     ranked, dropped = _ranked_and_dropped(obj)
     if plan.fusion is not None and plan.meta_values is not None:
         ranked, dropped = fuse(ranked, dropped, plan.meta_values, plan.fusion, plan.limits.min_score)

@@ -26,8 +26,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
+from .api import rerank
 from .errors import InputError, MissingDependencyError, RerankError
+from .guard import parse_chunks, validate_request
+from .guard.output import judge
+from .guard.repair import repair_output
 from .paths import golden_dir
+from .render import extract_chunk_lines, render
 from .wording import counted
 
 KINDS = ("render", "check", "rerank")
@@ -143,7 +148,6 @@ def _expect_input_error(case: GoldenCase, call: Callable[[], Any]) -> list[str]:
 
 def _render_invariants(request: Any, prompt: str) -> list[str]:
     """What must hold for every prompt, whatever the caller's text: the injection-safety contract."""
-    from .render import extract_chunk_lines
 
     out: list[str] = []
     for tag in ("<task>", "</task>", "<chunks>", "</chunks>", "<query>", "</query>"):
@@ -165,8 +169,6 @@ def _render_invariants(request: Any, prompt: str) -> list[str]:
 
 
 def _run_render(case: GoldenCase) -> list[str]:
-    from .guard import validate_request
-    from .render import render
 
     d = case.data
     args = (d["query"], _chunks_source(d["chunks"]), d.get("top_k"), d.get("lambda"))
@@ -203,9 +205,6 @@ def _first_difference(got: str, want: str, name: str) -> str:
 
 
 def _run_check(case: GoldenCase) -> list[str]:
-    from .guard import parse_chunks
-    from .guard.output import judge
-    from .guard.repair import repair_output
 
     d = case.data
     if d["expect"] not in ("valid", "invalid"):
@@ -244,7 +243,6 @@ def _run_check(case: GoldenCase) -> list[str]:
 
 
 def _run_rerank(case: GoldenCase) -> list[str]:
-    from .api import rerank
 
     d = case.data
     if not isinstance(d.get("options", {}), dict):

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import InputError, MissingDependencyError, Violation
+from .guard.input import not_utf8, utf16_hint
 
 
 @dataclass(frozen=True)
@@ -44,7 +45,6 @@ def read_candidates(path: str | Path) -> list[CandidateQuery]:
     try:
         text = data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
-        from .guard.input import not_utf8
 
         line = data[: exc.start].count(b"\n") + 1
         raise InputError([Violation(path="candidates", line=line,
@@ -154,7 +154,6 @@ def _read_judgments(path: str | Path, option: str, expected: str) -> str:
     try:
         text = data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
-        from .guard.input import utf16_hint
 
         line = data[: exc.start].count(b"\n") + 1
         msg = (f"{path} is not a text file (byte {exc.start} is not UTF-8){utf16_hint(data)}; "

@@ -28,6 +28,9 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from .backends.common import base_url_problem
+from .backends.factory import BACKENDS, unused_option_violations
+from .embed import parse_embedder_spec
 from .errors import InputError, MissingDependencyError, Violation
 from .redaction import scrub, secrets_of
 from .session import SessionCache
@@ -82,9 +85,6 @@ def _misspelt_names(env: Mapping[str, str]) -> list[Violation]:
 
 def _check_options(options: Mapping[str, str]) -> list[Violation]:
     """Names and shapes only: no model is loaded and no server contacted (an MCP host waits on start-up)."""
-    from .backends.common import base_url_problem
-    from .backends.factory import BACKENDS
-    from .embed import parse_embedder_spec
 
     problems: list[Violation] = []
     backend = options.get("backend")
@@ -110,7 +110,6 @@ def _check_options(options: Mapping[str, str]) -> list[Violation]:
 def _missing_settings(options: Mapping[str, str], env: Mapping[str, str]) -> list[Violation]:
     """A backend that cannot run without a setting the environment does not give: every tool call
     of the session would fail, naming a CLI flag (`--model`) the operator cannot pass."""
-    from .backends.factory import unused_option_violations
 
     backend = options.get("backend")
     # RAG_RERANK_MODEL=gpt-4o-mini without RAG_RERANK_BACKEND=openai: every call would rank with the

@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from .embed.lexical import LexicalEmbedder
 from .errors import MissingDependencyError
 from .judgments import ir_measures_module
 
@@ -70,7 +71,6 @@ def novelty_ndcg(qrels: Sequence[Any], orders: Mapping[str, Sequence[str]],
     embedder's cosine at or above its threshold, the same for every system compared. `lexical`
     may be a memoised `LexicalEmbedder`, so that scoring several orders of the same candidates
     embeds each text once."""
-    from .embed.lexical import LexicalEmbedder
 
     lexical = lexical or LexicalEmbedder()
     judged = _judged_gains(qrels)

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from .errors import UsageError, Violation, whole_argument_first
+from .guard.input import not_utf8
 
 # A junk file can break the contract on every one of its lines; past this many, more lines only
 # bury the first ones (usually the same mistake repeated) and make a terminal or a CI log unreadable.
@@ -62,7 +63,6 @@ def read_text(source: str, what: str = "chunks") -> str:
         return data.decode("utf-8-sig")  # a BOM (Windows editors) is not part of the content
     except UnicodeDecodeError as exc:
         line = data[: exc.start].count(b"\n") + 1
-        from .guard.input import not_utf8
 
         raise UsageError(f"{name}: line {line}: {not_utf8(data, exc)}") from None
 

@@ -25,6 +25,7 @@ from .common import (
     classify_sdk_error,
     feedback_text,
     generation_schema,
+    http_client,
     request_timeout,
     resolve_credentials,
     usage_dict,
@@ -124,10 +125,12 @@ class AnthropicBackend(ClosableBackend):
         return f"AnthropicBackend(model={self.model!r}, base_url={display_url(self.base_url)!r})"
 
     def _make_sync(self) -> Any:
-        return _sdk().Anthropic(**self._client_kwargs())
+        sdk = _sdk()
+        return sdk.Anthropic(**self._client_kwargs(), http_client=http_client(sdk))
 
     def _make_async(self) -> Any:
-        return _sdk().AsyncAnthropic(**self._client_kwargs())
+        sdk = _sdk()
+        return sdk.AsyncAnthropic(**self._client_kwargs(), http_client=http_client(sdk, asynchronous=True))
 
     def _client_kwargs(self) -> dict[str, Any]:
         kw: dict[str, Any] = {"api_key": self._key, "timeout": self.timeout, "max_retries": 0}

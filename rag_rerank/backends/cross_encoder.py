@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from ..embed.sentence_transformers import model_folder_problem, quiet_loading
 from ..errors import InputError, MissingDependencyError, Violation
 from ..models import RerankRequest
 from .base import Completion
@@ -60,7 +61,6 @@ def load_cross_encoder(model: str, device: str | None = "cpu", max_length: int |
         except ImportError:
             raise MissingDependencyError("the cross-encoder backend", "cross-encoder",
                                          "sentence-transformers") from None
-        from ..embed.sentence_transformers import model_folder_problem
 
         if problem := model_folder_problem(model):
             raise _model_error(model, f"cannot load cross-encoder model {model!r}: {problem}")
@@ -92,7 +92,6 @@ def load_cross_encoder(model: str, device: str | None = "cpu", max_length: int |
 
 def _load(cls: Any, target: str, device: str | None, max_length: int | None, *,
           local_files_only: bool) -> Any:
-    from ..embed.sentence_transformers import quiet_loading
 
     with quiet_loading():
         return cls(target, device=device, max_length=max_length, local_files_only=local_files_only)

@@ -48,6 +48,8 @@ from typing import Any
 
 import numpy as np
 
+from ..embed import CallerVectors, get_embedder
+from ..embed.static import StaticEmbedder, embed_and_match
 from ..errors import Violation
 from ..models import RerankRequest
 from .base import Completion
@@ -190,7 +192,6 @@ class LocalBackend:
 
     def __init__(self, embedder: Any = "lexical", *, fusion: Fusion | None = None,
                  bm25: Bm25 = DEFAULT_BM25) -> None:
-        from ..embed import CallerVectors, get_embedder
 
         self.embedder = get_embedder(embedder)
         if isinstance(self.embedder, CallerVectors):
@@ -210,7 +211,6 @@ class LocalBackend:
                 ranks: Sequence[int] | None = None) -> Signals:
         """The fusion's features of each text for `query`, `texts` in first-stage order (or at
         first-stage positions `ranks`); `lexical` is `lexical_scores`' answer when already known."""
-        from ..embed.static import StaticEmbedder, embed_and_match
 
         lex = (lexical or lexical_scores(query, texts, self.bm25))[0]
         if not texts:

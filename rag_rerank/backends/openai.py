@@ -36,6 +36,7 @@ from .common import (
     classify_sdk_error,
     error_message,
     feedback_text,
+    http_client,
     is_transient_status,
     request_timeout,
     resolve_credentials,
@@ -169,10 +170,12 @@ class OpenAIBackend(ClosableBackend):
 
     # --- clients -----------------------------------------------------------------------------
     def _make_sync(self) -> Any:
-        return _sdk().OpenAI(**self._client_kwargs())
+        sdk = _sdk()
+        return sdk.OpenAI(**self._client_kwargs(), http_client=http_client(sdk))
 
     def _make_async(self) -> Any:
-        return _sdk().AsyncOpenAI(**self._client_kwargs())
+        sdk = _sdk()
+        return sdk.AsyncOpenAI(**self._client_kwargs(), http_client=http_client(sdk, asynchronous=True))
 
     def _client_kwargs(self) -> dict[str, Any]:
         return {"api_key": self._key, "base_url": self.base_url, "timeout": self.timeout, "max_retries": 0}

@@ -45,6 +45,7 @@ from .common import (
     is_transient_status,
     resolve_credentials,
     retry_after_seconds,
+    shared_ssl_context,
     unreachable_reason,
 )
 from .scored import SCORE_DECIMALS, answer, labelled
@@ -144,10 +145,11 @@ class RerankAPIBackend(ClosableBackend):
                 "Accept": "application/json"}
 
     def _make_sync(self) -> Any:
-        return _httpx().Client(timeout=self.timeout, headers=self._headers())
+        return _httpx().Client(timeout=self.timeout, headers=self._headers(), verify=shared_ssl_context())
 
     def _make_async(self) -> Any:
-        return _httpx().AsyncClient(timeout=self.timeout, headers=self._headers())
+        return _httpx().AsyncClient(timeout=self.timeout, headers=self._headers(),
+                                    verify=shared_ssl_context())
 
     def payload(self, request: RerankRequest) -> tuple[dict[str, Any], int]:
         """The request body and how many documents were cut to `max_chars`."""

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from ..backends.common import error_message, http_client, is_transient_status, unreachable_reason
 from ..errors import Attempt, EmbedderError, InputError, Violation
 from ..redaction import display_url, scrub, secrets_of
 from ..wording import counted
@@ -90,7 +91,8 @@ class OpenAIEmbedder:
                 key = "unused"  # local OpenAI-compatible servers ignore it, the SDK insists on one
             self._client.append(
                 openai.OpenAI(
-                    base_url=base_url, api_key=key, timeout=self.timeout, max_retries=self.max_retries
+                    base_url=base_url, api_key=key, timeout=self.timeout, max_retries=self.max_retries,
+                    http_client=http_client(openai),
                 )
             )
         return self._client[0]
@@ -156,8 +158,6 @@ class OpenAIEmbedder:
         """An SDK error (after the SDK's own `max_retries`) as an `EmbedderError`: the HTTP status and
         the server's own message, and for an endpoint the server does not have, what to do instead."""
         import openai
-
-        from ..backends.common import error_message, is_transient_status, unreachable_reason
 
         if isinstance(exc, openai.APIStatusError):
             status = int(exc.status_code)

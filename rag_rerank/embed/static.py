@@ -27,6 +27,8 @@ from pathlib import Path
 
 import numpy as np
 
+from .units import WORD, clean_word, kind, reads_foreign, split_word
+
 TABLE = Path(__file__).with_name("static_minilm.npz")
 MAX_TOKENS = 512  # model2vec's default truncation for this table
 _MAX_WORD_CHARS = 100  # BERT: a longer "word" is one unknown token
@@ -200,7 +202,6 @@ OOV_BASE = 1 << 40
 
 
 def _has_foreign(word: str) -> bool:
-    from .units import kind
 
     return any(kind(ch) for ch in word)
 
@@ -235,7 +236,6 @@ def _foreign_ids(word: str) -> tuple[int, ...]:
 def _foreign_word_ids(word: str) -> tuple[int, ...]:
     """Ids of one word holding non-Latin letters: a hashed id per matching unit, WordPiece ids for
     a Latin stretch inside it ("linux" in "如何在linux上")."""
-    from .units import clean_word, split_word
 
     cleaned = clean_word(word)
     out: list[int] = []
@@ -255,7 +255,6 @@ def token_ids(text: str) -> list[int]:
     white-space-separated run: a run recurs across texts, so most cost one dictionary lookup), and
     hashed units for words in scripts it cannot (see `OOV_BASE`), in reading order, when those
     scripts dominate the text (`embed.units.reads_foreign`)."""
-    from .units import WORD, reads_foreign
 
     ids: list[int] = []
     if text.isascii() or not reads_foreign(text):
