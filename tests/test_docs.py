@@ -85,8 +85,8 @@ def test_every_code_fence_is_closed() -> None:
 def test_the_marked_examples_are_the_ones_expected() -> None:
     """A marker lost in an edit would silently stop an example from running."""
     names = sorted(name for name, _ in examples())
-    assert names == ["dropped-reasons.md:reasons", "library.md:library", "postpass.md:postpass",
-                     "scorers.md:embed_meta_fields", "windows.md:window-progress",
+    assert names == ["dropped-reasons.md:reasons", "library.md:library", "library.md:session",
+                     "postpass.md:postpass", "scorers.md:embed_meta_fields", "windows.md:window-progress",
                      "windows.md:windows"], names
 
 
