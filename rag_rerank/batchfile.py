@@ -30,7 +30,7 @@ from typing import IO, Any
 from .backends.factory import resolve_embedder
 from .errors import BackendError, InputError, RerankError, Violation
 from .guard.input import duplicate_keys_message, json_problem, loads_line
-from .guard.limits import load_limits
+from .guard.limits import as_limits, load_limits
 from .models import RerankResult
 from .options import SCORING_OPTIONS
 from .redaction import display_url, scrub
@@ -261,9 +261,13 @@ def record_config(options: Mapping[str, Any]) -> dict[str, Any]:
     knobs = {k: v for k, v in (options.get("backend_options") or {}).items() if k not in SPEED_KNOBS}
     if knobs:
         config["backend_options"] = knobs
-    for name in SCORING_OPTIONS:  # the metadata options: they change which chunks rank first
+    # The metadata options change which chunks rank first, the duplicate threshold and the minimum
+    # score which are kept: recorded when set.
+    for name in (*SCORING_OPTIONS, "duplicate_threshold"):
         if options.get(name) is not None:
             config[name] = options[name]
+    if options.get("limits") is not None:
+        config["min_score"] = as_limits(options["limits"]).min_score
     result: dict[str, Any] = json.loads(json.dumps(config))  # lists, not tuples: as the file reads back
     return result
 

@@ -412,3 +412,28 @@ def test_rerank_reads_chinese_chunks_and_quotes_the_shared_words(tmp_path: Path,
     assert [r["id"] for r in obj["ranked"]] == ["答案"]
     assert "磁盘空间" in obj["ranked"][0]["reason"]
     assert obj["dropped"][0]["id"] == "菜" and obj["dropped"][0]["reason"].startswith("below_min_score")
+
+
+def test_min_score_and_duplicate_threshold_flags(tmp_path: Path, capsys) -> None:
+    """`--min-score` raises the bar (a chunk at or below it is dropped as below_min_score, as
+    `limits={"min_score": x}` does) and `--duplicate-threshold` reaches the post-pass; a value
+    outside [0, 1] is a usage error naming the flag."""
+    path = _happy(tmp_path)
+    assert main(["rerank", "-q", QUERY, "-c", str(path), "--min-score", "0.5"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    lib = rerank(QUERY, path.read_text(encoding="utf-8"), limits={"min_score": 0.5})
+    assert out == lib.to_dict() and all(r["score"] > 0.5 for r in out["ranked"])
+    assert any(d["reason"].startswith("below_min_score") and float(d["reason"].split()[-1]) > 0.2
+               for d in out["dropped"])
+    copies = tmp_path / "copies.jsonl"
+    copies.write_text('{"id": "a", "text": "IVF is preferred when index memory is constrained."}\n'
+                      '{"id": "b", "text": "IVF is preferred when the index memory is constrained."}\n',
+                      encoding="utf-8")
+    assert main(["rerank", "-q", QUERY, "-c", str(copies)]) == 0
+    dropped = json.loads(capsys.readouterr().out)["dropped"]
+    assert any(d["reason"].startswith("redundant_with:") for d in dropped)
+    assert main(["rerank", "-q", QUERY, "-c", str(copies), "--duplicate-threshold", "1.0"]) == 0
+    assert len(json.loads(capsys.readouterr().out)["ranked"]) == 2
+    for flag in ("--min-score", "--duplicate-threshold"):
+        assert main(["rerank", "-q", QUERY, "-c", str(path), flag, "1.5"]) == 2
+        assert f"{flag} must be a number in [0, 1], got 1.5" in capsys.readouterr().err

@@ -38,6 +38,7 @@ from .common import (
     add_pipeline_args,
     add_window_args,
     meta_options,
+    pipeline_options,
     run_options,
     whole_number,
 )
@@ -74,8 +75,8 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--workers and --ray-address need --engine ray")
     if args.workers is not None and args.workers < 1:
         raise UsageError(f"--workers must be at least 1, got {args.workers}")
-    return run_batch(args, backend_options={**run_options(args), "layout": args.layout,
-                                                "strict": args.strict, **meta_options(args)})
+    options = {**run_options(args), **pipeline_options(args), **meta_options(args)}
+    return run_batch(args, backend_options=options)
 
 
 

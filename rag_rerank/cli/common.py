@@ -116,11 +116,30 @@ def add_window_args(p: argparse.ArgumentParser, concurrency: bool = False) -> No
 
 
 def add_pipeline_args(p: argparse.ArgumentParser) -> None:
-    """Options of `rerank` / `batch` only: the post-pass layout and strict parsing."""
+    """Options of `rerank` / `batch` only: the post-pass layout, strict parsing, the duplicate
+    threshold and the minimum score."""
     p.add_argument("--layout", default="mmr", choices=["mmr", "diversity", "lost_in_the_middle"],
                    help="order of the kept chunks (default: mmr)")
     p.add_argument("--strict", action="store_true",
                    help="no formatting repair: a fenced or prose-wrapped answer is re-asked, not salvaged")
+    p.add_argument("--duplicate-threshold", type=float, default=None, metavar="COSINE",
+                   help="near-duplicate similarity in [0, 1] at or above which two chunks may be redundant "
+                   "(default: the embedder's own; 1.0 keeps all but identical ones)")
+    p.add_argument("--min-score", type=float, default=None, metavar="SCORE",
+                   help="a chunk scored at or below it is dropped as below_min_score (default 0.2)")
+
+
+def pipeline_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The library options of `add_pipeline_args`' flags (unset ones keep the library's defaults)."""
+    opts: dict[str, Any] = {"layout": args.layout, "strict": args.strict}
+    for flag, value in (("--duplicate-threshold", args.duplicate_threshold), ("--min-score", args.min_score)):
+        if value is not None and not (math.isfinite(value) and 0 <= value <= 1):
+            raise UsageError(f"{flag} must be a number in [0, 1], got {value:g}")
+    if args.duplicate_threshold is not None:
+        opts["duplicate_threshold"] = args.duplicate_threshold
+    if args.min_score is not None:
+        opts["limits"] = {"min_score": args.min_score}
+    return opts
 
 
 def add_meta_args(p: argparse.ArgumentParser) -> None:

@@ -22,6 +22,7 @@ from .common import (
     err,
     indent_width,
     meta_options,
+    pipeline_options,
     run_options,
 )
 
@@ -47,8 +48,8 @@ def run(args: argparse.Namespace) -> int:
     bar = _window_bar() if getattr(args, "window_size", None) else None
     token = WINDOW_PROGRESS.set(bar.update if bar is not None else None)
     try:
-        result = rerank(args.query, read_text(args.chunks), args.top_k, args.lambda_, layout=args.layout,
-                        strict=args.strict, concurrency=args.concurrency, **run_options(args),
+        result = rerank(args.query, read_text(args.chunks), args.top_k, args.lambda_,
+                        concurrency=args.concurrency, **pipeline_options(args), **run_options(args),
                         **meta_options(args))
     finally:
         WINDOW_PROGRESS.reset(token)
