@@ -538,13 +538,31 @@ def test_refused_input_raises_input_error_and_nothing_else(case: Invalid) -> Non
     assert out.get("error", {}).get("type") == "invalid_input", f"{kind}: {out}"
 
 
-@one_bug
-@given(requests())
-def test_checker_rejects_a_broken_result(req: Req) -> None:
-    """The checker itself can fail: a result that loses an id, ranks one twice or scores at the
-    minimum is reported, so a green run of the tests above means the promises were checked."""
-    ranked = [{"id": req.chunks[0]["id"], "score": req.floor}]
-    assert violations({"ranked": ranked, "dropped": []}, req.chunks, req.top_k, req.floor)
-    twice = {"ranked": [{"id": c["id"], "score": 1.0} for c in req.chunks],
-             "dropped": [{"id": req.chunks[0]["id"], "reason": "not_selected"}]}
-    assert violations(twice, req.chunks, len(req.chunks), 0.0)
+@pytest.mark.parametrize(("ranked", "dropped", "expected"), [
+    ([("a", 0.9)], [("b", "not_selected")], "missing"),
+    ([("a", 0.9), ("b", 0.8), ("c", 0.7)], [("a", "not_selected")], "more than once"),
+    ([("a", 0.9), ("b", 0.8), ("c", 0.7), ("d", 0.6)], [], "more than top_k"),
+    ([("a", 0.2)], [("b", "x"), ("c", "x"), ("d", "x")], "not above the minimum"),
+    ([("a", 1.5)], [("b", "x"), ("c", "x"), ("d", "x")], "not a finite number in [0, 1]"),
+    ([("a", float("nan"))], [("b", "x"), ("c", "x"), ("d", "x")], "not a finite number in [0, 1]"),
+    ([("A", 0.9)], [("b", "x"), ("c", "x"), ("d", "x")], "not, byte for byte, an input id"),
+    ([("a", 0.9)], [("b", "redundant_with:c"), ("c", "x"), ("d", "x")], "does not name a ranked id"),
+    ([("a", 0.9), ("c", 0.8)], [("b", "x"), ("d", "x")], "are copies"),
+    ([("b", 0.9), ("d", 0.8)], [("a", "x"), ("c", "x")], "near-duplicates"),
+])
+def test_checker_rejects_a_broken_result(ranked: list[tuple[str, float]], dropped: list[tuple[str, str]],
+                                         expected: str) -> None:
+    """The checker itself can fail: each broken promise is reported, so a green run of the tests
+    above means the promises were checked, not that the checker was blind."""
+    chunks = [{"id": "a", "text": "Bluetooth pairing is fairly secure."},
+              {"id": "b", "text": "IVF uses less memory than HNSW, so prefer it when RAM is constrained."},
+              {"id": "c", "text": "bluetooth  PAIRING is fairly secure!"},  # a copy of a
+              {"id": "d", "text": "IVF uses less memory than HNSW; prefer it when memory is constrained."}]
+    result = {"ranked": [{"id": i, "score": s} for i, s in ranked],
+              "dropped": [{"id": i, "reason": r} for i, r in dropped]}
+    found = violations(result, chunks, 3)
+    assert any(expected in v for v in found), found
+    clean = {"ranked": [{"id": "a", "score": 0.9}, {"id": "b", "score": 0.8}],
+             "dropped": [{"id": "c", "reason": "redundant_with:a"},
+                         {"id": "d", "reason": "redundant_with:b"}]}
+    assert violations(clean, chunks, 3) == []

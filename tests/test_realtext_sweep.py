@@ -267,9 +267,10 @@ def test_real_text_never_raises_and_keeps_the_contract_lexical() -> None:
 @pytest.mark.st
 def test_real_text_never_raises_and_keeps_the_contract_sentence_transformers() -> None:
     """The same with `embedder="sentence-transformers"` (the local backend then also scores with
-    MiniLM, quoting sentences it finds closest in meaning). Embedding on 2 CPU cores is the cost
-    (about 4 CPU-seconds per DL19 query at depth 50, 3 of the 4 minutes this test takes), so every
-    DL19 query is still run at depths 10/20/50 and only the extras are reduced: depth 100 in
+    MiniLM, quoting sentences it finds closest in meaning). Embedding is the cost: about 4
+    CPU-seconds per DL19 query at depth 50 (the shallower calls hit the embedding cache); the test
+    takes about 4.5 minutes on 2 cores, 3 of them the DL19 part. So every DL19 query is still run
+    at depths 10/20/50 and only the extras are reduced: depth 100 in
     windows for 4 DL19 queries, 6 SciFact queries, 6 AMBIENT topics; clough-stevenson and the
     multilingual set in full."""
     pytest.importorskip("sentence_transformers")
