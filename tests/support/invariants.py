@@ -1,0 +1,124 @@
+"""The contract every final result must keep, as one checker shared by the property tests and the
+real-text sweep.
+
+Why a list of violations instead of asserts: the sweep runs hundreds of calls and must report
+every failing one in a single assertion message, and a property test's failure message should
+name every broken promise of the shrunk example, not only the first.
+
+The promises (docs/contract.md, DESIGN.md "Contract"):
+
+* every ranked / dropped id is, byte for byte, an input id, and every input id appears exactly
+  once in ranked ∪ dropped;
+* len(ranked) <= top_k;
+* every ranked score is a finite number in [0, 1] and strictly above the minimum score in force;
+* no two ranked chunks are near-duplicates, and a dropped `redundant_with:<id>` names a ranked id.
+
+"Near-duplicate" is judged two ways. Independently of the library: two texts with the same words
+after NFKC and case folding are copies of one fact whatever their spacing, punctuation or Unicode
+form. And by the library's own definition (DESIGN.md: near-duplicates are judged on lexical
+vectors whatever the embedder): the lexical embedder's cosine at or above its duplicate threshold
+(plus a 1e-9 tolerance, so float noise between two matrix products cannot raise a false alarm).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import re
+import unicodedata
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from rag_rerank.models import RerankResult
+
+REDUNDANT = "redundant_with:"
+TOLERANCE = 1e-9
+_WORD = re.compile(r"\w+")
+
+Chunk = Mapping[str, Any]
+
+
+def entries(result: RerankResult | Mapping[str, Any]) -> tuple[list[tuple[Any, Any]], list[tuple[Any, Any]]]:
+    """(ranked (id, score) pairs, dropped (id, reason) pairs) of a `RerankResult` or of its
+    `to_dict()` form (what `call_tool` returns), so every surface is checked by one function."""
+    if isinstance(result, RerankResult):
+        return [(r.id, r.score) for r in result.ranked], [(d.id, d.reason) for d in result.dropped]
+    ranked = [(r.get("id"), r.get("score")) for r in result.get("ranked", [])]
+    dropped = [(d.get("id"), d.get("reason")) for d in result.get("dropped", [])]
+    return ranked, dropped
+
+
+def fingerprint(text: str) -> str:
+    """A text's words after NFKC and case folding: equal fingerprints mean the same words in the
+    same order, i.e. a copy, whatever the spacing, punctuation, case or Unicode form."""
+    return " ".join(_WORD.findall(unicodedata.normalize("NFKC", text).casefold()))
+
+
+def _lexical_pairs(texts: Sequence[str]) -> list[tuple[int, int, float]]:
+    """Pairs (i, j, cosine) of `texts` the lexical embedder calls near-duplicates."""
+    import numpy as np
+
+    from rag_rerank.embed import embed_texts, get_embedder
+
+    if len(texts) < 2:
+        return []
+    lexical = get_embedder("lexical")
+    vectors = np.asarray(embed_texts(lexical, list(texts)), dtype=np.float64)
+    sims = vectors @ vectors.T
+    threshold = float(lexical.duplicate_threshold)
+    return [(i, j, float(sims[i, j])) for i, j in itertools.combinations(range(len(texts)), 2)
+            if sims[i, j] >= threshold + TOLERANCE]
+
+
+def violations(result: RerankResult | Mapping[str, Any], chunks: Sequence[Chunk], top_k: int,
+               min_score: float = 0.2) -> list[str]:
+    """Every way `result` breaks the contract for these input `chunks` ({"id", "text"} records)."""
+    out: list[str] = []
+    ranked, dropped = entries(result)
+    inputs = [c["id"] for c in chunks]
+    text_of = {c["id"]: c["text"] for c in chunks}
+    known = set(inputs)
+    seen = [cid for cid, _ in ranked] + [cid for cid, _ in dropped]
+    for cid in seen:
+        if not isinstance(cid, str) or cid not in known:
+            out.append(f"id {cid!a} is not, byte for byte, an input id")
+    counts = Counter(c for c in seen if isinstance(c, str))
+    missing = [c for c in inputs if counts[c] == 0]
+    twice = sorted(c for c, n in counts.items() if n > 1)
+    if missing:
+        out.append(f"input ids missing from ranked and dropped: {missing[:5]!a}"
+                   + (f" and {len(missing) - 5} more" if len(missing) > 5 else ""))
+    if twice:
+        out.append(f"ids appearing more than once: {twice[:5]!a}")
+    if len(ranked) > top_k:
+        out.append(f"{len(ranked)} ranked, more than top_k={top_k}")
+    for cid, score in ranked:
+        ok_type = isinstance(score, (int, float)) and not isinstance(score, bool)
+        if not ok_type or not math.isfinite(score) or not 0.0 <= score <= 1.0:
+            out.append(f"ranked {cid!a}: score {score!r} is not a finite number in [0, 1]")
+        elif not score > min_score:
+            out.append(f"ranked {cid!a}: score {score!r} is not above the minimum score {min_score!r}")
+    ranked_ids = {cid for cid, _ in ranked}
+    for cid, reason in dropped:
+        if not isinstance(reason, str) or not reason.strip():
+            out.append(f"dropped {cid!a}: reason {reason!r} is not a non-empty string")
+        elif reason.startswith(REDUNDANT) and reason[len(REDUNDANT):] not in ranked_ids:
+            out.append(f"dropped {cid!a}: {reason!a} does not name a ranked id")
+    kept = [cid for cid, _ in ranked if cid in text_of]
+    prints: dict[str, str] = {}
+    for cid in kept:
+        fp = fingerprint(text_of[cid])
+        if fp and fp in prints:
+            out.append(f"ranked {prints[fp]!a} and {cid!a} are copies (same words: {fp[:60]!a})")
+        prints.setdefault(fp, cid)
+    for i, j, cos in _lexical_pairs([text_of[c] for c in kept]):
+        out.append(f"ranked {kept[i]!a} and {kept[j]!a} are near-duplicates (lexical cosine {cos:.3f})")
+    return out
+
+
+def assert_contract(result: RerankResult | Mapping[str, Any], chunks: Sequence[Chunk], top_k: int,
+                    min_score: float = 0.2) -> None:
+    """Fail with every broken promise at once (see `violations`)."""
+    problems = violations(result, chunks, top_k, min_score)
+    assert not problems, "contract broken:\n  " + "\n  ".join(problems)
