@@ -37,11 +37,9 @@ hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import Phase, given, note, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from rag_rerank import rerank  # noqa: E402
-from rag_rerank.batch import arerank_many  # noqa: E402
+from rag_rerank import arerank, arerank_many, rerank  # noqa: E402
 from rag_rerank.errors import InputError, RerankError  # noqa: E402
 from rag_rerank.models import RerankResult  # noqa: E402
-from rag_rerank.rerank import arerank  # noqa: E402
 from rag_rerank.retry import RetryPolicy  # noqa: E402
 from rag_rerank.tools import call_tool  # noqa: E402
 from tests.support.fake_llm import FakeLLM, RecordedRequest, Reply  # noqa: E402

@@ -33,7 +33,7 @@ from typing import Any
 
 import pytest
 
-from rag_rerank import rerank
+from rag_rerank import Reranker
 from tests.support.invariants import violations
 from tests.support.shared_data import data_dir, require
 
@@ -72,12 +72,20 @@ class Sweep:
     seconds: float = 0.0
 
     def run(self, calls: Iterable[Call], embedder: str) -> None:
+        """Every call through one `Reranker` session, as a service would run them: its embedder
+        (and its memo of vectors) serves them all. The one-shot `rerank()` is the same engine on a
+        session of its own (tests/test_characterisation.py, tests/test_invariants.py)."""
         started = time.perf_counter()
+        with Reranker(embedder=embedder) as session:
+            self._run(session, calls)
+        self.seconds += time.perf_counter() - started
+
+    def _run(self, session: Reranker, calls: Iterable[Call]) -> None:
         for call in calls:
             self.calls += 1
             try:
-                result = rerank(call.query, list(call.chunks), top_k=call.top_k, window_size=call.window_size,
-                                embedder=embedder)
+                result = session.rerank(call.query, list(call.chunks), call.top_k,
+                                        window_size=call.window_size)
             except Exception as exc:  # every exception is a failure to report, whatever its type
                 first = str(exc).splitlines()[0] if str(exc) else ""
                 self.kinds[f"{type(exc).__name__}: {_gist(first)}"] += 1
@@ -86,7 +94,6 @@ class Sweep:
             for problem in violations(result, call.chunks, call.top_k):
                 self.kinds[f"contract: {_gist(problem)}"] += 1
                 self.failures.append(f"{call.where}: contract: {problem}")
-        self.seconds += time.perf_counter() - started
 
     def check(self) -> None:
         """Fail once, with the summary by kind first and then every failing call."""
