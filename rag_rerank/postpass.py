@@ -53,6 +53,7 @@ from .embed import (
 from .errors import InputError, Violation
 from .guard.limits import load_limits
 from .models import Dropped, Ranked, RerankRequest, RerankResult, RunMeta
+from .redundancy import redundancy, rules_for
 
 LAYOUTS = ("mmr", "diversity", "lost_in_the_middle")
 REDUNDANT = reasons.REDUNDANT_WITH + ":"
@@ -96,14 +97,19 @@ def select(
     layout: str = "mmr",
     query_sim: np.ndarray | None = None,
     dup_sim: np.ndarray | None = None,
+    duplicate: np.ndarray | None = None,
+    prefer: np.ndarray | None = None,
 ) -> Selection:
     """Greedy selection with near-duplicate grouping (see the module docstring, steps 2-3).
 
-    Invariant: every still-available candidate is below `threshold` against every picked one,
-    because picking a chunk removes everything at or above the threshold against it.
-    `dup_sim` is the similarity that decides near-duplicates (default: `sim`, the MMR one).
+    Invariant: no still-available candidate is a duplicate of a picked one, because picking a
+    chunk removes its duplicates. Duplicates are `duplicate[i, j]` (a judgement, `redundancy.py`)
+    when given, else `dup_sim` (default: `sim`, the MMR one) at or above `threshold`. Of a group of
+    duplicates the one kept is a member that contains others (`prefer[i, j]`: i says all j says and
+    more), else the most concise, then the most relevant.
     """
     dsim = sim if dup_sim is None else dup_sim
+    dup = dsim >= threshold if duplicate is None else duplicate
     n = rel.shape[0]
     available = np.ones(n, dtype=bool)
     max_sim = np.full(n, -np.inf)
@@ -124,10 +130,12 @@ def select(
             score = weighted_rel - (1.0 - lambda_) * max_sim
         score[~available] = -np.inf
         choice = int(np.argmax(score))
-        group = available & (dsim[choice] >= threshold)
+        group = available & dup[choice]
         group[choice] = True
         members = np.flatnonzero(group)
-        keep = int(members[np.lexsort((members, -rel[members], lengths[members]))[0]])
+        contains = (prefer[np.ix_(members, members)].sum(axis=1) if prefer is not None
+                    else np.zeros(len(members), dtype=np.int64))
+        keep = int(members[np.lexsort((members, -rel[members], lengths[members], -contains))[0]])
         if picked:
             rel_masked = np.where(available, rel, -np.inf)
             best = int(np.argmax(rel_masked))
@@ -138,7 +146,7 @@ def select(
             replaced[keep] = choice
         picked.append(keep)
         available[keep] = False
-        dups = available & (dsim[keep] >= threshold)
+        dups = available & dup[keep]
         dups[choice] = dups[choice] or choice != keep
         for j in np.flatnonzero(dups):
             redundant[int(j)] = keep
@@ -258,6 +266,20 @@ def _similarity(vectors: np.ndarray) -> np.ndarray:
     return (s + s.T) * 0.5
 
 
+def _redundancy(texts: list[str], emb_name: str, embedder: Any, vectors: np.ndarray | None,
+                lexical: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """`redundancy.redundancy` over `texts` with the embedder family's sentence vectors: the
+    sentence-transformers model's own (`vectors` when they are of these texts), the static
+    table's for the lexical embedder and any other (its threshold is measured for those)."""
+    family = "sentence-transformers" if emb_name.startswith("sentence-transformers") else "static"
+    if family == "static" or vectors is None:
+        source = get_embedder("static") if family == "static" else get_embedder(embedder)
+        vectors = embed_texts(source, texts)
+    if lexical is None:
+        lexical = _similarity(embed_texts(get_embedder(LEXICAL_NAME), texts))
+    return redundancy(texts, _similarity(vectors), rules_for(family), lexical)
+
+
 def _concise_length(text: str) -> int:
     return len(" ".join(text.split()))
 
@@ -284,12 +306,14 @@ def postpass(
     value above 1 disables de-duplication. `min_score` defaults to the limits' 0.2. Bad
     arguments raise `InputError` naming each one; `meta` holds only the embedder and notes.
 
-    `duplicates_by="text"` (default) decides near-duplicates with the lexical embedder whatever
-    `embedder` drives MMR: on clough-stevenson it separates copied and lightly edited answers
-    from independent ones (bench/duplicates.py), which MiniLM cosine cannot, and a semantic
-    threshold would also throw away distinct passages that merely agree (-0.08 nDCG@10 on DL19).
-    `"embedding"` uses the MMR vectors and the embedder's own threshold. Caller vectors always
-    decide with themselves.
+    `duplicates_by="text"` (default) judges redundancy by what the texts say (`redundancy.py`:
+    never two facts written from one template; a fact restated in other words caught when the
+    embedder family's sentence vectors are close enough), with the static table's vectors for the
+    lexical embedder and any other, and the sentence-transformers model's own for that family.
+    A `duplicate_threshold` given by the caller keeps its old meaning: near-duplicates are the
+    pairs whose lexical vectors' cosine is at or above it. `"embedding"` uses the MMR vectors and
+    the embedder's own threshold. Caller vectors always decide with themselves (cosine at or
+    above `duplicate_threshold`, 0.95 by default).
     """
     problems = _check_args(request, scored, llm_dropped, layout, word_budget, duplicate_threshold, min_score)
     if duplicates_by not in DUPLICATES_BY:
@@ -309,22 +333,26 @@ def postpass(
         request, embedder, layout == "diversity", query_vector
     )
     sim_all = _similarity(vectors)
-    dup_all = sim_all
     # Near-duplicates, conciseness and the word budget are about the chunks' own texts: with
     # `embed_meta_fields` the texts here carry the meta values too, and sibling chunks of one
     # document (one title) would otherwise be judged copies of each other and dropped as redundant.
     own = [request.own_text(c) for c in chunks]
     embedded = request.own_texts is not None
-    if duplicates_by == "text" and emb_name != "caller" and (emb_name != LEXICAL_NAME or embedded):
-        lexical = get_embedder(LEXICAL_NAME)
-        dup_all = _similarity(embed_texts(lexical, own))
-        default_thr = float(lexical.duplicate_threshold)
     threshold = default_thr if duplicate_threshold is None else float(duplicate_threshold)
+    prefer_all: np.ndarray | None = None
+    if emb_name == "caller" or duplicates_by == "embedding":
+        dup_all = sim_all >= threshold
+    elif duplicate_threshold is not None:  # the caller's cosine on lexical vectors, as it always meant
+        lexical = sim_all if (emb_name == LEXICAL_NAME and not embedded) else \
+            _similarity(embed_texts(get_embedder(LEXICAL_NAME), own))
+        dup_all = lexical >= threshold
+    else:
+        dup_all, prefer_all = _redundancy(own, emb_name, embedder, vectors if not embedded else None,
+                                          sim_all if emb_name == LEXICAL_NAME and not embedded else None)
 
     cand = np.array(sorted(index[r.id] for r in scored if r.score > floor), dtype=np.int64)
     rel = np.array([score_of[chunks[i].id].score for i in cand], dtype=np.float64)
     sim = sim_all[np.ix_(cand, cand)]
-    dup_sim = None if dup_all is sim_all else dup_all[np.ix_(cand, cand)]
     lengths = np.array([_concise_length(own[i]) for i in cand], dtype=np.int64)
     q_sim = None
     if q_row is not None:
@@ -338,7 +366,8 @@ def postpass(
         threshold=threshold,
         layout=layout,
         query_sim=q_sim,
-        dup_sim=dup_sim,
+        duplicate=dup_all[np.ix_(cand, cand)],
+        prefer=None if prefer_all is None else prefer_all[np.ix_(cand, cand)],
     )
 
     picked = list(sel.picked)
@@ -374,7 +403,7 @@ def postpass(
             why[i] = reasons.reason(NOT_SELECTED, reasons.score_detail(score))
         else:
             why[i] = _unscored_reason(
-                i, llm_reason.get(chunk.id), chunks, index, kept_of, ranked_set, dup_all, threshold
+                i, llm_reason.get(chunk.id), chunks, index, kept_of, ranked_set, dup_all, sim_all
             )
     dropped = tuple(
         Dropped(id=chunks[i].id, reason=why[i]) for i in range(len(chunks)) if i not in ranked_set
@@ -437,8 +466,8 @@ def _unscored_reason(
     index: dict[str, int],
     kept_of: dict[int, int],
     ranked_set: set[int],
+    dup_all: np.ndarray,
     sim_all: np.ndarray,
-    threshold: float,
 ) -> str:
     """The LLM's own reason when it still holds; otherwise a duplicate of a ranked chunk, or not
     selected. A chunk the model neither ranked nor dropped says so: a bare `not_selected` reads
@@ -453,8 +482,7 @@ def _unscored_reason(
             return REDUNDANT + chunks[kept_of[target]].id
     if ranked_set:
         ranked_idx = np.array(sorted(ranked_set))
-        row = sim_all[i, ranked_idx]
-        best = int(np.argmax(row))
-        if row[best] >= threshold:
-            return REDUNDANT + chunks[int(ranked_idx[best])].id
+        same = ranked_idx[dup_all[i, ranked_idx]]
+        if len(same):  # a duplicate of a ranked chunk: the closest one
+            return REDUNDANT + chunks[int(same[np.argmax(sim_all[i, same])])].id
     return NOT_SELECTED if llm is not None else reasons.reason(NOT_SELECTED, UNSCORED_DETAIL)

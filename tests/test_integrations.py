@@ -123,7 +123,7 @@ def test_named_metadata_of_loader_types_reaches_the_reranker_as_plain_json() -> 
                                "key": "00000000-0000-0000-0000-000000000001", "at": "03:04:00"}
     assert recs[1]["meta"] == {"year": 2024, "title": "b", "rating": 2.5, "key": 12}
     assert type(recs[0]["meta"]["year"]) is int and type(recs[1]["meta"]["rating"]) is float
-    texts = ["Paris is the capital of France", "France has Paris as its capital city"]
+    texts = ["Paris is the capital of France", "Paris has about two million inhabitants"]
     newest = _common.run(SessionCache(), "capital of France", ["old", "new"], texts, 2,
                          {"meta_field": "year", "lambda_": 1.0},
                          [{"year": np.int64(2019)}, {"year": np.int64(2024)}])

@@ -41,6 +41,7 @@ from rag_rerank import arerank, arerank_many, rerank  # noqa: E402
 from rag_rerank.errors import InputError, RerankError  # noqa: E402
 from rag_rerank.models import RerankResult  # noqa: E402
 from rag_rerank.retry import RetryPolicy  # noqa: E402
+from rag_rerank.text import comparable  # noqa: E402
 from rag_rerank.tools import call_tool  # noqa: E402
 from tests.support.fake_llm import FakeLLM, RecordedRequest, Reply  # noqa: E402
 from tests.support.invariants import TOLERANCE, assert_contract, violations  # noqa: E402
@@ -362,8 +363,9 @@ _WORD = re.compile(r"\w+")
 def _citable(text: str) -> list[str]:
     """Words of the chunk a reason can name as concrete: a number, a non-ASCII word of three or
     more characters, or an ASCII word of five or more (shorter ASCII words are mostly function
-    words like "the", which name nothing); taken from the lower-cased text, longest first."""
-    words = _WORD.findall(text.lower())
+    words like "the", which name nothing); taken from the text as a reader sees it (invisible
+    characters such as a soft hyphen are not word breaks: `text.comparable`), longest first."""
+    words = _WORD.findall(comparable(text))
     keep = {w for w in words if any(ch.isdigit() for ch in w) or len(w) >= (5 if w.isascii() else 3)}
     return sorted(keep, key=lambda w: (-len(w), w))[:4]
 
@@ -546,7 +548,7 @@ def test_refused_input_raises_input_error_and_nothing_else(case: Invalid) -> Non
     ([("A", 0.9)], [("b", "x"), ("c", "x"), ("d", "x")], "not, byte for byte, an input id"),
     ([("a", 0.9)], [("b", "redundant_with:c"), ("c", "x"), ("d", "x")], "does not name a ranked id"),
     ([("a", 0.9), ("c", 0.8)], [("b", "x"), ("d", "x")], "are copies"),
-    ([("b", 0.9), ("d", 0.8)], [("a", "x"), ("c", "x")], "near-duplicates"),
+    ([("b", 0.9), ("d", 0.8)], [("a", "x"), ("c", "x")], "are redundant"),
 ])
 def test_checker_rejects_a_broken_result(ranked: list[tuple[str, float]], dropped: list[tuple[str, str]],
                                          expected: str) -> None:
@@ -555,7 +557,7 @@ def test_checker_rejects_a_broken_result(ranked: list[tuple[str, float]], droppe
     chunks = [{"id": "a", "text": "Bluetooth pairing is fairly secure."},
               {"id": "b", "text": "IVF uses less memory than HNSW, so prefer it when RAM is constrained."},
               {"id": "c", "text": "bluetooth  PAIRING is fairly secure!"},  # a copy of a
-              {"id": "d", "text": "IVF uses less memory than HNSW; prefer it when memory is constrained."}]
+              {"id": "d", "text": "IVF uses less memory than HNSW, so prefer it when RAM is constrianed."}]
     result = {"ranked": [{"id": i, "score": s} for i, s in ranked],
               "dropped": [{"id": i, "reason": r} for i, r in dropped]}
     found = violations(result, chunks, 3)

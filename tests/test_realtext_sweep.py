@@ -77,10 +77,11 @@ class Sweep:
         session of its own (tests/test_characterisation.py, tests/test_invariants.py)."""
         started = time.perf_counter()
         with Reranker(embedder=embedder) as session:
-            self._run(session, calls)
+            family = "sentence-transformers" if embedder.startswith("sentence") else "static"
+            self._run(session, calls, family)
         self.seconds += time.perf_counter() - started
 
-    def _run(self, session: Reranker, calls: Iterable[Call]) -> None:
+    def _run(self, session: Reranker, calls: Iterable[Call], family: str) -> None:
         for call in calls:
             self.calls += 1
             try:
@@ -91,7 +92,7 @@ class Sweep:
                 self.kinds[f"{type(exc).__name__}: {_gist(first)}"] += 1
                 self.failures.append(f"{call.where}: {type(exc).__name__}: {first[:400]}")
                 continue
-            for problem in violations(result, call.chunks, call.top_k):
+            for problem in violations(result, call.chunks, call.top_k, family=family):
                 self.kinds[f"contract: {_gist(problem)}"] += 1
                 self.failures.append(f"{call.where}: contract: {problem}")
 

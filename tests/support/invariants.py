@@ -15,9 +15,9 @@ The promises (docs/contract.md, DESIGN.md "Contract"):
 
 "Near-duplicate" is judged two ways. Independently of the library: two texts with the same words
 after NFKC and case folding are copies of one fact whatever their spacing, punctuation or Unicode
-form. And by the library's own definition (DESIGN.md: near-duplicates are judged on lexical
-vectors whatever the embedder): the lexical embedder's cosine at or above its duplicate threshold
-(plus a 1e-9 tolerance, so float noise between two matrix products cannot raise a false alarm).
+form. And by the library's own judgement (`rag_rerank.redundancy`, with the embedder family's
+sentence vectors): the post-pass must never rank two chunks it judges redundant, whatever the
+order in which it met them.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from typing import Any
 from rag_rerank.models import RerankResult
 
 REDUNDANT = "redundant_with:"
-TOLERANCE = 1e-9
+TOLERANCE = 1e-9  # float noise allowed when a score is read back from a framework's copy
 _WORD = re.compile(r"\w+")
 
 Chunk = Mapping[str, Any]
@@ -55,25 +55,26 @@ def fingerprint(text: str) -> str:
     return " ".join(_WORD.findall(unicodedata.normalize("NFKC", text).casefold()))
 
 
-def _lexical_pairs(texts: Sequence[str]) -> list[tuple[int, int, float]]:
-    """Pairs (i, j, cosine) of `texts` the lexical embedder calls near-duplicates."""
+def _redundant_pairs(texts: Sequence[str], family: str) -> list[tuple[int, int]]:
+    """Pairs (i, j) of `texts` the library's redundancy judgement calls redundant."""
     import numpy as np
 
     from rag_rerank.embed import embed_texts, get_embedder
+    from rag_rerank.redundancy import redundancy, rules_for
 
     if len(texts) < 2:
         return []
-    lexical = get_embedder("lexical")
-    vectors = np.asarray(embed_texts(lexical, list(texts)), dtype=np.float64)
-    sims = vectors @ vectors.T
-    threshold = float(lexical.duplicate_threshold)
-    return [(i, j, float(sims[i, j])) for i, j in itertools.combinations(range(len(texts)), 2)
-            if sims[i, j] >= threshold + TOLERANCE]
+    vectors = np.asarray(embed_texts(get_embedder(family), list(texts)), dtype=np.float64)
+    lexical = np.asarray(embed_texts(get_embedder("lexical"), list(texts)), dtype=np.float64)
+    redundant, _ = redundancy(list(texts), vectors @ vectors.T, rules_for(family), lexical @ lexical.T)
+    return [(i, j) for i, j in itertools.combinations(range(len(texts)), 2) if redundant[i, j]]
 
 
 def violations(result: RerankResult | Mapping[str, Any], chunks: Sequence[Chunk], top_k: int,
-               min_score: float = 0.2) -> list[str]:
-    """Every way `result` breaks the contract for these input `chunks` ({"id", "text"} records)."""
+               min_score: float = 0.2, family: str = "static") -> list[str]:
+    """Every way `result` breaks the contract for these input `chunks` ({"id", "text"} records);
+    `family` is the embedder family whose sentence vectors the redundancy judgement read ("static"
+    for the default lexical embedder, "sentence-transformers")."""
     out: list[str] = []
     ranked, dropped = entries(result)
     inputs = [c["id"] for c in chunks]
@@ -112,8 +113,8 @@ def violations(result: RerankResult | Mapping[str, Any], chunks: Sequence[Chunk]
         if fp and fp in prints:
             out.append(f"ranked {prints[fp]!a} and {cid!a} are copies (same words: {fp[:60]!a})")
         prints.setdefault(fp, cid)
-    for i, j, cos in _lexical_pairs([text_of[c] for c in kept]):
-        out.append(f"ranked {kept[i]!a} and {kept[j]!a} are near-duplicates (lexical cosine {cos:.3f})")
+    for i, j in _redundant_pairs([text_of[c] for c in kept], family):
+        out.append(f"ranked {kept[i]!a} and {kept[j]!a} are redundant (rag_rerank.redundancy)")
     return out
 
 

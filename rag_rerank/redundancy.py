@@ -1,0 +1,338 @@
+"""When are two chunks redundant? When one says nothing the other does not: the same claim copied,
+lightly edited, restated in other words, or wholly contained in the other. Never two facts written
+from one template ("Python 3.12 removed the distutils module." / "... the asynchat module.").
+
+A similarity threshold alone gets both directions wrong: template siblings are more alike than
+most restatements (they share every word but one), and a restatement shares few words with its
+original. So the judgement reads the words, then the meaning:
+
+* **What differs.** Each text's content words (stop words out, inflection folded, number words
+  as numbers, a capitalised word inside a sentence, an acronym or anything with a digit kept as a
+  *name*) are compared as multisets. Spelling is not a difference: a one-letter typo, a compound
+  written apart ("tie-break" / "tiebreak"), an abbreviation ("min" / "minutes") or an acronym of
+  the other side's words ("GIL" / "global interpreter lock").
+* **Numbers.** Each side with a number the other lacks: distinct (90 / 180 days).
+* **Mostly the same words** (at least `overlap` of the smaller text's content words shared):
+  a word on each side that the other lacks is a substitution, another fact (a template filled
+  with other values, "enabled" / "disabled"); a negation on one side only (of the matching
+  sentences, so a longer chunk's extra sentence does not count): distinct. Otherwise one text's
+  words are the other's, or a subset of them: redundant (a copy, or one contained in the other).
+* **Other words**: a name on each side that the other lacks is another subject (the Louvre / the
+  Musée d'Orsay); otherwise the texts are the same claim when their meaning is close, `semantic`
+  at or above `tau` (the cosine of the embedder's sentence vectors, measured per embedder family).
+
+Which one is kept: when one text contains the other plus something more (three content words or
+more, or a number or a name: the containing one says more, and dropping it would lose that), the
+containing one; otherwise (copies, restatements, a word added) the more concise one, as the card
+asks.
+
+The thresholds are fitted on `golden/redundancy/pairs-dev.jsonl` and reported on the held-out
+pairs by `bench/duplicates.py` (figures in docs/postpass.md). Numbers and rules are dictionary-free
+and English-leaning; text in other scripts is compared by the same multisets of its words.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+import numpy as np
+
+from .text import NEGATIONS, STOPWORDS, inflection_key, readable
+
+_TOKEN = re.compile(r"\w+")
+_SENTENCE_END = re.compile(r"(?<=[.!?;])\s+")
+_DIGIT_GROUP = re.compile(r"(?<=\d)[,' \u00a0\u202f_](?=\d{3}(?!\d))")
+_UNITS = {w: i for i, w in enumerate(("zero one two three four five six seven eight nine ten eleven "  # noqa: SIM905
+                                        "twelve thirteen fourteen fifteen sixteen seventeen eighteen "
+                                        "nineteen").split())}
+_TENS = {"twenty": 20, "thirty": 30, "forty": 40, "fifty": 50, "sixty": 60, "seventy": 70, "eighty": 80,
+         "ninety": 90}
+_SCALES = {"hundred": 100, "thousand": 1000, "million": 10**6, "billion": 10**9}
+# Texts of at most this many words are judged sentence by sentence (what the judged pairs hold: 28
+# words at most); a longer one is a passage (`_passages`).
+SHORT_WORDS = 30
+# The lexical embedder's near-copy cosine (embed/lexical.py, measured on clough-stevenson).
+LEXICAL_COPY = 0.49
+_OPENERS = '.!?:;"(\u201c\u00ab'
+
+
+@dataclass(frozen=True)
+class Rules:
+    """The thresholds of one embedder family: `tau` on the sentence cosine for texts that share
+    few words, `overlap` the share of the smaller text's content words above which two texts are
+    read as one text edited (a substitution then changes the fact)."""
+
+    tau: float
+    overlap: float = 0.7
+
+
+# Fitted on the development data (`python bench/redundancy.py --fit`): the lowest `tau` (0.02 steps)
+# at which at most 1 pair in 25 of distinct facts, and at most 1 in 200 pairs of same-topic chunks
+# stating different claims (a retriever's list: many pairs, so each must rarely merge), is merged,
+# with the family's own sentence vectors. The judgement is precision first: a fact restated in
+# words far from the original's is often missed (docs/postpass.md gives the figures).
+RULES: dict[str, Rules] = {
+    "static": Rules(tau=0.80),
+    "sentence-transformers": Rules(tau=0.80),
+}
+
+
+@dataclass(frozen=True)
+class Reading:
+    """What the judgement needs of one text, read once."""
+
+    words: tuple[str, ...]  # every word, case-folded, number words folded into numbers
+    content: Counter[str] = field(hash=False)  # keys of the content words, with their counts
+    surface: dict[str, str] = field(hash=False)  # key -> a word it came from
+    names: frozenset[str]  # words kept as names (capitalised inside a sentence, acronyms, with a digit)
+    numbers: Counter[str] = field(hash=False)
+    negations: int
+    sentences: tuple[str, ...]
+    length: int  # characters, white space folded: what "more concise" compares
+
+
+def _is_number(word: str) -> bool:
+    return any(ch.isdigit() for ch in word)
+
+
+def _key(word: str) -> str:
+    return word if _is_number(word) else inflection_key(word)
+
+
+def _raw_tokens(text: str) -> list[tuple[str, bool]]:
+    """(word, is a name) in reading order: a name is capitalised inside a sentence, an acronym, or
+    holds a digit."""
+    out = []
+    for m in _TOKEN.finditer(text):
+        word = m.group()
+        before = text[: m.start()].rstrip()
+        initial = not before or before[-1] in _OPENERS
+        name = (_is_number(word) or (word[0].isupper() and not initial)
+                or (len(word) > 1 and word.isupper()))
+        out.append((word.casefold(), name))
+    return out
+
+
+def _fold_numbers(tokens: list[tuple[str, bool]]) -> list[tuple[str, bool]]:
+    """Number words as the number they spell ("forty five" -> "45", "two" -> "2")."""
+    out: list[tuple[str, bool]] = []
+    i = 0
+    while i < len(tokens):
+        word = tokens[i][0]
+        if word not in _UNITS and word not in _TENS and word not in _SCALES:
+            out.append(tokens[i])
+            i += 1
+            continue
+        value = current = 0
+        j = i
+        while j < len(tokens):
+            w = tokens[j][0]
+            if w in _UNITS:
+                current += _UNITS[w]
+            elif w in _TENS:
+                current += _TENS[w]
+            elif w in _SCALES:
+                value += max(current, 1) * _SCALES[w]
+                current = 0
+            elif (w == "and" and j > i and tokens[j - 1][0] in _SCALES and j + 1 < len(tokens)
+                  and (tokens[j + 1][0] in _UNITS or tokens[j + 1][0] in _TENS)):
+                pass  # "two hundred and five"
+            else:
+                break
+            j += 1
+        out.append((str(value + current), True))
+        i = j
+    return out
+
+
+@lru_cache(maxsize=8192)
+def read(text: str) -> Reading:
+    """`text` read for the judgement (memoised: a chunk is compared with many others)."""
+    shown = readable(text)
+    tokens = _fold_numbers(_raw_tokens(_DIGIT_GROUP.sub("", shown)))
+    words = tuple(w for w, _ in tokens)
+    content: Counter[str] = Counter()
+    surface: dict[str, str] = {}
+    for word, name in tokens:
+        if name or (word not in STOPWORDS and word not in NEGATIONS):
+            k = _key(word)
+            content[k] += 1
+            surface.setdefault(k, word)
+    return Reading(
+        words=words,
+        content=content,
+        surface=surface,
+        names=frozenset(w for w, name in tokens if name and not _is_number(w)),
+        numbers=Counter(w for w in words if _is_number(w)),
+        negations=sum(1 for w in words if w in NEGATIONS),
+        sentences=tuple(s for s in _SENTENCE_END.split(shown) if s.strip()),
+        length=len(shown),
+    )
+
+
+def _one_edit(a: str, b: str) -> bool:
+    """A typo: one letter inserted, deleted, replaced or two swapped, in words of 4+ letters."""
+    if abs(len(a) - len(b)) > 1 or min(len(a), len(b)) < 4 or a == b:
+        return False
+    if len(a) == len(b):
+        diff = [i for i in range(len(a)) if a[i] != b[i]]
+        return len(diff) == 1 or (len(diff) == 2 and diff[1] == diff[0] + 1
+                                  and a[diff[0]] == b[diff[1]] and a[diff[1]] == b[diff[0]])
+    short, long = (a, b) if len(a) < len(b) else (b, a)
+    return any(long[:i] + long[i + 1:] == short for i in range(len(long)))
+
+
+def _same_spelling(a: str, b: str) -> bool:
+    """Two words that are one word written two ways: a typo or an abbreviation (a prefix of 3+)."""
+    if _is_number(a) or _is_number(b):
+        return False
+    return _one_edit(a, b) or (len(b) >= 3 and a.startswith(b)) or (len(a) >= 3 and b.startswith(a))
+
+
+def _spelled_out(word: str, words: Sequence[str]) -> tuple[str, ...]:
+    """The words of the other text that `word` writes another way: two adjacent words written
+    together ("tiebreak" / "tie break"), or the words whose initials it is (an acronym: "gil" /
+    "global interpreter lock"); () when it is neither."""
+    for i in range(len(words) - 1):
+        if words[i] + words[i + 1] == word:
+            return (words[i], words[i + 1])
+    n = len(word)
+    if 2 <= n <= 6:
+        for i in range(len(words) - n + 1):
+            if "".join(w[0] for w in words[i:i + n]) == word:
+                return tuple(words[i:i + n])
+    return ()
+
+
+def differences(a: Reading, b: Reading) -> tuple[list[str], list[str]]:
+    """The content words (keys) each text has that the other lacks, spelling aside."""
+    only_a = list((a.content - b.content).elements())
+    only_b = list((b.content - a.content).elements())
+    for x in list(only_a):
+        for y in only_b:
+            if _same_spelling(a.surface.get(x, x), b.surface.get(y, y)):
+                only_a.remove(x)
+                only_b.remove(y)
+                break
+    for mine, theirs, other in ((only_a, only_b, b), (only_b, only_a, a)):
+        own = a if other is b else b
+        for x in list(mine):
+            parts = _spelled_out(own.surface.get(x, x), other.words)
+            if parts:
+                mine.remove(x)
+                for part in parts:
+                    if _key(part) in theirs:
+                        theirs.remove(_key(part))
+    return only_a, only_b
+
+
+def _negations_against(short: Reading, long: Reading) -> int:
+    """The negations of the sentences of `long` that share content words with `short`."""
+    parts = [read(s) for s in long.sentences]
+    matching = [p for p in parts if (p.content & short.content)] or [long]
+    return sum(p.negations for p in matching)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Whether two texts are redundant, which to keep (0: the first, 1: the second, None: the more
+    concise), and why (for notes and tests)."""
+
+    redundant: bool
+    why: str
+    keep: int | None = None
+
+
+def judge(a: Reading, b: Reading, semantic: float, rules: Rules, lexical: float = 0.0) -> Verdict:
+    """The judgement of the module docstring for one pair (`lexical`: the texts' lexical cosine,
+    which decides for passages longer than `SHORT_WORDS`)."""
+    if len(a.words) > SHORT_WORDS or len(b.words) > SHORT_WORDS:
+        return _passages(a, b, lexical)
+    if (a.numbers - b.numbers) and (b.numbers - a.numbers):
+        return Verdict(False, "numbers")
+    only_a, only_b = differences(a, b)
+    shared = sum((a.content & b.content).values())
+    smaller = min(sum(a.content.values()), sum(b.content.values()))
+    if smaller and shared / smaller >= rules.overlap:
+        if only_a and only_b:
+            return Verdict(False, "substitution")
+        short, long = (a, b) if only_b else (b, a)
+        if short.negations != _negations_against(short, long):
+            return Verdict(False, "negation")
+        return Verdict(True, "copy" if not only_a and not only_b else "contained")
+    names_a = any(a.surface.get(x, x) in a.names for x in only_a)
+    if names_a and any(b.surface.get(y, y) in b.names for y in only_b):
+        return Verdict(False, "names")
+    if semantic >= rules.tau:
+        return Verdict(True, "restatement")
+    return Verdict(False, "meaning")
+
+
+def _passages(a: Reading, b: Reading, lexical: float) -> Verdict:
+    """Two texts of which one is a passage (more than `SHORT_WORDS` words): a passage's sentence
+    vector is the mean of many words, close to any other passage on its subject, and an edited copy
+    has many small substitutions, so neither the meaning threshold nor the substitution rule holds
+    there (measured: DL19 passages on one subject merged by the first, clough-stevenson's copied
+    answers refused by the second). A near-copy is what the lexical vectors' cosine says it is
+    (`LEXICAL_COPY`, chosen on clough-stevenson: every copied or lightly edited answer at or above
+    it, no independent one); a short text wholly inside a passage (its words all there, no negation
+    of its own) is contained in it."""
+    if lexical >= LEXICAL_COPY:
+        return Verdict(True, "near-copy")
+    short, long = (a, b) if len(a.words) <= len(b.words) else (b, a)
+    if len(short.words) > SHORT_WORDS or not short.content:
+        return Verdict(False, "passages")
+    only_short, _ = differences(short, long)
+    if only_short or (short.numbers - long.numbers) or short.negations != _negations_against(short, long):
+        return Verdict(False, "passages")
+    return Verdict(True, "contained")
+
+
+def rules_for(family: str) -> Rules:
+    """The rules of an embedder family ("static" for the default and unknown ones)."""
+    for prefix, rules in RULES.items():
+        if family.startswith(prefix):
+            return rules
+    return RULES["static"]
+
+
+def redundancy(texts: Sequence[str], semantic: np.ndarray, rules: Rules, lexical: np.ndarray,
+               candidates: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """For every pair of `texts`: whether they are redundant (a symmetric bool matrix), and which
+    to keep of a redundant pair (`prefer[i, j]` True when `i` is to be kept over `j` because it
+    contains `j` and says more). `semantic` is the texts' cosine matrix under the family's
+    sentence vectors, `lexical` under the lexical embedder's.
+
+    Only pairs that could be redundant are read word by word: the `candidates` (a bool matrix, a
+    cheap prefilter the caller computed), else those close in meaning (cosine at or above `tau`)
+    or sharing most of their content words, so 50 chunks cost a handful of readings."""
+    n = len(texts)
+    redundant = np.zeros((n, n), dtype=bool)
+    prefer = np.zeros((n, n), dtype=bool)
+    if candidates is None:
+        readings = [read(t) for t in texts]
+        keys = [set(r.content) for r in readings]
+
+        def alike(i: int, j: int) -> bool:  # most of the smaller text's content words shared
+            smaller = min(len(keys[i]), len(keys[j]))
+            return bool(smaller) and len(keys[i] & keys[j]) / smaller >= rules.overlap
+
+        near = (semantic >= rules.tau) | (lexical >= LEXICAL_COPY)
+        candidates = np.array([[bool(near[i, j]) or alike(i, j) for j in range(n)] for i in range(n)],
+                              dtype=bool).reshape(n, n)
+    for i, j in zip(*np.nonzero(np.triu(candidates, 1)), strict=True):
+        verdict = judge(read(texts[i]), read(texts[j]), float(semantic[i, j]), rules, float(lexical[i, j]))
+        if verdict.redundant:
+            redundant[i, j] = redundant[j, i] = True
+            if verdict.keep is not None:
+                kept, other = (i, j) if verdict.keep == 0 else (j, i)
+                prefer[kept, other] = True
+    return redundant, prefer
+
+
+__all__ = ["LEXICAL_COPY", "RULES", "SHORT_WORDS", "Reading", "Rules", "Verdict", "differences", "judge",
+           "read", "redundancy", "rules_for"]
