@@ -37,7 +37,7 @@ import re
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import cached_property, lru_cache
 
 import numpy as np
 
@@ -52,6 +52,7 @@ _UNITS = {w: i for i, w in enumerate(("zero one two three four five six seven ei
 _TENS = {"twenty": 20, "thirty": 30, "forty": 40, "fifty": 50, "sixty": 60, "seventy": 70, "eighty": 80,
          "ninety": 90}
 _SCALES = {"hundred": 100, "thousand": 1000, "million": 10**6, "billion": 10**9}
+_NUMBER_WORDS = frozenset([*_UNITS, *_TENS, *_SCALES])
 # Texts of at most this many words are judged sentence by sentence (what the judged pairs hold: 28
 # words at most); a longer one is a passage (`_passages`).
 SHORT_WORDS = 30
@@ -94,31 +95,64 @@ class Reading:
     sentences: tuple[str, ...]
     length: int  # characters, white space folded: what "more concise" compares
 
+    @cached_property
+    def spellings(self) -> tuple[dict[str, tuple[str, ...]], dict[str, tuple[str, ...]]]:
+        """Each way another text may write a stretch of these words as one word (`_spelled_out`):
+        two adjacent words run together ("tie" "break" -> "tiebreak"), then the initials of 2 to 6
+        adjacent words (an acronym), the first stretch of each. Built once per text, when a pair's
+        differences first need it, so a lookup replaces a scan of the words for every word compared."""
+        words = self.words
+        joined: dict[str, tuple[str, ...]] = {}
+        for i in range(len(words) - 1):
+            joined.setdefault(words[i] + words[i + 1], (words[i], words[i + 1]))
+        initials = [w[0] for w in words]
+        acronyms: dict[str, tuple[str, ...]] = {}
+        for n in range(2, 7):
+            for i in range(len(words) - n + 1):
+                acronyms.setdefault("".join(initials[i:i + n]), words[i:i + n])
+        return joined, acronyms
 
+
+@lru_cache(maxsize=65536)
 def _is_number(word: str) -> bool:
     return any(ch.isdigit() for ch in word)
 
 
+@lru_cache(maxsize=65536)
 def _key(word: str) -> str:
     return word if _is_number(word) else inflection_key(word)
 
 
+@lru_cache(maxsize=65536)
+def _word(word: str) -> tuple[str, bool, bool]:
+    """(case-folded, a name wherever it stands, a name inside a sentence) for one word as written:
+    with a digit or an acronym it is a name anywhere; capitalised, only after a sentence's start.
+    Memoised: a text's words are mostly words seen before, so reading one costs lookups."""
+    anywhere = _is_number(word) or (len(word) > 1 and word.isupper())
+    return word.casefold(), anywhere, word[0].isupper()
+
+
 def _raw_tokens(text: str) -> list[tuple[str, bool]]:
     """(word, is a name) in reading order: a name is capitalised inside a sentence, an acronym, or
-    holds a digit."""
+    holds a digit. A word opens a sentence when nothing but white space stands before it, or the
+    last other character before it is one of `_OPENERS`: looked for in the gap since the previous
+    word only (a word's own last character is never an opener), so a text is read in one pass."""
     out = []
+    end = 0
     for m in _TOKEN.finditer(text):
-        word = m.group()
-        before = text[: m.start()].rstrip()
-        initial = not before or before[-1] in _OPENERS
-        name = (_is_number(word) or (word[0].isupper() and not initial)
-                or (len(word) > 1 and word.isupper()))
-        out.append((word.casefold(), name))
+        start = m.start()
+        gap = text[end:start].rstrip()
+        initial = gap[-1] in _OPENERS if gap else end == 0
+        folded, anywhere, capital = _word(m.group())
+        out.append((folded, anywhere or (capital and not initial)))
+        end = m.end()
     return out
 
 
 def _fold_numbers(tokens: list[tuple[str, bool]]) -> list[tuple[str, bool]]:
     """Number words as the number they spell ("forty five" -> "45", "two" -> "2")."""
+    if _NUMBER_WORDS.isdisjoint([w for w, _ in tokens]):
+        return tokens  # most texts spell no number: nothing to fold
     out: list[tuple[str, bool]] = []
     i = 0
     while i < len(tokens):
@@ -193,35 +227,44 @@ def _same_spelling(a: str, b: str) -> bool:
     return _one_edit(a, b) or (len(b) >= 3 and a.startswith(b)) or (len(a) >= 3 and b.startswith(a))
 
 
-def _spelled_out(word: str, words: Sequence[str]) -> tuple[str, ...]:
+def _spelled_out(word: str, other: Reading) -> tuple[str, ...]:
     """The words of the other text that `word` writes another way: two adjacent words written
     together ("tiebreak" / "tie break"), or the words whose initials it is (an acronym: "gil" /
-    "global interpreter lock"); () when it is neither."""
-    for i in range(len(words) - 1):
-        if words[i] + words[i + 1] == word:
-            return (words[i], words[i + 1])
-    n = len(word)
-    if 2 <= n <= 6:
-        for i in range(len(words) - n + 1):
-            if "".join(w[0] for w in words[i:i + n]) == word:
-                return tuple(words[i:i + n])
-    return ()
+    "global interpreter lock"); () when it is neither. The first such stretch, as a scan of the
+    words from the start would find it (`Reading.spellings`)."""
+    joined, acronyms = other.spellings
+    found = joined.get(word)
+    if found is not None:
+        return found
+    return acronyms.get(word, ()) if 2 <= len(word) <= 6 else ()
+
+
+def _may_share_spelling(a: str, b: str) -> bool:
+    """False when `_same_spelling(a, b)` is certainly False, for a cheap test before the full one:
+    a typo keeps the length within one letter, an abbreviation shares the first letter."""
+    return a[:1] == b[:1] or -1 <= len(a) - len(b) <= 1
 
 
 def differences(a: Reading, b: Reading) -> tuple[list[str], list[str]]:
     """The content words (keys) each text has that the other lacks, spelling aside."""
     only_a = list((a.content - b.content).elements())
     only_b = list((b.content - a.content).elements())
-    for x in list(only_a):
-        for y in only_b:
-            if _same_spelling(a.surface.get(x, x), b.surface.get(y, y)):
-                only_a.remove(x)
-                only_b.remove(y)
-                break
+    if only_a and only_b:
+        spelt_b = [b.surface.get(y, y) for y in only_b]  # kept in step with only_b
+        for x in list(only_a):
+            sx = a.surface.get(x, x)
+            if _is_number(sx):
+                continue  # a number is never another spelling of a word
+            for k, sy in enumerate(spelt_b):
+                if _may_share_spelling(sx, sy) and _same_spelling(sx, sy):
+                    only_a.remove(x)
+                    del only_b[k]  # the first occurrence of its key: an earlier one would have matched
+                    del spelt_b[k]
+                    break
     for mine, theirs, other in ((only_a, only_b, b), (only_b, only_a, a)):
         own = a if other is b else b
         for x in list(mine):
-            parts = _spelled_out(own.surface.get(x, x), other.words)
+            parts = _spelled_out(own.surface.get(x, x), other)
             if parts:
                 mine.remove(x)
                 for part in parts:
@@ -286,8 +329,11 @@ def _passages(a: Reading, b: Reading, lexical: float) -> Verdict:
     short, long = (a, b) if len(a.words) <= len(b.words) else (b, a)
     if len(short.words) > SHORT_WORDS or not short.content:
         return Verdict(False, "passages")
+    # Three conditions, any of which says "not contained": the cheapest first.
+    if short.numbers - long.numbers:
+        return Verdict(False, "passages")
     only_short, _ = differences(short, long)
-    if only_short or (short.numbers - long.numbers) or short.negations != _negations_against(short, long):
+    if only_short or short.negations != _negations_against(short, long):
         return Verdict(False, "passages")
     return Verdict(True, "contained")
 
@@ -307,25 +353,34 @@ def redundancy(texts: Sequence[str], semantic: np.ndarray, rules: Rules, lexical
     contains `j` and says more). `semantic` is the texts' cosine matrix under the family's
     sentence vectors, `lexical` under the lexical embedder's.
 
-    Only pairs that could be redundant are read word by word: the `candidates` (a bool matrix, a
-    cheap prefilter the caller computed), else those close in meaning (cosine at or above `tau`)
-    or sharing most of their content words, so 50 chunks cost a handful of readings."""
+    Only pairs that could be redundant are judged: the `candidates` (a bool matrix, a cheap
+    prefilter the caller computed), else those close in meaning (cosine at or above `tau`), near
+    copies, or sharing most of their content words. Two passages (more than `SHORT_WORDS` words
+    each) are redundant exactly when they are near copies (`_passages`), read off `lexical` for all
+    such pairs at once; only a pair with a short text is read word by word."""
     n = len(texts)
     redundant = np.zeros((n, n), dtype=bool)
     prefer = np.zeros((n, n), dtype=bool)
+    if n < 2:
+        return redundant, prefer
+    readings = [read(t) for t in texts]
+    short = np.array([len(r.words) <= SHORT_WORDS for r in readings])
+    copy = lexical >= LEXICAL_COPY
+    with_short = short[:, None] | short[None, :]
     if candidates is None:
-        readings = [read(t) for t in texts]
+        candidates = (semantic >= rules.tau) | copy
         keys = [set(r.content) for r in readings]
-
-        def alike(i: int, j: int) -> bool:  # most of the smaller text's content words shared
+        # Sharing most content words matters only where a short text is judged (two passages are
+        # decided by `copy`, which the candidates already hold).
+        for i, j in zip(*np.nonzero(np.triu(with_short & ~candidates, 1)), strict=True):
             smaller = min(len(keys[i]), len(keys[j]))
-            return bool(smaller) and len(keys[i] & keys[j]) / smaller >= rules.overlap
-
-        near = (semantic >= rules.tau) | (lexical >= LEXICAL_COPY)
-        candidates = np.array([[bool(near[i, j]) or alike(i, j) for j in range(n)] for i in range(n)],
-                              dtype=bool).reshape(n, n)
-    for i, j in zip(*np.nonzero(np.triu(candidates, 1)), strict=True):
-        verdict = judge(read(texts[i]), read(texts[j]), float(semantic[i, j]), rules, float(lexical[i, j]))
+            if smaller and len(keys[i] & keys[j]) / smaller >= rules.overlap:
+                candidates[i, j] = True
+    judged = np.triu(candidates, 1)
+    passages = judged & ~with_short & copy
+    redundant |= passages | passages.T
+    for i, j in zip(*np.nonzero(judged & with_short), strict=True):
+        verdict = judge(readings[i], readings[j], float(semantic[i, j]), rules, float(lexical[i, j]))
         if verdict.redundant:
             redundant[i, j] = redundant[j, i] = True
             if verdict.keep is not None:
