@@ -50,6 +50,8 @@ from .embed import (
     get_embedder,
     query_vector,
 )
+from .embed.lexical import LexicalEmbedder
+from .embed.static import StaticEmbedder
 from .errors import InputError, Violation
 from .guard.limits import load_limits
 from .models import Dropped, Ranked, RerankRequest, RerankResult, RunMeta
@@ -230,25 +232,44 @@ def _check_args(
     return problems
 
 
+def _per_text(embedder: Any) -> bool:
+    """Whether `embedder` gives each text a vector of its own, the same bits whatever else is
+    embedded with it and never an error (the numpy embedders): then only the rows the post-pass
+    reads are embedded. A model's vectors depend on its batch (padding), and an embeddings server
+    may fail on any text: those embed every chunk, as they always did."""
+    return isinstance(embedder, (LexicalEmbedder, StaticEmbedder))
+
+
+def _embed_rows(embedder: Any, texts: Sequence[str], rows: np.ndarray) -> np.ndarray:
+    """The unit vectors of `texts[rows]` under `embedder` (`embed_texts`)."""
+    if _per_text(embedder):
+        return embed_texts(embedder, [texts[i] for i in rows])
+    return embed_texts(embedder, list(texts))[rows]
+
+
 def _resolve_vectors(
-    request: RerankRequest, embedder: str | Embedder | None, need_query: bool, query_vec: Any
+    request: RerankRequest, embedder: str | Embedder | None, need_query: bool, query_vec: Any,
+    rows: np.ndarray,
 ) -> tuple[np.ndarray, np.ndarray | None, str, float, list[str]]:
-    """(chunk vectors, query vector or None, embedder name, default duplicate threshold, notes)."""
+    """(the vectors of the chunks at `rows`, query vector or None, embedder name, default
+    duplicate threshold, notes). Caller vectors are checked for every chunk."""
     notes: list[str] = []
     vectors = chunk_vectors(request.chunks)
     if vectors is not None:
         q = query_vector(query_vec, vectors.shape[1])
         if need_query and q is None:
             notes.append("layout diversity without a query vector: opened with the most relevant chunk")
-        return vectors, q, "caller", CALLER_DUPLICATE_THRESHOLD, notes
+        return vectors[rows], q, "caller", CALLER_DUPLICATE_THRESHOLD, notes
     emb = get_embedder(embedder)
     texts = [c.text for c in request.chunks]
-    if need_query:
+    if need_query and not _per_text(emb):
         both = embed_texts(emb, [request.query, *texts])
         q_row: np.ndarray | None = both[:1]
-        vectors = both[1:]
+        vectors = both[1:][rows]
+    elif need_query:
+        q_row, vectors = embed_texts(emb, [request.query]), _embed_rows(emb, texts, rows)
     else:
-        vectors, q_row = embed_texts(emb, texts), None
+        vectors, q_row = _embed_rows(emb, texts, rows), None
     threshold = float(getattr(emb, "duplicate_threshold", CALLER_DUPLICATE_THRESHOLD))
     return vectors, q_row, str(getattr(emb, "name", type(emb).__name__)), threshold, notes
 
@@ -267,17 +288,17 @@ def _similarity(vectors: np.ndarray) -> np.ndarray:
 
 
 def _redundancy(texts: list[str], emb_name: str, embedder: Any, vectors: np.ndarray | None,
-                lexical: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
-    """`redundancy.redundancy` over `texts` with the embedder family's sentence vectors: the
+                lexical: np.ndarray | None, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """`redundancy.redundancy` over `texts[rows]` with the embedder family's sentence vectors: the
     sentence-transformers model's own (`vectors` when they are of these texts), the static
     table's for the lexical embedder and any other (its threshold is measured for those)."""
     family = "sentence-transformers" if emb_name.startswith("sentence-transformers") else "static"
     if family == "static" or vectors is None:
         source = get_embedder("static") if family == "static" else get_embedder(embedder)
-        vectors = embed_texts(source, texts)
+        vectors = _embed_rows(source, texts, rows)
     if lexical is None:
-        lexical = _similarity(embed_texts(get_embedder(LEXICAL_NAME), texts))
-    return redundancy(texts, _similarity(vectors), rules_for(family), lexical)
+        lexical = _similarity(_embed_rows(get_embedder(LEXICAL_NAME), texts, rows))
+    return redundancy([texts[i] for i in rows], _similarity(vectors), rules_for(family), lexical)
 
 
 def _concise_length(text: str) -> int:
@@ -329,8 +350,18 @@ def postpass(
     score_of = {r.id: r for r in scored}
     llm_reason = {d.id: d.reason for d in llm_dropped}
 
+    # Only the candidates (scored above the floor) are selected, and only a chunk left without a
+    # standing reason of its own is compared with the ranked ones (`_unscored_reason`): vectors,
+    # similarities and the redundancy judgement are needed for those rows alone, and every pair's
+    # answer is the same whichever other chunks are compared.
+    cand = np.array(sorted(index[r.id] for r in scored if r.score > floor), dtype=np.int64)
+    orphans = [i for i, c in enumerate(chunks) if c.id not in score_of
+               and (llm_reason.get(c.id) is None or llm_reason[c.id].startswith(REDUNDANT))]
+    rows = np.array(sorted({*cand.tolist(), *orphans}), dtype=np.int64)
+    at = {int(g): k for k, g in enumerate(rows)}  # chunk index -> row of the matrices below
+
     vectors, q_row, emb_name, default_thr, notes = _resolve_vectors(
-        request, embedder, layout == "diversity", query_vector
+        request, embedder, layout == "diversity", query_vector, rows
     )
     sim_all = _similarity(vectors)
     # Near-duplicates, conciseness and the word budget are about the chunks' own texts: with
@@ -344,19 +375,20 @@ def postpass(
         dup_all = sim_all >= threshold
     elif duplicate_threshold is not None:  # the caller's cosine on lexical vectors, as it always meant
         lexical = sim_all if (emb_name == LEXICAL_NAME and not embedded) else \
-            _similarity(embed_texts(get_embedder(LEXICAL_NAME), own))
+            _similarity(_embed_rows(get_embedder(LEXICAL_NAME), own, rows))
         dup_all = lexical >= threshold
     else:
+        mine = emb_name == LEXICAL_NAME and not embedded  # the MMR vectors are these texts' lexical ones
         dup_all, prefer_all = _redundancy(own, emb_name, embedder, vectors if not embedded else None,
-                                          sim_all if emb_name == LEXICAL_NAME and not embedded else None)
+                                          sim_all if mine else None, rows)
 
-    cand = np.array(sorted(index[r.id] for r in scored if r.score > floor), dtype=np.int64)
+    local = np.array([at[int(g)] for g in cand], dtype=np.int64)
     rel = np.array([score_of[chunks[i].id].score for i in cand], dtype=np.float64)
-    sim = sim_all[np.ix_(cand, cand)]
+    sim = sim_all[np.ix_(local, local)]
     lengths = np.array([_concise_length(own[i]) for i in cand], dtype=np.int64)
     q_sim = None
     if q_row is not None:
-        q_sim = (vectors.astype(np.float64) @ q_row.astype(np.float64).ravel())[cand]
+        q_sim = (vectors.astype(np.float64) @ q_row.astype(np.float64).ravel())[local]
     sel = select(
         rel,
         sim,
@@ -366,8 +398,8 @@ def postpass(
         threshold=threshold,
         layout=layout,
         query_sim=q_sim,
-        duplicate=dup_all[np.ix_(cand, cand)],
-        prefer=None if prefer_all is None else prefer_all[np.ix_(cand, cand)],
+        duplicate=dup_all[np.ix_(local, local)],
+        prefer=None if prefer_all is None else prefer_all[np.ix_(local, local)],
     )
 
     picked = list(sel.picked)
@@ -403,7 +435,7 @@ def postpass(
             why[i] = reasons.reason(NOT_SELECTED, reasons.score_detail(score))
         else:
             why[i] = _unscored_reason(
-                i, llm_reason.get(chunk.id), chunks, index, kept_of, ranked_set, dup_all, sim_all
+                i, llm_reason.get(chunk.id), chunks, index, kept_of, ranked_set, dup_all, sim_all, at
             )
     dropped = tuple(
         Dropped(id=chunks[i].id, reason=why[i]) for i in range(len(chunks)) if i not in ranked_set
@@ -468,6 +500,7 @@ def _unscored_reason(
     ranked_set: set[int],
     dup_all: np.ndarray,
     sim_all: np.ndarray,
+    at: dict[int, int],
 ) -> str:
     """The LLM's own reason when it still holds; otherwise a duplicate of a ranked chunk, or not
     selected. A chunk the model neither ranked nor dropped says so: a bare `not_selected` reads
@@ -480,9 +513,11 @@ def _unscored_reason(
             return llm
         if target is not None and kept_of.get(target) in ranked_set:
             return REDUNDANT + chunks[kept_of[target]].id
-    if ranked_set:
+    if ranked_set:  # `dup_all` and `sim_all` hold row `at[i]` for chunk i (`postpass`)
         ranked_idx = np.array(sorted(ranked_set))
-        same = ranked_idx[dup_all[i, ranked_idx]]
-        if len(same):  # a duplicate of a ranked chunk: the closest one
-            return REDUNDANT + chunks[int(same[np.argmax(sim_all[i, same])])].id
+        ranked_rows = np.array([at[int(j)] for j in ranked_idx], dtype=np.int64)
+        same = dup_all[at[i], ranked_rows]
+        if same.any():  # a duplicate of a ranked chunk: the closest one
+            closest = int(np.argmax(sim_all[at[i], ranked_rows[same]]))
+            return REDUNDANT + chunks[int(ranked_idx[same][closest])].id
     return NOT_SELECTED if llm is not None else reasons.reason(NOT_SELECTED, UNSCORED_DETAIL)
