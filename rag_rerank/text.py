@@ -161,9 +161,11 @@ def scorer_stem(word: str) -> str:
     return w[:6]
 
 
+@lru_cache(maxsize=65536)
 def inflection_key(word: str) -> str:
     """A word with its English inflection folded, for comparing a quotation with its source:
-    "exceeds", "exceeding" and "exceeded" alike; a number or a negation stays as it is."""
+    "exceeds", "exceeding" and "exceeded" alike; a number or a negation stays as it is. Memoised:
+    the guard and the redundancy judgement fold the same vocabulary over and over."""
     if any(ch.isdigit() for ch in word) or word in NEGATIONS:
         return word
     for suffix in _INFLECTIONS:

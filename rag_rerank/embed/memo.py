@@ -1,4 +1,5 @@
-"""Each text embedded once per call: a small, bounded, thread-safe memo around a model embedder.
+"""Each text embedded once: a small, bounded, thread-safe memo around a model embedder (`Memo`),
+and the rows the numpy embedders computed for texts they saw before (`TextRows`).
 
 Why: with a model-backed profile (sentence-transformers, an OpenAI-compatible endpoint), the local
 backend embeds the query and the chunks to score them, and the post-pass embeds the same chunks
@@ -61,3 +62,59 @@ class Memo:
         if item == "inner":  # not set yet (unpickling): looking it up here would recurse forever
             raise AttributeError(item)
         return getattr(self.inner, item)
+
+
+class TextRows:
+    """The rows a numpy embedder computed for the texts it saw last: at most `max_texts`, least
+    recently used first out, thread-safe; `sparse` keeps only a row's non-zero entries (the
+    lexical embedder's 4096-wide rows hold a few hundred).
+
+    Why: the same chunks come back (a corpus's popular passages, a batch's repeated queries, a
+    window and the final pass over its survivors); their vectors depend on their own text only,
+    so a text seen before costs a lookup, and the result is the same bits as computing it again.
+    """
+
+    def __init__(self, max_texts: int, *, sparse: bool = False) -> None:
+        self.max_texts = max_texts
+        self.sparse = sparse
+        self._rows: OrderedDict[Any, Any] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._rows.clear()
+
+    def rows(self, keys: list[Any], texts: list[str], compute: Any, dim: int) -> np.ndarray:
+        """float32 rows for `texts` (cached under `keys`, one per text), `compute(missing texts)`
+        making those not cached in one call."""
+        out = np.zeros((len(texts), dim), dtype=np.float32)
+        missing: dict[Any, list[int]] = {}
+        with self._lock:
+            for k, key in enumerate(keys):
+                row = self._rows.get(key)
+                if row is None:
+                    missing.setdefault(key, []).append(k)
+                    continue
+                self._rows.move_to_end(key)
+                self._put(out, k, row)
+        if missing:
+            firsts = [at[0] for at in missing.values()]
+            fresh = np.asarray(compute([texts[k] for k in firsts]), dtype=np.float32)
+            with self._lock:
+                for (key, at), row in zip(missing.items(), fresh, strict=True):
+                    out[at] = row
+                    nz = np.flatnonzero(row)
+                    self._rows[key] = (nz.astype(np.int32), row[nz]) if self.sparse else row.copy()
+                    self._rows.move_to_end(key)
+                while len(self._rows) > self.max_texts:
+                    self._rows.popitem(last=False)
+        return out
+
+    def _put(self, out: np.ndarray, k: int, row: Any) -> None:
+        if self.sparse:
+            out[k, row[0]] = row[1]
+        else:
+            out[k] = row

@@ -21,12 +21,14 @@ from __future__ import annotations
 
 import hashlib
 import unicodedata
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
 
+from .memo import TextRows
 from .units import WORD, clean_word, kind, reads_foreign, split_word
 
 TABLE = Path(__file__).with_name("static_minilm.npz")
@@ -275,7 +277,16 @@ def token_ids(text: str) -> list[int]:
     return ids[:MAX_TOKENS]
 
 
-def _rows(ids: list[int], unit: bool = False) -> np.ndarray:
+@lru_cache(maxsize=4096)
+def _text_ids(text: str) -> np.ndarray:
+    """`token_ids(text)` as a read-only int64 array, memoised per text (about 1.6 KB each): the
+    local backend and the post-pass tokenise the same chunks, and chunks come back across calls."""
+    ids = np.asarray(token_ids(text), dtype=np.int64)
+    ids.flags.writeable = False
+    return ids
+
+
+def _rows(ids: Sequence[int] | np.ndarray, unit: bool = False) -> np.ndarray:
     """The vectors of `ids` (raw, or of unit length with `unit`), table and hashed units alike."""
     table = _unit_table() if unit else _table().vectors
     arr = np.asarray(ids, dtype=np.int64)
@@ -291,11 +302,11 @@ def _rows(ids: list[int], unit: bool = False) -> np.ndarray:
     return out
 
 
-def _mean_vectors(ids_per_text: list[list[int]]) -> np.ndarray:
+def _mean_vectors(ids_per_text: Sequence[Sequence[int] | np.ndarray]) -> np.ndarray:
     table = _table()
     out = np.zeros((len(ids_per_text), table.vectors.shape[1]), dtype=np.float32)
     for row, ids in enumerate(ids_per_text):
-        if ids:
+        if len(ids):
             out[row] = _rows(ids).mean(axis=0)
     norms = np.linalg.norm(out, axis=1, keepdims=True)
     return np.divide(out, norms, out=np.zeros_like(out), where=norms > 0)
@@ -309,7 +320,17 @@ class StaticEmbedder:
     duplicate_threshold: float = STATIC_DUPLICATE_THRESHOLD
 
     def embed(self, texts: list[str]) -> np.ndarray:
-        return _mean_vectors([token_ids(t) for t in texts])
+        """A row depends on its own text only (each row is normalised alone), so the rows of texts
+        seen recently come from `ROWS`."""
+        return ROWS.rows(list(texts), list(texts), _text_vectors, _table().vectors.shape[1])
+
+
+def _text_vectors(texts: list[str]) -> np.ndarray:
+    return _mean_vectors([_text_ids(t) for t in texts])
+
+
+# The static rows of the last texts embedded (1.5 KB each: at most 6 MB).
+ROWS = TextRows(4096)
 
 
 def token_match(query: str, texts: list[str]) -> np.ndarray:
@@ -327,11 +348,13 @@ def embed_and_match(query: str, texts: list[str]) -> tuple[np.ndarray, np.ndarra
     """`StaticEmbedder().embed([query, *texts])`, `token_match(query, texts)` and
     `context_vectors(query, texts)` with each text tokenised once: the local backend needs all
     three for every chunk."""
-    ids = [token_ids(t) for t in [query, *texts]]
-    return _mean_vectors(ids), _match_ids(ids[0], ids[1:]), _context_ids(ids[0], ids[1:])
+    query_ids = token_ids(query)
+    ids = [_text_ids(t) for t in texts]
+    vectors = np.vstack([_mean_vectors([query_ids]), StaticEmbedder().embed(texts)])  # rows stand alone
+    return vectors, _match_ids(query_ids, ids), _context_ids(query_ids, ids)
 
 
-def _match_ids(query_ids: list[int], ids_per_text: list[list[int]]) -> np.ndarray:
+def _match_ids(query_ids: Sequence[int], ids_per_text: Sequence[Sequence[int] | np.ndarray]) -> np.ndarray:
     q_ids = sorted(set(query_ids))
     out = np.zeros(len(ids_per_text))
     if not q_ids:
@@ -341,8 +364,8 @@ def _match_ids(query_ids: list[int], ids_per_text: list[list[int]]) -> np.ndarra
     q_unit = q_raw / np.maximum(q_norm, 1e-12)[:, None]
     weights = q_norm / q_norm.sum()
     for row, text_ids in enumerate(ids_per_text):
-        ids = sorted(set(text_ids))
-        if ids:
+        ids = np.unique(np.asarray(text_ids, dtype=np.int64))  # sorted, each once
+        if len(ids):
             best = (q_unit @ _rows(ids, unit=True).T).max(axis=1)
             out[row] = float(weights @ best)
     return out
@@ -366,6 +389,6 @@ def context_vectors(query: str, texts: list[str]) -> np.ndarray:
     return _context_ids(token_ids(query), [token_ids(t) for t in texts])
 
 
-def _context_ids(query_ids: list[int], ids_per_text: list[list[int]]) -> np.ndarray:
-    shared = set(query_ids)
-    return _mean_vectors([[i for i in ids if i not in shared] for ids in ids_per_text])
+def _context_ids(query_ids: Sequence[int], ids_per_text: Sequence[Sequence[int] | np.ndarray]) -> np.ndarray:
+    shared = np.array(sorted(set(query_ids)), dtype=np.int64)
+    return _mean_vectors([np.asarray(ids, dtype=np.int64)[~np.isin(ids, shared)] for ids in ids_per_text])
