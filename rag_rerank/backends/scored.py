@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 import numpy as np
@@ -77,10 +78,23 @@ _EDGE_CHARS = 4
 _NO_WORDS_CHARS = 60  # a chunk without words is quoted from its start, this many characters
 
 
+@lru_cache(maxsize=2048)
 def _tokenise(text: str) -> _Tokens:
+    """A chunk's tokens, memoised per text: a ranked chunk is quoted again whenever it recurs."""
     found = word_spans(text)
     return _Tokens([stem(u) for u, _, _ in found], [(lo, hi) for _, lo, hi in found],
                    [_UNSPACED_WIDTH if len(u) <= 2 and kind(u[0]) == UNSPACED else 1.0 for u, _, _ in found])
+
+
+@lru_cache(maxsize=2048)
+def _window_ends(text: str, window: int) -> np.ndarray:
+    """For each token of `text`, where `window` words' worth of tokens from it runs out (read-only)."""
+    tokens = _tokenise(text)
+    n = len(tokens.stems)
+    cw = np.concatenate([[0.0], np.cumsum(tokens.widths)])
+    ends = np.clip(np.searchsorted(cw, cw[:n] + window, side="right") - 1, np.arange(n) + 1, n)
+    ends.flags.writeable = False
+    return ends
 
 
 
@@ -95,9 +109,7 @@ def best_phrase(text: str, term_weight: dict[str, float], window: int = 8) -> tu
         return quote(text, 0, _NO_WORDS_CHARS), []
     w = np.array([term_weight.get(s, 0.0) for s in tokens.stems])
     best_start, best_val = 0, 0.0
-    # the window ends where `window` words' worth of tokens after each start runs out
-    cw = np.concatenate([[0.0], np.cumsum(tokens.widths)])
-    ends = np.clip(np.searchsorted(cw, cw[:n] + window, side="right") - 1, np.arange(n) + 1, n)
+    ends = _window_ends(text, window)
     if w.any():
         csum = np.concatenate([[0.0], np.cumsum(w)])
         vals = csum[ends] - csum[:n]

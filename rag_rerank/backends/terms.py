@@ -14,6 +14,7 @@ import unicodedata
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
@@ -68,6 +69,18 @@ def query_terms(query: str) -> tuple[list[str], np.ndarray]:
     return terms, np.array([seen[t] for t in terms], dtype=bool)
 
 
+@lru_cache(maxsize=4096)
+def stem_counts(text: str) -> tuple[dict[str, int], int]:
+    """How often each stem occurs in `text` (its words stemmed), and how many words it has: a
+    chunk's term frequencies for any query, memoised per text (chunks recur across queries)."""
+    stems: dict[str, int] = {}
+    counts = Counter(words(text))
+    for word, count in counts.items():
+        s = stem(word)
+        stems[s] = stems.get(s, 0) + count
+    return stems, counts.total()
+
+
 def lexical_scores(
     query: str, texts: Sequence[str], weights: Bm25 = Bm25()
 ) -> tuple[np.ndarray, list[str], np.ndarray, np.ndarray]:
@@ -81,16 +94,9 @@ def lexical_scores(
     n = len(texts)
     if not terms or n == 0:
         return np.zeros(n), terms, np.zeros(len(terms)), np.zeros(n, dtype=bool)
-    index = {t: j for j, t in enumerate(terms)}
-    counts = [Counter(words(t)) for t in texts]
-    vocab = set().union(*counts)
-    word_term = {w: index[st] for w in vocab if (st := stem(w)) in index}
-    matching = word_term.keys()
-    tf = np.zeros((n, len(terms)), dtype=np.float64)
-    for i, c in enumerate(counts):
-        for w in matching & c.keys():
-            tf[i, word_term[w]] += c[w]
-    lengths = np.array([max(c.total(), 1) for c in counts], dtype=np.float64)
+    read = [stem_counts(t) for t in texts]
+    tf = np.array([[stems.get(term, 0) for term in terms] for stems, _ in read], dtype=np.float64)
+    lengths = np.array([max(total, 1) for _, total in read], dtype=np.float64)
     # Document frequency over distinct texts: five identical copies of the one chunk that answers
     # are one document, not five, or their shared terms would look common and the copies would
     # all fall below the minimum score (removing copies is the post-pass's job, not scoring's).

@@ -351,20 +351,32 @@ def embed_and_match(query: str, texts: list[str]) -> tuple[np.ndarray, np.ndarra
     query_ids = token_ids(query)
     ids = [_text_ids(t) for t in texts]
     vectors = np.vstack([_mean_vectors([query_ids]), StaticEmbedder().embed(texts)])  # rows stand alone
-    return vectors, _match_ids(query_ids, ids), _context_ids(query_ids, ids)
+    return vectors, _match_unique(query_ids, [_unique_ids(t) for t in texts]), _context_ids(query_ids, ids)
+
+
+@lru_cache(maxsize=4096)
+def _unique_ids(text: str) -> np.ndarray:
+    """A text's distinct token ids, sorted (read-only): what its token match compares."""
+    ids = np.unique(_text_ids(text))
+    ids.flags.writeable = False
+    return ids
 
 
 def _match_ids(query_ids: Sequence[int], ids_per_text: Sequence[Sequence[int] | np.ndarray]) -> np.ndarray:
+    return _match_unique(query_ids, [np.unique(np.asarray(ids, dtype=np.int64)) for ids in ids_per_text])
+
+
+def _match_unique(query_ids: Sequence[int], unique_per_text: Sequence[np.ndarray]) -> np.ndarray:
+    """`_match_ids` of texts whose ids are already distinct and sorted."""
     q_ids = sorted(set(query_ids))
-    out = np.zeros(len(ids_per_text))
+    out = np.zeros(len(unique_per_text))
     if not q_ids:
         return out
     q_raw = _rows(q_ids)
     q_norm = np.linalg.norm(q_raw, axis=1)
     q_unit = q_raw / np.maximum(q_norm, 1e-12)[:, None]
     weights = q_norm / q_norm.sum()
-    for row, text_ids in enumerate(ids_per_text):
-        ids = np.unique(np.asarray(text_ids, dtype=np.int64))  # sorted, each once
+    for row, ids in enumerate(unique_per_text):
         if len(ids):
             best = (q_unit @ _rows(ids, unit=True).T).max(axis=1)
             out[row] = float(weights @ best)

@@ -14,6 +14,7 @@ import math
 import re
 import unicodedata
 from collections.abc import Mapping, Sequence
+from functools import lru_cache
 from typing import Any
 
 from jsonschema import Draft202012Validator
@@ -42,14 +43,17 @@ def _stem(word: str) -> str:
     return word[:5]
 
 
-def _content_tokens(text: str) -> set[str]:
+@lru_cache(maxsize=4096)
+def _content_tokens(text: str) -> frozenset[str]:
+    """The stems a citation is looked for in; memoised per text (a chunk is cited again each time
+    it recurs, and the scored backends check their own reasons with the same function)."""
     out = set()
     for w in _WORD.findall(comparable(text)):
         if w in STOPWORDS or w in _GENERIC:
             continue
         if len(w) >= 3 or any(ch.isdigit() for ch in w):
             out.add(_stem(w))
-    return out
+    return frozenset(out)
 
 
 def _non_ascii_runs(text: str) -> set[str]:
@@ -212,7 +216,7 @@ def misquoted(reason: str, source: str) -> str | None:
     quotes = _quotations(reason)
     if not quotes:
         return None
-    haystack = comparable(source)
+    haystack = _comparable(source)
     words: _Source | None = None
     pairs = 0
     for quote in quotes:
@@ -225,6 +229,10 @@ def misquoted(reason: str, source: str) -> str | None:
             if pairs > LOOSE_PAIRS or not _faithful(quoted, words):
                 return quote
     return None
+
+
+# What a quotation is looked for in, memoised: a chunk (with its id and the query) recurs.
+_comparable = lru_cache(maxsize=2048)(comparable)
 
 
 def _quotable(chunk: Chunk, query: str | None = None) -> str:
