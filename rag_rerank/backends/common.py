@@ -74,9 +74,18 @@ def _constrain_ids(schema: dict[str, Any], enum: list[str] | None) -> None:
 
 def generation_schema(request: RerankRequest) -> dict[str, Any]:
     """The card's output schema with ids constrained to the input ids (Anthropic tool input_schema)."""
-    schema = _strip(copy.deepcopy(load_schema("output")))
+    schema = json.loads(_schema_text(strict=False))
     _constrain_ids(schema, ids_enum(request))
     return schema
+
+
+@functools.cache
+def _schema_text(*, strict: bool) -> str:
+    """The generation schema without ids, as JSON text, made once: a call parses it (a fresh
+    object at C speed: the SDK and the enum may not share it) instead of reading the schema file,
+    deep-copying and rewriting it again."""
+    schema = _strip(copy.deepcopy(load_schema("output")))
+    return json.dumps(_strictify(schema) if strict else schema)
 
 
 def _strictify(node: dict[str, Any]) -> dict[str, Any]:
@@ -102,7 +111,9 @@ def _strictify(node: dict[str, Any]) -> dict[str, Any]:
 
 def strict_schema(request: RerankRequest) -> dict[str, Any]:
     """The schema for OpenAI `response_format: json_schema, strict: true`."""
-    return _strictify(generation_schema(request))
+    schema = json.loads(_schema_text(strict=True))
+    _constrain_ids(schema, ids_enum(request))
+    return schema
 
 
 # Sent as the system message (OpenAI) or `system` (Anthropic), beside the card's task, which stays

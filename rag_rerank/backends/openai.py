@@ -82,6 +82,24 @@ def _sdk() -> Any:
     return openai
 
 
+CHAT_PATH = "/chat/completions"
+
+
+def request_options(sdk: Any, timeout: dict[str, Any]) -> dict[str, Any]:
+    """The options `chat.completions.create` gives the SDK's `post`: bearer authentication (the
+    SDKs that know per-request security) and a per-request timeout when one is given.
+
+    Why `post` and not `create`: `create` first walks the request against the SDK's typed-dict
+    annotations (`maybe_transform`), which changes nothing in a plain-JSON request like ours and
+    cost about 0.4 ms a call, a third of the SDK's own cost at 20 passages. `post` is the SDK's
+    documented way to send a request body as it is; the bytes on the wire and the parsed
+    `ChatCompletion` are the same."""
+    options: dict[str, Any] = dict(timeout)
+    if "security" in getattr(getattr(sdk, "RequestOptions", None), "__annotations__", {}):
+        options["security"] = {"bearer_auth": True}
+    return options
+
+
 def response_format_for(mode: str, request: RerankRequest) -> dict[str, Any] | None:
     if mode == "json_schema":
         return {"type": "json_schema", "json_schema": {"name": SCHEMA_NAME, "strict": True,
@@ -194,12 +212,12 @@ class OpenAIBackend(ClosableBackend):
         # api.openai.com wants max_completion_tokens (reasoning models reject max_tokens); compatible
         # servers (llama.cpp, older vLLM) only know max_tokens.
         kwargs["max_completion_tokens" if self._official else "max_tokens"] = int(max_tokens)
-        if self.temperature is not None and self._send_temperature:
-            kwargs["temperature"] = self.temperature
         fmt = response_format_for(mode, request)
         if fmt is not None:
             kwargs["response_format"] = fmt
-        return kwargs
+        if self.temperature is not None and self._send_temperature:
+            kwargs["temperature"] = self.temperature
+        return kwargs  # in the order `chat.completions.create` writes the body: the same bytes
 
     def _refuses_temperature(self, exc: Exception, sdk: Any, downgraded: list[str]) -> bool:
         """True (and temperature is dropped from now on) when a 400 names the temperature we sent:
@@ -365,7 +383,8 @@ class OpenAIBackend(ClosableBackend):
         while True:
             left = None if ends is None else ends - time.monotonic()
             try:
-                answer: Any = client.chat.completions.create(**kwargs, **request_timeout(self.timeout, left))
+                answer: Any = client.post(CHAT_PATH, cast_to=sdk.types.chat.ChatCompletion, body=kwargs,
+                                          options=request_options(sdk, request_timeout(self.timeout, left)))
             except (sdk.OpenAIError, json.JSONDecodeError) as exc:
                 answer = exc
             try:
@@ -388,7 +407,8 @@ class OpenAIBackend(ClosableBackend):
         kwargs = next(steps)
         while True:
             try:
-                answer: Any = await client.chat.completions.create(**kwargs)
+                answer: Any = await client.post(CHAT_PATH, cast_to=sdk.types.chat.ChatCompletion, body=kwargs,
+                                                options=request_options(sdk, {}))
             except (sdk.OpenAIError, json.JSONDecodeError) as exc:
                 answer = exc
             try:
