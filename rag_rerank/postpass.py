@@ -37,6 +37,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 import numpy as np
@@ -51,6 +52,7 @@ from .embed import (
     query_vector,
 )
 from .embed.lexical import LexicalEmbedder
+from .embed.memo import TextRows
 from .embed.static import StaticEmbedder
 from .errors import InputError, Violation
 from .guard.limits import load_limits
@@ -135,9 +137,12 @@ def select(
         group = available & dup[choice]
         group[choice] = True
         members = np.flatnonzero(group)
-        contains = (prefer[np.ix_(members, members)].sum(axis=1) if prefer is not None
-                    else np.zeros(len(members), dtype=np.int64))
-        keep = int(members[np.lexsort((members, -rel[members], lengths[members], -contains))[0]])
+        if len(members) == 1:  # no duplicate of the choice left: it is kept (most picks)
+            keep = choice
+        else:
+            contains = (prefer[np.ix_(members, members)].sum(axis=1) if prefer is not None
+                        else np.zeros(len(members), dtype=np.int64))
+            keep = int(members[np.lexsort((members, -rel[members], lengths[members], -contains))[0]])
         if picked:
             rel_masked = np.where(available, rel, -np.inf)
             best = int(np.argmax(rel_masked))
@@ -240,11 +245,20 @@ def _per_text(embedder: Any) -> bool:
     return isinstance(embedder, (LexicalEmbedder, StaticEmbedder))
 
 
+# The unit rows (`embed_texts`) of the chunks the post-pass compared last, per numpy embedder
+# setting: the lexical embedder's are sparse (~2.5 KB a text), the static table's 1.5 KB.
+UNIT_ROWS = {"lexical": TextRows(4096, sparse=True), "static": TextRows(4096)}
+
+
 def _embed_rows(embedder: Any, texts: Sequence[str], rows: np.ndarray) -> np.ndarray:
-    """The unit vectors of `texts[rows]` under `embedder` (`embed_texts`)."""
-    if _per_text(embedder):
-        return embed_texts(embedder, [texts[i] for i in rows])
-    return embed_texts(embedder, list(texts))[rows]
+    """The unit vectors of `texts[rows]` under `embedder` (`embed_texts`); a numpy embedder's
+    rows of texts compared recently come from `UNIT_ROWS` (a row is the same bits alone)."""
+    if not _per_text(embedder):
+        return embed_texts(embedder, list(texts))[rows]
+    sub = [texts[i] for i in rows]
+    kind = "lexical" if isinstance(embedder, LexicalEmbedder) else "static"
+    return UNIT_ROWS[kind].rows([(embedder, t) for t in sub], sub, lambda fresh: embed_texts(embedder, fresh),
+                                embedder.dim)
 
 
 def _resolve_vectors(
@@ -301,6 +315,7 @@ def _redundancy(texts: list[str], emb_name: str, embedder: Any, vectors: np.ndar
     return redundancy([texts[i] for i in rows], _similarity(vectors), rules_for(family), lexical)
 
 
+@lru_cache(maxsize=4096)
 def _concise_length(text: str) -> int:
     return len(" ".join(text.split()))
 

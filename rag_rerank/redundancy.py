@@ -209,15 +209,18 @@ def read(text: str) -> Reading:
 
 
 def _one_edit(a: str, b: str) -> bool:
-    """A typo: one letter inserted, deleted, replaced or two swapped, in words of 4+ letters."""
+    """A typo: one letter inserted, deleted, replaced or two swapped, in words of 4+ letters.
+
+    Decided at the first letter where the words differ (`p`): a replacement leaves the rest
+    equal, a swap the rest after the next letter, and an insertion or deletion anywhere is one at
+    `p` (deleting any letter of a run of equal letters gives the same word)."""
     if abs(len(a) - len(b)) > 1 or min(len(a), len(b)) < 4 or a == b:
         return False
+    p = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
     if len(a) == len(b):
-        diff = [i for i in range(len(a)) if a[i] != b[i]]
-        return len(diff) == 1 or (len(diff) == 2 and diff[1] == diff[0] + 1
-                                  and a[diff[0]] == b[diff[1]] and a[diff[1]] == b[diff[0]])
+        return a[p + 1:] == b[p + 1:] or (a[p + 2:] == b[p + 2:] and a[p] == b[p + 1] and a[p + 1] == b[p])
     short, long = (a, b) if len(a) < len(b) else (b, a)
-    return any(long[:i] + long[i + 1:] == short for i in range(len(long)))
+    return long[p + 1:] == short[p:]
 
 
 def _same_spelling(a: str, b: str) -> bool:

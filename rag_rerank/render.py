@@ -12,8 +12,9 @@ bidirectional overrides) are escaped too, so they show as visible escape text.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable
-from functools import cache
+from functools import cache, lru_cache
 
 import jinja2
 
@@ -71,11 +72,28 @@ def _environment() -> jinja2.Environment:
     )
 
 
+# Any character the table above rewrites: most lines hold none, and then need no translation.
+_NEEDS_ESCAPE = re.compile("[" + "".join(re.escape(chr(cp)) for cp in sorted(_JSON_ESCAPES)) + "]")
+
+
 def chunk_line(chunk: Chunk) -> str:
     """One chunk as a single, markup-free JSON line."""
+    if chunk.meta is None:  # memoised: the same chunk recurs (in a corpus, a window's survivors)
+        return _plain_line(chunk.id, chunk.text, chunk.score, repr(chunk.score))
+    return _line(chunk.prompt_record())
+
+
+@lru_cache(maxsize=4096)
+def _plain_line(cid: str, text: str, score: float | None, score_repr: str) -> str:
+    # `score_repr` keeps apart keys equal as numbers but written differently (1, 1.0, True, -0.0)
+    return _line(Chunk(cid, text, score).prompt_record())
+
+
+def _line(record: dict[str, object]) -> str:
     # ensure_ascii=False keeps non-English text readable for the model; json.dumps already
     # escapes \n, \r, \t and other C0 controls, and the table above handles the rest.
-    return json.dumps(chunk.prompt_record(), ensure_ascii=False).translate(_JSON_ESCAPES)
+    line = json.dumps(record, ensure_ascii=False)
+    return line.translate(_JSON_ESCAPES) if _NEEDS_ESCAPE.search(line) else line
 
 
 def chunks_jsonl(chunks: Iterable[Chunk]) -> str:

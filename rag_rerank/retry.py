@@ -30,6 +30,7 @@ import random
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field, replace
+from functools import lru_cache
 from typing import Any
 
 from tenacity import AsyncRetrying, RetryCallState, Retrying, retry_if_exception_type
@@ -139,9 +140,17 @@ def accepts_timeout(backend: Any) -> bool:
     """True when `backend.complete` takes a `timeout` keyword (seconds for this one call).
 
     The HTTP backends do, and `call_with_retries` passes what is left of the deadline; a backend
-    written before that keyword existed is called as before (it cannot be cut in a sync call)."""
+    written before that keyword existed is called as before (it cannot be cut in a sync call).
+    Read once per class's method (`inspect.signature` cost more than the rest of a call's set-up)."""
+    complete = backend.complete
+    func = getattr(complete, "__func__", None)  # a method: the same answer for every instance
+    return _takes_timeout(func) if func is not None else _takes_timeout.__wrapped__(complete)
+
+
+@lru_cache(maxsize=256)
+def _takes_timeout(complete: Callable[..., Any]) -> bool:
     try:
-        params = inspect.signature(backend.complete).parameters
+        params = inspect.signature(complete).parameters
     except (TypeError, ValueError):
         return False
     return "timeout" in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())

@@ -31,7 +31,6 @@ import numpy as np
 
 from ..errors import InputError, Violation
 from ..text import STOPWORDS, comparable
-from .memo import TextRows
 
 _P = np.uint64(0x100000001B3)  # FNV-64 prime: odd, hence invertible modulo 2**64
 _P_INV = np.uint64(pow(0x100000001B3, -1, 2**64))
@@ -124,11 +123,7 @@ class LexicalEmbedder:
 
     def embed(self, texts: list[str]) -> np.ndarray:
         """One unit row per text (an all-zero row for a text without word characters). A row
-        depends on its own text only, so the rows of texts seen recently come from `ROWS`."""
-        return ROWS.rows([(self, t) for t in texts], list(texts), self.compute, self.dim)
-
-    def compute(self, texts: list[str]) -> np.ndarray:
-        """The rows of `texts`, computed (`embed` without the cache)."""
+        depends on its own text only: the same bits whatever else is embedded with it."""
         n = len(texts)
         if n == 0:
             return np.zeros((0, self.dim), dtype=np.float32)
@@ -200,8 +195,3 @@ class LexicalEmbedder:
         out = np.zeros(n * self.dim, dtype=np.float32)
         out[nz] = vals / norms[row_of]
         return out.reshape(n, self.dim)
-
-
-# The rows of the last texts embedded, per embedder setting: about 2.5 KB each (a few hundred
-# non-zero entries), so at most about 10 MB.
-ROWS = TextRows(4096, sparse=True)

@@ -92,14 +92,17 @@ class TextRows:
         making those not cached in one call."""
         out = np.zeros((len(texts), dim), dtype=np.float32)
         missing: dict[Any, list[int]] = {}
+        found: list[tuple[int, Any]] = []
         with self._lock:
             for k, key in enumerate(keys):
                 row = self._rows.get(key)
                 if row is None:
                     missing.setdefault(key, []).append(k)
-                    continue
-                self._rows.move_to_end(key)
-                self._put(out, k, row)
+                else:
+                    self._rows.move_to_end(key)
+                    found.append((k, row))
+        if found:
+            self._fill(out, found, dim)
         if missing:
             firsts = [at[0] for at in missing.values()]
             fresh = np.asarray(compute([texts[k] for k in firsts]), dtype=np.float32)
@@ -113,8 +116,11 @@ class TextRows:
                     self._rows.popitem(last=False)
         return out
 
-    def _put(self, out: np.ndarray, k: int, row: Any) -> None:
-        if self.sparse:
-            out[k, row[0]] = row[1]
-        else:
-            out[k] = row
+    def _fill(self, out: np.ndarray, found: list[tuple[int, Any]], dim: int) -> None:
+        """The cached rows into their places in `out`, in one assignment."""
+        at = [k for k, _ in found]
+        if not self.sparse:
+            out[at] = np.stack([row for _, row in found])
+            return
+        flat = np.concatenate([idx.astype(np.int64) + k * dim for k, (idx, _) in found])
+        out.reshape(-1)[flat] = np.concatenate([vals for _, (_, vals) in found])

@@ -319,10 +319,15 @@ class StaticEmbedder:
     name: str = field(default="static")
     duplicate_threshold: float = STATIC_DUPLICATE_THRESHOLD
 
+    @property
+    def dim(self) -> int:
+        """The length of a row (the table's)."""
+        return int(_table().vectors.shape[1])
+
     def embed(self, texts: list[str]) -> np.ndarray:
         """A row depends on its own text only (each row is normalised alone), so the rows of texts
         seen recently come from `ROWS`."""
-        return ROWS.rows(list(texts), list(texts), _text_vectors, _table().vectors.shape[1])
+        return ROWS.rows(list(texts), list(texts), _text_vectors, self.dim)
 
 
 def _text_vectors(texts: list[str]) -> np.ndarray:
