@@ -138,13 +138,18 @@ def error_record(exc: Exception, secrets: Sequence[str | None]) -> dict[str, Any
     return {"kind": "internal", "message": scrub(f"{type(exc).__name__}: {exc}", secrets)}
 
 
-def record(line: Line, outcome: Outcome, secrets: Sequence[str | None]) -> dict[str, Any]:
+def record(line: Line, outcome: Outcome, secrets: Sequence[str | None],
+           scores: bool = False) -> dict[str, Any]:
+    """One output line for `line`: the card's object under "result" and "meta", or "error"; with
+    `scores` (`batch --scores`), every input id's score under "scores" beside them."""
     rec: dict[str, Any] = {"line": line.number}
     if line.query_id is not None:
         rec["query_id"] = line.query_id
     if isinstance(outcome, RerankResult):
         rec["result"] = outcome.to_dict()
         rec["meta"] = outcome.meta.to_dict()
+        if scores:
+            rec["scores"] = dict(outcome.scores)
     else:
         rec["error"] = error_record(outcome, secrets)
     return rec

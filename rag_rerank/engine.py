@@ -36,6 +36,7 @@ from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from . import reasons
 from .backends.base import Backend
 from .backends.factory import make_backend
 from .concurrency import check_concurrency
@@ -391,7 +392,7 @@ def _finish(plan: Plan, outcome: Outcome) -> Flow:
     notes.extend(_scoring_notes(plan))
     meta = _meta(plan, model=outcome.model or getattr(plan.backend, "model", None),
                  attempts=len(outcome.attempts), repairs=outcome.repairs, usage=outcome.usage, notes=notes)
-    return replace(result, meta=meta)
+    return replace(result, meta=meta, scores=scores_of(plan.request, [outcome.obj], result.ranked))
 
 
 def _fallback_result(plan: Plan, answer: Answer) -> Flow:
@@ -410,7 +411,7 @@ def _fallback_result(plan: Plan, answer: Answer) -> Flow:
     meta = _meta(used, model=outcome.model, attempts=len(error.attempts) + len(outcome.attempts),
                  repairs=outcome.repairs, usage=add_usage(error.usage, outcome.usage),
                  fallback="local" if backend_failed else None, notes=(*notes, *_scoring_notes(used)))
-    return replace(result, meta=meta)
+    return replace(result, meta=meta, scores=scores_of(used.request, [outcome.obj], result.ranked))
 
 
 # --------------------------------------------------------------------------- windows
@@ -515,10 +516,37 @@ def _assemble(plan: Plan, windows: Sequence[Window], scored: Sequence[Scored], s
                  calls=len(calls), windows=tuple(_entry(w, a, survivors) for w, a in calls))
     meta = replace(meta, embedder=result.meta.embedder or meta.embedder,
                    notes=(*meta.notes, *result.meta.notes))
-    return RerankResult(ranked=result.ranked, dropped=dropped, meta=meta)
+    answers = [a.obj for a in scored] + ([final[1].obj] if final is not None else [])
+    return RerankResult(ranked=result.ranked, dropped=dropped, meta=meta,
+                        scores=scores_of(request, answers, result.ranked))
 
 
 # --------------------------------------------------------------------------- meta and messages
+
+
+_UNSCORED = "not scored: the model neither ranked nor dropped it"
+_NO_NUMBER = "no score: the model dropped it without one"
+
+
+def scores_of(request: RerankRequest, answers: Sequence[Mapping[str, Any]], ranked: Sequence[Ranked]
+              ) -> dict[str, float | str]:
+    """Every input id's score, in input order: the ranked chunks' final scores, else the last
+    answer's (the final pass over the windows') score for the chunk, in `ranked` or in a dropped
+    reason's detail (`not_selected: 0.410`, as the scored backends write them); or why there is none."""
+    out: dict[str, float | str] = {}
+    for obj in answers:
+        for item in obj.get("ranked", ()):
+            out[item["id"]] = float(item["score"])
+        for item in obj.get("dropped", ()) or ():
+            score = reasons.score_in(item["reason"])
+            if score is not None:
+                out[item["id"]] = score
+            elif not isinstance(out.get(item["id"]), float):
+                out[item["id"]] = _NO_NUMBER
+    for item in ranked:
+        out[item.id] = item.score
+    return {c.id: out.get(c.id, _UNSCORED) for c in request.chunks}
+
 
 
 def _meta(plan: Plan, *, model: str | None, attempts: int, repairs: Sequence[str], usage: Mapping[str, int],
@@ -572,4 +600,4 @@ def _redacted(error: BackendError, api_key: str | None) -> BackendError:
 
 
 __all__ = ["Call", "Calls", "Flow", "Plan", "Progress", "Setup", "Step", "Work", "check_options",
-           "check_request", "failure_summary", "flow", "plan"]
+           "check_request", "failure_summary", "flow", "plan", "scores_of"]

@@ -56,6 +56,8 @@ def register(command: Callable[..., argparse.ArgumentParser]) -> None:
     p.add_argument("--overwrite", action="store_true",
                    help="replace an existing non-empty --output (without it or --resume, batch refuses to)")
     p.add_argument("--no-progress", action="store_true", help="never show a progress bar")
+    p.add_argument("--scores", action="store_true",
+                   help="add every input id's score (or why it has none) to each record, beside result")
     p.add_argument("--engine", choices=["local", "ray"], default="local",
                    help="local: one process, async (default); ray: Ray Data actors (needs rag-rerank[ray])")
     p.add_argument("--ray-address", default=None, metavar="ADDR",
@@ -160,7 +162,7 @@ def run_batch(args: Any, backend_options: Mapping[str, Any]) -> int:
                 bar.update(1)
 
         def on_done(index: int, outcome: Outcome) -> None:
-            on_record(index, record(todo[index], outcome, secrets))
+            on_record(index, record(todo[index], outcome, secrets, scores=getattr(args, "scores", False)))
 
         hint = PATH_HINT.set("")  # a batch line cannot hold a pathlib.Path: no Python advice
         try:
@@ -175,6 +177,7 @@ def run_batch(args: Any, backend_options: Mapping[str, Any]) -> int:
                     concurrency=args.concurrency,
                     workers=args.workers,
                     address=args.ray_address,
+                    scores=getattr(args, "scores", False),
                 )
             else:
                 asyncio.run(_local_engine([ln.item for ln in todo], args.concurrency, on_done, options))

@@ -31,6 +31,9 @@ def register(command: Callable[..., argparse.ArgumentParser]) -> None:
     p = command("rerank", "rerank chunks for a query and print the result object")
     add_request_args(p)
     add_backend_args(p)
+    p.add_argument("--scores", action="store_true",
+                   help="add a \"scores\" object beside ranked and dropped: every input id with its "
+                   "score, or why it has none")
     p.add_argument("--meta", action="store_true",
                    help="print run metadata (attempts, usage, latency) to stderr")
     p.add_argument("--indent", type=indent_width, default=None,
@@ -55,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
         WINDOW_PROGRESS.reset(token)
         if bar is not None:
             bar.close()
-    print(result.to_json(indent=args.indent))
+    print(result.to_json(indent=args.indent, scores=args.scores))
     if args.meta:
         print(json.dumps(result.meta.to_dict(), ensure_ascii=False), file=sys.stderr)
     elif (notice := result.meta.fallback_notice("--fallback local")) is not None:
