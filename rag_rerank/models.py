@@ -90,6 +90,9 @@ class RunMeta:
     # "lexical" when the embedder asked for (an `openai` server) failed and `fallback="local"` put
     # lexical vectors in its place (the post-pass's, and the local scorer's); `notes` says why.
     embedder_fallback: str | None = None
+    # With a response cache (`cache=`): {"hits", "misses", "saved_tokens"} over the backend's calls;
+    # a hit made no request (it counts no attempt) and its tokens are still in `usage`. None without one.
+    cache: Mapping[str, int] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -105,6 +108,7 @@ class RunMeta:
             "calls": self.calls,
             "windows": [dict(w) for w in self.windows],
             "embedder_fallback": self.embedder_fallback,
+            "cache": None if self.cache is None else dict(self.cache),
         }
 
     def fallback_notice(self, how: str = "fallback local") -> str | None:
