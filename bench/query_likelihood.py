@@ -39,6 +39,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 import tune_default as T  # noqa: E402
+from failures import TALLY, run_bench  # noqa: E402
 
 from rag_rerank.backends.local import LocalBackend  # noqa: E402
 
@@ -129,6 +130,7 @@ def main() -> None:
         pmi.append(reader.pmi(q.query, texts))
         for p in profiles:
             shipped[p].append(backends[p].scores(q.query, texts))
+        TALLY.count()
         answer.append(q.gains[order] == 2)
         off.append(q.off_topic[order])
         author += [q.source] * len(texts)
@@ -155,4 +157,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_bench(main))
