@@ -15,7 +15,11 @@
    top 5 by plain relevance order vs the post-pass at lambda 1.0 / 0.7 / 0.5 (and Haystack-style
    `diversity` layout): subtopic recall@5, alpha-nDCG@5 (alpha 0.5), share of the top 5 that
    covers any subtopic, and the average pairwise cosine distance of the top 5 (measured with the
-   same embedder), with its change against relevance order.
+   same embedder), with its change against relevance order. Near-duplicates are decided as
+   `rerank()` decides them by default whatever embedder drives MMR (`duplicates_by="text"`: lexical
+   cosine at or above 0.49). (Before 2026-11-25 the MiniLM rows passed MiniLM's own threshold,
+   0.84, which text-based duplicate detection applies to lexical cosines: in effect no
+   de-duplication, a configuration no caller gets by default.)
 
     python bench/postpass.py                              # all three parts, lexical + MiniLM
     python bench/postpass.py --parts ambient --embedders lexical
@@ -281,7 +285,7 @@ def ambient_result(spec: str, pool_size: int = 50, depth: int = 5) -> AmbientRes
     embedder.embed(["warm up"])
     runs: dict[str, list[tuple[float, float, float, float]]] = defaultdict(list)
     t0 = time.perf_counter()
-    thr = embedder.duplicate_threshold
+    thr = get_embedder("lexical").duplicate_threshold  # duplicates_by="text": lexical, whatever ranks
     for tid, query in topics.items():
         items = results.get(tid, [])[:pool_size]
         if not items:
@@ -300,11 +304,11 @@ def ambient_result(spec: str, pool_size: int = 50, depth: int = 5) -> AmbientRes
         row = {rid: i for i, rid in enumerate(ids)}
         rankings = {"relevance order (given rank)": ids[:depth]}
         for lam in (1.0, 0.7, 0.5):
-            res = postpass(request_for[lam], scored, embedder=fixed, duplicate_threshold=thr)
+            res = postpass(request_for[lam], scored, embedder=fixed)
             rankings[f"post-pass MMR lambda={lam}"] = res.ids
         fixed.vectors[query] = embed_texts(embedder, [query])[0]
         res = postpass(
-            request_for[0.7], scored, embedder=fixed, duplicate_threshold=thr, layout="diversity"
+            request_for[0.7], scored, embedder=fixed, layout="diversity"
         )
         rankings["post-pass layout=diversity (Haystack order)"] = res.ids
         TALLY.count(4)
@@ -343,7 +347,8 @@ def ambient_table(specs: list[str], pool_size: int = 50, depth: int = 5) -> None
             continue
         print(
             f"\n## AMBIENT diversity, embedder {result.name} ({result.topics} topics, top {pool_size} "
-            f"candidates in given order, top {depth} kept, duplicate threshold {result.threshold}; "
+            f"candidates in given order, top {depth} kept, near-duplicates: lexical cosine >= "
+            f"{result.threshold}; "
             f"{result.seconds:.0f} s)\n"
         )
         print(
