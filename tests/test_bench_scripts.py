@@ -88,8 +88,8 @@ def test_a_bench_that_crashes_says_so_on_stdout(capsys: pytest.CaptureFixture[st
 
     assert failures.run_bench(main, tally) == 1
     captured = capsys.readouterr()
-    assert captured.out.splitlines()[-1] == ("FAILED: 1 of 4 calls raised; first: the run stopped: RuntimeError: "
-                                             "the backend raised")
+    assert captured.out.splitlines()[-1] == ("FAILED: 1 of 4 calls raised; first: the run stopped: "
+                                             "RuntimeError: the backend raised")
     assert "Traceback" in captured.err
 
 
