@@ -4,9 +4,10 @@ bench/figures.py holds the registry (each figure as documented, the docs' exact 
 the bench command that prints it, and a function recomputing it); this test runs its quick part
 (the local backend with the default lexical profile: README's held-out rows, the DL19 and AMBIENT
 tables of docs/quality.md, docs/eval.md, the windows table, the duplicate thresholds and AMBIENT
-diversity of docs/postpass.md, the non-English table). The figures are deterministic, so a change
-that moves one must update the doc that quotes it (and the registry), or be a regression.
-MiniLM, SciFact, cross-validation and routing figures are in `python bench/figures.py` (full).
+diversity of docs/postpass.md, the non-English table, the lexical router of docs/agents.md). The
+figures are deterministic, so a change that moves one must update the doc that quotes it (and the
+registry), or be a regression.
+MiniLM, SciFact and cross-validation figures are in `python bench/figures.py` (full).
 """
 
 from __future__ import annotations
