@@ -41,7 +41,6 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from failures import TALLY, run_bench  # noqa: E402
 
@@ -325,10 +324,9 @@ def window_calls() -> dict[tuple[int, str], str]:
 
     from rag_rerank import make_backend, rerank
 
-    os.environ.setdefault("OPENAI_API_KEY", "sk-bench-not-a-real-key")
     out = {}
-    with windows.fake_server(0.0) as url:
-        backend = make_backend("openai", base_url=url, model="fake-gpt")
+    with windows.fake_server(0.0) as url:  # the key is passed, never put in this process's environment
+        backend = make_backend("openai", base_url=url, model="fake-gpt", api_key="sk-bench-not-a-real-key")
         query, warm = windows.dl19_candidates(20)
         rerank(query, warm, backend=backend)
         for n in (100, 200):
@@ -1216,6 +1214,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--only", action="append", default=[], metavar="WORD",
                     help="only figures whose name contains WORD (repeatable)")
     args = ap.parse_args(argv)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the MiniLM weights ship in a package: never download
     if not data_dir().is_dir():
         raise SystemExit(f"{data_dir()} not found: set RAG_RERANK_DATA to the shared evaluation data folder")
     started = time.perf_counter()
