@@ -66,7 +66,7 @@ def _server(gguf: Path) -> Iterator[str]:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     cmd = [sys.executable, "-m", "llama_cpp.server", "--model", str(gguf), "--host", "127.0.0.1", "--port",
-           str(port), "--n_ctx", "8192", "--model_alias", "smollm2", "--seed", "7"]
+           str(port), "--n_ctx", "16384", "--model_alias", "smollm2", "--seed", "7"]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             env={**os.environ, "NO_PROXY": "*"})
     url = f"http://127.0.0.1:{port}"
