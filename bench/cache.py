@@ -58,8 +58,8 @@ def _run(base: list[str], out: Path, where: str) -> dict[str, float]:
     code, _ = _cli([*base, "-o", str(out)])
     elapsed = time.perf_counter() - t0
     records = [json.loads(line) for line in out.open(encoding="utf-8")] if out.is_file() else []
-    TALLY.add(len(records), {f"line {r.get('line')}": json.dumps(r["error"]) for r in records if "error" in r},
-              where=where)
+    failed = {f"line {r.get('line')}": json.dumps(r["error"]) for r in records if "error" in r}
+    TALLY.add(len(records), failed, where=where)
     if code != 0 and not any("error" in r for r in records):
         TALLY.fail(where, f"rag-rerank batch exited {code}")
     caches = [r["meta"].get("cache") or {} for r in records if "meta" in r]
@@ -82,7 +82,8 @@ def main() -> int:
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA)
     args = parser.parse_args()
-    workloads = [("one call, top 20", 20, ()), ("windows, top 60 in windows of 20", 60, ("--window-size", "20"))]
+    workloads = [("one call, top 20", 20, ()),
+                 ("windows, top 60 in windows of 20", 60, ("--window-size", "20"))]
     print(f"rag-rerank batch, {args.queries} TREC DL19 queries, a server answering in "
           f"{args.latency * 1000:.0f} ms, concurrency {args.concurrency}\n")
     print("| workload | run | planned calls | calls (meta) | cache hits | requests | saved tokens | seconds "
