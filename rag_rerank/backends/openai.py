@@ -160,16 +160,23 @@ class OpenAIBackend(ClosableBackend):
         *,
         temperature: float | None = 0.0,
         response_format: str = "auto",
+        seed: int | None = None,
     ) -> None:
+        bad = []
         if response_format != "auto" and response_format not in MODES:
-            raise InputError([Violation(path="response_format", value=response_format,
-                                        message=f"must be 'auto' or one of {', '.join(MODES)}")])
+            bad.append(Violation(path="response_format", value=response_format,
+                                 message=f"must be 'auto' or one of {', '.join(MODES)}"))
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+            bad.append(Violation(path="seed", value=repr(seed), message="must be None or an int"))
+        if bad:
+            raise InputError(bad, headline="invalid openai options")
         url, key = resolve_credentials("openai", base_url, api_key, url_env="OPENAI_BASE_URL",
                                        key_env="OPENAI_API_KEY")
         self.model = model or DEFAULT_MODEL
         self.base_url = (url or DEFAULT_BASE_URL).rstrip("/")
         self.timeout = float(timeout)
         self.temperature = temperature
+        self.seed = seed  # sent when set: some servers (vLLM, llama.cpp, OpenAI) then sample reproducibly
         # Reasoning models (o-series, gpt-5) refuse any temperature but their default: learned on
         # the first refusal, then the parameter is left out for this backend's calls.
         self._send_temperature = True
@@ -199,6 +206,16 @@ class OpenAIBackend(ClosableBackend):
         return {"api_key": self._key, "base_url": self.base_url, "timeout": self.timeout, "max_retries": 0}
 
     # --- one call ----------------------------------------------------------------------------
+    def cache_identity(self, prompt: str, request: RerankRequest, max_tokens: int) -> dict[str, Any]:
+        """What decides this call's answer, for the response cache's key (`cache.py`): the server
+        (credentials masked), the model, the first attempt's messages, the response format asked
+        for (not the one negotiated, so a downgrade learned later does not change the key), the
+        ids the schema allows, temperature, max tokens and seed."""
+        return {"backend": self.name, "base_url": display_url(self.base_url), "model": self.model,
+                "messages": build_messages(prompt, (), None), "response_format": self.forced_mode or "auto",
+                "ids": list(request.ids), "temperature": self.temperature, "max_tokens": int(max_tokens),
+                "seed": self.seed}
+
     def _modes(self) -> tuple[str, ...]:
         if self.forced_mode:
             return (self.forced_mode,)
@@ -215,6 +232,8 @@ class OpenAIBackend(ClosableBackend):
         fmt = response_format_for(mode, request)
         if fmt is not None:
             kwargs["response_format"] = fmt
+        if self.seed is not None:
+            kwargs["seed"] = self.seed
         if self.temperature is not None and self._send_temperature:
             kwargs["temperature"] = self.temperature
         return kwargs  # in the order `chat.completions.create` writes the body: the same bytes
