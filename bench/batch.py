@@ -93,10 +93,13 @@ with FakeLLM(handler=quoting_ranker(float(sys.argv[2]))) as srv:
 
 
 @contextlib.contextmanager
-def fake_server(latency: float) -> Iterator[str]:
-    """fake_llm in its own process, so its threads do not compete with the client for the GIL."""
+def fake_server(latency: float, server: str = "fake_llm") -> Iterator[str]:
+    """fake_llm (or bench/fast_llm.py with `server="fast_llm"`) in its own process, so its threads
+    do not compete with the client for the GIL."""
+    cmd = ([sys.executable, str(ROOT / "bench" / "fast_llm.py"), "--latency", str(latency)]
+           if server == "fast_llm" else [sys.executable, "-c", _SERVER, str(ROOT), str(latency)])
     proc = subprocess.Popen(
-        [sys.executable, "-c", _SERVER, str(ROOT), str(latency)],
+        cmd,
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
@@ -125,7 +128,7 @@ def _start_local_ray() -> float:
 @contextlib.contextmanager
 def workspace(args: argparse.Namespace) -> Iterator[tuple[Path, str, Path, Path]]:
     """A temporary folder, the fake server's URL, the queries file and a 2-query warm-up file."""
-    with tempfile.TemporaryDirectory() as tmp, fake_server(args.latency) as url:
+    with tempfile.TemporaryDirectory() as tmp, fake_server(args.latency, args.server) as url:
         inp = Path(tmp) / "queries.jsonl"
         write_queries(inp, args.data, args.queries, args.chunks)
         warm = Path(tmp) / "warm.jsonl"
@@ -185,6 +188,8 @@ def main() -> int:
     ap.add_argument("--latency", type=float, default=0.2, help="seconds the server waits before answering")
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
     ap.add_argument("--data", type=Path, default=DEFAULT_DATA)
+    ap.add_argument("--server", choices=["fake_llm", "fast_llm"], default="fake_llm",
+                    help="tests/support/fake_llm.py (a thread per connection) or bench/fast_llm.py (asyncio)")
     ap.add_argument("--engines", action="store_true", help="local engine vs Ray with 1 and 2 workers")
     ap.add_argument("--ray-concurrency", type=int, default=8, help="--concurrency of each run with --engines")
     args = ap.parse_args()
@@ -202,7 +207,7 @@ def main() -> int:
             rows.append((c, n, elapsed, n / elapsed, ideal))
     print(
         f"rag-rerank batch throughput: {args.queries} queries x {args.chunks} chunks, openai backend -> "
-        f"fake_llm (own process, 127.0.0.1) with {args.latency * 1000:.0f} ms latency per call\n"
+        f"{args.server} (own process, 127.0.0.1) with {args.latency * 1000:.0f} ms latency per call\n"
     )
     print("| concurrency | queries | wall time (s) | queries/s | ideal queries/s | efficiency |")
     print("|---:|---:|---:|---:|---:|---:|")

@@ -93,8 +93,8 @@ ANSWERS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
     "rerank_result": _ours, "document_ranking": _haystack, "DocumentRelevanceList": _llama,
     "RankDocuments": _langchain,
 }
-CALLERS = {"rerank_result": "rag-rerank", "document_ranking": "haystack", "DocumentRelevanceList": "llamaindex",
-           "RankDocuments": "langchain"}
+CALLERS = {"rerank_result": "rag-rerank", "document_ranking": "haystack",
+           "DocumentRelevanceList": "llamaindex", "RankDocuments": "langchain"}
 
 
 def recognise(body: dict[str, Any]) -> tuple[str, bool]:
@@ -127,7 +127,8 @@ def completion(body: dict[str, Any]) -> dict[str, Any]:
         finish = "tool_calls"
     else:
         message, finish = {"role": "assistant", "content": answer}, "stop"
-    return {"id": "chatcmpl-bench", "object": "chat.completion", "created": 0, "model": str(body.get("model")),
+    return {"id": "chatcmpl-bench", "object": "chat.completion", "created": 0,
+            "model": str(body.get("model")),
             "choices": [{"index": 0, "message": message, "finish_reason": finish, "logprobs": None}],
             "usage": {"prompt_tokens": 100, "completion_tokens": 20, "total_tokens": 120}}
 
@@ -155,7 +156,8 @@ class Server:
         if method == "GET" and path.startswith("/stats"):
             return _response(200, json.dumps(self.calls).encode())
         if method != "POST" or not path.endswith("/chat/completions"):
-            return _response(404, b'{"error": {"message": "only POST .../chat/completions", "type": "bench"}}')
+            return _response(404, b'{"error": {"message": "only POST .../chat/completions", '
+                                  b'"type": "bench"}}')
         cached = self.answers.get(body)
         if cached is not None:
             self.calls[self.callers[body]] += 1

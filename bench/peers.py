@@ -59,7 +59,8 @@ Work = list[tuple[str, list[dict[str, Any]]]]
 
 def load(path: Path, n: int) -> Work:
     data = json.loads(need(path).read_text(encoding="utf-8"))
-    return [(q["query"], [{"id": str(h["docid"]), "text": h["content"]} for h in q["hits"][:n]]) for q in data]
+    return [(q["query"], [{"id": str(h["docid"]), "text": h["content"]} for h in q["hits"][:n]])
+            for q in data]
 
 
 @contextlib.contextmanager
@@ -98,7 +99,8 @@ class Peer:
 def _ours_check(result: Any) -> None:
     meta = result.meta
     if not result.ranked or meta.attempts != 1 or meta.fallback is not None:
-        raise Failed(f"rag-rerank: ranked={len(result.ranked)} attempts={meta.attempts} fallback={meta.fallback}")
+        raise Failed(f"rag-rerank: ranked={len(result.ranked)} attempts={meta.attempts} "
+                     f"fallback={meta.fallback}")
 
 
 def ours_once(url: str) -> Peer:
@@ -156,7 +158,8 @@ def haystack(url: str) -> Peer:
     schema = _default_openai_chat_generator().generation_kwargs["text"]["format"]
     fmt = {"type": "json_schema", "json_schema": {"name": schema["name"], "schema": schema["schema"]}}
     generator = OpenAIChatGenerator(api_key=Secret.from_token(KEY), model=MODEL, api_base_url=url,
-                                    generation_kwargs={"temperature": 0.0, "response_format": fmt}, max_retries=0)
+                                    generation_kwargs={"temperature": 0.0, "response_format": fmt},
+                                    max_retries=0)
     ranker = LLMRanker(chat_generator=generator, top_k=TOP, raise_on_failure=True)
     ranker.warm_up()
 
@@ -246,7 +249,8 @@ def timed_round(calls: dict[str, Callable[[int], None]], n_queries: int, count: 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--calls", type=int, default=43, help="timed calls per reranker per round (cycling queries)")
+    ap.add_argument("--calls", type=int, default=43,
+                    help="timed calls per reranker per round (cycling queries)")
     ap.add_argument("--sizes", type=int, nargs="+", default=[20, 50])
     ap.add_argument("--data", type=Path, default=DEFAULT_DATA)
     args = ap.parse_args()
@@ -310,10 +314,12 @@ def main() -> int:
         for peer in [*ours, *peers]:
             peer.close()
     load_avg = os.getloadavg()[0]
-    print(f"Client-side ms per rerank call (top {TOP}), TREC DL19 passages, one local OpenAI-compatible server "
+    print(f"Client-side ms per rerank call (top {TOP}), TREC DL19 passages, "
+          "one local OpenAI-compatible server "
           f"(bench/fast_llm.py); median over {args.rounds} rounds of {args.calls} calls each; "
           f"{os.cpu_count()} cores, load average {load_avg:.1f}\n")
-    print("| passages | reranker | ms per call | x bare SDK call | client CPU ms per call | x bare SDK call (CPU) |")
+    print("| passages | reranker | ms per call | x bare SDK call | client CPU ms per call "
+          "| x bare SDK call (CPU) |")
     print("|---:|---|---:|---:|---:|---:|")
     for n, name, ms, ratio, cpu_ms, cpu_ratio in rows:
         print(f"| {n} | {name} | {ms:.2f} | {ratio:.2f} | {cpu_ms:.2f} | {cpu_ratio:.2f} |")
