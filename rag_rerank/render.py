@@ -12,7 +12,6 @@ bidirectional overrides) are escaped too, so they show as visible escape text.
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Iterable
 from functools import cache, lru_cache
 
@@ -72,8 +71,10 @@ def _environment() -> jinja2.Environment:
     )
 
 
-# Any character the table above rewrites: most lines hold none, and then need no translation.
-_NEEDS_ESCAPE = re.compile("[" + "".join(re.escape(chr(cp)) for cp in sorted(_JSON_ESCAPES)) + "]")
+# The ASCII characters the table above rewrites: an ASCII line holding none of them (most lines)
+# needs no translation, found by a few substring scans (a regular expression over the whole table's
+# characters cost more than the translation it saved).
+_ASCII_ESCAPED = tuple(chr(cp) for cp in sorted(_JSON_ESCAPES) if cp < 128)
 
 
 def chunk_line(chunk: Chunk) -> str:
@@ -93,7 +94,9 @@ def _line(record: dict[str, object]) -> str:
     # ensure_ascii=False keeps non-English text readable for the model; json.dumps already
     # escapes \n, \r, \t and other C0 controls, and the table above handles the rest.
     line = json.dumps(record, ensure_ascii=False)
-    return line.translate(_JSON_ESCAPES) if _NEEDS_ESCAPE.search(line) else line
+    if line.isascii() and not any(ch in line for ch in _ASCII_ESCAPED):
+        return line
+    return line.translate(_JSON_ESCAPES)
 
 
 def chunks_jsonl(chunks: Iterable[Chunk]) -> str:

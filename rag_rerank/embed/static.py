@@ -112,11 +112,16 @@ _CACHED_CHUNK_CHARS = 64  # longer white-space-free runs are split uncached (rar
 
 
 def _split_punct(chunk: str) -> tuple[str, ...]:
-    """One white-space-free run as words: each punctuation character a word of its own."""
+    """One white-space-free run as words: each punctuation character a word of its own.
+
+    A letter or digit (`str.isalnum`: Unicode categories L and N) is never punctuation, so a run of
+    them alone (most words) is returned whole and the per-character test skips them."""
+    if chunk.isalnum():
+        return (chunk,)
     words: list[str] = []
     start = 0
     for i, ch in enumerate(chunk):
-        if _is_punct(ch):
+        if not ch.isalnum() and _is_punct(ch):
             if start < i:
                 words.append(chunk[start:i])
             words.append(ch)
