@@ -8,7 +8,8 @@ ordered JSONL writing. With a latency-bound workload the ideal is linear scaling
 throughput = concurrency / latency, until our own CPU cost or the server saturates.
 
 Run:  python bench/batch.py [--queries 64] [--latency 0.2] [--concurrency 1 8 32]
-Prints a Markdown table. A batch line that failed (or a batch run that exited non-zero) is counted,
+Prints a Markdown table (with the client process's CPU milliseconds per query: what one event-loop
+thread spends on each). A batch line that failed (or a batch run that exited non-zero) is counted,
 and the output ends with a `FAILED: <n> of <m> calls raised; first: ...` line (exit code 1).
 
 `--engines` compares the local engine with `--engine ray` on 1 and 2 workers (needs rag-rerank[ray])
@@ -58,6 +59,9 @@ def write_queries(path: Path, data: Path, n_queries: int, n_chunks: int) -> None
             )
 
 
+CPU: dict[int, float] = {}  # the client process's CPU seconds of the last run at each concurrency
+
+
 def run(
     inp: Path, out: Path, url: str | None, concurrency: int, extra: tuple[str, ...] = ()
 ) -> tuple[float, int]:
@@ -66,10 +70,11 @@ def run(
     if url is not None:
         args += ["--backend", "openai", "--base-url", url, "--model", "fake-gpt"]
     args += extra
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     with contextlib.redirect_stderr(io.StringIO()) as err:
         code = cli_main(args)
     elapsed = time.perf_counter() - t0
+    CPU[concurrency] = time.process_time() - c0
     records = [json.loads(line) for line in out.open(encoding="utf-8")] if out.is_file() else []
     where = f"batch {' '.join(extra) or 'openai'} at concurrency {concurrency}"
     TALLY.add(len(records), {f"line {r.get('line')} ({r.get('query_id')})": json.dumps(r["error"])
@@ -204,15 +209,16 @@ def main() -> int:
             out = tmp / f"out-{c}.jsonl"
             elapsed, n = run(inp, out, url, c)
             ideal = min(c, args.queries) / args.latency
-            rows.append((c, n, elapsed, n / elapsed, ideal))
+            rows.append((c, n, elapsed, n / elapsed, ideal, CPU[c] / max(n, 1) * 1000.0))
     print(
         f"rag-rerank batch throughput: {args.queries} queries x {args.chunks} chunks, openai backend -> "
         f"{args.server} (own process, 127.0.0.1) with {args.latency * 1000:.0f} ms latency per call\n"
     )
-    print("| concurrency | queries | wall time (s) | queries/s | ideal queries/s | efficiency |")
-    print("|---:|---:|---:|---:|---:|---:|")
-    for c, n, elapsed, qps, ideal in rows:
-        print(f"| {c} | {n} | {elapsed:.2f} | {qps:.1f} | {ideal:.1f} | {qps / ideal:.0%} |")
+    print("| concurrency | queries | wall time (s) | queries/s | ideal queries/s | efficiency "
+          "| client CPU ms per query |")
+    print("|---:|---:|---:|---:|---:|---:|---:|")
+    for c, n, elapsed, qps, ideal, cpu in rows:
+        print(f"| {c} | {n} | {elapsed:.2f} | {qps:.1f} | {ideal:.1f} | {qps / ideal:.0%} | {cpu:.2f} |")
     return 0
 
 

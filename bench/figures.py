@@ -1124,7 +1124,12 @@ def _dup_tail(spec: str, rule: str) -> str:
 TIMINGS = [
     ("docs/speed.md", "cost per call (input guard, render, output guard, post-pass, local scoring)",
      "python bench/overhead.py"),
-    ("docs/speed.md", "batch throughput at concurrency 1 / 8 / 32", "python bench/batch.py"),
+    ("docs/speed.md", "batch throughput at concurrency 1 / 8 / 32 / 64",
+     "python bench/batch.py --concurrency 1 8 32 64 (and --server fast_llm --queries 320)"),
+    ("docs/speed.md", "client-side ms per LLM call beside the peers' rerankers", "python bench/peers.py"),
+    ("docs/speed.md", "where one LLM call's time goes, stage by stage", "python bench/call_stages.py"),
+    ("docs/speed.md", "the offline default rerank(query, chunks), first sight and repeated",
+     "python bench/offline.py --sizes 20 and --sizes 50"),
     ("docs/ray.md", "local engine vs Ray Data", "python bench/batch.py --engines --queries 48"),
     ("docs/windows.md", "windows vs a sliding window: wall s (calls and round trips too)",
      "python bench/windows.py --only speed"),

@@ -1,0 +1,100 @@
+"""Where one LLM rerank call's client-side time goes: each stage of a `Reranker` call, timed in place.
+
+A `Reranker("openai", ...)` built once asks `bench/fast_llm.py` (its own process, answers
+precomputed per request body, so the server costs microseconds) to rank the first `--passages` BM25
+passages of each TREC DL19 query, top 10. The stages are timed by wrapping the library's own
+functions for the run (the SDK's send and parse inside the backend's `complete`, the post-pass and
+its parts, the output guard's `judge`, the input guard's `_validated`, `render`); "the rest" is the
+call's wall time minus those stages (options, plan, retry loop, result). Two warm-up rounds first,
+then `--rounds` timed rounds over the 43 queries. No answer is checked beyond the call's own guards.
+
+Run:  python bench/call_stages.py [--passages 20] [--rounds 3] [--data PATH]
+Prints a Markdown table of mean milliseconds per call for each stage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import functools
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+import peers  # noqa: E402
+
+import rag_rerank.backends.openai as openai_backend  # noqa: E402
+import rag_rerank.engine as engine  # noqa: E402
+import rag_rerank.postpass as postpass  # noqa: E402
+import rag_rerank.retry as retry  # noqa: E402
+from rag_rerank import Reranker  # noqa: E402
+
+SPENT: dict[str, float] = collections.defaultdict(float)
+
+# (module or class, attribute, label); nested stages are listed under their parent with "  ".
+STAGES: list[tuple[Any, str, str]] = [
+    (openai_backend.OpenAIBackend, "complete", "backend call (SDK send and parse)"),
+    (engine, "postpass", "post-pass"),
+    (postpass, "_redundancy", "  redundancy judgement"),
+    (postpass, "select", "  MMR selection"),
+    (postpass, "_resolve_vectors", "  vectors"),
+    (retry, "judge", "output guard (judge)"),
+    (engine, "_validated", "input guard (_validated)"),
+    (engine, "render", "render"),
+]
+
+
+def wrap(owner: Any, name: str, label: str) -> None:
+    inner = getattr(owner, name)
+
+    @functools.wraps(inner)  # keeps the signature (`accepts_timeout` reads it)
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        t0 = time.perf_counter()
+        try:
+            return inner(*args, **kwargs)
+        finally:
+            SPENT[label] += time.perf_counter() - t0
+
+    setattr(owner, name, timed)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--passages", type=int, default=20)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--data", type=Path, default=peers.DEFAULT_DATA)
+    args = ap.parse_args()
+    work = peers.load(args.data, args.passages)
+    for owner, name, label in STAGES:
+        wrap(owner, name, label)
+    with peers.fast_server() as url, Reranker("openai", model=peers.MODEL, base_url=url,
+                                              api_key=peers.KEY) as session:
+        for _ in range(2):
+            for query, chunks in work:
+                session.rerank(query, chunks, peers.TOP)
+        SPENT.clear()
+        t0 = time.perf_counter()
+        for _ in range(args.rounds):
+            for query, chunks in work:
+                session.rerank(query, chunks, peers.TOP)
+        total = time.perf_counter() - t0
+    calls = args.rounds * len(work)
+    top = sum(v for k, v in SPENT.items() if not k.startswith(" "))
+    print(f"One `Reranker.rerank` call, openai backend -> bench/fast_llm.py, {args.passages} DL19 passages, "
+          f"top {peers.TOP}: mean ms per call over {calls} calls\n")
+    print("| stage | ms per call |")
+    print("|---|---:|")
+    for _, _, label in STAGES:
+        print(f"| {label.replace('  ', '… ')} | {SPENT[label] * 1000 / calls:.3f} |")
+    print(f"| the rest | {(total - top) * 1000 / calls:.3f} |")
+    print(f"| **whole call** | {total * 1000 / calls:.3f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
