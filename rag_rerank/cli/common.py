@@ -12,7 +12,7 @@ import argparse
 import contextlib
 import math
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..backends.common import base_url_problem
@@ -252,3 +252,22 @@ def retry_policy(args: argparse.Namespace) -> Any:
         # The cap bounds the truncation retry (budget x2), not the first ask: keep room for one.
         kwargs["max_tokens_cap"] = max(RetryPolicy.max_tokens_cap, 2 * max_tokens)
     return RetryPolicy(**kwargs)
+
+
+def progress_bar(enabled: bool, unit: str = "query") -> tuple[Callable[[int, int], None] | None, Any]:
+    """A tqdm bar on stderr for `progress(done, total)` callbacks, and the bar to close; (None,
+    None) when not wanted, stderr is not a terminal, or tqdm is not installed."""
+    if not enabled or not sys.stderr.isatty():
+        return None, None
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return None, None
+    bar = tqdm(unit=unit, file=sys.stderr, leave=False)
+
+    def update(done: int, total: int) -> None:
+        bar.total = total
+        bar.n = done
+        bar.refresh()
+
+    return update, bar
