@@ -15,8 +15,8 @@ qid) and each chunk id in the qrels (TREC, graded 0-3; unjudged = 0); and scores
 the order shown as
 
     s = 0.1 + 0.8 * grade / 3                      the truth, in [0.1, 0.9]
-      + primacy * (1 - i / (n - 1))                favours what comes first
-      + recency * i / (n - 1)                      favours what comes last
+      + primacy * (1 - i / (n - 1))                favours what comes first (n > 1)
+      + recency * i / (n - 1)                      favours what comes last (n > 1)
       + Normal(0, noise)                           keyed by (seed, query, id, position, n)
     s = clip(s, 0, 1), then the miscalibration map (`squash=(lo, hi)`: lo + (hi - lo) * s)
 
@@ -167,8 +167,9 @@ class SimJudge:
         out = []
         for i, cid in enumerate(ids):
             s = self.truth(qid, cid)
-            where = i / (n - 1) if n > 1 else 0.0
-            s += k.primacy * (1.0 - where) + k.recency * where
+            if n > 1:  # a chunk shown alone has no position to be favoured for
+                where = i / (n - 1)
+                s += k.primacy * (1.0 - where) + k.recency * where
             if k.noise:
                 s += _unit(k.seed, "noise", qid, cid, i, n).gauss(0.0, k.noise)
             out.append(self.miscalibrate(min(1.0, max(0.0, s))))
@@ -229,10 +230,13 @@ class SimJudge:
             raise LookupError(f"simjudge: unknown query {query[:80]!r}")
         raw = m.group(1) if (m := _PASSAGE.search(prompt)) else ""
         try:
-            passage = str(json.loads(raw))
+            record = json.loads(raw)
         except ValueError:
-            passage = html.unescape(raw)
-        cid = self.docids.get((qid, passage), "")
+            record = html.unescape(raw)
+        if isinstance(record, dict):  # the chunk's JSON record, as render_relevance shows it
+            cid = str(record.get("id", ""))
+        else:
+            cid = self.docids.get((qid, str(record)), "")
         return self.scores(qid, [cid])[0] if cid else self.miscalibrate(0.1)
 
     # --- HTTP --------------------------------------------------------------------------------

@@ -90,6 +90,10 @@ def add_backend_args(p: argparse.ArgumentParser) -> None:
                    help="cross-encoder: tokens per (query, chunk) pair, longer ones are truncated")
     p.add_argument("--calibration-factor", type=float, default=None,
                    help="cross-encoder: score = sigmoid(logit * factor) (1.0)")
+    p.add_argument("--scoring", choices=["listwise", "logprobs", "auto"], default=None,
+                   help="openai: listwise (default: the card's task in one prompt), logprobs (one yes/no "
+                   "question per chunk, score = p(yes); needs a server returning token logprobs: llama.cpp, "
+                   "vLLM) or auto (logprobs when the server returns them)")
     p.add_argument("--embedder", "-e", default="lexical",
                    help="post-pass embedder: lexical (default), sentence-transformers[:MODEL] (needs "
                    "rag-rerank[st]), openai[:MODEL]")
@@ -227,6 +231,10 @@ def run_options(args: argparse.Namespace) -> dict[str, Any]:
         flags = ", ".join(f"--{key.replace('_', '-')}" for key in knobs)
         verb = "applies" if len(knobs) == 1 else "apply"
         raise UsageError(f"{flags} {verb} to --backend cross-encoder only")
+    if getattr(args, "scoring", None) is not None:
+        if args.backend != "openai":
+            raise UsageError(f"--scoring applies to --backend openai only, not {args.backend}")
+        knobs["scoring"] = args.scoring
     return {"backend": args.backend, "model": args.model, "base_url": args.base_url,
             "embedder": embedder_option(args), "fallback": args.fallback, "policy": retry_policy(args),
             "backend_options": knobs or None, "window_size": getattr(args, "window_size", None)}
