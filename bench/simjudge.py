@@ -240,7 +240,7 @@ class SimJudge:
         return self.scores(qid, [cid])[0] if cid else self.miscalibrate(0.1)
 
     # --- HTTP --------------------------------------------------------------------------------
-    def _reply(self, body: Mapping[str, Any]) -> tuple[int, dict[str, Any]]:
+    def reply(self, body: Mapping[str, Any]) -> tuple[int, dict[str, Any]]:
         messages = body.get("messages") or []
         users = [m for m in messages if m.get("role") == "user"]
         prompt = _text(users[0].get("content")) if users else ""
@@ -290,7 +290,7 @@ class SimJudge:
                     self._send(400, {"error": {"message": "simjudge answers chat completions only",
                                                "type": "invalid_request_error"}})
                     return
-                self._send(*judge._reply(body))
+                self._send(*judge.reply(body))
 
         httpd = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
         httpd.daemon_threads = True

@@ -343,7 +343,8 @@ def test_help_exits_0(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_every_subcommand_is_declared() -> None:
     sub = next(a for a in build_parser()._actions if a.dest == "command")
-    assert set(sub.choices) == {"rerank", "render", "check", "route", "golden", "batch", "eval", "mcp"}
+    assert set(sub.choices) == {"rerank", "render", "check", "route", "golden", "batch", "eval", "bias",
+                                "calibrate", "mcp"}
 
 
 @pytest.mark.parametrize("name", ["rerank", "render", "check", "route", "golden", "batch", "eval", "mcp"])
