@@ -292,8 +292,7 @@ class SimJudge:
                     return
                 self._send(*judge.reply(body))
 
-        httpd = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
-        httpd.daemon_threads = True
+        httpd = _Server(("127.0.0.1", self.port), Handler)
         self._httpd = httpd
         self._thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05},
                                         name="simjudge", daemon=True)
@@ -317,6 +316,13 @@ class SimJudge:
         """The `base_url` to give the openai backend."""
         assert self._httpd is not None, "simjudge not started"
         return f"http://127.0.0.1:{self._httpd.server_address[1]}/v1"
+
+
+class _Server(ThreadingHTTPServer):
+    # A benchmark opens dozens of connections at once (queries x yes/no questions); the default
+    # backlog of 5 refused some, and the client's retry of a whole call inflated the request count.
+    request_queue_size = 256
+    daemon_threads = True
 
 
 def _text(content: Any) -> str:
