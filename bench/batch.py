@@ -8,7 +8,8 @@ ordered JSONL writing. With a latency-bound workload the ideal is linear scaling
 throughput = concurrency / latency, until our own CPU cost or the server saturates.
 
 Run:  python bench/batch.py [--queries 64] [--latency 0.2] [--concurrency 1 8 32]
-Prints a Markdown table.
+Prints a Markdown table. A batch line that failed (or a batch run that exited non-zero) is counted,
+and the output ends with a `FAILED: <n> of <m> calls raised; first: ...` line (exit code 1).
 
 `--engines` compares the local engine with `--engine ray` on 1 and 2 workers (needs rag-rerank[ray])
 for two workloads: the local backend with the MiniLM embedder (sentence-transformers, CPU-bound) and
@@ -35,6 +36,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from failures import TALLY, run_bench  # noqa: E402
 
 from rag_rerank.cli import main as cli_main  # noqa: E402
 from tests.support.shared_data import data_dir, need  # noqa: E402
@@ -63,12 +67,16 @@ def run(
         args += ["--backend", "openai", "--base-url", url, "--model", "fake-gpt"]
     args += extra
     t0 = time.perf_counter()
-    with contextlib.redirect_stderr(io.StringIO()):
+    with contextlib.redirect_stderr(io.StringIO()) as err:
         code = cli_main(args)
     elapsed = time.perf_counter() - t0
-    if code != 0:
-        raise SystemExit(f"batch exited {code} at concurrency {concurrency}")
-    return elapsed, sum(1 for _ in out.open(encoding="utf-8"))
+    records = [json.loads(line) for line in out.open(encoding="utf-8")] if out.is_file() else []
+    where = f"batch {' '.join(extra) or 'openai'} at concurrency {concurrency}"
+    TALLY.add(len(records), {f"line {r.get('line')} ({r.get('query_id')})": json.dumps(r["error"])
+                             for r in records if "error" in r}, where=where)
+    if code != 0 and not any("error" in r for r in records):  # failed as a whole: no line to blame
+        TALLY.fail(where, f"rag-rerank batch exited {code}: {' '.join(err.getvalue().split())[:300]}")
+    return elapsed, len(records)
 
 
 _SERVER = """
@@ -170,7 +178,7 @@ def _same_records(a: Path, b: Path) -> str:
     return "yes" if load(a) == load(b) else "NO"
 
 
-def main() -> None:
+def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--queries", type=int, default=64)
     ap.add_argument("--chunks", type=int, default=20, help="chunks per query")
@@ -183,7 +191,7 @@ def main() -> None:
     os.environ.setdefault("OPENAI_API_KEY", "sk-bench-not-a-real-key")
     if args.engines:
         engines(args)
-        return
+        return 0
     rows = []
     with workspace(args) as (tmp, url, inp, warm):
         run(warm, tmp / "warm-out.jsonl", url, 2)  # imports (openai SDK), caches: not timed
@@ -200,7 +208,8 @@ def main() -> None:
     print("|---:|---:|---:|---:|---:|---:|")
     for c, n, elapsed, qps, ideal in rows:
         print(f"| {c} | {n} | {elapsed:.2f} | {qps:.1f} | {ideal:.1f} | {qps / ideal:.0%} |")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_bench(main))

@@ -1,7 +1,8 @@
 """How long the contract layer takes for a full 50-chunk request: input guard, render, output guard.
 
 Run by hand: `python bench/contract_speed.py [--repeat N]`. Prints microseconds per call (median and
-p95 of N timed calls after a warm-up); no assertions, the numbers go in docs/speed.md.
+p95 of N timed calls after a warm-up); no assertions, the numbers go in docs/speed.md. A call that
+raises stops the run with a `FAILED: ...` line on stdout and exit code 1.
 """
 
 from __future__ import annotations
@@ -15,6 +16,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from failures import TALLY, run_bench
 
 from rag_rerank.guard import parse_chunks, validate_request
 from rag_rerank.guard.output import judge
@@ -79,11 +83,12 @@ def timed(fn: Callable[[], object], repeat: int) -> tuple[float, float]:
         t0 = time.perf_counter()
         fn()
         samples.append((time.perf_counter() - t0) * 1e6)
+        TALLY.count()
     samples.sort()
     return statistics.median(samples), samples[int(0.95 * (len(samples) - 1))]
 
 
-def main() -> None:
+def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--repeat", type=int, default=300)
     args = ap.parse_args()
@@ -93,7 +98,8 @@ def main() -> None:
     parsed = parse_chunks(jsonl)
     raw = answer(jsonl)
     fenced = "Here you go:\n```json\n" + raw + "\n```"
-    assert not judge(raw, parsed, 10)[1]
+    if violations := judge(raw, parsed, 10)[1]:
+        raise AssertionError(f"the bench's own answer fails the output guard: {violations}")
     rows = [
         ("input guard (validate_request, 50 chunks)", lambda: validate_request(query, jsonl, 10, 0.7)),
         ("render (XML task, 50 chunks)", lambda: render(request)),
@@ -107,7 +113,8 @@ def main() -> None:
         total += med
         print(f"{name:<48} {med:>10.0f} {p95:>10.0f}")
     print(f"{'sum of medians':<48} {total:>10.0f}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_bench(main))

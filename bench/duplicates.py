@@ -11,6 +11,9 @@ reported too, for information only: two students may have copied the same outsid
 
     python bench/duplicates.py                                  # lexical + sentence-transformers
     python bench/duplicates.py --embedders lexical
+
+An embedder that is not installed is reported as skipped; a call that raises stops the run with a
+`FAILED: ...` line on stdout and exit code 1.
 """
 
 from __future__ import annotations
@@ -27,6 +30,9 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from failures import TALLY, run_bench  # noqa: E402
 
 from rag_rerank.embed import embed_texts, get_embedder  # noqa: E402
 from rag_rerank.errors import MissingDependencyError  # noqa: E402
@@ -84,14 +90,17 @@ def copied_elsewhere(tasks: dict[str, list[tuple[str, str, str]]], limit: float 
     return out
 
 
-def study(spec: str, tasks: dict[str, list[tuple[str, str, str]]], skip: set[str]) -> dict[str, object]:
-    """Cosines answer-vs-source per category and non-vs-non per task, for one embedder."""
-    embedder = get_embedder(spec)
+def study(spec: str, tasks: dict[str, list[tuple[str, str, str]]], skip: set[str],
+          embedder: object = None) -> dict[str, object]:
+    """Cosines answer-vs-source per category and non-vs-non per task, for one embedder (`spec`, or
+    the `embedder` given, e.g. `get_embedder("lexical", stopword_weight=0.1)`)."""
+    embedder = get_embedder(spec) if embedder is None else embedder
     by_cat: dict[str, list[float]] = {c: [] for c in CATEGORIES}
     non_pairs: list[float] = []
     started = time.perf_counter()
     for items in tasks.values():
         vectors = embed_texts(embedder, [text for _, _, text in items]).astype(np.float64)
+        TALLY.count()
         sims = vectors @ vectors[0]
         for (name, cat, _), s in zip(items[1:], sims[1:], strict=True):
             if name not in skip:
@@ -171,4 +180,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(run_bench(main))

@@ -8,7 +8,9 @@ Stages timed separately, on real passages (TREC DL19 BM25 top hits: the first 10
   backend's own answer for that request (a realistic candidate_k-sized object).
 
 Run:  python bench/overhead.py [--runs 200] [--data PATH]
-Prints a Markdown table: median and p95 in milliseconds per call.
+Prints a Markdown table: median and p95 in milliseconds per call. A query whose local answer raises
+or fails the output guard is left out of the timings and named in a final `FAILED: ...` line on
+stdout (exit code 1); any other call that raises stops the run the same way.
 """
 
 from __future__ import annotations
@@ -25,6 +27,9 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from failures import TALLY, run_bench  # noqa: E402
 
 from rag_rerank import make_backend, rerank  # noqa: E402
 from rag_rerank.embed import get_embedder  # noqa: E402
@@ -85,10 +90,15 @@ def bench(n_chunks: int, runs: int, data: Path) -> dict[str, list[float]]:
         request = validate_request(query, chunks, 5, 0.7)
         ask = replace(request, top_k=candidate_k(len(request.chunks), request.top_k))
         prompt = render(ask)
-        raw = local.complete(prompt, ask, max_tokens=4096).text
+        where = f"{n_chunks} chunks, query {query!r}"
+        answer = TALLY.call(where, local.complete, prompt, ask, max_tokens=4096)
+        if answer is None:  # counted as failed; this query is left out of the timings
+            continue
+        raw = answer.text
         obj, violations = judge(raw, ask.chunks, ask.top_k)
         if violations or obj is None:
-            raise SystemExit(f"local backend answer failed the guard: {violations}")
+            TALLY.fail(where, f"the local backend's answer failed the output guard: {violations}")
+            continue
         scored = [
             Ranked(r["id"], float(r["score"]), r["reason"], r.get("diversity_note")) for r in obj["ranked"]
         ]
@@ -113,7 +123,7 @@ def bench(n_chunks: int, runs: int, data: Path) -> dict[str, list[float]]:
     return times
 
 
-def main() -> None:
+def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument(
         "--runs", type=int, default=215, help="timed calls per stage and size (spread over queries)"
@@ -130,7 +140,8 @@ def main() -> None:
     for name in results[10]:
         row = [f"{f(results[n][name]):.3f}" for n in (10, 50) for f in (statistics.median, p95)]
         print(f"| {name} | " + " | ".join(row) + " |")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_bench(main))

@@ -15,10 +15,16 @@
    top 5 by plain relevance order vs the post-pass at lambda 1.0 / 0.7 / 0.5 (and Haystack-style
    `diversity` layout): subtopic recall@5, alpha-nDCG@5 (alpha 0.5), share of the top 5 that
    covers any subtopic, and the average pairwise cosine distance of the top 5 (measured with the
-   same embedder), with its change against relevance order.
+   same embedder), with its change against relevance order. Near-duplicates are decided as
+   `rerank()` decides them by default whatever embedder drives MMR (`duplicates_by="text"`: lexical
+   cosine at or above 0.49). (Before 2026-11-25 the MiniLM rows passed MiniLM's own threshold,
+   0.84, which text-based duplicate detection applies to lexical cosines: in effect no
+   de-duplication, a configuration no caller gets by default.)
 
     python bench/postpass.py                              # all three parts, lexical + MiniLM
     python bench/postpass.py --parts ambient --embedders lexical
+
+A call that raises stops the run with a `FAILED: ...` line on stdout and exit code 1.
 """
 
 from __future__ import annotations
@@ -41,6 +47,9 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from failures import TALLY, run_bench  # noqa: E402
 
 from rag_rerank.embed import embed_texts, get_embedder  # noqa: E402
 from rag_rerank.errors import MissingDependencyError  # noqa: E402
@@ -65,6 +74,7 @@ def timed_all(fn: Callable[[], Any], repeat: int) -> tuple[list[float], Any]:
         t = time.perf_counter()
         out = fn()
         times.append((time.perf_counter() - t) * 1000)
+        TALLY.count()
     return times, out
 
 
@@ -91,20 +101,17 @@ def ours(rel: np.ndarray, emb: np.ndarray, k: int, lam: float) -> list[int]:
     return list(no_dedup.picked)
 
 
-def speed_table(lam: float = 0.7, dim: int = 384) -> None:
+SpeedRow = tuple[int, int, str, str, float, float, str]
+
+
+def speed_rows(lam: float = 0.7, dim: int = 384) -> tuple[bool, list[SpeedRow]]:
+    """(LangChain present, rows): n, k, ours = reference, ours = LangChain ("yes" / "NO" / "-"),
+    ours ms, reference ms, LangChain ms (or "-" / "skipped (minutes)")."""
     try:
         from langchain_core.vectorstores.utils import maximal_marginal_relevance as lc_mmr
     except ImportError:
         lc_mmr = None
-    print(
-        f"\n## MMR: selections and median time (ms), d={dim}, lambda={lam}, "
-        f"LangChain {'present' if lc_mmr else 'not installed'}\n"
-    )
-    print(
-        "| n | k | ours = reference | ours = LangChain | ours (ms, incl. similarity matrix) | "
-        "reference (ms) | LangChain (ms) |"
-    )
-    print("|---:|---:|:---:|:---:|---:|---:|---:|")
+    rows = []
     rng = np.random.default_rng(0)
     for n in (10, 50, 200, 1000):
         emb = rng.normal(size=(n, dim))
@@ -130,8 +137,23 @@ def speed_table(lam: float = 0.7, dim: int = 384) -> None:
                 same_lc, t_lc = ("yes" if lc == got else "NO"), f"{ms:.2f}"
             elif lc_mmr is not None:
                 t_lc = "skipped (minutes)"
-            same_ref = "yes" if got == ref else "NO"
-            print(f"| {n} | {k} | {same_ref} | {same_lc} | {t_ours:.3f} | {t_ref:.2f} | {t_lc} |")
+            rows.append((n, k, "yes" if got == ref else "NO", same_lc, t_ours, t_ref, t_lc))
+    return lc_mmr is not None, rows
+
+
+def speed_table(lam: float = 0.7, dim: int = 384) -> None:
+    present, rows = speed_rows(lam, dim)
+    print(
+        f"\n## MMR: selections and median time (ms), d={dim}, lambda={lam}, "
+        f"LangChain {'present' if present else 'not installed'}\n"
+    )
+    print(
+        "| n | k | ours = reference | ours = LangChain | ours (ms, incl. similarity matrix) | "
+        "reference (ms) | LangChain (ms) |"
+    )
+    print("|---:|---:|:---:|:---:|---:|---:|---:|")
+    for n, k, same_ref, same_lc, t_ours, t_ref, t_lc in rows:
+        print(f"| {n} | {k} | {same_ref} | {same_lc} | {t_ours:.3f} | {t_ref:.2f} | {t_lc} |")
 
 
 # --------------------------------------------------------------------------- 2. the post-pass on 50 chunks
@@ -243,75 +265,99 @@ class Precomputed:
         return np.stack([self.vectors[t] for t in texts])
 
 
+@dataclass(frozen=True)
+class AmbientResult:
+    """One embedder's AMBIENT table: per ranking, the means of subtopic recall, alpha-nDCG, the share
+    covering a subtopic, the pairwise cosine distance, and that distance's change against relevance
+    order in percent."""
+
+    name: str
+    threshold: float
+    topics: int
+    seconds: float
+    rows: dict[str, tuple[float, float, float, float, float]]
+
+
+def ambient_result(spec: str, pool_size: int = 50, depth: int = 5) -> AmbientResult:
+    """The AMBIENT diversity table for one embedder (MissingDependencyError when it is not installed)."""
+    topics, results, covers = load_ambient(DATA / "ambient")
+    embedder = get_embedder(spec)
+    embedder.embed(["warm up"])
+    runs: dict[str, list[tuple[float, float, float, float]]] = defaultdict(list)
+    t0 = time.perf_counter()
+    thr = get_embedder("lexical").duplicate_threshold  # duplicates_by="text": lexical, whatever ranks
+    for tid, query in topics.items():
+        items = results.get(tid, [])[:pool_size]
+        if not items:
+            continue
+        ids = [rid for rid, _ in items]
+        all_subtopics = set().union(*(covers.get(r, set()) for r in ids))
+        if not all_subtopics:
+            continue
+        vectors32 = embed_texts(embedder, [t for _, t in items])
+        vectors = vectors32.astype(np.float64)
+        by_text = {t: v for (_, t), v in zip(items, vectors32, strict=True)}
+        fixed = Precomputed(embedder.name, embedder.duplicate_threshold, by_text)
+        chunks = [{"id": rid, "text": text} for rid, text in items]
+        request_for = {lam: validate_request(query, chunks, depth, lam) for lam in (1.0, 0.7, 0.5)}
+        scored = [Ranked(rid, 1.0 - 0.8 * i / pool_size, "r") for i, rid in enumerate(ids)]
+        row = {rid: i for i, rid in enumerate(ids)}
+        rankings = {"relevance order (given rank)": ids[:depth]}
+        for lam in (1.0, 0.7, 0.5):
+            res = postpass(request_for[lam], scored, embedder=fixed)
+            rankings[f"post-pass MMR lambda={lam}"] = res.ids
+        fixed.vectors[query] = embed_texts(embedder, [query])[0]
+        res = postpass(
+            request_for[0.7], scored, embedder=fixed, layout="diversity"
+        )
+        rankings["post-pass layout=diversity (Haystack order)"] = res.ids
+        TALLY.count(4)
+        for name, ranking in rankings.items():
+            covered = set().union(*(covers.get(r, set()) for r in ranking)) if ranking else set()
+            idx = [row[r] for r in ranking]
+            pair = [1.0 - float(vectors[a] @ vectors[b]) for x, a in enumerate(idx) for b in idx[x + 1 :]]
+            runs[name].append(
+                (
+                    len(covered) / len(all_subtopics),
+                    alpha_ndcg(ranking, covers, ids, depth),
+                    sum(bool(covers.get(r)) for r in ranking) / depth,
+                    float(np.mean(pair)) if pair else 0.0,
+                )
+            )
+    seconds = time.perf_counter() - t0
+    base = np.mean([r[3] for r in runs["relevance order (given rank)"]])
+    means = {}
+    for name, values in runs.items():
+        m = np.mean(np.array(values), axis=0)
+        means[name] = (float(m[0]), float(m[1]), float(m[2]), float(m[3]), float((m[3] / base - 1) * 100))
+    n_topics = len(next(iter(runs.values())))
+    return AmbientResult(embedder.name, thr, n_topics, seconds, means)
+
+
 def ambient_table(specs: list[str], pool_size: int = 50, depth: int = 5) -> None:
     folder = DATA / "ambient"
     if not folder.is_dir():
         print(f"\n(skipped AMBIENT: {folder} not found)")
         return
-    topics, results, covers = load_ambient(folder)
     for spec in specs:
         try:
-            embedder = get_embedder(spec)
-            embedder.embed(["warm up"])
+            result = ambient_result(spec, pool_size, depth)
         except MissingDependencyError as exc:
             print(f"\n(skipped {spec}: {exc})")
             continue
-        runs: dict[str, list[tuple[float, float, float, float]]] = defaultdict(list)
-        t0 = time.perf_counter()
-        for tid, query in topics.items():
-            items = results.get(tid, [])[:pool_size]
-            if not items:
-                continue
-            ids = [rid for rid, _ in items]
-            all_subtopics = set().union(*(covers.get(r, set()) for r in ids))
-            if not all_subtopics:
-                continue
-            vectors32 = embed_texts(embedder, [t for _, t in items])
-            vectors = vectors32.astype(np.float64)
-            by_text = {t: v for (_, t), v in zip(items, vectors32, strict=True)}
-            fixed = Precomputed(embedder.name, embedder.duplicate_threshold, by_text)
-            chunks = [{"id": rid, "text": text} for rid, text in items]
-            request_for = {lam: validate_request(query, chunks, depth, lam) for lam in (1.0, 0.7, 0.5)}
-            scored = [Ranked(rid, 1.0 - 0.8 * i / pool_size, "r") for i, rid in enumerate(ids)]
-            row = {rid: i for i, rid in enumerate(ids)}
-            thr = embedder.duplicate_threshold
-            rankings = {"relevance order (given rank)": ids[:depth]}
-            for lam in (1.0, 0.7, 0.5):
-                res = postpass(request_for[lam], scored, embedder=fixed, duplicate_threshold=thr)
-                rankings[f"post-pass MMR lambda={lam}"] = res.ids
-            fixed.vectors[query] = embed_texts(embedder, [query])[0]
-            res = postpass(
-                request_for[0.7], scored, embedder=fixed, duplicate_threshold=thr, layout="diversity"
-            )
-            rankings["post-pass layout=diversity (Haystack order)"] = res.ids
-            for name, ranking in rankings.items():
-                covered = set().union(*(covers.get(r, set()) for r in ranking)) if ranking else set()
-                idx = [row[r] for r in ranking]
-                pair = [1.0 - float(vectors[a] @ vectors[b]) for x, a in enumerate(idx) for b in idx[x + 1 :]]
-                runs[name].append(
-                    (
-                        len(covered) / len(all_subtopics),
-                        alpha_ndcg(ranking, covers, ids, depth),
-                        sum(bool(covers.get(r)) for r in ranking) / depth,
-                        float(np.mean(pair)) if pair else 0.0,
-                    )
-                )
-        seconds = time.perf_counter() - t0
-        n_topics = len(next(iter(runs.values())))
-        base = np.mean([r[3] for r in runs["relevance order (given rank)"]])
         print(
-            f"\n## AMBIENT diversity, embedder {embedder.name} ({n_topics} topics, top {pool_size} "
-            f"candidates in given order, top {depth} kept, duplicate threshold {thr}; {seconds:.0f} s)\n"
+            f"\n## AMBIENT diversity, embedder {result.name} ({result.topics} topics, top {pool_size} "
+            f"candidates in given order, top {depth} kept, near-duplicates: lexical cosine >= "
+            f"{result.threshold}; "
+            f"{result.seconds:.0f} s)\n"
         )
         print(
             f"| ranking | subtopic recall@{depth} | alpha-nDCG@{depth} | covers a subtopic @{depth} | "
             f"avg pairwise cosine distance | vs relevance order |"
         )
         print("|---|---:|---:|---:|---:|---:|")
-        for name, values in runs.items():
-            m = np.mean(np.array(values), axis=0)
-            change = (m[3] / base - 1) * 100
-            print(f"| {name} | {m[0]:.3f} | {m[1]:.3f} | {m[2]:.3f} | {m[3]:.3f} | {change:+.1f}% |")
+        for name, m in result.rows.items():
+            print(f"| {name} | {m[0]:.3f} | {m[1]:.3f} | {m[2]:.3f} | {m[3]:.3f} | {m[4]:+.1f}% |")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -331,4 +377,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(run_bench(main))

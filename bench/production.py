@@ -15,6 +15,7 @@ Three measurements, printed as Markdown:
   openai backend (named per call, so built and closed per call) against a local test server.
 
 Run:  python bench/production.py [--calls 2000] [--chunks 20] [--imports 5] [--data PATH]
+A call that raises stops the run with a `FAILED: ...` line on stdout and exit code 1.
 """
 
 from __future__ import annotations
@@ -33,6 +34,9 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from failures import TALLY, run_bench  # noqa: E402
 
 from tests.support.shared_data import data_dir, need  # noqa: E402
 
@@ -86,6 +90,7 @@ def memory(queries: Queries, calls: int) -> list[tuple[int, float, dict[str, str
         query, chunks = queries[i % len(queries)]
         # Each call a new query text: a service rarely sees the same query twice.
         rerank(f"{query} ({i})", chunks, top_k=5)
+        TALLY.count()
         if (i + 1) % max(1, calls // 4) == 0:
             gc.collect()
             rows.append((i + 1, (tracemalloc.get_traced_memory()[0] - base) / 2**20, cache_sizes()))
@@ -104,11 +109,12 @@ def openai_descriptors(calls: int) -> tuple[int, int]:
         for _ in range(calls):
             rerank("When does IVF save memory?", chunks, top_k=3, backend="openai", base_url=srv.openai_url,
                    api_key="sk-bench", model="m")
+            TALLY.count()
         gc.collect()
         return before, open_fds()
 
 
-def main() -> None:
+def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--calls", type=int, default=2000)
     parser.add_argument("--chunks", type=int, default=20)
@@ -135,7 +141,8 @@ def main() -> None:
     before, after = openai_descriptors(200)
     print(f"## 200 rerank(backend='openai') calls against a local server\n\nopen file descriptors: {before} "
           f"before, {after} after")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_bench(main))

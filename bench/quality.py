@@ -10,6 +10,9 @@ marked "published" are copied from the data README and were measured elsewhere.
     python bench/quality.py --openai-base-url http://127.0.0.1:8080/v1 --openai-model m   # + an LLM row
 
 MiniLM embeddings are cached on disk (bench/out/emb-cache/), so a second run only pays for ranking.
+A query whose rerank fails keeps its input order in its row (as `rag-rerank eval` does) and is named
+on stderr; the run then ends with a `FAILED: <n> of <m> calls raised; first: ...` line on stdout and
+exit code 1, so a table with failed queries never passes for a clean one.
 """
 
 from __future__ import annotations
@@ -26,6 +29,9 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from failures import TALLY, run_bench  # noqa: E402
 
 from rag_rerank.embed.disk_cache import DiskCachedEmbedder  # noqa: E402
 from tests.support.shared_data import data_dir  # noqa: E402
@@ -170,6 +176,7 @@ def _run(label: str, candidates: Path, qrels: Path, *, k: int, lambda_: float, d
     wall = time.perf_counter() - started
     if isinstance(embedder, CachedEmbedder):
         embedder.save()
+    TALLY.add(report.n_queries, {f"qid {qid}": error for qid, error in report.failed.items()}, where=label)
     if report.failed:
         print(f"  ! {label}: {len(report.failed)} queries failed and kept their input order", file=sys.stderr)
     print(f"  done: {label} ({wall:.1f} s)", file=sys.stderr)
@@ -331,4 +338,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_bench(main))

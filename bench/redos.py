@@ -8,7 +8,9 @@ quotes, dots, alternations of two classes) this times the call at n and 10·n ch
 the ratio: about 10 is linear, about 100 is quadratic.
 
 Run:  python bench/redos.py [--n 20000]
-Prints a Markdown table: milliseconds at n and 10·n, and the ratio; the worst ratio last.
+Prints a Markdown table: milliseconds at n and 10·n, and the ratio; the worst ratio last. A refusal
+(InputError, OutputError) is an answer; any other exception is a failed call: its row shows nan and
+the output ends with a `FAILED: ...` line (exit code 1).
 """
 
 from __future__ import annotations
@@ -23,10 +25,14 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from failures import TALLY, run_bench  # noqa: E402
 
 from rag_rerank import rerank  # noqa: E402
 from rag_rerank.counts import counts_before  # noqa: E402
 from rag_rerank.embed import get_embedder  # noqa: E402
+from rag_rerank.errors import InputError, OutputError  # noqa: E402
 from rag_rerank.guard import load_limits, validate_request  # noqa: E402
 from rag_rerank.guard.input import parse_chunks  # noqa: E402
 from rag_rerank.guard.output import cites_chunk, judge, misquoted  # noqa: E402
@@ -98,27 +104,34 @@ def entry_points() -> dict[str, Callable[[str], Any]]:
 def _quiet(fn: Callable[..., Any], *args: Any) -> Any:
     try:
         return fn(*args)
-    except Exception as exc:  # refusals (InputError, over budget) are answers too; only time matters
+    except (InputError, OutputError) as exc:  # refusals (bad JSONL, over budget) are answers too
         return exc
 
 
-def _ms(fn: Callable[[str], Any], text: str) -> float:
+def _ms(fn: Callable[[str], Any], text: str, where: str) -> float:
+    """The faster of two runs, in ms; NaN when the call raised (counted and reported as failed)."""
+    TALLY.count()
     best = float("inf")
     for _ in range(2):
         start = time.perf_counter()
-        fn(text)
+        try:
+            fn(text)
+        except Exception as exc:  # not a refusal: a crash on crafted input is a failure
+            TALLY.fail(where, exc)
+            return float("nan")
         best = min(best, time.perf_counter() - start)
     return best * 1000
 
 
-def main() -> None:
+def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--n", type=int, default=20_000, help="characters of the smaller input (default 20000)")
     args = ap.parse_args()
     rows = []
     for point, fn in entry_points().items():
         for shape, make in SHAPES.items():
-            small, large = _ms(fn, make(args.n)), _ms(fn, make(10 * args.n))
+            small = _ms(fn, make(args.n), f"{point} on {shape} (n={args.n})")
+            large = _ms(fn, make(10 * args.n), f"{point} on {shape} (n={10 * args.n})")
             rows.append((point, shape, small, large, large / max(small, 1e-3)))
     print(f"| entry point | input | ms at n={args.n} | ms at 10n | ratio |")
     print("|---|---|---:|---:|---:|")
@@ -126,7 +139,8 @@ def main() -> None:
         print(f"| {row[0]} | {row[1]} | {row[2]:.2f} | {row[3]:.2f} | {row[4]:.1f} |")
     worst = max(rows, key=lambda r: r[3])
     print(f"\nslowest at 10n: {worst[0]} on {worst[1]}: {worst[3]:.1f} ms")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_bench(main))

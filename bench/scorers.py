@@ -12,7 +12,8 @@ Run by hand: `python bench/scorers.py [--repeat N] [--cross-encoder PATH]`. Prin
   (2 layers, width 32) built on the fly with the MiniLM tokenizer: a floor for the pipeline around
   the model, not the speed of a real cross-encoder.
 
-No assertions; the numbers go in docs/scorers.md.
+No assertions; the numbers go in docs/scorers.md. A call that raises stops the run with a
+`FAILED: ...` line on stdout and exit code 1.
 """
 
 from __future__ import annotations
@@ -28,6 +29,9 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from failures import TALLY, run_bench
 
 from rag_rerank import make_backend, rerank
 from tests.support.fake_llm import FakeLLM, RecordedRequest, Reply
@@ -56,6 +60,7 @@ def timed(label: str, call: Callable[[], Any], repeat: int) -> None:
         t, c = time.perf_counter(), time.process_time()
         call()
         times.append((time.perf_counter() - t) * 1000)
+        TALLY.count()
         cpu.append((time.process_time() - c) * 1000)
     times.sort()
     p95 = times[min(len(times) - 1, int(0.95 * len(times)))]
@@ -84,7 +89,7 @@ def tiny_model(folder: Path) -> str:
     return str(folder)
 
 
-def main() -> None:
+def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeat", type=int, default=50)
     ap.add_argument("--cross-encoder", default=None, metavar="PATH")
@@ -114,7 +119,8 @@ def main() -> None:
         path = args.cross_encoder or tiny_model(Path(tmp))
         label = "cross-encoder (" + ("given model" if args.cross_encoder else "tiny 2x32 BERT") + ")"
         timed(label, lambda: rerank(QUERY, data, backend="cross-encoder", model=path), args.repeat)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_bench(main))

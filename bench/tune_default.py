@@ -20,7 +20,9 @@ Labels: judged grade / 2; DL19 grade >= 2 is 1, grade 1 is 0.5; SciFact relevant
 
 "Pure relevance order": the chunks above the minimum score (0.2) by score, then the rest in input
 order, no post-pass: what `eval` measures at lambda 1 without duplicate removal, up to MMR ties.
-Needs the eval data (RAG_RERANK_DATA, default ../shared/data) and `bm25s` (eval extra).
+Needs the eval data (RAG_RERANK_DATA, default ../shared/data) and `bm25s` (eval extra). A query
+whose scoring raises stops the run with a `FAILED: ...` line on stdout and exit code 1 (a fit or a
+figure without it would not be the one documented).
 """
 
 from __future__ import annotations
@@ -38,6 +40,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
+
+from failures import TALLY, run_bench  # noqa: E402
 
 from rag_rerank.backends.local import (  # noqa: E402
     FEATURES,
@@ -143,6 +147,7 @@ def load_trec(name: str, depth: int = 50) -> list[Query]:
 def attach_signals(queries: Sequence[Query], embedder: object) -> None:
     for q in queries:
         q.signals = signals_for(embedder, q.query, q.texts)
+        TALLY.count()
 
 
 def ndcg(gains_in_order: np.ndarray, ideal: np.ndarray, k: int) -> float:
@@ -255,21 +260,47 @@ def report(queries: Sequence[Query], beta: np.ndarray, label: str, parts: Sequen
                 continue
             if coll == "judged":
                 lines.append(f"{label:10s} judged  {part:8s} " + judged_figures(qs, lambda q: score(q, beta)))
+                if part == "heldout":
+                    n = long_list_numbers(qs, lambda q: score(q, beta))
+                    lines.append(f"{label:10s} judged  {part:8s} long single-product lists ({n['lists']}): "
+                                 f"answers kept {n['kept']}/{n['answers']}, an answer first in "
+                                 f"{n['first']} of {n['lists']}, nDCG@3 {n['ndcg3_long']:.3f} "
+                                 f"(the {n['short_lists']} short lists: {n['ndcg3_short']:.3f})")
             else:
-                ours = np.mean([ndcg(q.gains[relevance_order(score(q, beta), 10)], q.ideal, 10)
-                                for q in qs])
-                base = np.mean([ndcg(q.gains, q.ideal, 10) for q in qs])
+                ours, base, cosine = trec_numbers(qs, lambda q: score(q, beta))
                 # With --shipped the signals hold the shipped scores, not a cosine: no such column then.
-                cos = "n/a" if identity else "{:.4f}".format(np.mean(
-                    [ndcg(q.gains[np.argsort(-q.signals.semantic, kind="stable")], q.ideal, 10) for q in qs]))
+                cos = "n/a" if identity else f"{cosine:.4f}"
                 lines.append(f"{label:10s} {coll:7s} {part:8s} nDCG@10 {ours:.4f}  input order {base:.4f}  "
                              f"cosine only {cos}  (n={len(qs)})")
     return lines
 
 
-def judged_figures(qs: Sequence[Query], score: Callable[[Query], np.ndarray]) -> str:
+def trec_numbers(qs: Sequence[Query], score: Callable[[Query], np.ndarray]) -> tuple[float, float, float]:
+    """Mean nDCG@10 of the pure relevance order, of the input order, and of the order by the first
+    signal (`semantic`: the embedder's cosine, when the signals are the fit's)."""
+    ours = np.mean([ndcg(q.gains[relevance_order(score(q), 10)], q.ideal, 10) for q in qs])
+    base = np.mean([ndcg(q.gains, q.ideal, 10) for q in qs])
+    by_first = [np.argsort(-q.signals.semantic, kind="stable") for q in qs]  # type: ignore[union-attr]
+    cosine = np.mean([ndcg(q.gains[order], q.ideal, 10) for q, order in zip(qs, by_first, strict=True)])
+    return float(ours), float(base), float(cosine)
+
+
+SHIPPED_BETA = np.array([0.0, 1.0, 1.0, 0, 0, 0, 0, 0])  # with `attach_shipped`: the score is the signal
+
+
+def attach_shipped(queries: Sequence[Query], backend: object) -> None:
+    """Every signal of each query holds the backend's own scores, so `report(..., identity=True)`
+    and `judged_numbers` measure the shipped scorer on the same data as the fit."""
+    for q in queries:
+        rel = backend.scores(q.query, q.texts)  # type: ignore[attr-defined]
+        rel = getattr(rel, "relevance", rel)  # earlier versions returned a Scores record
+        TALLY.count()
+        q.signals = Signals(*([rel] * len(FEATURES)))
+
+
+def judged_numbers(qs: Sequence[Query], score: Callable[[Query], np.ndarray]) -> dict[str, float]:
     """Answers kept above the minimum score, off-topic chunks dropped, nDCG@3 against a shuffled
-    input order, expected calibration error."""
+    input order, expected calibration error (what `judged_figures` prints; bench/figures.py reads them)."""
     rng = random.Random(13)
     kept = total = off_dropped = off_total = 0
     n3, n3_in = [], []
@@ -287,9 +318,35 @@ def judged_figures(qs: Sequence[Query], score: Callable[[Query], np.ndarray]) ->
         probs.append(s)
         labs.append(q.labels)
     ece = calibration_error(np.concatenate(probs), np.concatenate(labs))
+    return {"kept": kept, "answers": total, "off_dropped": off_dropped, "off_topic": off_total,
+            "ndcg3": float(np.mean(n3)), "ndcg3_shuffled": float(np.mean(n3_in)), "ece": ece}
+
+
+LONG_LIST = 9  # chunks: the held-out set's single-product lists have 9-10 sections, the others 5-7
+
+
+def long_list_numbers(qs: Sequence[Query], score: Callable[[Query], np.ndarray]) -> dict[str, float]:
+    """The long single-product lists (at least LONG_LIST chunks) against the short ones: answers kept
+    above the minimum score, lists whose first chunk (pure relevance order) is an answer, nDCG@3."""
+    long = [q for q in qs if len(q.texts) >= LONG_LIST]
+    short = [q for q in qs if len(q.texts) < LONG_LIST]
+    kept = sum(int((np.round(score(q)[q.gains == 2], 3) > MIN_SCORE).sum()) for q in long)
+    first = sum(int(q.gains[relevance_order(score(q), 3)[0]] == 2) for q in long)
+    def mean_ndcg3(part: Sequence[Query]) -> float:
+        return float(np.mean([ndcg(q.gains[relevance_order(score(q), 3)], q.ideal, 3) for q in part]))
+
+    return {"lists": len(long), "short_lists": len(short), "kept": kept,
+            "answers": int(sum((q.gains == 2).sum() for q in long)), "first": first,
+            "ndcg3_long": mean_ndcg3(long), "ndcg3_short": mean_ndcg3(short)}
+
+
+def judged_figures(qs: Sequence[Query], score: Callable[[Query], np.ndarray]) -> str:
+    """`judged_numbers` on one line."""
+    n = judged_numbers(qs, score)
+    kept, total, off_dropped, off_total = n["kept"], n["answers"], n["off_dropped"], n["off_topic"]
     return (f"answers kept {kept}/{total} ({kept / total:.1%})  "
             f"off-topic dropped {off_dropped}/{off_total} ({off_dropped / off_total:.1%})  "
-            f"nDCG@3 {np.mean(n3):.4f} (shuffled input {np.mean(n3_in):.4f})  ECE {ece:.3f}")
+            f"nDCG@3 {n['ndcg3']:.4f} (shuffled input {n['ndcg3_shuffled']:.4f})  ECE {n['ece']:.3f}")
 
 
 def calibration_error(p: np.ndarray, y: np.ndarray, bins: int = 10) -> float:
@@ -359,16 +416,15 @@ def main() -> None:
     WITHOUT.update(args.without)
     base = load_judged() + load_trec("dl19") + load_trec("scifact")
     if args.shipped:
-        backend = LocalBackend("lexical" if args.profile == "lexical" else _st_embedder())
-        for q in base:
-            rel = backend.scores(q.query, q.texts)
-            rel = getattr(rel, "relevance", rel)  # earlier versions returned a Scores record
-            q.signals = Signals(*([rel] * len(FEATURES)))
-        for line in report(base, np.array([0.0, 1.0, 1.0, 0, 0, 0, 0, 0]), "shipped", parts, identity=True):
+        embedder = "lexical" if args.profile == "lexical" else _st_embedder()
+        attach_shipped(base, LocalBackend(embedder))
+        _save(embedder)
+        for line in report(base, SHIPPED_BETA, "shipped", parts, identity=True):
             print(line)
         return
     semantic = StaticEmbedder() if args.profile == "lexical" else _st_embedder()
     attach_signals(base, semantic)
+    _save(semantic)
     dev = [q for q in base if q.part == "dev"]
     if args.cv:
         for line in cross_validate(dev, semantic, args.position, args.negative_weight):
@@ -381,6 +437,13 @@ def main() -> None:
     print("card examples: " + card_check(semantic, beta))
 
 
+def _save(embedder: object) -> None:
+    """Keep MiniLM's vectors in bench/out/emb-cache/ for the next run (a no-op for other embedders)."""
+    save = getattr(embedder, "save", None)
+    if callable(save):
+        save()
+
+
 def _st_embedder() -> object:
     import quality
 
@@ -388,4 +451,4 @@ def _st_embedder() -> object:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_bench(main))

@@ -18,8 +18,9 @@ duplicate removal, and at the defaults (lambda 0.7, duplicate removal on).
     python bench/windows.py --only speed --latency 0.5
     python bench/windows.py --only quality --embedders lexical
 
-Prints Markdown tables. The local backend is being tuned in parallel: re-run the quality part
-after it changes; MiniLM vectors are cached on disk (bench/out/emb-cache/).
+Prints Markdown tables. A query that fails (it keeps its input order in the quality table) or a
+speed run that raises ends the output with a `FAILED: ...` line and exit code 1. Re-run the quality
+part after the local backend changes; MiniLM vectors are cached on disk (bench/out/emb-cache/).
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from batch import fake_server  # noqa: E402  (fake_llm in its own process, shared with bench/batch.py)
+from failures import TALLY, run_bench  # noqa: E402
 
 from tests.support.shared_data import data_dir  # noqa: E402
 
@@ -100,6 +102,7 @@ def _fastest(run: Callable[[], int], repeat: int) -> tuple[int, float]:
         started = time.perf_counter()
         calls = run()
         times.append(time.perf_counter() - started)
+        TALLY.count()
     return calls, min(times)
 
 
@@ -206,4 +209,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_bench(main))

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import logging as _logging
 
-from .api import arerank, arerank_many, rerank
+from .api import arerank, arerank_many, plan, rerank
 from .backends.factory import make_backend
+from .cache import ResponseCache
+from .cost import Budget, CostPlan, Prices
 from .errors import (
     Attempt,
     BackendError,
+    BudgetError,
+    CacheMissError,
     ConfigError,
     EmbedderError,
     InputError,
@@ -49,19 +53,25 @@ def __getattr__(name: str) -> object:
 __all__ = [
     "Attempt",
     "BackendError",
+    "Budget",
+    "BudgetError",
+    "CacheMissError",
     "Chunk",
     "ConfigError",
+    "CostPlan",
     "Dropped",
     "EmbedderError",
     "InputError",
     "Limits",
     "MissingDependencyError",
     "OutputError",
+    "Prices",
     "Ranked",
     "RerankError",
     "RerankRequest",
     "RerankResult",
     "Reranker",
+    "ResponseCache",
     "RetryPolicy",
     "Router",
     "RunMeta",
@@ -77,6 +87,7 @@ __all__ = [
     "make_backend",
     "openai_tool",
     "parse_chunks",
+    "plan",
     "render",
     "repair_output",
     "rerank",

@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from .concurrency import check_concurrency
+from .cost import CostPlan
 from .guard.input import ChunkSource
 from .models import RerankResult
 from .options import split_options
@@ -49,13 +50,29 @@ def rerank(query: str, chunks: ChunkSource, top_k: int | None = None, lambda_: f
     many scored concurrently (at most `concurrency` calls in flight), then one final pass over the
     best survivors and the post-pass over them (see `rag_rerank.windows`); without it, more than
     `max_chunks` is an `InputError`.
+    `cache` keeps the backend's guard-valid answers on disk (True: the default folder, a folder, or
+    a `ResponseCache`; unset: the `RAG_RERANK_CACHE` environment variable decides), so an identical
+    call makes no request (`meta.cache`). `budget` (a `Budget`: max calls, tokens, cost) refuses a
+    rerank whose plan exceeds it before any request; `prices` (per million input / output tokens)
+    prices the plan (`rag_rerank.plan`).
 
-    Raises `InputError` for bad input and `BackendError` (every attempt attached) when the backend
-    fails and there is no fallback.
+    Raises `InputError` for bad input, `BudgetError` for a plan over its budget, and `BackendError`
+    (every attempt attached) when the backend fails and there is no fallback.
     """
     session, request = split_options(options)
     with Reranker(**session, **request) as reranker:
         return reranker.rerank(query, chunks, top_k, lambda_)
+
+
+def plan(query: str, chunks: ChunkSource, top_k: int | None = None, lambda_: float | None = None,
+         **options: Unpack[RerankOptions]) -> CostPlan:
+    """What `rerank` with the same arguments would do and cost, without any request: the calls
+    (windows, final pass) and round trips, the re-ask bound, the estimated prompt and completion
+    tokens, the cost from `prices=`, which calls the response cache already holds, and which limits
+    of `budget=` it would cross (`exceeded`). Bad input raises `InputError`, as `rerank` would."""
+    session, request = split_options(options)
+    with Reranker(**session, **request) as reranker:
+        return reranker.plan(query, chunks, top_k, lambda_)
 
 
 async def arerank(query: str, chunks: ChunkSource, top_k: int | None = None, lambda_: float | None = None,
@@ -68,7 +85,8 @@ async def arerank(query: str, chunks: ChunkSource, top_k: int | None = None, lam
 
 
 async def arerank_many(requests: Iterable[Mapping[str, Any]], *, concurrency: int = 4,
-                       progress: Callable[[int, int], None] | None = None, **options: Any) -> list[Result]:
+                       progress: Callable[[int, int], None] | None = None, budget: Any = None,
+                       **options: Any) -> list[Result]:
     """Rerank every `{query, chunks, top_k?, lambda?, window_size?}` mapping with at most `concurrency`
     requests, and as many backend calls, in flight (a request's windows share the bound).
     A request may also carry its own request options (module docstring).
@@ -76,11 +94,13 @@ async def arerank_many(requests: Iterable[Mapping[str, Any]], *, concurrency: in
     Returns one entry per request, in input order: a `RerankResult`, or the exception that request
     raised (`InputError`, `BackendError`, ...). `options` are `rerank`'s keyword arguments; the
     backend and embedder are built once and shared. `progress(done, total)` is called after each.
+    `budget` bounds the whole batch (`Reranker.arerank_many`).
     """
     check_concurrency(concurrency)
     session, request = split_options(options)
     async with Reranker(**session, **request) as reranker:
-        return await reranker.arerank_many(requests, concurrency=concurrency, progress=progress)
+        return await reranker.arerank_many(requests, concurrency=concurrency, progress=progress,
+                                           budget=budget)
 
 
-__all__ = ["arerank", "arerank_many", "rerank"]
+__all__ = ["arerank", "arerank_many", "plan", "rerank"]

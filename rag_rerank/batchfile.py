@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from .backends.factory import resolve_embedder
-from .errors import BackendError, InputError, RerankError, Violation
+from .errors import BackendError, CacheMissError, InputError, RerankError, Violation
 from .guard.input import duplicate_keys_message, json_problem, loads_line
 from .guard.limits import as_limits, load_limits
 from .models import RerankResult
@@ -99,8 +99,9 @@ def parse_input(text: str) -> list[Line]:
 
 
 def error_kind(exc: Exception) -> str:
-    """"input" (the caller can fix it), "backend" (every attempt failed) or "internal" (a bug)."""
-    if isinstance(exc, BackendError):
+    """"input" (the caller can fix it), "backend" (every attempt failed, or a replay found no
+    recorded answer) or "internal" (a bug)."""
+    if isinstance(exc, (BackendError, CacheMissError)):
         return "backend"
     return "input" if isinstance(exc, RerankError) else "internal"
 
@@ -134,17 +135,22 @@ def error_record(exc: Exception, secrets: Sequence[str | None]) -> dict[str, Any
             ],
         }
     if isinstance(exc, RerankError):
-        return {"kind": "input", "message": scrub(str(exc), secrets)}
+        return {"kind": error_kind(exc), "message": scrub(str(exc), secrets)}
     return {"kind": "internal", "message": scrub(f"{type(exc).__name__}: {exc}", secrets)}
 
 
-def record(line: Line, outcome: Outcome, secrets: Sequence[str | None]) -> dict[str, Any]:
+def record(line: Line, outcome: Outcome, secrets: Sequence[str | None],
+           scores: bool = False) -> dict[str, Any]:
+    """One output line for `line`: the card's object under "result" and "meta", or "error"; with
+    `scores` (`batch --scores`), every input id's score under "scores" beside them."""
     rec: dict[str, Any] = {"line": line.number}
     if line.query_id is not None:
         rec["query_id"] = line.query_id
     if isinstance(outcome, RerankResult):
         rec["result"] = outcome.to_dict()
         rec["meta"] = outcome.meta.to_dict()
+        if scores:
+            rec["scores"] = dict(outcome.scores)
     else:
         rec["error"] = error_record(outcome, secrets)
     return rec

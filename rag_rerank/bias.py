@@ -31,7 +31,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import math
-import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -115,27 +114,18 @@ def shown_orders(ids: Sequence[str], seed: int, qid: str) -> dict[str, list[str]
     return {"given": list(ids), "reversed": list(reversed(ids)), "shuffled": shuffled}
 
 
-def score_in_reason(reason: str) -> float | None:
-    """The score a dropped reason carries, or None: `below_min_score: 0.150`, `not_selected:
-    0.410`, or a window's loser quoting one (`not_in_final: window 2 dropped it ("not_selected:
-    0.410")`)."""
-    parts = reasons.split(reason)
-    if parts is None or parts[1] is None:
-        return None
-    token, detail = parts
-    if token not in (reasons.BELOW_MIN_SCORE, reasons.NOT_SELECTED, reasons.NOT_IN_FINAL):
-        return None
-    try:
-        value = float(detail.strip())
-    except ValueError:
-        found = _QUOTED_SCORE.search(detail)
-        if found is None:
-            return None
-        value = float(found.group(1))
-    return value if math.isfinite(value) and 0.0 <= value <= 1.0 else None
-
-
-_QUOTED_SCORE = re.compile(rf"(?:{reasons.BELOW_MIN_SCORE}|{reasons.NOT_SELECTED}): ?(\d+(?:\.\d+)?)")
+def result_scores(result: RerankResult) -> dict[str, float]:
+    """Each chunk's score in a result: `RerankResult.scores` (a ranked chunk's, a dropped one's
+    from its reason, a window's loser's from its window's answer); for a result built without
+    them, the ranked chunks' and the ones dropped reasons carry (`reasons.score_in`)."""
+    if result.scores:
+        return {cid: float(v) for cid, v in result.scores.items() if isinstance(v, float)}
+    out = {r.id: float(r.score) for r in result.ranked}
+    for d in result.dropped:
+        s = reasons.score_in(d.reason)
+        if s is not None:
+            out[d.id] = s
+    return out
 
 
 def order_keys(result: RerankResult, ids: Sequence[str]) -> np.ndarray:
@@ -145,10 +135,7 @@ def order_keys(result: RerankResult, ids: Sequence[str]) -> np.ndarray:
     Scores, not list positions: the post-pass breaks a tie between equal scores by input order,
     so the list's order among equal scores is our tie-break, not the backend's judgement; counted
     as positions it would read as a position bias of the backend."""
-    key = {r.id: float(r.score) for r in result.ranked}
-    for d in result.dropped:
-        s = score_in_reason(d.reason)
-        key[d.id] = s if s is not None else -1.0
+    key = result_scores(result)
     return np.array([key.get(i, -1.0) for i in ids])
 
 
@@ -346,5 +333,5 @@ def measure_bias(
 
 
 __all__ = ["DECILES", "ORDERS", "PAIRS", "PURE_ORDER", "BiasReport", "QueryBias", "average_ranks",
-           "kendall_tau", "measure_bias", "order_keys", "query_bias", "rerank_each", "score_in_reason",
+           "kendall_tau", "measure_bias", "order_keys", "query_bias", "rerank_each", "result_scores",
            "shown_orders"]

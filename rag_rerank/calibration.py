@@ -53,7 +53,7 @@ from typing import Any
 import numpy as np
 
 from .batchfile import error_kind
-from .bias import PURE_ORDER, rerank_each, score_in_reason
+from .bias import PURE_ORDER, rerank_each, result_scores
 from .concurrency import check_concurrency
 from .errors import InputError, Violation
 from .guard.limits import as_limits
@@ -384,13 +384,8 @@ class Scored:
 
 
 def raw_scores(result: RerankResult) -> dict[str, float]:
-    """Each chunk's raw score in a result: a ranked chunk's, or the one its dropped reason carries."""
-    out = {r.id: float(r.score) for r in result.ranked}
-    for d in result.dropped:
-        s = score_in_reason(d.reason)
-        if s is not None:
-            out[d.id] = s
-    return out
+    """Each chunk's raw score in a result (`bias.result_scores`)."""
+    return result_scores(result)
 
 
 def _cross_validated(points: Sequence[Scored], rel_level: int, seed: int) -> dict[str, float]:

@@ -30,15 +30,32 @@ The caller's query, chunk list and dicts are only read: the input guard builds n
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import time
 from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from . import reasons
 from .backends.base import Backend
 from .backends.factory import make_backend
+from .cache import ResponseCache, call_key
 from .concurrency import check_concurrency
+from .cost import (
+    Budget,
+    CallEstimate,
+    CostPlan,
+    Prices,
+    Spending,
+    as_budget,
+    as_prices,
+    makes_requests,
+    over_budget,
+    refuse,
+    request_tokens,
+    usage_tokens,
+)
 from .embed import get_embedder
 from .errors import BackendError, EmbedderError, InputError, Violation
 from .fusion import MetaFusion, check_embed_meta_fields, fuse, meta_fusion, meta_values, with_embedded_meta
@@ -62,7 +79,11 @@ log = logging.getLogger("rag_rerank.rerank")
 
 @dataclass(frozen=True)
 class Call:
-    """One backend call with its retries: `ask` shown through `prompt`, judged for `guard_top_k`."""
+    """One backend call with its retries: `ask` shown through `prompt`, judged for `guard_top_k`.
+
+    With a response cache, `key` is the call's key in `cache` (the driver answers from it, or
+    stores the new answer under it); `label` names the call in a replay miss. `spending` is the
+    budget's meter, shared by the request's calls."""
 
     backend: Backend
     ask: RerankRequest
@@ -70,6 +91,10 @@ class Call:
     policy: RetryPolicy | None
     limits: Limits
     repair: bool = True
+    label: str = "the call"
+    cache: ResponseCache | None = None
+    key: str | None = None
+    spending: Spending | None = None
 
 
 @dataclass(frozen=True)
@@ -117,6 +142,7 @@ class Setup:
     backend_name: str
     embedder: Any
     api_key: str | None = field(default=None, repr=False)
+    cache: ResponseCache | None = None  # the response cache (`cache.py`), None without one
 
 
 # --------------------------------------------------------------------------- planning
@@ -142,6 +168,9 @@ class Plan:
     window_size: int | None = None  # set only when the request is ranked in windows
     # Why the embedder was replaced by the lexical one (`fallback="local"` after an EmbedderError).
     embedder_note: str | None = None
+    prices: Prices | None = None
+    budget: Budget | None = None
+    spending: Spending | None = None  # the budget's meter (a batch's, shared, when it sets one)
 
     @property
     def backend(self) -> Backend:
@@ -156,10 +185,24 @@ class Plan:
         return self.options.fallback  # type: ignore[no-any-return]
 
     def call(self, ask: RerankRequest, prompt: str, backend: Backend | None = None,
-             repair: bool | None = None) -> Call:
-        """A call of `backend` (default: the session's) for `ask`, under this plan's policy and limits."""
-        return Call(backend or self.backend, ask, prompt, self.options.policy, self.limits,
-                    (not self.options.strict) if repair is None else repair)
+             repair: bool | None = None, label: str = "the call") -> Call:
+        """A call of `backend` (default: the session's) for `ask`, under this plan's policy and
+        limits, with its cache key when the session has a cache and the backend says what it sends."""
+        repair = (not self.options.strict) if repair is None else repair
+        key = self.key(ask, prompt, repair) if backend is None else None
+        # The budget meters the session backend's requests; the local fallback's calls cost nothing.
+        spending = self.spending if backend is None and makes_requests(self.backend) else None
+        return Call(backend or self.backend, ask, prompt, self.options.policy, self.limits, repair, label,
+                    self.setup.cache if key is not None else None, key, spending)
+
+    def key(self, ask: RerankRequest, prompt: str, repair: bool | None = None) -> str | None:
+        """The response cache's key of the session backend's call for `ask` (None without a cache)."""
+        identity = getattr(self.backend, "cache_identity", None)
+        if self.setup.cache is None or not callable(identity):
+            return None
+        repair = (not self.options.strict) if repair is None else repair
+        max_tokens = (self.options.policy or RetryPolicy()).output_budget(ask, ask.top_k)
+        return call_key(identity(prompt, ask, max_tokens), ask.top_k, self.limits, repair)
 
 
 def check_options(options: Options) -> None:
@@ -182,22 +225,80 @@ def check_request(query: Any, chunks: ChunkSource, options: Options) -> RerankRe
     return _validated(query, chunks, options, as_limits(options.limits))[0]
 
 
-def plan(setup: Setup, query: Any, chunks: ChunkSource, options: Options) -> Plan:
+def plan(setup: Setup, query: Any, chunks: ChunkSource, options: Options, *, enforce: bool = True) -> Plan:
     """Every check and decision before the backend is called: the request, the options, the
-    metadata values (all parsed before any call), the prompt or the windows."""
+    metadata values (all parsed before any call), the prompt or the windows; and, with a budget,
+    the refusal of a plan that would exceed it (`BudgetError`; not when `enforce` is False, for a
+    dry run that only reports it)."""
     check_options(options)
     started = time.perf_counter()
     lim = as_limits(options.limits)
     request, fields, fusion = _validated(query, chunks, options, lim)
     values = meta_values(request, fusion) if fusion is not None else None
     view = with_embedded_meta(request, fields)
+    prices = as_prices(options.prices)
+    budget = as_budget(options.budget, prices)
+    spending = BATCH_SPENDING.get() or (Spending(budget, prices) if budget else None)
     window_size = options.window_size
     if window_size is not None and windowed(request, int(window_size)):
         # Each window and the final pass render their own prompt (windows.py).
-        return Plan(request, view, "", setup, options, lim, started, view, setup.embedder, fusion, values,
-                    window_size=int(window_size))
-    ask = asked(view)
-    return Plan(request, ask, render(ask), setup, options, lim, started, view, setup.embedder, fusion, values)
+        out = Plan(request, view, "", setup, options, lim, started, view, setup.embedder, fusion, values,
+                   window_size=int(window_size), prices=prices, budget=budget, spending=spending)
+    else:
+        ask = asked(view)
+        out = Plan(request, ask, render(ask), setup, options, lim, started, view, setup.embedder, fusion,
+                   values, prices=prices, budget=budget, spending=spending)
+    if budget and enforce:
+        refuse(cost_plan(out))
+    return out
+
+
+# A batch's meter (`Reranker.arerank_many(budget=...)`): every request of the batch spends from it.
+BATCH_SPENDING: contextvars.ContextVar[Spending | None] = contextvars.ContextVar("BATCH_SPENDING",
+                                                                                 default=None)
+
+
+def cost_plan(plan: Plan) -> CostPlan:
+    """What `plan` will do and cost, without any request (`cost.py`): its calls (the windows and a
+    final pass as large as a window, or the one call), which of them the cache already holds,
+    the round trips, the re-ask bound and the estimated tokens and cost."""
+    backend = plan.backend
+    scored = bool(getattr(backend, "scored", False))
+    remote = makes_requests(backend)
+    policy = plan.options.policy or RetryPolicy()
+    if plan.window_size is None:
+        stages = [("call", plan.ask, plan.prompt)]
+    else:
+        windows = split(plan.view, plan.window_size)
+        stages = [("window", w.ask, w.prompt) for w in windows]
+        # The final pass: as many chunks as the fullest window (the survivors are at most that many).
+        fullest = max(windows, key=lambda w: len(w.ask.chunks))
+        stages.append(("final", fullest.ask, fullest.prompt))
+    estimates = []
+    for stage, ask, prompt in stages:
+        key = plan.key(ask, prompt) if stage != "final" else None
+        cached = key is not None and plan.setup.cache is not None and plan.setup.cache.contains(key)
+        tokens = request_tokens(backend, prompt, ask) if remote else (0, 0)
+        estimates.append(CallEstimate(stage, len(ask.chunks), tokens[0], tokens[1],
+                                      policy.output_budget(ask, ask.top_k) if remote and not scored else 0,
+                                      cached))
+    billed = [e for e in estimates if remote and not e.cached]
+    concurrency = int(plan.options.concurrency)
+    windows_n = len(estimates) - 1 if plan.window_size is not None else 0
+    round_trips = (-(-windows_n // concurrency) + 1) if windows_n else 1
+    prompt_tokens = sum(e.prompt_tokens for e in billed)
+    completion_tokens = sum(e.completion_tokens for e in billed)
+    cost = plan.prices.cost(prompt_tokens, completion_tokens) if plan.prices is not None else None
+    requests = len(billed)
+    reasks = 0 if scored else requests * policy.max_reasks
+    return CostPlan(
+        backend=plan.backend_name, model=getattr(backend, "model", None), calls=len(estimates),
+        requests=requests, round_trips=round_trips if remote else 0, max_reasks=reasks,
+        max_requests=requests * (1 if scored else policy.max_attempts), prompt_tokens=prompt_tokens,
+        completion_tokens=completion_tokens, max_completion_tokens=sum(e.max_tokens for e in billed),
+        cost=cost, prices=plan.prices, budget=plan.budget,
+        exceeded=over_budget(plan.budget, requests, prompt_tokens + completion_tokens, cost),
+        estimates=tuple(estimates))
 
 
 def _validated(query: Any, chunks: ChunkSource, options: Options, lim: Limits
@@ -205,6 +306,16 @@ def _validated(query: Any, chunks: ChunkSource, options: Options, lim: Limits
     """The request and the options, every problem with any of them in one `InputError`."""
     opts = options.scoring()
     problems: list[Violation] = duplicate_threshold_violations(options.duplicate_threshold)
+    prices: Prices | None = None
+    try:
+        prices = as_prices(options.prices)
+    except InputError as exc:
+        problems.extend(exc.violations)
+        prices = Prices(0.0, 0.0)  # given, if wrong: a cost limit is not also reported as without prices
+    try:
+        as_budget(options.budget, prices)
+    except InputError as exc:
+        problems.extend(exc.violations)
     fields: tuple[str, ...] = ()
     fusion: MetaFusion | None = None
     try:
@@ -249,6 +360,7 @@ class Scored:
     fallback: str | None = None
     note: str | None = None  # why the fallback answered
     offline: Plan | None = None  # the plan with the lexical embedder, when the embedder failed here
+    cached: bool = False  # the response cache answered it
 
 
 def _scored(outcome: Outcome, started: float, fallback: str | None = None, note: str | None = None,
@@ -259,7 +371,8 @@ def _scored(outcome: Outcome, started: float, fallback: str | None = None, note:
     if failed is not None:
         attempts, usage = attempts + len(failed.attempts), add_usage(failed.usage, usage)
     return Scored(outcome.obj, attempts, tuple(outcome.repairs), usage, outcome.model,
-                  (time.perf_counter() - started) * 1000.0, tuple(outcome.notes), fallback, note, offline)
+                  (time.perf_counter() - started) * 1000.0, tuple(outcome.notes), fallback, note, offline,
+                  outcome.cached and failed is None)
 
 
 def _falls_back(plan: Plan, error: BaseException) -> bool:
@@ -295,12 +408,13 @@ class Answer:
     used: Plan | None = None
 
 
-def _answers(plan: Plan, asks: Sequence[tuple[RerankRequest, str]], *, workers: int, limit: int | None,
+def _answers(plan: Plan, asks: Sequence[tuple[RerankRequest, str, str]], *, workers: int, limit: int | None,
              progress: tuple[int, int] | None = None) -> Generator[Step, Any, list[Answer]]:
     """Each ask answered by the session's backend, and where that fails and the fallback applies,
     by the local backend: with the plan's embedder, unless that is what failed (or fails now), then
     fully offline with the lexical one."""
-    outcomes = yield Calls(tuple(plan.call(ask, prompt) for ask, prompt in asks), workers, limit, progress)
+    outcomes = yield Calls(tuple(plan.call(ask, prompt, label=label) for ask, prompt, label in asks), workers,
+                           limit, progress)
     out = [Answer(o) if isinstance(o, Outcome) else Answer(None, o) for o in outcomes]
     pending: dict[int, Plan] = {}
     for i, answer in enumerate(out):
@@ -373,7 +487,7 @@ def _ranked_and_dropped(obj: Mapping[str, Any]) -> tuple[list[Ranked], list[Drop
 
 
 def _single(plan: Plan) -> Flow:
-    (answer,) = yield from _answers(plan, [(plan.ask, plan.prompt)], workers=1, limit=None)
+    (answer,) = yield from _answers(plan, [(plan.ask, plan.prompt, "the call")], workers=1, limit=None)
     if answer.outcome is None:
         error = answer.error
         assert error is not None
@@ -390,8 +504,9 @@ def _finish(plan: Plan, outcome: Outcome) -> Flow:
         notes.append(f"candidate_k={plan.ask.top_k}")
     notes.extend(_scoring_notes(plan))
     meta = _meta(plan, model=outcome.model or getattr(plan.backend, "model", None),
-                 attempts=len(outcome.attempts), repairs=outcome.repairs, usage=outcome.usage, notes=notes)
-    return replace(result, meta=meta)
+                 attempts=len(outcome.attempts), repairs=outcome.repairs, usage=outcome.usage, notes=notes,
+                 cache=_cache_meta(plan, [(outcome.cached, outcome.usage)]))
+    return replace(result, meta=meta, scores=scores_of(plan.request, [outcome.obj], result.ranked))
 
 
 def _fallback_result(plan: Plan, answer: Answer) -> Flow:
@@ -409,8 +524,9 @@ def _fallback_result(plan: Plan, answer: Answer) -> Flow:
              ] if backend_failed else []
     meta = _meta(used, model=outcome.model, attempts=len(error.attempts) + len(outcome.attempts),
                  repairs=outcome.repairs, usage=add_usage(error.usage, outcome.usage),
-                 fallback="local" if backend_failed else None, notes=(*notes, *_scoring_notes(used)))
-    return replace(result, meta=meta)
+                 fallback="local" if backend_failed else None, notes=(*notes, *_scoring_notes(used)),
+                 cache=_cache_meta(plan, [(False, {})]))
+    return replace(result, meta=meta, scores=scores_of(used.request, [outcome.obj], result.ranked))
 
 
 # --------------------------------------------------------------------------- windows
@@ -425,14 +541,15 @@ def _windowed(plan: Plan) -> Flow:
     # switching), a remote one waits on the network.
     workers = 1 if plan.backend_name == "local" else max(1, min(concurrency, len(windows)))
     total = len(windows) + 1
-    answers = yield from _answers(plan, [(w.ask, w.prompt) for w in windows], workers=workers,
+    answers = yield from _answers(plan, [(w.ask, w.prompt, w.label) for w in windows], workers=workers,
                                   limit=concurrency, progress=(0, total))
     scored = [_window_answer(plan, w, a) for w, a in zip(windows, answers, strict=True)]
     survivors = select_survivors(plan.view, plan.limits, windows, [s.obj for s in scored], plan.window_size)
     final = None
     if survivors.indices:
         window = final_window(plan.view, survivors, len(windows))
-        (answer,) = yield from _answers(plan, [(window.ask, window.prompt)], workers=1, limit=concurrency)
+        (answer,) = yield from _answers(plan, [(window.ask, window.prompt, window.label)], workers=1,
+                                        limit=concurrency)
         final = (window, _window_answer(plan, window, answer))
     yield Progress(total, total)
     return (yield from _assemble(plan, windows, scored, survivors, final))
@@ -466,7 +583,7 @@ def _named(plan: Plan, window: Window, error: BackendError) -> BackendError:
     return BackendError(f"{window.label}: {head}", clean.attempts, usage=clean.usage)
 
 
-def _entry(window: Window, answer: Scored, survivors: Survivors | None) -> dict[str, Any]:
+def _entry(window: Window, answer: Scored, survivors: Survivors | None, cache: bool) -> dict[str, Any]:
     entry: dict[str, Any] = {"stage": "final" if window.final else "window", "index": window.index,
                              "size": len(window.ask.chunks)}
     if not window.final:
@@ -475,6 +592,8 @@ def _entry(window: Window, answer: Scored, survivors: Survivors | None) -> dict[
             entry["survivors"] = sum(1 for i in survivors.indices if window.first <= i < window.end)
     entry.update({"attempts": answer.attempts, "usage": dict(answer.usage), "fallback": answer.fallback,
                   "latency_ms": round(answer.latency_ms, 3)})
+    if cache:
+        entry["cached"] = answer.cached
     return entry
 
 
@@ -509,21 +628,61 @@ def _assemble(plan: Plan, windows: Sequence[Window], scored: Sequence[Scored], s
                  f"{counted(len(survivors.indices), 'survivor')}"
                  + (", final pass skipped (no chunk above the minimum score)" if final is None else ""))
     model = next((a.model for w, a in reversed(calls) if a.fallback is None and a.model), None)
+    cache = _cache_meta(plan, [(a.cached, a.usage) for _, a in calls])
     meta = _meta(plan, model=model or getattr(plan.backend, "model", None),
                  attempts=sum(a.attempts for _, a in calls), repairs=repairs, usage=usage,
                  fallback="local" if any(a.fallback for _, a in calls) else None, notes=notes,
-                 calls=len(calls), windows=tuple(_entry(w, a, survivors) for w, a in calls))
+                 calls=len(calls),
+                 windows=tuple(_entry(w, a, survivors, cache is not None) for w, a in calls),
+                 cache=cache)
     meta = replace(meta, embedder=result.meta.embedder or meta.embedder,
                    notes=(*meta.notes, *result.meta.notes))
-    return RerankResult(ranked=result.ranked, dropped=dropped, meta=meta)
+    answers = [a.obj for a in scored] + ([final[1].obj] if final is not None else [])
+    return RerankResult(ranked=result.ranked, dropped=dropped, meta=meta,
+                        scores=scores_of(request, answers, result.ranked))
 
 
 # --------------------------------------------------------------------------- meta and messages
 
 
+_UNSCORED = "not scored: the model neither ranked nor dropped it"
+_NO_NUMBER = "no score: the model dropped it without one"
+
+
+def scores_of(request: RerankRequest, answers: Sequence[Mapping[str, Any]], ranked: Sequence[Ranked]
+              ) -> dict[str, float | str]:
+    """Every input id's score, in input order: the ranked chunks' final scores, else the last
+    answer's (the final pass over the windows') score for the chunk, in `ranked` or in a dropped
+    reason's detail (`not_selected: 0.410`, as the scored backends write them); or why there is none."""
+    out: dict[str, float | str] = {}
+    for obj in answers:
+        for item in obj.get("ranked", ()):
+            out[item["id"]] = float(item["score"])
+        for item in obj.get("dropped", ()) or ():
+            score = reasons.score_in(item["reason"])
+            if score is not None:
+                out[item["id"]] = score
+            elif not isinstance(out.get(item["id"]), float):
+                out[item["id"]] = _NO_NUMBER
+    for item in ranked:
+        out[item.id] = item.score
+    return {c.id: out.get(c.id, _UNSCORED) for c in request.chunks}
+
+
+
+def _cache_meta(plan: Plan, calls: Sequence[tuple[bool, Mapping[str, int]]]) -> dict[str, int] | None:
+    """`meta.cache`: the session backend's calls the cache answered (hits) and not (misses), and the
+    tokens the hits did not spend; None when the session has no cache for this backend."""
+    if plan.setup.cache is None or not callable(getattr(plan.backend, "cache_identity", None)):
+        return None
+    hits = [usage for cached, usage in calls if cached]
+    return {"hits": len(hits), "misses": len(calls) - len(hits),
+            "saved_tokens": sum(sum(usage_tokens(u)) for u in hits)}
+
+
 def _meta(plan: Plan, *, model: str | None, attempts: int, repairs: Sequence[str], usage: Mapping[str, int],
           fallback: str | None = None, notes: Sequence[str] = (), calls: int = 1,
-          windows: Sequence[Mapping[str, Any]] = ()) -> RunMeta:
+          windows: Sequence[Mapping[str, Any]] = (), cache: Mapping[str, int] | None = None) -> RunMeta:
     return RunMeta(
         backend=plan.backend_name,
         model=model,
@@ -537,6 +696,7 @@ def _meta(plan: Plan, *, model: str | None, attempts: int, repairs: Sequence[str
         calls=calls,
         windows=tuple(windows),
         embedder_fallback="lexical" if plan.embedder_note else None,
+        cache=cache,
     )
 
 
@@ -571,5 +731,5 @@ def _redacted(error: BackendError, api_key: str | None) -> BackendError:
     return type(error)(head, attempts, usage=error.usage)  # an EmbedderError stays one
 
 
-__all__ = ["Call", "Calls", "Flow", "Plan", "Progress", "Setup", "Step", "Work", "check_options",
-           "check_request", "failure_summary", "flow", "plan"]
+__all__ = ["BATCH_SPENDING", "Call", "Calls", "Flow", "Plan", "Progress", "Setup", "Step", "Work",
+           "check_options", "check_request", "cost_plan", "failure_summary", "flow", "plan", "scores_of"]

@@ -232,6 +232,37 @@ class ConfigError(RerankError):
     (CLI exit 2, like bad input; a backend failure, exit 3, means a call was made and failed)."""
 
 
+class BudgetError(RerankError):
+    """A rerank or a batch would spend more than its `budget=` allows, so no request was made
+    (CLI exit 2). `limits` names each limit crossed, `plan` is the plan that crossed them
+    (`CostPlan.to_dict()`)."""
+
+    def __init__(self, message: str, limits: Sequence[str] = (),
+                 plan: Mapping[str, Any] | None = None) -> None:
+        self.message = message
+        self.limits: tuple[str, ...] = tuple(limits)
+        self.plan: dict[str, Any] = dict(plan or {})
+        super().__init__(message)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.message, self.limits, self.plan))
+
+
+class CacheMissError(RerankError):
+    """Replay mode (`ResponseCache(replay=True)`, CLI `--replay`) found no stored answer for a call:
+    the pipeline asks something it did not ask when the answers were recorded (CLI exit 3). `key`
+    is the call's cache key; `what` says which call (the backend and model, a window)."""
+
+    def __init__(self, what: str, key: str) -> None:
+        self.what, self.key = what, key
+        super().__init__(f"replay: no cached answer for {what} (key {key[:16]}); the call differs from every "
+                         "recorded one (a changed chunk, option, prompt or model); record it again "
+                         "without replay")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.what, self.key))
+
+
 class MissingDependencyError(RerankError, ImportError):
     """A package is needed for what was asked; the message says what to install.
 

@@ -90,6 +90,9 @@ class RunMeta:
     # "lexical" when the embedder asked for (an `openai` server) failed and `fallback="local"` put
     # lexical vectors in its place (the post-pass's, and the local scorer's); `notes` says why.
     embedder_fallback: str | None = None
+    # With a response cache (`cache=`): {"hits", "misses", "saved_tokens"} over the backend's calls;
+    # a hit made no request (it counts no attempt) and its tokens are still in `usage`. None without one.
+    cache: Mapping[str, int] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -105,6 +108,7 @@ class RunMeta:
             "calls": self.calls,
             "windows": [dict(w) for w in self.windows],
             "embedder_fallback": self.embedder_fallback,
+            "cache": None if self.cache is None else dict(self.cache),
         }
 
     def fallback_notice(self, how: str = "fallback local") -> str | None:
@@ -128,16 +132,40 @@ class RunMeta:
 
 @dataclass(frozen=True)
 class RerankResult:
+    """The answer: `ranked` and `dropped` (the card's object, `to_dict()`), `meta` (how it was
+    produced) and `scores`: every input id with the relevance score its scorer gave it, ranked or
+    not, or, for a chunk that has none, a short text saying why (the model dropped it without a
+    score, or left it out). Rerankers that return a number per candidate (Cohere, FlashRank) are
+    what users compare with: `scores` is that number, `full_order()` the order it gives."""
+
     ranked: tuple[Ranked, ...]
     dropped: tuple[Dropped, ...] = ()
     meta: RunMeta = field(default_factory=RunMeta)
+    scores: Mapping[str, float | str] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        """Exactly the card's output schema; `meta` is deliberately absent."""
+        """Exactly the card's output schema; `meta` and `scores` are deliberately absent."""
         return {"ranked": [r.to_dict() for r in self.ranked], "dropped": [d.to_dict() for d in self.dropped]}
 
-    def to_json(self, indent: int | None = None) -> str:
-        return json.dumps(self.to_dict(), ensure_ascii=False, indent=indent)
+    def full_order(self) -> list[str]:
+        """Every input id: the ranked ones in their order, then the rest by score, best first (ties
+        and ids without a score in `dropped` order): for callers who reorder rather than filter."""
+        ranked = [r.id for r in self.ranked]
+        rest = [d.id for d in self.dropped]
+        position = {cid: i for i, cid in enumerate(rest)}
+
+        def key(cid: str) -> tuple[int, float, int]:
+            score = self.scores.get(cid)
+            return (0, -score, position[cid]) if isinstance(score, float) else (1, 0.0, position[cid])
+
+        return ranked + sorted(rest, key=key)
+
+    def to_json(self, indent: int | None = None, scores: bool = False) -> str:
+        """The card's object as JSON; with `scores`, a `"scores"` key beside `ranked` and `dropped`."""
+        obj = self.to_dict()
+        if scores:
+            obj["scores"] = dict(self.scores)
+        return json.dumps(obj, ensure_ascii=False, indent=indent)
 
     @property
     def ids(self) -> list[str]:

@@ -17,12 +17,15 @@ from __future__ import annotations
 
 import contextvars
 import dataclasses
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypedDict
 
 if TYPE_CHECKING:
     from .backends.base import Backend
+    from .cache import ResponseCache
+    from .cost import Budget, Prices
     from .guard.limits import Limits
     from .retry import RetryPolicy
 
@@ -31,8 +34,9 @@ from .wording import near_miss
 
 DEFAULT_CONCURRENCY = 4
 
-# Built once per session: the backend (and its HTTP clients) and the embedder (and its model).
-SESSION_OPTIONS = ("backend", "model", "base_url", "api_key", "embedder", "backend_options")
+# Built once per session: the backend (and its HTTP clients), the embedder (and its model) and the
+# response cache (its SQLite connections).
+SESSION_OPTIONS = ("backend", "model", "base_url", "api_key", "embedder", "backend_options", "cache")
 
 # The metadata options: they decide which chunks rank first, so a batch line may set its own.
 SCORING_OPTIONS = ("meta_field", "meta_weight", "meta_ranking_mode", "meta_sort_order", "missing_meta",
@@ -63,6 +67,8 @@ class Options:
     missing_meta: Any = "bottom"
     meta_value_type: Any = "float"
     embed_meta_fields: Any = None
+    budget: Any = None  # a cost.Budget, a mapping of its fields, or None
+    prices: Any = None  # a cost.Prices, {"input": X, "output": Y} per million tokens, or None
 
     def merged(self, overrides: Mapping[str, Any]) -> Options:
         """These options with `overrides` (request option names) in place; an unknown name is an
@@ -86,6 +92,7 @@ class RerankOptions(TypedDict, total=False):
     api_key: str | None
     embedder: Any
     backend_options: Mapping[str, Any] | None
+    cache: bool | str | os.PathLike[str] | ResponseCache | None
     fallback: str | None
     policy: RetryPolicy | None
     limits: Limits | Mapping[str, Any] | None
@@ -101,6 +108,8 @@ class RerankOptions(TypedDict, total=False):
     missing_meta: str
     meta_value_type: str
     embed_meta_fields: Sequence[str] | None
+    budget: Budget | Mapping[str, Any] | None
+    prices: Prices | Mapping[str, float] | None
 
 
 REQUEST_OPTIONS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(Options))

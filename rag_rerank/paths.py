@@ -7,10 +7,14 @@ the two layouts never leak into the rest of the code.
 
 from __future__ import annotations
 
+import os
 from functools import cache
 from pathlib import Path
 
 _PACKAGE_DIR = Path(__file__).resolve().parent
+
+# The folder of every cache kept between processes (vectors, responses); `off` turns them off.
+CACHE_DIR_ENV = "RAG_RERANK_CACHE_DIR"
 
 
 @cache
@@ -41,3 +45,18 @@ def guard_dir() -> Path:
 
 def golden_dir() -> Path:
     return data_root() / "golden"
+
+
+def default_cache_dir() -> Path | None:
+    """`$RAG_RERANK_CACHE_DIR`, else `$XDG_CACHE_HOME/rag-rerank`, else `~/.cache/rag-rerank`;
+    None when the variable is `off` (or empty), or when there is no home folder to put it in."""
+    value = os.environ.get(CACHE_DIR_ENV)
+    if value is not None:
+        return None if value.strip().lower() in ("", "off", "0", "none") else Path(value).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME")
+    if not base:
+        try:
+            base = str(Path.home() / ".cache")
+        except RuntimeError:  # no HOME and no passwd entry (some containers): run without a cache
+            return None
+    return Path(base) / "rag-rerank"

@@ -61,6 +61,19 @@ def score_detail(score: float) -> str:
     return f"{score:.3f}"
 
 
+def score_in(text: str) -> float | None:
+    """The score a `below_min_score: 0.150` / `not_selected: 0.410` reason carries, or None: the
+    scored backends write every chunk's score there, so a dropped chunk's number is not lost."""
+    parts = split(text)
+    if parts is None or parts[0] not in (BELOW_MIN_SCORE, NOT_SELECTED) or parts[1] is None:
+        return None
+    try:
+        score = float(parts[1])
+    except ValueError:
+        return None
+    return score if 0.0 <= score <= 1.0 else None
+
+
 def split(text: str) -> tuple[str, str | None] | None:
     """(token, detail or None) for a reason that follows the grammar with a known token, else None."""
     if not isinstance(text, str):
@@ -101,4 +114,4 @@ def normalise(text: str) -> str:
     return reason(DROPPED_BY_MODEL, " ".join(str(text).split()) or "(no reason given)")
 
 
-__all__ = ["TOKENS", "normalise", "problem", "reason", "score_detail", "split"]
+__all__ = ["TOKENS", "normalise", "problem", "reason", "score_detail", "score_in", "split"]

@@ -19,7 +19,11 @@ original. So the judgement reads the words, then the meaning:
   words are the other's, or a subset of them: redundant (a copy, or one contained in the other).
 * **Other words**: a name on each side that the other lacks is another subject (the Louvre / the
   Musée d'Orsay); otherwise the texts are the same claim when their meaning is close, `semantic`
-  at or above `tau` (the cosine of the embedder's sentence vectors, measured per embedder family).
+  at or above `tau` (the cosine of the embedder's sentence vectors, measured per embedder family),
+  and both texts read as English: both families' vectors come from an English vocabulary, in which
+  a French or Spanish sentence is word pieces whose mean is close to any other such sentence's (a
+  text where fewer than `ENGLISH_SHARE` of the words are English function words is compared by its
+  words only; no English text of the development pairs that restates another is under it).
 
 Which one is kept: when one text contains the other plus something more (three content words or
 more, or a number or a name: the containing one says more, and dropping it would lose that), the
@@ -57,6 +61,12 @@ _SCALES = {"hundred": 100, "thousand": 1000, "million": 10**6, "billion": 10**9}
 SHORT_WORDS = 30
 # The lexical embedder's near-copy cosine (embed/lexical.py, measured on clough-stevenson).
 LEXICAL_COPY = 0.49
+# The share of a text's words that must be English function words for its meaning to be compared
+# through the sentence vectors (see the module docstring; measured on the multilingual judged set:
+# German, French and Spanish chunks hold at most 6%, English development texts stating a claim in a
+# sentence 14% and more, and none of those under 10% is a restatement).
+ENGLISH_SHARE = 0.1
+_LETTERS = re.compile(r"[^\W\d_]+")
 _OPENERS = '.!?:;"(\u201c\u00ab'
 
 
@@ -92,6 +102,7 @@ class Reading:
     numbers: Counter[str] = field(hash=False)
     negations: int
     sentences: tuple[str, ...]
+    english: float  # the share of its words that are English function words (`ENGLISH_SHARE`)
     length: int  # characters, white space folded: what "more concise" compares
 
 
@@ -171,7 +182,13 @@ def read(text: str) -> Reading:
         negations=sum(1 for w in words if w in NEGATIONS),
         sentences=tuple(s for s in _SENTENCE_END.split(shown) if s.strip()),
         length=len(shown),
+        english=_english_share(shown),
     )
+
+
+def _english_share(text: str) -> float:
+    letters = [w.casefold() for w in _LETTERS.findall(text)]
+    return sum(1 for w in letters if w in STOPWORDS) / len(letters) if letters else 0.0
 
 
 def _one_edit(a: str, b: str) -> bool:
@@ -267,7 +284,7 @@ def judge(a: Reading, b: Reading, semantic: float, rules: Rules, lexical: float 
     names_a = any(a.surface.get(x, x) in a.names for x in only_a)
     if names_a and any(b.surface.get(y, y) in b.names for y in only_b):
         return Verdict(False, "names")
-    if semantic >= rules.tau:
+    if semantic >= rules.tau and min(a.english, b.english) >= ENGLISH_SHARE:
         return Verdict(True, "restatement")
     return Verdict(False, "meaning")
 
@@ -334,5 +351,5 @@ def redundancy(texts: Sequence[str], semantic: np.ndarray, rules: Rules, lexical
     return redundant, prefer
 
 
-__all__ = ["LEXICAL_COPY", "RULES", "SHORT_WORDS", "Reading", "Rules", "Verdict", "differences", "judge",
-           "read", "redundancy", "rules_for"]
+__all__ = ["ENGLISH_SHARE", "LEXICAL_COPY", "RULES", "SHORT_WORDS", "Reading", "Rules", "Verdict",
+           "differences", "judge", "read", "redundancy", "rules_for"]

@@ -35,6 +35,7 @@ from typing import Any
 from tenacity import AsyncRetrying, RetryCallState, Retrying, retry_if_exception_type
 
 from .backends.base import Backend, Completion
+from .cost import Spending, estimate_answer_tokens, estimate_tokens, usage_tokens
 from .errors import (
     Attempt,
     BackendError,
@@ -133,6 +134,7 @@ class Outcome:
     model: str | None
     notes: tuple[str, ...] = ()
     text: str = ""  # the accepted raw text after repairs
+    cached: bool = False  # answered by the response cache (`cache.py`): no request was made
 
 
 def accepts_timeout(backend: Any) -> bool:
@@ -162,12 +164,18 @@ class _Fatal(Exception):
     """An attempt failed in a way no retry can fix."""
 
 
+class _Refused(_Fatal):
+    """The budget does not allow the next request (`cost.Spending`): it is not sent."""
+
+
 class _Run:
     """Mutable state of one call_with_retries invocation (never shared between calls)."""
 
     def __init__(self, backend: Backend, request: RerankRequest, prompt: str, guard_top_k: int,
-                 policy: RetryPolicy, limits: Limits | None, repair: bool) -> None:
+                 policy: RetryPolicy, limits: Limits | None, repair: bool, spending: Spending | None = None
+                 ) -> None:
         self.backend, self.request, self.prompt = backend, request, prompt
+        self.spending = spending
         self.guard_top_k, self.policy, self.limits, self.repair = guard_top_k, policy, limits, repair
         self.attempts: list[Attempt] = []
         self.counts = {"transient": 0, "invalid_output": 0, "truncated": 0}
@@ -209,8 +217,35 @@ class _Run:
         if kind != "ok":
             log.info("%s attempt %d %s: %s", self.name, len(self.attempts), kind, detail)
 
+    def estimate(self) -> tuple[int, int]:
+        """(prompt, completion) tokens of the next attempt, estimated (`cost.py`): the prompt, and on
+        a re-ask the rejected answer and the violations quoted back."""
+        prompt = estimate_tokens(self.prompt) + (estimate_tokens(self.previous) if self.previous else 0)
+        prompt += 30 * len(self.feedback)
+        return prompt, estimate_answer_tokens(len(self.request.chunks), self.guard_top_k, self.request.ids)
+
+    def admit(self) -> None:
+        """Before each request: raise `_Refused` when it would cross the budget (a batch's budget is
+        shared, so even a call's first request may find it spent)."""
+        if self.spending is None:
+            return
+        refusal = self.spending.refusal(self.estimate())
+        if refusal is not None:
+            last = self.attempts[-1].kind if self.attempts else None
+            what = {None: "request", "invalid_output": "re-ask",
+                    "truncated": "retry with a larger budget"}.get(last, "retry")
+            self.stop_reason = f"{refusal}: no {what} sent"
+            raise _Refused(self.stop_reason)
+
+    def spent(self, usage: Mapping[str, int] | None) -> None:
+        """One request made, for the budget: its reported tokens (none for a failed request)."""
+        if self.spending is not None:
+            tokens = usage_tokens(usage or {})
+            self.spending.record(tokens if any(tokens) or usage is None else self.estimate())
+
     def failed(self, exc: BaseException) -> None:
         """Classify a backend exception; always raises."""
+        self.spent(None)
         if isinstance(exc, TransientFailure):
             self.counts["transient"] += 1
             detail = str(exc)
@@ -225,6 +260,7 @@ class _Run:
 
     def judge(self, completion: Completion) -> None:
         """Accept a completion (sets self.outcome) or raise _Retry for a re-ask / larger budget."""
+        self.spent(completion.usage)
         self.usage = add_usage(self.usage, completion.usage)
         self.notes.extend(n for n in completion.notes if n not in self.notes)
         if completion.model:
@@ -320,7 +356,9 @@ class _Run:
                        notes=tuple(self.notes), model=self.model)
 
     def failure(self, exc: BaseException) -> BackendError:
-        if isinstance(exc, _Fatal):
+        if isinstance(exc, _Refused):
+            why = self.stop_reason
+        elif isinstance(exc, _Fatal):
             why = "fatal error, not retried"
         else:
             why = self.stop_reason or "retries exhausted"
@@ -338,16 +376,18 @@ def call_with_retries(
     policy: RetryPolicy | None = None,
     limits: Limits | None = None,
     repair: bool = True,
+    spending: Spending | None = None,
 ) -> Outcome:
     """A guard-valid answer from `backend`, or BackendError carrying every attempt.
 
     `guard_top_k` is how many ranked items the output guard allows (the pipeline may ask the model
     for more candidates than the caller's top_k and let the post-pass choose).
     """
-    run = _Run(backend, request, prompt, guard_top_k, policy or RetryPolicy(), limits, repair)
+    run = _Run(backend, request, prompt, guard_top_k, policy or RetryPolicy(), limits, repair, spending)
     try:
         for attempt in Retrying(sleep=run.policy.sleep, **run.retrying_kwargs()):
             with attempt:
+                run.admit()
                 try:
                     completion = backend.complete(prompt, request, **run.call_kwargs())
                 except BackendFailure as exc:
@@ -367,12 +407,14 @@ async def acall_with_retries(
     policy: RetryPolicy | None = None,
     limits: Limits | None = None,
     repair: bool = True,
+    spending: Spending | None = None,
 ) -> Outcome:
     """The asyncio variant; here the deadline also cuts a call that is still running."""
-    run = _Run(backend, request, prompt, guard_top_k, policy or RetryPolicy(), limits, repair)
+    run = _Run(backend, request, prompt, guard_top_k, policy or RetryPolicy(), limits, repair, spending)
     try:
         async for attempt in AsyncRetrying(sleep=run.policy.asleep, **run.retrying_kwargs()):
             with attempt:
+                run.admit()
                 remaining = run.policy.deadline_s - run.elapsed()
                 try:
                     completion = await asyncio.wait_for(

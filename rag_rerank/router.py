@@ -345,7 +345,8 @@ class Router:
         """Sentence vectors of a card's phrases and training examples, kept on disk between
         processes (see `embed.disk_cache`): embedding 1,500 examples is most of a semantic
         router's build."""
-        from .embed.disk_cache import DiskCachedEmbedder, default_cache_dir
+        from .embed.disk_cache import DiskCachedEmbedder
+        from .paths import default_cache_dir
 
         directory = default_cache_dir()
         if directory is None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import os
 import threading
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor, as_completed
@@ -23,8 +24,24 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .backends.factory import backend_kwargs, make_backend, resolve_embedder
+from .cache import ResponseCache, recall, remember, resolve_cache
 from .concurrency import CALL_LIMIT, call_slot, check_concurrency, run_coroutine
-from .engine import Call, Calls, Flow, Progress, Setup, Step, Work, check_options, flow, plan
+from .cost import CostPlan, Spending, as_budget, as_prices, refuse, summed
+from .engine import (
+    BATCH_SPENDING,
+    Call,
+    Calls,
+    Flow,
+    Progress,
+    Setup,
+    Step,
+    Work,
+    check_options,
+    cost_plan,
+    flow,
+    plan,
+)
+from .errors import RerankError
 from .guard.input import ChunkSource
 from .lifecycle import Closing
 from .models import RerankResult
@@ -57,7 +74,8 @@ class Reranker(Closing):
 
     def __init__(self, backend: str | Backend = "local", *, model: str | None = None,
                  base_url: str | None = None, api_key: str | None = None, embedder: Any = "lexical",
-                 backend_options: Mapping[str, Any] | None = None, **defaults: Any) -> None:
+                 backend_options: Mapping[str, Any] | None = None,
+                 cache: bool | str | os.PathLike[str] | ResponseCache | None = None, **defaults: Any) -> None:
         check_names(defaults, REQUEST_OPTIONS)
         self._defaults = Options(**defaults)
         self._given = frozenset(defaults)  # request options the session sets (a batch line may not, but some)
@@ -67,9 +85,13 @@ class Reranker(Closing):
                                      embedder=self._embedder, **backend_kwargs(backend, backend_options))
         name = backend if isinstance(backend, str) else str(getattr(self._backend, "name",
                                                                         type(self._backend).__name__))
-        self._owned = [obj for obj, spec in ((self._backend, backend), (self._embedder, embedder))
-                       if isinstance(spec, str)]
-        self._setup = Setup(self._backend, name, self._embedder, api_key)
+        self._cache = resolve_cache(cache)
+        # What the session built is its own to close; objects passed in stay the caller's.
+        self._owned: list[Any] = [obj for obj, spec in ((self._backend, backend), (self._embedder, embedder))
+                                  if isinstance(spec, str)]
+        if self._cache is not None and not isinstance(cache, ResponseCache):
+            self._owned.append(self._cache)
+        self._setup = Setup(self._backend, name, self._embedder, api_key, self._cache)
 
     def __repr__(self) -> str:
         embedder = getattr(self._embedder, "name", self._embedder)
@@ -84,6 +106,11 @@ class Reranker(Closing):
     def embedder(self) -> Any:
         """The embedder of the post-pass (and of the local backend's scoring)."""
         return self._embedder
+
+    @property
+    def cache(self) -> ResponseCache | None:
+        """The response cache every call of this session reads and writes (None without one)."""
+        return self._cache
 
     @property
     def backend_name(self) -> str:
@@ -101,15 +128,18 @@ class Reranker(Closing):
 
     # --- one request -------------------------------------------------------------------------
 
-    def flow(self, query: Any, chunks: ChunkSource, top_k: int | None = None, lambda_: float | None = None,
-             **options: Any) -> Flow:
-        """The engine's flow for one request (for a custom driver); `rerank` runs it."""
+    def _call_options(self, top_k: int | None, lambda_: float | None, options: Mapping[str, Any]) -> Options:
         opts = self.options(**options)
         if top_k is not None:
             opts = opts.merged({"top_k": top_k})
         if lambda_ is not None:
             opts = opts.merged({"lambda_": lambda_})
-        return flow(plan(self._setup, query, chunks, opts))
+        return opts
+
+    def flow(self, query: Any, chunks: ChunkSource, top_k: int | None = None, lambda_: float | None = None,
+             **options: Any) -> Flow:
+        """The engine's flow for one request (for a custom driver); `rerank` runs it."""
+        return flow(plan(self._setup, query, chunks, self._call_options(top_k, lambda_, options)))
 
     def rerank(self, query: str, chunks: ChunkSource, top_k: int | None = None, lambda_: float | None = None,
                **options: Any) -> RerankResult:
@@ -125,24 +155,62 @@ class Reranker(Closing):
         """`rerank` for asyncio: the backend calls are awaited, so many requests share one loop."""
         return await _arun(self.flow(query, chunks, top_k, lambda_, **options))
 
+    def plan(self, query: str, chunks: ChunkSource, top_k: int | None = None, lambda_: float | None = None,
+             **options: Any) -> CostPlan:
+        """What `rerank` with these arguments would do and cost, without any request (`cost.py`):
+        calls, round trips, re-ask bound, estimated tokens, the cost from `prices=`, and which
+        limits of `budget=` it would cross (`exceeded`; `rerank` would refuse it)."""
+        return cost_plan(plan(self._setup, query, chunks, self._call_options(top_k, lambda_, options),
+                              enforce=False))
+
     # --- many requests -----------------------------------------------------------------------
+
+    def plan_many(self, requests: Iterable[Mapping[str, Any] | Exception], *, concurrency: int = 4,
+                  budget: Any = None, prices: Any = None) -> CostPlan:
+        """What `rerank_many` of these requests would do and cost, summed, without any request;
+        `exceeded` names each limit of the batch's `budget` it would cross. A request that is not
+        valid is left out (it would fail without a call)."""
+        prices = as_prices(prices if prices is not None else self._defaults.prices)
+        budget = as_budget(budget, prices)
+        plans = []
+        for item in requests:
+            if isinstance(item, Exception):
+                continue
+            try:
+                args, options = request_call(item, self._given)
+                plans.append(self.plan(*args, **{"concurrency": concurrency, "prices": prices, **options}))
+            except RerankError:  # an invalid request: the run reports it as that request's error
+                continue
+        return summed(plans, budget)
 
     async def arerank_many(self, requests: Iterable[Mapping[str, Any] | Exception], *, concurrency: int = 4,
                            progress: Callable[[int, int], None] | None = None,
-                           on_done: Callable[[int, Result], Any] | None = None) -> list[Result]:
+                           on_done: Callable[[int, Result], Any] | None = None,
+                           budget: Any = None, prices: Any = None) -> list[Result]:
         """Rerank every `{query, chunks, top_k?, lambda?, ...}` mapping with at most `concurrency`
         requests, and as many backend calls, in flight (a request's windows share the bound).
 
         Returns one entry per request, in input order: a `RerankResult`, or the exception that
         request raised (an `Exception` item is passed through as its own failure). A request may
         set its own request options (`options.request_call`). `progress(done, total)` and
-        `on_done(index, result)` are called as each finishes."""
+        `on_done(index, result)` are called as each finishes.
+
+        `budget` (a `Budget` or a mapping of its fields) bounds the whole batch: a batch whose plan
+        (`plan_many`) exceeds it raises `BudgetError` before any request, and while it runs no
+        re-ask or retry crosses it. `prices` (per million tokens) defaults to the session's."""
         items = list(requests)
         check_concurrency(concurrency)
+        meter = None
+        if budget is not None:
+            total = self.plan_many(items, concurrency=concurrency, budget=budget, prices=prices)
+            refuse(total, "the batch")
+            assert total.budget is not None
+            meter = Spending(total.budget, total.prices)
         results: list[Result | None] = [None] * len(items)
         sem = asyncio.Semaphore(concurrency)
         # The same bound on backend calls: a request with window_size makes several (concurrency.py).
         token = CALL_LIMIT.set(asyncio.Semaphore(concurrency))
+        spending = BATCH_SPENDING.set(meter)
         done = 0
 
         async def one(index: int, item: Mapping[str, Any] | Exception) -> None:
@@ -170,15 +238,18 @@ class Reranker(Closing):
             await asyncio.gather(*(one(i, it) for i, it in enumerate(items)))
         finally:
             CALL_LIMIT.reset(token)
+            BATCH_SPENDING.reset(spending)
         return [r for r in results if r is not None]
 
     def rerank_many(self, requests: Iterable[Mapping[str, Any]], *, concurrency: int = 4,
-                    progress: Callable[[int, int], None] | None = None) -> list[Result]:
+                    progress: Callable[[int, int], None] | None = None, budget: Any = None,
+                    prices: Any = None) -> list[Result]:
         """`arerank_many` from synchronous code (its own event loop, closed afterwards)."""
 
         async def run() -> list[Result]:
             try:
-                return await self.arerank_many(requests, concurrency=concurrency, progress=progress)
+                return await self.arerank_many(requests, concurrency=concurrency, progress=progress,
+                                               budget=budget, prices=prices)
             finally:  # this loop's async clients, closed on it; the session stays usable
                 await self.release_loop()
 
@@ -240,9 +311,19 @@ class SessionCache:
 
 
 def _call(call: Call) -> Outcome | Exception:
+    """One call: from the response cache when it holds the answer, else through the retry loop
+    (and the new answer stored)."""
     try:
-        return call_with_retries(call.backend, call.ask, call.prompt, guard_top_k=call.ask.top_k,
-                                 policy=call.policy, limits=call.limits, repair=call.repair)
+        if call.cache is not None and call.key is not None:
+            hit = recall(call.cache, call.key, call.ask, call.ask.top_k, call.limits, call.label)
+            if hit is not None:
+                return hit
+        outcome = call_with_retries(call.backend, call.ask, call.prompt, guard_top_k=call.ask.top_k,
+                                    policy=call.policy, limits=call.limits, repair=call.repair,
+                                    spending=call.spending)
+        if call.cache is not None and call.key is not None:
+            remember(call.cache, call.key, outcome)
+        return outcome
     except Exception as exc:  # the engine decides what a failure means
         return exc
 
@@ -305,12 +386,22 @@ def _run(steps: Flow) -> RerankResult:
 
 
 async def _acall(call: Call, limit: asyncio.Semaphore | None) -> Outcome | Exception:
-    async with call_slot(limit):  # inside a batch, the batch's bound on calls in flight
-        try:
-            return await acall_with_retries(call.backend, call.ask, call.prompt, guard_top_k=call.ask.top_k,
-                                            policy=call.policy, limits=call.limits, repair=call.repair)
-        except Exception as exc:  # the engine decides what a failure means
-            return exc
+    """`_call` on the event loop; the cache's SQLite file is read and written in a worker thread."""
+    try:
+        if call.cache is not None and call.key is not None:
+            hit = await asyncio.to_thread(recall, call.cache, call.key, call.ask, call.ask.top_k, call.limits,
+                                          call.label)
+            if hit is not None:
+                return hit
+        async with call_slot(limit):  # inside a batch, the batch's bound on calls in flight
+            outcome = await acall_with_retries(call.backend, call.ask, call.prompt,
+                                               guard_top_k=call.ask.top_k, policy=call.policy,
+                                               limits=call.limits, repair=call.repair, spending=call.spending)
+        if call.cache is not None and call.key is not None:
+            await asyncio.to_thread(remember, call.cache, call.key, outcome)
+        return outcome
+    except Exception as exc:  # the engine decides what a failure means
+        return exc
 
 
 async def _arun(steps: Flow) -> RerankResult:

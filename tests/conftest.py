@@ -27,6 +27,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 # Nor write into the user's ~/.cache: on-disk vector caches go to a fresh folder per run.
 os.environ.setdefault("RAG_RERANK_CACHE_DIR", tempfile.mkdtemp(prefix="rag-rerank-test-cache-"))
+# A response cache set in the developer's shell would answer the tests' calls from earlier runs.
+os.environ.pop("RAG_RERANK_CACHE", None)
 
 try:
     from hypothesis import HealthCheck, settings

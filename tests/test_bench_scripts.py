@@ -49,3 +49,54 @@ def test_a_speed_bench_without_the_data_says_where_to_point_it(script: str, tmp_
     assert out.stderr.strip() == (f"{missing} not found: this bench reads the shared evaluation data (not "
                                   "shipped with the package); set RAG_RERANK_DATA to that data folder or "
                                   "pass --data FILE")
+
+
+def _failures_module():
+    sys.path.insert(0, str(BENCH))
+    try:
+        import failures
+    finally:
+        sys.path.remove(str(BENCH))
+    return failures
+
+
+def test_a_bench_with_failed_calls_says_so_on_stdout_and_exits_1(capsys: pytest.CaptureFixture[str]) -> None:
+    """The benches printed failed queries on stderr only (or skipped them), and exited 0: a table
+    measured with queries left in their input order looked like a clean one."""
+    failures = _failures_module()
+    tally = failures.Tally()
+    tally.add(43, {"qid 1037798": "InternalError: the output guard refused\nthe local answer"},
+              where="local + lexical, top-50")
+    assert tally.call("query 2", lambda: 1 / 0) is None
+    assert tally.call("query 3", lambda: "ok") == "ok"
+    assert tally.finish(0) == 1
+    assert capsys.readouterr().out.splitlines()[-1] == (
+        "FAILED: 2 of 45 calls raised; first: local + lexical, top-50, qid 1037798: InternalError: the "
+        "output guard refused the local answer")
+    clean = failures.Tally()
+    clean.count(5)
+    assert clean.finish(0) == 0 and capsys.readouterr().out == ""
+
+
+def test_a_bench_that_crashes_says_so_on_stdout(capsys: pytest.CaptureFixture[str]) -> None:
+    failures = _failures_module()
+    tally = failures.Tally()
+    tally.count(3)
+
+    def main() -> int:
+        raise RuntimeError("the backend raised")
+
+    assert failures.run_bench(main, tally) == 1
+    captured = capsys.readouterr()
+    assert captured.out.splitlines()[-1] == ("FAILED: 1 of 4 calls raised; first: the run stopped: "
+                                             "RuntimeError: the backend raised")
+    assert "Traceback" in captured.err
+
+
+def test_a_bench_script_whose_queries_fail_exits_1() -> None:
+    out = subprocess.run([sys.executable, str(BENCH / "multilingual.py"), "--embedder", "no-such-embedder"],
+                         capture_output=True, text=True, timeout=300, cwd=BENCH.parent)
+    assert out.returncode == 1, out.stderr[-2000:]
+    last = out.stdout.strip().splitlines()[-1]
+    assert last.startswith("FAILED: 17 of 17 calls raised; first: query de-01: InputError: "), last
+    assert "ERROR" in out.stdout  # each failed query is on its row, not left out silently

@@ -36,6 +36,7 @@ RECORDED = Path(__file__).resolve().parent.parent / "golden" / "characterisation
 RECORD = os.environ.get("RAG_RERANK_RECORD") == "1"
 TOLERANCE = 2e-3
 _PORT = re.compile(r"127\.0\.0\.1:\d+")
+_ROOT = str(RECORDED.parent.parent)
 _NUMBER = re.compile(r"-?\d+\.\d+")
 
 HAPPY = load_skill().example("happy-path")
@@ -131,9 +132,9 @@ def _outcome(call: Callable[[], Any]) -> dict[str, Any]:
 
 
 def _masked(value: Any) -> Any:
-    """Ports masked, recursively (a URL's port differs on every run)."""
+    """Ports and the checkout's path masked, recursively (both differ from machine to machine)."""
     if isinstance(value, str):
-        return _PORT.sub("127.0.0.1:PORT", value)
+        return _PORT.sub("127.0.0.1:PORT", value).replace(_ROOT, "<ROOT>")
     if isinstance(value, list):
         return [_masked(v) for v in value]
     if isinstance(value, dict):

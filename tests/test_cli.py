@@ -341,13 +341,16 @@ def test_help_exits_0(capsys: pytest.CaptureFixture[str]) -> None:
     assert code == EXIT_OK and "render" in out and "check" in out and "golden" in out
 
 
+COMMANDS = ["rerank", "render", "check", "route", "golden", "batch", "eval", "bias", "calibrate", "mcp",
+            "cache"]
+
+
 def test_every_subcommand_is_declared() -> None:
     sub = next(a for a in build_parser()._actions if a.dest == "command")
-    assert set(sub.choices) == {"rerank", "render", "check", "route", "golden", "batch", "eval", "bias",
-                                "calibrate", "mcp"}
+    assert set(sub.choices) == set(COMMANDS)
 
 
-@pytest.mark.parametrize("name", ["rerank", "render", "check", "route", "golden", "batch", "eval", "mcp"])
+@pytest.mark.parametrize("name", COMMANDS)
 def test_every_subcommand_help_says_what_it_does_and_explains_each_option(
     name: str, capsys: pytest.CaptureFixture[str]
 ) -> None:

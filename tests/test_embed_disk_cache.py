@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from rag_rerank.embed import get_embedder, l2_normalise
-from rag_rerank.embed.disk_cache import DiskCachedEmbedder, default_cache_dir
+from rag_rerank.embed.disk_cache import DiskCachedEmbedder
+from rag_rerank.paths import default_cache_dir
 
 
 class Counting:

@@ -32,6 +32,7 @@ from .common import (
 )
 
 DEFAULT_MODEL = "claude-haiku-4-5"
+DEFAULT_BASE_URL = "https://api.anthropic.com"
 TOOL_NAME = "submit_ranking"
 _REASK_TOOL_ID = "toolu_rejected_answer"
 
@@ -137,6 +138,13 @@ class AnthropicBackend(ClosableBackend):
         if self.base_url:
             kw["base_url"] = self.base_url
         return kw
+
+    def cache_identity(self, prompt: str, request: RerankRequest, max_tokens: int) -> dict[str, Any]:
+        """What decides this call's answer, for the response cache's key (`cache.py`): the server
+        (credentials masked), and the first attempt's request body (model, system, messages, the
+        forced tool with its schema, max tokens, temperature)."""
+        return {"backend": self.name, "base_url": display_url(self.base_url or DEFAULT_BASE_URL),
+                **self._kwargs(prompt, request, max_tokens, (), None)}
 
     def _kwargs(self, prompt: str, request: RerankRequest, max_tokens: int, feedback: Sequence[Violation],
                 previous: str | None) -> dict[str, Any]:

@@ -241,13 +241,19 @@ class OpenAIBackend(ClosableBackend):
         temperature: float | None = 0.0,
         response_format: str = "auto",
         scoring: str = "listwise",
+        seed: int | None = None,
     ) -> None:
+        bad = []
         if response_format != "auto" and response_format not in MODES:
-            raise InputError([Violation(path="response_format", value=response_format,
-                                        message=f"must be 'auto' or one of {', '.join(MODES)}")])
+            bad.append(Violation(path="response_format", value=response_format,
+                                 message=f"must be 'auto' or one of {', '.join(MODES)}"))
         if scoring not in SCORINGS:
-            raise InputError([Violation(path="scoring", value=scoring,
-                                        message=f"must be one of {', '.join(SCORINGS)}, got {scoring!r}")])
+            bad.append(Violation(path="scoring", value=scoring,
+                                 message=f"must be one of {', '.join(SCORINGS)}, got {scoring!r}"))
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+            bad.append(Violation(path="seed", value=repr(seed), message="must be None or an int"))
+        if bad:
+            raise InputError(bad, headline="invalid openai options")
         self.scoring = scoring
         url, key = resolve_credentials("openai", base_url, api_key, url_env="OPENAI_BASE_URL",
                                        key_env="OPENAI_API_KEY")
@@ -255,6 +261,7 @@ class OpenAIBackend(ClosableBackend):
         self.base_url = (url or DEFAULT_BASE_URL).rstrip("/")
         self.timeout = float(timeout)
         self.temperature = temperature
+        self.seed = seed  # sent when set: some servers (vLLM, llama.cpp, OpenAI) then sample reproducibly
         # Reasoning models (o-series, gpt-5) refuse any temperature but their default: learned on
         # the first refusal, then the parameter is left out for this backend's calls.
         self._send_temperature = True
@@ -296,6 +303,17 @@ class OpenAIBackend(ClosableBackend):
         return {"api_key": self._key, "base_url": self.base_url, "timeout": self.timeout, "max_retries": 0}
 
     # --- one call ----------------------------------------------------------------------------
+    def cache_identity(self, prompt: str, request: RerankRequest, max_tokens: int) -> dict[str, Any]:
+        """What decides this call's answer, for the response cache's key (`cache.py`): the server
+        (credentials masked), the model, the first attempt's messages, the response format asked
+        for (not the one negotiated, so a downgrade learned later does not change the key), the
+        ids the schema allows, temperature, max tokens, seed and the scoring asked for (listwise,
+        logprobs or auto: a log-probability answer is never replayed for a listwise request)."""
+        return {"backend": self.name, "base_url": display_url(self.base_url), "model": self.model,
+                "messages": build_messages(prompt, (), None), "response_format": self.forced_mode or "auto",
+                "ids": list(request.ids), "temperature": self.temperature, "max_tokens": int(max_tokens),
+                "seed": self.seed, "scoring": self.scoring}
+
     def _modes(self) -> tuple[str, ...]:
         if self.forced_mode:
             return (self.forced_mode,)
@@ -311,6 +329,8 @@ class OpenAIBackend(ClosableBackend):
         kwargs["max_completion_tokens" if self._official else "max_tokens"] = int(max_tokens)
         if self.temperature is not None and self._send_temperature:
             kwargs["temperature"] = self.temperature
+        if self.seed is not None:
+            kwargs["seed"] = self.seed
         fmt = response_format_for(mode, request)
         if fmt is not None:
             kwargs["response_format"] = fmt
@@ -553,6 +573,8 @@ class OpenAIBackend(ClosableBackend):
         kwargs["max_completion_tokens" if self._official else "max_tokens"] = 1
         if self.temperature is not None and self._send_temperature:
             kwargs["temperature"] = self.temperature
+        if self.seed is not None:
+            kwargs["seed"] = self.seed
         return kwargs
 
     def _rejects_logprobs(self, exc: Exception, sdk: Any) -> bool:

@@ -163,6 +163,12 @@ class RerankAPIBackend(ClosableBackend):
             body["model"] = self.model
         return body, cut
 
+    def cache_identity(self, prompt: str, request: RerankRequest, max_tokens: int) -> dict[str, Any]:
+        """What decides this call's answer, for the response cache's key (`cache.py`): the endpoint
+        (credentials masked), the request body (model, query, documents) and the score mapping."""
+        return {"backend": self.name, "url": display_url(self.url), "body": self.payload(request)[0],
+                "score_mapping": self.score_mapping}
+
     def _failure(self, exc: Exception) -> TransientFailure | FatalFailure:
         httpx = _httpx()
         if isinstance(exc, httpx.TimeoutException):

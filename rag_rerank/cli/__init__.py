@@ -1,6 +1,6 @@
 """`rag-rerank`: argument parsing and exit codes; each command lives in a module of its own here
-(`rerank`, `render`, `check`, `route`, `golden`, `batch`, `eval`, `bias`, `calibrate`, `mcp`), and the
-work happens in the library, which never imports this package.
+(`rerank`, `render`, `check`, `route`, `golden`, `batch`, `eval`, `bias`, `calibrate`, `mcp`, `cache`), and
+the work happens in the library, which never imports this package.
 
 Exit codes: 0 ok · 1 invalid LLM output (`check`) · 2 bad input or usage · 3 backend failure ·
 4 internal error · 130 interrupted. Errors go to stderr, one line each, naming the line / id /
@@ -16,9 +16,17 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import NoReturn
 
-from ..errors import BackendError, InputError, MissingDependencyError, OutputError, RerankError, UsageError
+from ..errors import (
+    BackendError,
+    CacheMissError,
+    InputError,
+    MissingDependencyError,
+    OutputError,
+    RerankError,
+    UsageError,
+)
 from ..guard.input import PATH_HINT
-from . import batch, bias, calibrate, check, golden, mcp, render, rerank, route
+from . import batch, bias, cache, calibrate, check, golden, mcp, render, rerank, route
 from . import eval as eval_command
 from .common import (
     EXIT_BACKEND,
@@ -83,7 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
                                   formatter_class=argparse.RawDescriptionHelpFormatter)
         return sub.add_parser(name, help=summary, description=summary[0].upper() + summary[1:] + ".")
 
-    for module in (rerank, render, check, route, golden, batch, eval_command, bias, calibrate, mcp):
+    for module in (rerank, render, check, route, golden, batch, eval_command, bias, calibrate, mcp, cache):
         module.register(command)
     return parser
 
@@ -97,7 +105,7 @@ def _dispatch(func: Callable[[argparse.Namespace], int], args: argparse.Namespac
     except OutputError as exc:
         print_violations(exc.violations, prefix="invalid")
         return EXIT_INVALID_OUTPUT
-    except BackendError as exc:
+    except (BackendError, CacheMissError) as exc:
         err(f"backend failure: {exc}")
         return EXIT_BACKEND
     except (UsageError, MissingDependencyError) as exc:

@@ -34,11 +34,14 @@ from ..session import Reranker
 from ..textio import read_text
 from .common import (
     add_backend_args,
+    add_cost_args,
     add_meta_args,
     add_pipeline_args,
     add_window_args,
+    cost_options,
     meta_options,
     pipeline_options,
+    print_plan,
     run_options,
     whole_number,
 )
@@ -56,6 +59,8 @@ def register(command: Callable[..., argparse.ArgumentParser]) -> None:
     p.add_argument("--overwrite", action="store_true",
                    help="replace an existing non-empty --output (without it or --resume, batch refuses to)")
     p.add_argument("--no-progress", action="store_true", help="never show a progress bar")
+    p.add_argument("--scores", action="store_true",
+                   help="add every input id's score (or why it has none) to each record, beside result")
     p.add_argument("--engine", choices=["local", "ray"], default="local",
                    help="local: one process, async (default); ray: Ray Data actors (needs rag-rerank[ray])")
     p.add_argument("--ray-address", default=None, metavar="ADDR",
@@ -66,6 +71,7 @@ def register(command: Callable[..., argparse.ArgumentParser]) -> None:
     add_pipeline_args(p)
     add_meta_args(p)
     add_window_args(p)
+    add_cost_args(p, batch=True)
     p.set_defaults(func=run)
 
 
@@ -75,7 +81,11 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--workers and --ray-address need --engine ray")
     if args.workers is not None and args.workers < 1:
         raise UsageError(f"--workers must be at least 1, got {args.workers}")
-    options = {**run_options(args), **pipeline_options(args), **meta_options(args)}
+    if args.engine == "ray" and not args.dry_run and any(
+            getattr(args, f) is not None for f in ("budget_calls", "budget_tokens", "budget_cost")):
+        raise UsageError("--budget-calls / --budget-tokens / --budget-cost need --engine local (Ray actors "
+                         "spend apart); check the plan with --dry-run")
+    options = {**run_options(args), **pipeline_options(args), **meta_options(args), **cost_options(args)}
     return run_batch(args, backend_options=options)
 
 
@@ -83,10 +93,23 @@ def run(args: argparse.Namespace) -> int:
 
 async def _local_engine(items: Sequence[Any], concurrency: int, on_done: Callable[[int, Outcome], None],
                         options: Mapping[str, Any]) -> None:
-    """The local engine: one session (one backend, one connection pool, one embedder) for the run."""
+    """The local engine: one session (one backend, one connection pool, one embedder) for the run;
+    `budget` bounds the whole run."""
+    options = dict(options)
+    budget = options.pop("budget", None)
     session, request = split_options(options)
     async with Reranker(**session, **request) as reranker:
-        await reranker.arerank_many(items, concurrency=concurrency, on_done=on_done)
+        await reranker.arerank_many(items, concurrency=concurrency, on_done=on_done, budget=budget)
+
+
+def _dry_run(items: Sequence[Any], concurrency: int, options: Mapping[str, Any], indent: int | None) -> int:
+    """`--dry-run`: the plan of every request still to do, summed, and no request."""
+    options = dict(options)
+    budget = options.pop("budget", None)
+    session, request = split_options(options)
+    with Reranker(**session, **request) as reranker:
+        planned = reranker.plan_many(items, concurrency=concurrency, budget=budget)
+    return print_plan({**planned.to_dict(), "requests_planned": len(items)}, indent)
 
 
 def _progress_bar(total: int, enabled: bool) -> Any:
@@ -124,7 +147,8 @@ def run_batch(args: Any, backend_options: Mapping[str, Any]) -> int:
     if out_path is not None and args.input != "-" and out_path.exists() and out_path.samefile(args.input):
         # "w" would replace the requests with their results: the input is lost
         raise UsageError(f"--output: {args.output} is the --input file; write the results to another file")
-    if (out_path is not None and not args.resume and not overwrite and out_path.is_file()
+    dry_run = bool(getattr(args, "dry_run", False))  # reads --output (with --resume), never writes it
+    if (out_path is not None and not args.resume and not overwrite and not dry_run and out_path.is_file()
             and out_path.stat().st_size > 0):
         # "w" would truncate it: results of an earlier run (hours of LLM calls) lost to a missing flag
         raise UsageError(f"--output: {args.output} already exists and is not empty; pass --resume to "
@@ -134,10 +158,12 @@ def run_batch(args: Any, backend_options: Mapping[str, Any]) -> int:
         done, valid_end = read_done(out_path)
         check_resumed(done, lines, args.output)
         check_config(done, config, args.output)
-        if out_path.exists() and valid_end < out_path.stat().st_size:
+        if out_path.exists() and valid_end < out_path.stat().st_size and not dry_run:
             with out_path.open("r+b") as fh:
                 fh.truncate(valid_end)
     todo = [ln for ln in lines if ln.number not in done]
+    if dry_run:
+        return _dry_run([ln.item for ln in todo], args.concurrency, backend_options, None)
     secrets = secrets_of(backend_options.get("api_key"), urls=[backend_options.get("base_url")])
     options = {k: v for k, v in backend_options.items() if v is not None}
     bar = _progress_bar(len(todo), not getattr(args, "no_progress", False))
@@ -160,7 +186,7 @@ def run_batch(args: Any, backend_options: Mapping[str, Any]) -> int:
                 bar.update(1)
 
         def on_done(index: int, outcome: Outcome) -> None:
-            on_record(index, record(todo[index], outcome, secrets))
+            on_record(index, record(todo[index], outcome, secrets, scores=getattr(args, "scores", False)))
 
         hint = PATH_HINT.set("")  # a batch line cannot hold a pathlib.Path: no Python advice
         try:
@@ -175,6 +201,7 @@ def run_batch(args: Any, backend_options: Mapping[str, Any]) -> int:
                     concurrency=args.concurrency,
                     workers=args.workers,
                     address=args.ray_address,
+                    scores=getattr(args, "scores", False),
                 )
             else:
                 asyncio.run(_local_engine([ln.item for ln in todo], args.concurrency, on_done, options))

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import math
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..backends.common import base_url_problem
+from ..cache import ResponseCache
 from ..embed import get_embedder, parse_embedder_spec
 from ..errors import UsageError, Violation
 from ..guard.input import MAX_CHUNKS_ADVICE
@@ -144,6 +146,65 @@ def pipeline_options(args: argparse.Namespace) -> dict[str, Any]:
     if args.min_score is not None:
         opts["limits"] = {"min_score": args.min_score}
     return opts
+
+
+def add_cost_args(p: argparse.ArgumentParser, batch: bool = False) -> None:
+    """The response cache, the dry run, prices and the budget (`rerank`, `batch`; docs/cost.md)."""
+    g = p.add_argument_group("cost", "cache answers, plan before spending, and cap the spend")
+    g.add_argument("--cache", nargs="?", const=True, default=None, metavar="DIR",
+                   help="keep the backend's valid answers and answer identical calls from them (default "
+                   "folder: ~/.cache/rag-rerank; also RAG_RERANK_CACHE=1 or =DIR)")
+    g.add_argument("--no-cache", action="store_true",
+                   help="no response cache, whatever RAG_RERANK_CACHE says")
+    g.add_argument("--replay", action="store_true",
+                   help="answer only from the cache (--cache DIR), failing on a call it does not hold "
+                   "(exit 3)")
+    g.add_argument("--dry-run", action="store_true",
+                   help="print the plan (calls, round trips, estimated tokens and cost) and make no request")
+    g.add_argument("--price-input", type=float, default=None, metavar="PRICE",
+                   help="price per million input tokens, for the plan's cost and --budget-cost")
+    g.add_argument("--price-output", type=float, default=None, metavar="PRICE",
+                   help="price per million output tokens")
+    what = "the whole batch" if batch else "the rerank"
+    g.add_argument("--budget-calls", type=whole_number, default=None, metavar="N",
+                   help=f"most backend requests {what} may make (retries and re-asks included)")
+    g.add_argument("--budget-tokens", type=whole_number, default=None, metavar="N",
+                   help=f"most tokens (prompt + completion) {what} may use")
+    g.add_argument("--budget-cost", type=float, default=None, metavar="AMOUNT",
+                   help=f"most {what} may cost (needs --price-input and --price-output)")
+
+
+def cost_options(args: argparse.Namespace) -> dict[str, Any]:
+    """`cache`, `prices` and `budget` from `add_cost_args`' flags (unset ones left out)."""
+    opts: dict[str, Any] = {}
+    if args.no_cache and (args.cache is not None or args.replay):
+        raise UsageError("--no-cache excludes --cache and --replay")
+    if args.replay:
+        opts["cache"] = ResponseCache(None if args.cache in (None, True) else args.cache, replay=True)
+    elif args.no_cache:
+        opts["cache"] = False
+    elif args.cache is not None:
+        opts["cache"] = args.cache
+    prices = (args.price_input, args.price_output)
+    if any(p is not None for p in prices):
+        if None in prices:
+            raise UsageError("--price-input and --price-output go together (per million tokens)")
+        opts["prices"] = {"input": prices[0], "output": prices[1]}
+    budget = {"max_calls": args.budget_calls, "max_tokens": args.budget_tokens, "max_cost": args.budget_cost}
+    budget = {k: v for k, v in budget.items() if v is not None}
+    if budget:
+        opts["budget"] = budget
+    return opts
+
+
+def print_plan(planned: dict[str, Any], indent: int | None) -> int:
+    """A dry run's plan as JSON on stdout; exit 2 (with the limits on stderr) when it exceeds the
+    budget, as the run itself would be refused."""
+    print(json.dumps(planned, ensure_ascii=False, indent=indent))
+    if planned["exceeded"]:
+        err(f"error: the plan exceeds its budget: {'; '.join(planned['exceeded'])}")
+        return EXIT_BAD_INPUT
+    return EXIT_OK
 
 
 def add_meta_args(p: argparse.ArgumentParser) -> None:

@@ -8,21 +8,24 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from ..api import rerank
+from ..api import plan, rerank
 from ..textio import read_text
 from ..windows import WINDOW_PROGRESS
 from .common import (
     EXIT_OK,
     UsageError,
     add_backend_args,
+    add_cost_args,
     add_meta_args,
     add_pipeline_args,
     add_request_args,
     add_window_args,
+    cost_options,
     err,
     indent_width,
     meta_options,
     pipeline_options,
+    print_plan,
     run_options,
 )
 
@@ -31,6 +34,9 @@ def register(command: Callable[..., argparse.ArgumentParser]) -> None:
     p = command("rerank", "rerank chunks for a query and print the result object")
     add_request_args(p)
     add_backend_args(p)
+    p.add_argument("--scores", action="store_true",
+                   help="add a \"scores\" object beside ranked and dropped: every input id with its "
+                   "score, or why it has none")
     p.add_argument("--meta", action="store_true",
                    help="print run metadata (attempts, usage, latency) to stderr")
     p.add_argument("--indent", type=indent_width, default=None,
@@ -38,6 +44,7 @@ def register(command: Callable[..., argparse.ArgumentParser]) -> None:
     add_pipeline_args(p)
     add_meta_args(p)
     add_window_args(p, concurrency=True)
+    add_cost_args(p)
     p.set_defaults(func=run)
 
 
@@ -45,17 +52,20 @@ def register(command: Callable[..., argparse.ArgumentParser]) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.concurrency < 1:
         raise UsageError(f"--concurrency must be at least 1, got {args.concurrency}")
+    options = {"concurrency": args.concurrency, **pipeline_options(args), **run_options(args),
+               **meta_options(args), **cost_options(args)}
+    if args.dry_run:
+        planned = plan(args.query, read_text(args.chunks), args.top_k, args.lambda_, **options)
+        return print_plan(planned.to_dict(), args.indent)
     bar = _window_bar() if getattr(args, "window_size", None) else None
     token = WINDOW_PROGRESS.set(bar.update if bar is not None else None)
     try:
-        result = rerank(args.query, read_text(args.chunks), args.top_k, args.lambda_,
-                        concurrency=args.concurrency, **pipeline_options(args), **run_options(args),
-                        **meta_options(args))
+        result = rerank(args.query, read_text(args.chunks), args.top_k, args.lambda_, **options)
     finally:
         WINDOW_PROGRESS.reset(token)
         if bar is not None:
             bar.close()
-    print(result.to_json(indent=args.indent))
+    print(result.to_json(indent=args.indent, scores=args.scores))
     if args.meta:
         print(json.dumps(result.meta.to_dict(), ensure_ascii=False), file=sys.stderr)
     elif (notice := result.meta.fallback_notice("--fallback local")) is not None:

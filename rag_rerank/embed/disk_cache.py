@@ -30,26 +30,10 @@ import numpy as np
 
 from . import Embedder
 
-CACHE_ENV = "RAG_RERANK_CACHE_DIR"
 # Two embeddings of one text by one model differ by float noise (batching, GPU kernels, an API's
 # nondeterminism: cosine above 0.999); another model's vector is far away (unit vectors: distance
 # about 1 or more).
 SAME_MODEL_DISTANCE = 0.05
-
-
-def default_cache_dir() -> Path | None:
-    """`$RAG_RERANK_CACHE_DIR`, else `$XDG_CACHE_HOME/rag-rerank`, else `~/.cache/rag-rerank`;
-    None when the variable is `off` (or empty), or when there is no home folder to put it in."""
-    value = os.environ.get(CACHE_ENV)
-    if value is not None:
-        return None if value.strip().lower() in ("", "off", "0", "none") else Path(value).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME")
-    if not base:
-        try:
-            base = str(Path.home() / ".cache")
-        except RuntimeError:  # no HOME and no passwd entry (some containers): run without a cache
-            return None
-    return Path(base) / "rag-rerank"
 
 
 def _trusted(st: os.stat_result) -> bool:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from ..cost import Budget, Prices
 from ..errors import InputError, MissingDependencyError, Violation
 from ..guard.limits import Limits, as_limits
 from ..models import RerankResult
@@ -34,7 +35,8 @@ __all__ = ["RagRerankRanker"]
 
 # Options that are frozen dataclasses: written as a dict of their plain fields, rebuilt on load.
 # (RetryPolicy's injectable clock/sleep functions are left out; they are for tests, not configs.)
-_DATACLASS_OPTIONS: dict[str, type] = {"policy": RetryPolicy, "limits": Limits}
+_DATACLASS_OPTIONS: dict[str, type] = {"policy": RetryPolicy, "limits": Limits, "budget": Budget,
+                                       "prices": Prices}
 _PLAIN = (str, int, float, bool, type(None))
 
 

@@ -92,10 +92,11 @@ class RerankActor:
     the loop it was first used on) survives from batch to batch."""
 
     def __init__(self, options: Mapping[str, Any], per_actor_concurrency: int, wire: bool,
-                 passthrough: frozenset[str] = frozenset()) -> None:
+                 passthrough: frozenset[str] = frozenset(), scores: bool = False) -> None:
         session, request = split_options(options)
         self.reranker = Reranker(**session, **request)
         self.passthrough = passthrough
+        self.scores = scores
         self.concurrency = per_actor_concurrency
         self.wire = wire
         self.secrets = secrets_of(options.get("api_key"), urls=[options.get("base_url")])
@@ -112,7 +113,7 @@ class RerankActor:
         if self.wire:
             items = [json.loads(r[_REQUEST]) for r in rows]
             recs = [
-                record(Line(r[_LINE], it.get("query_id", it.get("qid")), it), out, self.secrets)
+                record(Line(r[_LINE], it.get("query_id", it.get("qid")), it), out, self.secrets, self.scores)
                 for r, it, out in zip(rows, items, self._outcomes(items), strict=True)
             ]
             return pa.table(
@@ -236,6 +237,7 @@ def _map(
     wire: bool,
     options: Mapping[str, Any],
     passthrough_columns: Any = None,
+    scores: bool = False,
 ) -> ray.data.Dataset:
     ray = _require_ray()
     keep = _check(concurrency, batch_size, per_actor_concurrency, options, passthrough_columns)
@@ -244,7 +246,7 @@ def _map(
 
     class RagRerank(RerankActor):  # the settings travel with the class, not as object-store arguments
         def __init__(self) -> None:
-            super().__init__(opts, per_actor, wire, keep)
+            super().__init__(opts, per_actor, wire, keep, scores)
 
     RagRerank.__qualname__ = "RagRerank"
     return ds.map_batches(
@@ -446,6 +448,7 @@ def run_lines(
     concurrency: int,
     workers: int | None,
     address: str | None,
+    scores: bool = False,
 ) -> None:
     """Rerank batch-file lines on Ray for `rag-rerank batch --engine ray`.
 
@@ -484,6 +487,7 @@ def run_lines(
             num_gpus=0,
             wire=True,
             options=options,
+            scores=scores,
         )
         for block in out.iter_batches(batch_size=None, batch_format="pyarrow"):
             records = block.column(_RECORD).to_pylist()

