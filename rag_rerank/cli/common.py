@@ -133,6 +133,12 @@ def add_pipeline_args(p: argparse.ArgumentParser) -> None:
                    "(default: the embedder's own; 1.0 keeps all but identical ones)")
     p.add_argument("--min-score", type=float, default=None, metavar="SCORE",
                    help="a chunk scored at or below it is dropped as below_min_score (default 0.2)")
+    p.add_argument("--calibration", default=None, metavar="FILE",
+                   help="map the backend's scores to probabilities with a file from rag-rerank calibrate "
+                   "(before --min-score and MMR; meta.calibration names it)")
+    p.add_argument("--consistency", type=whole_number, default=None, metavar="K",
+                   help="rank K times over seeded shuffles of the chunks and average the scores (K times "
+                   "the calls; meta.consistency reports the passes' agreement)")
 
 
 def pipeline_options(args: argparse.Namespace) -> dict[str, Any]:
@@ -145,6 +151,10 @@ def pipeline_options(args: argparse.Namespace) -> dict[str, Any]:
         opts["duplicate_threshold"] = args.duplicate_threshold
     if args.min_score is not None:
         opts["limits"] = {"min_score": args.min_score}
+    if getattr(args, "calibration", None) is not None:
+        opts["calibration"] = args.calibration
+    if getattr(args, "consistency", None) is not None:
+        opts["consistency"] = args.consistency
     return opts
 
 
