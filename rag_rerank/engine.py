@@ -637,6 +637,38 @@ def pass_plans(plan: Plan) -> list[Plan]:
     return out
 
 
+# How the passes' scores become one: "mean_score" (each chunk's mean), or "debiased_mean" (the mean
+# with a position effect linear in where the chunk was shown, fitted on the passes themselves,
+# taken out: each chunk scored as if shown where the model favours least). Measured on the
+# simulated judge by bench/bias.py --part consistency.
+AGGREGATES = ("mean_score", "debiased_mean")
+AGGREGATE = "debiased_mean"
+
+
+def aggregate(scores: Sequence[Sequence[float]], where: Sequence[Sequence[float]], how: str
+              ) -> tuple[list[float], float | None]:
+    """One score per chunk from `scores[pass][chunk]`, shown at relative position `where[pass][chunk]`
+    (0 first, 1 last), and the fitted position slope (None for `mean_score`).
+
+    `debiased_mean` fits s = t_chunk + slope * position by least squares within each chunk (the
+    chunk's own mean takes out what it is worth), then scores each chunk at the least favoured end:
+    mean + slope * (end - its mean position), end = 1 when the slope favours the first (primacy),
+    0 when it favours the last (recency); clipped to [0, 1]. A bias that is not linear in position
+    keeps the part a line does not fit."""
+    k, n = len(scores), len(scores[0]) if scores else 0
+    means = [sum(scores[p][j] for p in range(k)) / k for j in range(n)]
+    if how == "mean_score" or k < 2 or n < 2:
+        return means, None
+    centre = [sum(where[p][j] for p in range(k)) / k for j in range(n)]
+    num = sum((where[p][j] - centre[j]) * (scores[p][j] - means[j]) for p in range(k) for j in range(n))
+    den = sum((where[p][j] - centre[j]) ** 2 for p in range(k) for j in range(n))
+    if den <= 0:
+        return means, 0.0
+    slope = num / den
+    end = 1.0 if slope < 0 else 0.0
+    return [min(1.0, max(0.0, means[j] + slope * (end - centre[j]))) for j in range(n)], slope
+
+
 def _permutation(n: int, seed: int) -> list[int]:
     import numpy as np
 
@@ -661,7 +693,10 @@ def _consistent(plan: Plan) -> Flow:
 
     table = [[number(r.scores.get(i)) for i in ids] for r in results]
     filled = [[v if v is not None else 0.0 for v in row] for row in table]
-    mean = {i: sum(row[j] for row in filled) / len(filled) for j, i in enumerate(ids)}
+    shown = [{c.id: n for n, c in enumerate(sub.request.chunks)} for sub in passes]
+    where = [[shown[p][i] / max(1, len(ids) - 1) for i in ids] for p in range(len(passes))]
+    mean, slope = aggregate(filled, where, AGGREGATE)
+    mean = dict(zip(ids, mean, strict=True))
     scored_any = {i for j, i in enumerate(ids) if any(row[j] is not None for row in table)}
     taus = [kendall_tau(filled[a], filled[b]) for a in range(len(filled)) for b in range(a + 1, len(filled))]
     kept = [t for t in taus if not math.isnan(t)]
@@ -691,7 +726,7 @@ def _consistent(plan: Plan) -> Flow:
              if caches else None)
     windows = tuple({"pass": p, **w} for p, m in enumerate(metas) for w in m.windows)
     notes = list(dict.fromkeys(n for m in metas for n in m.notes))
-    notes.append(f"consistency: {len(passes)} passes over shuffled orders, mean score; agreement "
+    notes.append(f"consistency: {len(passes)} passes over shuffled orders, {AGGREGATE}; agreement "
                  f"(mean Kendall tau) {agreement if agreement is not None else 'n/a'}")
     meta = _meta(used, model=next((m.model for m in metas if m.model), None),
                  attempts=sum(m.attempts for m in metas),
@@ -699,7 +734,8 @@ def _consistent(plan: Plan) -> Flow:
                  usage=add_usage(*(m.usage for m in metas)),
                  fallback="local" if any(m.fallback for m in metas) else None, notes=notes,
                  calls=sum(m.calls for m in metas), windows=windows, cache=cache)
-    summary = {"passes": len(passes), "aggregate": "mean_score", "agreement": agreement,
+    summary = {"passes": len(passes), "aggregate": AGGREGATE, "agreement": agreement,
+               "position_slope": None if slope is None else round(slope, 4),
                "taus": [None if math.isnan(t) else round(t, 4) for t in taus]}
     meta = replace(meta, consistency=summary,
                    embedder=result.meta.embedder or meta.embedder)

@@ -14,6 +14,7 @@ import pytest
 
 from rag_rerank import Reranker, plan
 from rag_rerank.calibration import Calibration, save
+from rag_rerank.engine import aggregate
 from rag_rerank.cli import main
 from rag_rerank.errors import BudgetError, ConfigError, InputError
 from rag_rerank.judgments import read_candidates, read_grades
@@ -55,7 +56,24 @@ def test_same_request_same_passes_same_result(data) -> None:
     assert [r.to_json(scores=True) for r in a] == [r.to_json(scores=True) for r in b]
     meta = a[0].meta
     assert meta.consistency["passes"] == 3 and meta.calls == 3 and len(meta.consistency["taus"]) == 3
-    assert meta.to_dict()["consistency"]["aggregate"] == "mean_score"
+    assert meta.to_dict()["consistency"]["aggregate"] == "debiased_mean"
+    assert meta.consistency["position_slope"] < 0  # a primacy bias: the first shown scored higher
+
+
+def test_the_aggregation_takes_out_a_position_effect_linear_in_position() -> None:
+    truth = [0.9, 0.6, 0.3, 0.1]
+    orders = [[0, 1, 2, 3], [3, 2, 1, 0], [1, 3, 0, 2]]  # orders[p][j]: where chunk j was shown
+    where = [[pos / 3 for pos in order] for order in orders]
+    primacy = [[t + 0.4 * (1 - x) for t, x in zip(truth, w, strict=True)] for w in where]
+    scores, slope = aggregate(primacy, where, "debiased_mean")
+    assert slope == pytest.approx(-0.4) and scores == pytest.approx(truth)
+    recency = [[t + 0.3 * x for t, x in zip(truth, w, strict=True)] for w in where]
+    scores, slope = aggregate(recency, where, "debiased_mean")
+    assert slope == pytest.approx(0.3) and scores == pytest.approx(truth)
+    means, none = aggregate(primacy, where, "mean_score")
+    assert none is None and means == pytest.approx([sum(r[j] for r in primacy) / 3 for j in range(4)])
+    flat, zero = aggregate([truth, truth], [[0, 0.5, 1, 0.25], [1, 0, 0.5, 0.75]], "debiased_mean")
+    assert zero == pytest.approx(0.0) and flat == pytest.approx(truth)
 
 
 def test_one_pass_is_the_plain_rerank(data) -> None:
