@@ -677,9 +677,9 @@ def _permutation(n: int, seed: int) -> list[int]:
 
 def _consistent(plan: Plan) -> Flow:
     """`consistency=k`: the whole rerank (windows per window) once per pass, over its own order;
-    each chunk's score is the mean of its scores over the passes (a chunk a pass gave none counts
-    0 there), and the post-pass ranks those means once. `meta.consistency` says how far the passes
-    agreed: the mean Kendall tau between their scores."""
+    each chunk's scores over the passes (0 where a pass gave none) become one by `aggregate`, and
+    the post-pass ranks those once. `meta.consistency` says how far the passes agreed: the mean
+    Kendall tau between their scores."""
     from .bias import kendall_tau
 
     passes = pass_plans(plan)
@@ -702,7 +702,7 @@ def _consistent(plan: Plan) -> Flow:
     kept = [t for t in taus if not math.isnan(t)]
     agreement = round(sum(kept) / len(kept), 4) if kept else None
 
-    # What the post-pass ranks: the candidates by mean score, each with a reason a pass gave it.
+    # What the post-pass ranks: the candidates by combined score, each with a reason a pass gave it.
     said = {}
     for r in results:
         for item in r.ranked:
@@ -710,7 +710,7 @@ def _consistent(plan: Plan) -> Flow:
     order = sorted((i for i in ids if i in scored_any), key=lambda i: -mean[i])
     ask_k = asked(plan.view).top_k
     ranked = [{"id": i, "score": round(mean[i], 4),
-               "reason": said.get(i, f"mean score over {len(passes)} passes in shuffled orders")}
+               "reason": said.get(i, f"combined score over {len(passes)} passes in shuffled orders")}
               for i in order[:ask_k]]
     first = {d.id: d.reason for d in results[0].dropped}
     in_ranked = {item["id"] for item in ranked}

@@ -69,7 +69,7 @@ class Options:
     embed_meta_fields: Any = None
     budget: Any = None  # a cost.Budget, a mapping of its fields, or None
     prices: Any = None  # a cost.Prices, {"input": X, "output": Y} per million tokens, or None
-    consistency: Any = 1  # passes over independently shuffled orders, scores averaged (engine.py)
+    consistency: Any = 1  # passes over seeded shuffled orders, scores combined (engine.aggregate)
     calibration: Any = None  # a calibration.Calibration, its file's path, or None
 
     def merged(self, overrides: Mapping[str, Any]) -> Options:

@@ -14,8 +14,8 @@ import pytest
 
 from rag_rerank import Reranker, plan
 from rag_rerank.calibration import Calibration, save
-from rag_rerank.engine import aggregate
 from rag_rerank.cli import main
+from rag_rerank.engine import aggregate
 from rag_rerank.errors import BudgetError, ConfigError, InputError
 from rag_rerank.judgments import read_candidates, read_grades
 from tests.support.judged_set import simjudge, write_judged_set

@@ -137,7 +137,7 @@ def add_pipeline_args(p: argparse.ArgumentParser) -> None:
                    help="map the backend's scores to probabilities with a file from rag-rerank calibrate "
                    "(before --min-score and MMR; meta.calibration names it)")
     p.add_argument("--consistency", type=whole_number, default=None, metavar="K",
-                   help="rank K times over seeded shuffles of the chunks and average the scores (K times "
+                   help="rank K times over seeded shuffles of the chunks and combine the scores (K times "
                    "the calls; meta.consistency reports the passes' agreement)")
 
 
