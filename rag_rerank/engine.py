@@ -40,10 +40,14 @@ from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import numpy as np
+
 from . import reasons
 from .backends.base import Backend
 from .backends.factory import make_backend
 from .cache import ResponseCache, call_key
+from .calibration_map import VERSION, apply, as_calibration, mismatch
+from .calibration_map import load as load_calibration
 from .concurrency import check_concurrency
 from .cost import (
     Budget,
@@ -68,6 +72,7 @@ from .guard.limits import Limits, as_limits
 from .models import Dropped, Ranked, RerankRequest, RerankResult, RunMeta, add_usage
 from .options import Options
 from .postpass import postpass
+from .ranks import kendall_tau
 from .redaction import scrub, secrets_of
 from .render import render
 from .retry import Outcome, RetryPolicy
@@ -237,8 +242,6 @@ def resolve_calibration(value: Any) -> tuple[Any, str | None]:
     one; a file that cannot be used is a `ConfigError` naming it and what is wrong."""
     if value is None:
         return None, None
-    from . import calibration as cal  # calibration.py imports the session, which imports this module
-
     if isinstance(value, (str, os.PathLike)):
         path = os.fspath(value)
         try:
@@ -249,7 +252,7 @@ def resolve_calibration(value: Any) -> tuple[Any, str | None]:
         if key is not None and key in _CALIBRATIONS:
             return _CALIBRATIONS[key], path
         try:
-            loaded = cal.load(path)
+            loaded = load_calibration(path)
         except InputError as exc:
             raise ConfigError(f"calibration file {path}: {'; '.join(v.message for v in exc.violations)}"
                               ) from None
@@ -257,7 +260,7 @@ def resolve_calibration(value: Any) -> tuple[Any, str | None]:
             _CALIBRATIONS[key] = loaded
         return loaded, path
     try:
-        return cal.as_calibration(value), None
+        return as_calibration(value), None
     except InputError as exc:
         raise ConfigError(f"calibration: {'; '.join(v.message for v in exc.violations)}") from None
 
@@ -505,8 +508,6 @@ def _calibrated(plan: Plan, outcome: Outcome) -> Outcome:
     so the order the backend gave stands; the minimum score and MMR then see probabilities."""
     if plan.calibration is None:
         return outcome
-    from .calibration import apply
-
     obj = dict(outcome.obj)
     ranked = [dict(item) for item in obj.get("ranked", ())]
     dropped = [dict(item) for item in obj.get("dropped", ()) or ()]
@@ -670,8 +671,6 @@ def aggregate(scores: Sequence[Sequence[float]], where: Sequence[Sequence[float]
 
 
 def _permutation(n: int, seed: int) -> list[int]:
-    import numpy as np
-
     return [int(i) for i in np.random.default_rng(seed).permutation(n)]
 
 
@@ -680,8 +679,6 @@ def _consistent(plan: Plan) -> Flow:
     each chunk's scores over the passes (0 where a pass gave none) become one by `aggregate`, and
     the post-pass ranks those once. `meta.consistency` says how far the passes agreed: the mean
     Kendall tau between their scores."""
-    from .bias import kendall_tau
-
     passes = pass_plans(plan)
     results: list[RerankResult] = []
     for sub in passes:
@@ -923,8 +920,6 @@ def _calibration_meta(plan: Plan) -> dict[str, Any] | None:
     and why it may not suit this backend when it was fitted for another one."""
     if plan.calibration is None:
         return None
-    from .calibration import VERSION, mismatch
-
     cal = plan.calibration
     out: dict[str, Any] = {"method": cal.method, "file": plan.calibration_file, "version": VERSION}
     warning = mismatch(cal, backend=plan.backend_name, model=getattr(plan.backend, "model", None))
