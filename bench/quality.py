@@ -63,6 +63,17 @@ def build_dl19() -> tuple[Path, Path]:
     return _write_jsonl(OUT / "dl19-bm25-top100.jsonl", rows), DATA / "trec-dl19" / "qrels.txt"
 
 
+def build_dl19_top(depth: int) -> tuple[Path, Path]:
+    """DL19 cut to the BM25 top-`depth` of each query (20 or 50 in the bias and calibration
+    benches), in BM25 order, and its qrels."""
+    full, qrels = build_dl19()
+    rows = []
+    for line in full.read_text(encoding="utf-8").splitlines():
+        row = json.loads(line)
+        rows.append({**row, "chunks": row["chunks"][:depth]})
+    return _write_jsonl(OUT / f"dl19-bm25-top{depth}.jsonl", rows), qrels
+
+
 def build_scifact(depth: int = 50) -> tuple[Path, Path]:
     """BM25 (bm25s, English stopwords, no stemmer) over title + text; top-`depth` per test query."""
     import bm25s

@@ -31,16 +31,23 @@ The caller's query, chunk list and dicts are only read: the input guard builds n
 from __future__ import annotations
 
 import contextvars
+import hashlib
 import logging
+import math
+import os
 import time
 from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import numpy as np
+
 from . import reasons
 from .backends.base import Backend
 from .backends.factory import make_backend
 from .cache import ResponseCache, call_key
+from .calibration_map import VERSION, apply, as_calibration, mismatch
+from .calibration_map import load as load_calibration
 from .concurrency import check_concurrency
 from .cost import (
     Budget,
@@ -57,7 +64,7 @@ from .cost import (
     usage_tokens,
 )
 from .embed import get_embedder
-from .errors import BackendError, EmbedderError, InputError, Violation
+from .errors import BackendError, ConfigError, EmbedderError, InputError, Violation
 from .fusion import MetaFusion, check_embed_meta_fields, fuse, meta_fusion, meta_values, with_embedded_meta
 from .guard import validate_request
 from .guard.input import ChunkSource, duplicate_threshold_violations
@@ -65,6 +72,7 @@ from .guard.limits import Limits, as_limits
 from .models import Dropped, Ranked, RerankRequest, RerankResult, RunMeta, add_usage
 from .options import Options
 from .postpass import postpass
+from .ranks import kendall_tau
 from .redaction import scrub, secrets_of
 from .render import render
 from .retry import Outcome, RetryPolicy
@@ -171,6 +179,8 @@ class Plan:
     prices: Prices | None = None
     budget: Budget | None = None
     spending: Spending | None = None  # the budget's meter (a batch's, shared, when it sets one)
+    calibration: Any = None  # the calibration.Calibration applied to the backend's scores, or None
+    calibration_file: str | None = None  # the file it was read from
 
     @property
     def backend(self) -> Backend:
@@ -215,6 +225,44 @@ def check_options(options: Options) -> None:
         msg = f"policy must be None or a RetryPolicy, got {type(options.policy).__name__}"
         raise InputError([Violation(path="policy", message=msg)])
     check_concurrency(options.concurrency)
+    k = options.consistency
+    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_CONSISTENCY:
+        raise InputError([Violation(path="consistency", value=repr(k),
+                                    message=f"consistency must be a whole number from 1 to {MAX_CONSISTENCY} "
+                                    f"(passes over shuffled orders), got {k!r}")])
+
+
+MAX_CONSISTENCY = 20
+# Calibration files read so far, by (path, modification time, size): a service reads its file once.
+_CALIBRATIONS: dict[tuple[str, int, int], Any] = {}
+
+
+def resolve_calibration(value: Any) -> tuple[Any, str | None]:
+    """(the Calibration, the file it came from) for a `calibration=` option, (None, None) without
+    one; a file that cannot be used is a `ConfigError` naming it and what is wrong."""
+    if value is None:
+        return None, None
+    if isinstance(value, (str, os.PathLike)):
+        path = os.fspath(value)
+        try:
+            st = os.stat(path)
+            key: tuple[str, int, int] | None = (os.path.abspath(path), st.st_mtime_ns, st.st_size)
+        except OSError:
+            key = None
+        if key is not None and key in _CALIBRATIONS:
+            return _CALIBRATIONS[key], path
+        try:
+            loaded = load_calibration(path)
+        except InputError as exc:
+            raise ConfigError(f"calibration file {path}: {'; '.join(v.message for v in exc.violations)}"
+                              ) from None
+        if key is not None:
+            _CALIBRATIONS[key] = loaded
+        return loaded, path
+    try:
+        return as_calibration(value), None
+    except InputError as exc:
+        raise ConfigError(f"calibration: {'; '.join(v.message for v in exc.violations)}") from None
 
 
 def check_request(query: Any, chunks: ChunkSource, options: Options) -> RerankRequest:
@@ -239,15 +287,18 @@ def plan(setup: Setup, query: Any, chunks: ChunkSource, options: Options, *, enf
     prices = as_prices(options.prices)
     budget = as_budget(options.budget, prices)
     spending = BATCH_SPENDING.get() or (Spending(budget, prices) if budget else None)
+    calibration, calibration_file = resolve_calibration(options.calibration)
     window_size = options.window_size
     if window_size is not None and windowed(request, int(window_size)):
         # Each window and the final pass render their own prompt (windows.py).
         out = Plan(request, view, "", setup, options, lim, started, view, setup.embedder, fusion, values,
-                   window_size=int(window_size), prices=prices, budget=budget, spending=spending)
+                   window_size=int(window_size), prices=prices, budget=budget, spending=spending,
+                   calibration=calibration, calibration_file=calibration_file)
     else:
         ask = asked(view)
         out = Plan(request, ask, render(ask), setup, options, lim, started, view, setup.embedder, fusion,
-                   values, prices=prices, budget=budget, spending=spending)
+                   values, prices=prices, budget=budget, spending=spending, calibration=calibration,
+                   calibration_file=calibration_file)
     if budget and enforce:
         refuse(cost_plan(out))
     return out
@@ -260,32 +311,34 @@ BATCH_SPENDING: contextvars.ContextVar[Spending | None] = contextvars.ContextVar
 
 def cost_plan(plan: Plan) -> CostPlan:
     """What `plan` will do and cost, without any request (`cost.py`): its calls (the windows and a
-    final pass as large as a window, or the one call), which of them the cache already holds,
-    the round trips, the re-ask bound and the estimated tokens and cost."""
+    final pass as large as a window, or the one call; each of them once per pass with
+    `consistency=k`), which of them the cache already holds, the round trips, the re-ask bound and
+    the estimated tokens and cost."""
     backend = plan.backend
     scored = bool(getattr(backend, "scored", False))
     remote = makes_requests(backend)
     policy = plan.options.policy or RetryPolicy()
-    if plan.window_size is None:
-        stages = [("call", plan.ask, plan.prompt)]
-    else:
-        windows = split(plan.view, plan.window_size)
-        stages = [("window", w.ask, w.prompt) for w in windows]
-        # The final pass: as many chunks as the fullest window (the survivors are at most that many).
-        fullest = max(windows, key=lambda w: len(w.ask.chunks))
-        stages.append(("final", fullest.ask, fullest.prompt))
-    estimates = []
-    for stage, ask, prompt in stages:
-        key = plan.key(ask, prompt) if stage != "final" else None
-        cached = key is not None and plan.setup.cache is not None and plan.setup.cache.contains(key)
-        tokens = request_tokens(backend, prompt, ask) if remote else (0, 0)
-        estimates.append(CallEstimate(stage, len(ask.chunks), tokens[0], tokens[1],
-                                      policy.output_budget(ask, ask.top_k) if remote and not scored else 0,
-                                      cached))
-    billed = [e for e in estimates if remote and not e.cached]
+    estimates: list[CallEstimate] = []
+    round_trips = 0
     concurrency = int(plan.options.concurrency)
-    windows_n = len(estimates) - 1 if plan.window_size is not None else 0
-    round_trips = (-(-windows_n // concurrency) + 1) if windows_n else 1
+    for sub in pass_plans(plan):
+        if sub.window_size is None:
+            stages = [("call", sub.ask, sub.prompt)]
+        else:
+            windows = split(sub.view, sub.window_size)
+            stages = [("window", w.ask, w.prompt) for w in windows]
+            # The final pass: as many chunks as the fullest window (the survivors are at most that many).
+            fullest = max(windows, key=lambda w: len(w.ask.chunks))
+            stages.append(("final", fullest.ask, fullest.prompt))
+        for stage, ask, prompt in stages:
+            key = sub.key(ask, prompt) if stage != "final" else None
+            cached = key is not None and sub.setup.cache is not None and sub.setup.cache.contains(key)
+            tokens = request_tokens(backend, prompt, ask) if remote else (0, 0)
+            budget_out = policy.output_budget(ask, ask.top_k) if remote and not scored else 0
+            estimates.append(CallEstimate(stage, len(ask.chunks), tokens[0], tokens[1], budget_out, cached))
+        windows_n = len(stages) - 1 if sub.window_size is not None else 0
+        round_trips += (-(-windows_n // concurrency) + 1) if windows_n else 1  # passes run one after another
+    billed = [e for e in estimates if remote and not e.cached]
     prompt_tokens = sum(e.prompt_tokens for e in billed)
     completion_tokens = sum(e.completion_tokens for e in billed)
     cost = plan.prices.cost(prompt_tokens, completion_tokens) if plan.prices is not None else None
@@ -341,6 +394,8 @@ def _validated(query: Any, chunks: ChunkSource, options: Options, lim: Limits
 
 def flow(plan: Plan) -> Flow:
     """The whole rerank as steps for a driver (module docstring)."""
+    if int(plan.options.consistency) > 1:
+        return (yield from _consistent(plan))
     if plan.window_size is not None:
         return (yield from _windowed(plan))
     return (yield from _single(plan))
@@ -415,7 +470,8 @@ def _answers(plan: Plan, asks: Sequence[tuple[RerankRequest, str, str]], *, work
     fully offline with the lexical one."""
     outcomes = yield Calls(tuple(plan.call(ask, prompt, label=label) for ask, prompt, label in asks), workers,
                            limit, progress)
-    out = [Answer(o) if isinstance(o, Outcome) else Answer(None, o) for o in outcomes]
+    # The calibration maps the session backend's scores (it was fitted on them), not the fallback's.
+    out = [Answer(_calibrated(plan, o)) if isinstance(o, Outcome) else Answer(None, o) for o in outcomes]
     pending: dict[int, Plan] = {}
     for i, answer in enumerate(out):
         error = answer.error
@@ -444,6 +500,30 @@ def _answers(plan: Plan, asks: Sequence[tuple[RerankRequest, str, str]], *, work
                 out[i] = Answer(None, result)  # a bug of the fallback, not a failure: raised as it is
         pending = again
     return out
+
+
+def _calibrated(plan: Plan, outcome: Outcome) -> Outcome:
+    """The answer with every score the backend gave mapped by the plan's calibration: the ranked
+    chunks' scores and the ones dropped reasons carry (`not_selected: 0.410`). The map is monotone,
+    so the order the backend gave stands; the minimum score and MMR then see probabilities."""
+    if plan.calibration is None:
+        return outcome
+    obj = dict(outcome.obj)
+    ranked = [dict(item) for item in obj.get("ranked", ())]
+    dropped = [dict(item) for item in obj.get("dropped", ()) or ()]
+    raw = [float(item["score"]) for item in ranked]
+    carried = [(i, reasons.score_in(item["reason"])) for i, item in enumerate(dropped)]
+    carried = [(i, v) for i, v in carried if v is not None]
+    mapped = apply(plan.calibration, raw + [v for _, v in carried]) if raw or carried else []
+    for item, value in zip(ranked, mapped[:len(raw)], strict=True):
+        item["score"] = round(float(value), 4)
+    for (i, _), value in zip(carried, mapped[len(raw):], strict=True):
+        token = reasons.split(dropped[i]["reason"])[0]  # type: ignore[index]
+        dropped[i]["reason"] = reasons.reason(token, reasons.score_detail(float(value)))
+    obj["ranked"] = ranked
+    if "dropped" in outcome.obj:
+        obj["dropped"] = dropped
+    return replace(outcome, obj=obj)
 
 
 def _heavy(plan: Plan) -> bool:
@@ -527,6 +607,140 @@ def _fallback_result(plan: Plan, answer: Answer) -> Flow:
                  fallback="local" if backend_failed else None, notes=(*notes, *_scoring_notes(used)),
                  cache=_cache_meta(plan, [(False, {})]))
     return replace(result, meta=meta, scores=scores_of(used.request, [outcome.obj], result.ranked))
+
+
+# --------------------------------------------------------------------------- consistency
+
+
+def pass_plans(plan: Plan) -> list[Plan]:
+    """The plans of `consistency=k`'s passes: the first in the given order, each other in its own
+    shuffle, seeded by the pass number, the query and the chunk ids (the same request gets the same
+    orders every time, so the cache answers a repeated one). One plan, `plan`, when k is 1."""
+    k = int(plan.options.consistency)
+    if k <= 1:
+        return [plan]
+    out = []
+    ids = "\x1f".join(c.id for c in plan.request.chunks)
+    options = replace(plan.options, consistency=1)
+    for p in range(k):
+        order = list(range(len(plan.request.chunks)))
+        if p:
+            digest = hashlib.blake2b(f"{p}\x1e{plan.request.query}\x1e{ids}".encode(), digest_size=8).digest()
+            order = [int(i) for i in _permutation(len(order), int.from_bytes(digest, "big"))]
+        request = replace(plan.request, chunks=tuple(plan.request.chunks[i] for i in order))
+        view = replace(plan.view, chunks=tuple(plan.view.chunks[i] for i in order))
+        if plan.window_size is not None:
+            out.append(replace(plan, request=request, view=view, ask=view, options=options))
+        else:
+            ask = asked(view)
+            out.append(replace(plan, request=request, view=view, ask=ask, prompt=render(ask),
+                               options=options))
+    return out
+
+
+# How the passes' scores become one: "mean_score" (each chunk's mean), or "debiased_mean" (the mean
+# with a position effect linear in where the chunk was shown, fitted on the passes themselves,
+# taken out: each chunk scored as if shown where the model favours least). Measured on the
+# simulated judge by bench/bias.py --part consistency.
+AGGREGATES = ("mean_score", "debiased_mean")
+AGGREGATE = "debiased_mean"
+
+
+def aggregate(scores: Sequence[Sequence[float]], where: Sequence[Sequence[float]], how: str
+              ) -> tuple[list[float], float | None]:
+    """One score per chunk from `scores[pass][chunk]`, shown at relative position `where[pass][chunk]`
+    (0 first, 1 last), and the fitted position slope (None for `mean_score`).
+
+    `debiased_mean` fits s = t_chunk + slope * position by least squares within each chunk (the
+    chunk's own mean takes out what it is worth), then scores each chunk at the least favoured end:
+    mean + slope * (end - its mean position), end = 1 when the slope favours the first (primacy),
+    0 when it favours the last (recency); clipped to [0, 1]. A bias that is not linear in position
+    keeps the part a line does not fit."""
+    k, n = len(scores), len(scores[0]) if scores else 0
+    means = [sum(scores[p][j] for p in range(k)) / k for j in range(n)]
+    if how == "mean_score" or k < 2 or n < 2:
+        return means, None
+    centre = [sum(where[p][j] for p in range(k)) / k for j in range(n)]
+    num = sum((where[p][j] - centre[j]) * (scores[p][j] - means[j]) for p in range(k) for j in range(n))
+    den = sum((where[p][j] - centre[j]) ** 2 for p in range(k) for j in range(n))
+    if den <= 0:
+        return means, 0.0
+    slope = num / den
+    end = 1.0 if slope < 0 else 0.0
+    return [min(1.0, max(0.0, means[j] + slope * (end - centre[j]))) for j in range(n)], slope
+
+
+def _permutation(n: int, seed: int) -> list[int]:
+    return [int(i) for i in np.random.default_rng(seed).permutation(n)]
+
+
+def _consistent(plan: Plan) -> Flow:
+    """`consistency=k`: the whole rerank (windows per window) once per pass, over its own order;
+    each chunk's scores over the passes (0 where a pass gave none) become one by `aggregate`, and
+    the post-pass ranks those once. `meta.consistency` says how far the passes agreed: the mean
+    Kendall tau between their scores."""
+    passes = pass_plans(plan)
+    results: list[RerankResult] = []
+    for sub in passes:
+        results.append((yield from (_windowed(sub) if sub.window_size is not None else _single(sub))))
+    ids = [c.id for c in plan.request.chunks]
+
+    def number(value: Any) -> float | None:
+        return float(value) if isinstance(value, float) else None
+
+    table = [[number(r.scores.get(i)) for i in ids] for r in results]
+    filled = [[v if v is not None else 0.0 for v in row] for row in table]
+    shown = [{c.id: n for n, c in enumerate(sub.request.chunks)} for sub in passes]
+    where = [[shown[p][i] / max(1, len(ids) - 1) for i in ids] for p in range(len(passes))]
+    mean, slope = aggregate(filled, where, AGGREGATE)
+    mean = dict(zip(ids, mean, strict=True))
+    scored_any = {i for j, i in enumerate(ids) if any(row[j] is not None for row in table)}
+    taus = [kendall_tau(filled[a], filled[b]) for a in range(len(filled)) for b in range(a + 1, len(filled))]
+    kept = [t for t in taus if not math.isnan(t)]
+    agreement = round(sum(kept) / len(kept), 4) if kept else None
+
+    # What the post-pass ranks: the candidates by combined score, each with a reason a pass gave it.
+    said = {}
+    for r in results:
+        for item in r.ranked:
+            said.setdefault(item.id, item.reason)
+    order = sorted((i for i in ids if i in scored_any), key=lambda i: -mean[i])
+    ask_k = asked(plan.view).top_k
+    ranked = [{"id": i, "score": round(mean[i], 4),
+               "reason": said.get(i, f"combined score over {len(passes)} passes in shuffled orders")}
+              for i in order[:ask_k]]
+    first = {d.id: d.reason for d in results[0].dropped}
+    in_ranked = {item["id"] for item in ranked}
+    dropped = [{"id": i, "reason": (reasons.reason(reasons.NOT_SELECTED, reasons.score_detail(mean[i]))
+                                    if i in scored_any else first.get(i, reasons.NOT_SELECTED))}
+               for i in ids if i not in in_ranked]
+    obj = {"ranked": ranked, "dropped": dropped}
+    result, used = yield from _postpass_step(plan, obj, plan.view, plan.fallback)
+
+    metas = [r.meta for r in results]
+    caches = [m.cache for m in metas if m.cache is not None]
+    cache = ({key: sum(int(c.get(key, 0)) for c in caches) for key in ("hits", "misses", "saved_tokens")}
+             if caches else None)
+    windows = tuple({"pass": p, **w} for p, m in enumerate(metas) for w in m.windows)
+    notes = list(dict.fromkeys(n for m in metas for n in m.notes))
+    notes.append(f"consistency: {len(passes)} passes over shuffled orders, {AGGREGATE}; agreement "
+                 f"(mean Kendall tau) {agreement if agreement is not None else 'n/a'}")
+    meta = _meta(used, model=next((m.model for m in metas if m.model), None),
+                 attempts=sum(m.attempts for m in metas),
+                 repairs=[f"pass {p}: {r}" for p, m in enumerate(metas) for r in m.repairs],
+                 usage=add_usage(*(m.usage for m in metas)),
+                 fallback="local" if any(m.fallback for m in metas) else None, notes=notes,
+                 calls=sum(m.calls for m in metas), windows=windows, cache=cache)
+    summary = {"passes": len(passes), "aggregate": AGGREGATE, "agreement": agreement,
+               "position_slope": None if slope is None else round(slope, 4),
+               "taus": [None if math.isnan(t) else round(t, 4) for t in taus]}
+    meta = replace(meta, consistency=summary,
+                   embedder=result.meta.embedder or meta.embedder)
+    scores: dict[str, float | str] = {i: round(mean[i], 4) if i in scored_any else results[0].scores.get(
+        i, _UNSCORED) for i in ids}
+    for item in result.ranked:
+        scores[item.id] = item.score
+    return replace(result, meta=meta, scores=scores)
 
 
 # --------------------------------------------------------------------------- windows
@@ -697,7 +911,21 @@ def _meta(plan: Plan, *, model: str | None, attempts: int, repairs: Sequence[str
         windows=tuple(windows),
         embedder_fallback="lexical" if plan.embedder_note else None,
         cache=cache,
+        calibration=_calibration_meta(plan),
     )
+
+
+def _calibration_meta(plan: Plan) -> dict[str, Any] | None:
+    """`meta.calibration`: which map was applied (its method, file and the file format's version),
+    and why it may not suit this backend when it was fitted for another one."""
+    if plan.calibration is None:
+        return None
+    cal = plan.calibration
+    out: dict[str, Any] = {"method": cal.method, "file": plan.calibration_file, "version": VERSION}
+    warning = mismatch(cal, backend=plan.backend_name, model=getattr(plan.backend, "model", None))
+    if warning:
+        out["warning"] = warning
+    return out
 
 
 def _scoring_notes(plan: Plan) -> list[str]:
@@ -731,5 +959,6 @@ def _redacted(error: BackendError, api_key: str | None) -> BackendError:
     return type(error)(head, attempts, usage=error.usage)  # an EmbedderError stays one
 
 
-__all__ = ["BATCH_SPENDING", "Call", "Calls", "Flow", "Plan", "Progress", "Setup", "Step", "Work",
-           "check_options", "check_request", "cost_plan", "failure_summary", "flow", "plan", "scores_of"]
+__all__ = ["BATCH_SPENDING", "MAX_CONSISTENCY", "Call", "Calls", "Flow", "Plan", "Progress", "Setup", "Step",
+           "Work", "check_options", "check_request", "cost_plan", "failure_summary", "flow", "pass_plans",
+           "plan", "resolve_calibration", "scores_of"]

@@ -99,15 +99,29 @@ def read_candidates(path: str | Path) -> list[CandidateQuery]:
 
 
 def read_qrels(path: str | Path) -> list[Any]:
-    """TREC qrels (`qid iter docid rel`) as ir-measures Qrel tuples.
+    """TREC qrels (`qid iter docid rel`) as ir-measures Qrel tuples (see `qrels_rows`)."""
+    irm = ir_measures_module()
+    return [irm.Qrel(qid, docid, grade, iteration) for qid, iteration, docid, grade in qrels_rows(path)]
+
+
+def read_grades(path: str | Path) -> dict[str, dict[str, int]]:
+    """TREC qrels as `{qid: {docid: grade}}` (see `qrels_rows`), without ir-measures: what
+    `rag-rerank calibrate` needs of them."""
+    grades: dict[str, dict[str, int]] = {}
+    for qid, _, docid, grade in qrels_rows(path):
+        grades.setdefault(qid, {})[docid] = grade
+    return grades
+
+
+def qrels_rows(path: str | Path) -> list[tuple[str, str, str, int]]:
+    """TREC qrels (`qid iter docid rel`) as (qid, iter, docid, grade) rows, each bad line named.
 
     Parsed here rather than by `ir_measures.read_trec_qrels` so that a bad line is named by its
     number, and a UTF-8 BOM (Windows editors) does not silently become part of the first qid,
     whose judgments would then never match a candidate query.
     """
-    irm = ir_measures_module()
     text = _read_judgments(path, "qrels", "TREC qrels ('qid iter docid rel' per line)")
-    out = []
+    out: list[tuple[str, str, str, int]] = []
     seen: dict[tuple[str, str], tuple[int, int]] = {}  # (qid, docid) -> (line, grade)
     conflicts: list[Violation] = []
     for lineno, line in enumerate(text.splitlines(), start=1):
@@ -129,7 +143,7 @@ def read_qrels(path: str | Path) -> list[Any]:
                 conflicts.append(Violation(path="qrels", line=lineno, value=grade, message=msg))
             continue
         seen[key] = (lineno, grade)
-        out.append(irm.Qrel(parts[0], parts[2], grade, parts[1]))
+        out.append((parts[0], parts[1], parts[2], grade))
     if conflicts:
         raise InputError(conflicts, headline=f"conflicting judgments in {path}")
     return out
@@ -200,5 +214,5 @@ def rel_level_violations(rel_level: Any, judgments: Sequence[Any], source: str |
     return []
 
 
-__all__ = ["CandidateQuery", "ir_measures_module", "read_candidates", "read_qrels", "read_subtopics",
-           "rel_level_violations"]
+__all__ = ["CandidateQuery", "ir_measures_module", "qrels_rows", "read_candidates", "read_grades",
+           "read_qrels", "read_subtopics", "rel_level_violations"]

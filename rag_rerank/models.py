@@ -93,8 +93,22 @@ class RunMeta:
     # With a response cache (`cache=`): {"hits", "misses", "saved_tokens"} over the backend's calls;
     # a hit made no request (it counts no attempt) and its tokens are still in `usage`. None without one.
     cache: Mapping[str, int] | None = None
+    # With `calibration=`: {"method", "file", "version"} of the map applied to the backend's scores.
+    calibration: Mapping[str, Any] | None = None
+    # With `consistency=k` (k > 1): {"passes", "aggregate", "agreement", "taus"}; agreement is the
+    # mean Kendall tau between the passes' scores.
+    consistency: Mapping[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
+        out = self._base_dict()
+        # Only when used, so a result without them serialises as it always did.
+        if self.calibration is not None:
+            out["calibration"] = dict(self.calibration)
+        if self.consistency is not None:
+            out["consistency"] = dict(self.consistency)
+        return out
+
+    def _base_dict(self) -> dict[str, Any]:
         return {
             "backend": self.backend,
             "model": self.model,

@@ -69,6 +69,8 @@ class Options:
     embed_meta_fields: Any = None
     budget: Any = None  # a cost.Budget, a mapping of its fields, or None
     prices: Any = None  # a cost.Prices, {"input": X, "output": Y} per million tokens, or None
+    consistency: Any = 1  # passes over seeded shuffled orders, scores combined (engine.aggregate)
+    calibration: Any = None  # a calibration.Calibration, its file's path, or None
 
     def merged(self, overrides: Mapping[str, Any]) -> Options:
         """These options with `overrides` (request option names) in place; an unknown name is an
@@ -110,6 +112,8 @@ class RerankOptions(TypedDict, total=False):
     embed_meta_fields: Sequence[str] | None
     budget: Budget | Mapping[str, Any] | None
     prices: Prices | Mapping[str, float] | None
+    consistency: int
+    calibration: Any
 
 
 REQUEST_OPTIONS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(Options))

@@ -21,6 +21,8 @@ from .models import Chunk, RerankRequest
 from .paths import prompts_dir
 
 TEMPLATE_NAME = "rag-chunk-reranker.xml.j2"
+# The one-passage yes/no question of log-probability scoring (`OpenAIBackend(scoring="logprobs")`).
+RELEVANCE_TEMPLATE = "rag-chunk-relevance.xml.j2"
 
 # Characters that must never appear raw in a chunk line: markup, and line breaks other than the
 # record separator (str.splitlines and some tokenizers split on all of these).
@@ -119,6 +121,12 @@ def render(request: RerankRequest, template: str = TEMPLATE_NAME) -> str:
         top_k=int(request.top_k),
         lambda_=format_lambda(request.lambda_),
     )
+
+
+def render_relevance(query: str, chunk: Chunk, template: str = RELEVANCE_TEMPLATE) -> str:
+    """The yes/no relevance question about one chunk (log-probability scoring), escaped as the
+    reranking task is: the query XML-escaped, the chunk one markup-free JSON record."""
+    return _environment().get_template(template).render(query=xml_text(query), passage=chunk_line(chunk))
 
 
 def extract_chunk_lines(prompt: str) -> list[str]:

@@ -21,6 +21,7 @@ ROOT = Path(__file__).resolve().parent.parent
 DATA_FILES = [
     "skills/rag-chunk-reranker/SKILL.md",
     "prompts/rag-chunk-reranker.xml.j2",
+    "prompts/rag-chunk-relevance.xml.j2",
     "guard/chunk.schema.json",
     "guard/output.schema.json",
     "guard/limits.json",

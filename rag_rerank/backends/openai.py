@@ -8,14 +8,36 @@ ids as an enum of the input ids); a server that rejects that (llama.cpp answers 
 base_url for the life of the process, so the negotiation costs extra requests once, not per call.
 Those downgrades are a capability probe inside one call, not retries: retries belong to `retry.py`
 (the SDK runs with max_retries=0).
+
+**Log-probability scoring** (`scoring="logprobs"`, for servers that return token log-probabilities:
+llama.cpp server, vLLM). Instead of one listwise prompt, each chunk gets its own yes/no question
+(`prompts/rag-chunk-relevance.xml.j2`: the query and that one chunk), asked for one token with
+`logprobs: true, top_logprobs: 5`; the chunk's score is p(yes) / (p(yes) + p(no)) over the first
+token's most likely alternatives ("yes", " Yes", "YES" all count). The questions go out at once (at
+most `LOGPROB_CONCURRENCY` in flight; on a thread pool for the sync path). The answer is then built
+as the scored backends build theirs (`backends/scored.py`: reasons quoting the chunk, the minimum
+score honoured), so it passes the output guard by construction, and the backend declares
+`scored = True` (never re-asked). Why: one chunk per question cannot favour a position (there is
+none), and the score is a probability the model assigns rather than a number it writes. A chunk
+with neither yes nor no among the top tokens is left unscored (`not_selected: not scored ...`).
+
+It is negotiated like the response format: a server that refuses `logprobs` or answers without
+them is, with `scoring="logprobs"`, a fatal backend failure that says so; with `scoring="auto"`
+the first call probes one chunk, and the mode that worked (log-probabilities, or else the listwise
+prompt) is remembered per base_url for the life of the process. `scoring="listwise"` (the default)
+never asks for them.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+import math
 import threading
 import time
-from collections.abc import Generator, Sequence
+from collections.abc import Generator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from typing import Any
 
 from ..errors import (
@@ -26,8 +48,9 @@ from ..errors import (
     TransientFailure,
     Violation,
 )
-from ..models import RerankRequest
+from ..models import Chunk, RerankRequest, add_usage
 from ..redaction import display_url, scrub, secrets_of
+from ..render import render_relevance
 from .base import Completion
 from .common import (
     DATA_NOTICE,
@@ -43,6 +66,7 @@ from .common import (
     strict_schema,
     usage_dict,
 )
+from .scored import SCORE_DECIMALS, answer, labelled
 
 DEFAULT_MODEL = "gpt-4o-mini"
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
@@ -56,6 +80,16 @@ _FORMAT_LOCK = threading.Lock()
 _REJECT_STATUSES = frozenset({400, 422, 500, 501})
 _REJECT_WORDS = ("response_format", "response format", "json_schema", "json schema", "schema")
 
+# How chunks are scored: one listwise prompt (the card's task), or one yes/no question per chunk
+# scored by the log-probability of "yes" (module docstring); "auto" probes, then remembers.
+SCORINGS = ("listwise", "logprobs", "auto")
+LOGPROB_CONCURRENCY = 8  # yes/no questions in flight at once for one call
+TOP_LOGPROBS = 5
+LOGPROB_REASON = labelled("p(yes)")
+NOT_SCORED = "not_selected: not scored (neither yes nor no among the model's most likely first tokens)"
+_SCORING_MEMORY: dict[str, str] = {}
+_TOKEN_EDGES = " \t\n\u2581\u0120.,;:!?\"'`"  # spaces, SentencePiece / BPE space marks, punctuation
+
 
 def remembered_mode(base_url: str) -> str | None:
     """The structured-output mode this process learned for `base_url` (None before the first call)."""
@@ -64,9 +98,73 @@ def remembered_mode(base_url: str) -> str | None:
 
 
 def forget_modes() -> None:
-    """Clear what was learned (tests; or after a server upgrade in a long-lived process)."""
+    """Clear what was learned, response_format modes and scoring modes (tests; or after a server
+    upgrade in a long-lived process)."""
     with _FORMAT_LOCK:
         _FORMAT_MEMORY.clear()
+        _SCORING_MEMORY.clear()
+
+
+def remembered_scoring(base_url: str) -> str | None:
+    """What `scoring="auto"` learned for `base_url`: "logprobs", "listwise", or None before its
+    first call."""
+    with _FORMAT_LOCK:
+        return _SCORING_MEMORY.get(base_url)
+
+
+def _remember_scoring(base_url: str, mode: str) -> None:
+    with _FORMAT_LOCK:
+        _SCORING_MEMORY[base_url] = mode
+
+
+class _NoLogprobs(Exception):
+    """The server does not return token log-probabilities (refused them, or answered without)."""
+
+
+def _plain(value: Any) -> Any:
+    """An SDK object as plain data (extra fields a server sent, such as llama.cpp's, kept)."""
+    if hasattr(value, "model_dump"):
+        return value.model_dump()
+    return value
+
+
+def yes_probability(logprobs: Any) -> float | None:
+    """p(yes) / (p(yes) + p(no)) from an answer's first-token log-probabilities, or None when
+    neither word is among them. Reads the Chat Completions form (`content[0].top_logprobs`) and
+    the completions form some servers send in chat answers (`top_logprobs[0]` as a token ->
+    logprob mapping, `tokens` / `token_logprobs`); a token counts whatever its case, spacing or
+    trailing punctuation (" Yes", "yes.", "YES")."""
+    data = _plain(logprobs)
+    if not isinstance(data, Mapping):
+        return None
+    found: dict[str, float] = {}
+
+    def add(token: Any, logprob: Any) -> None:
+        if isinstance(token, str) and isinstance(logprob, (int, float)) and not isinstance(logprob, bool) \
+                and math.isfinite(logprob):
+            found[token] = float(logprob)
+
+    content = data.get("content")
+    if isinstance(content, list) and content and isinstance(content[0], Mapping):
+        first = content[0]
+        for alt in first.get("top_logprobs") or []:
+            if isinstance(alt, Mapping):
+                add(alt.get("token"), alt.get("logprob"))
+        add(first.get("token"), first.get("logprob"))
+    legacy = data.get("top_logprobs")
+    if isinstance(legacy, list) and legacy and isinstance(legacy[0], Mapping):
+        for token, logprob in legacy[0].items():
+            add(token, logprob)
+    tokens, values = data.get("tokens"), data.get("token_logprobs")
+    if isinstance(tokens, list) and tokens and isinstance(values, list) and values:
+        add(tokens[0], values[0])
+    p = {"yes": 0.0, "no": 0.0}
+    for token, logprob in found.items():
+        word = token.strip(_TOKEN_EDGES).lower()
+        if word in p:
+            p[word] += math.exp(logprob)
+    total = p["yes"] + p["no"]
+    return p["yes"] / total if total > 0 else None
 
 
 def _remember(base_url: str, mode: str) -> None:
@@ -160,16 +258,21 @@ class OpenAIBackend(ClosableBackend):
         *,
         temperature: float | None = 0.0,
         response_format: str = "auto",
+        scoring: str = "listwise",
         seed: int | None = None,
     ) -> None:
         bad = []
         if response_format != "auto" and response_format not in MODES:
             bad.append(Violation(path="response_format", value=response_format,
                                  message=f"must be 'auto' or one of {', '.join(MODES)}"))
+        if scoring not in SCORINGS:
+            bad.append(Violation(path="scoring", value=scoring,
+                                 message=f"must be one of {', '.join(SCORINGS)}, got {scoring!r}"))
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
             bad.append(Violation(path="seed", value=repr(seed), message="must be None or an int"))
         if bad:
             raise InputError(bad, headline="invalid openai options")
+        self.scoring = scoring
         url, key = resolve_credentials("openai", base_url, api_key, url_env="OPENAI_BASE_URL",
                                        key_env="OPENAI_API_KEY")
         self.model = model or DEFAULT_MODEL
@@ -193,6 +296,18 @@ class OpenAIBackend(ClosableBackend):
     def __repr__(self) -> str:  # never show the key
         return f"OpenAIBackend(model={self.model!r}, base_url={display_url(self.base_url)!r})"
 
+    @property
+    def scored(self) -> bool:
+        """True while chunks are scored by log-probabilities: the answer is built by
+        `backends/scored.py`, valid by construction, and never re-asked (`retry.py`)."""
+        return self._scoring_now() == "logprobs"
+
+    def _scoring_now(self) -> str:
+        """"listwise", "logprobs", or "probe" (`auto` before its first call to this server)."""
+        if self.scoring != "auto":
+            return self.scoring
+        return remembered_scoring(self.base_url) or "probe"
+
     # --- clients -----------------------------------------------------------------------------
     def _make_sync(self) -> Any:
         sdk = _sdk()
@@ -210,11 +325,12 @@ class OpenAIBackend(ClosableBackend):
         """What decides this call's answer, for the response cache's key (`cache.py`): the server
         (credentials masked), the model, the first attempt's messages, the response format asked
         for (not the one negotiated, so a downgrade learned later does not change the key), the
-        ids the schema allows, temperature, max tokens and seed."""
+        ids the schema allows, temperature, max tokens, seed and the scoring asked for (listwise,
+        logprobs or auto: a log-probability answer is never replayed for a listwise request)."""
         return {"backend": self.name, "base_url": display_url(self.base_url), "model": self.model,
                 "messages": build_messages(prompt, (), None), "response_format": self.forced_mode or "auto",
                 "ids": list(request.ids), "temperature": self.temperature, "max_tokens": int(max_tokens),
-                "seed": self.seed}
+                "seed": self.seed, "scoring": self.scoring}
 
     def _modes(self) -> tuple[str, ...]:
         if self.forced_mode:
@@ -395,6 +511,36 @@ class OpenAIBackend(ClosableBackend):
         timeout: float | None = None,
     ) -> Completion:
         ends = None if timeout is None else time.monotonic() + timeout  # before the SDK's first import
+        if self._scoring_now() != "listwise":
+            try:
+                return self._logprob_completion(request, ends)
+            except _NoLogprobs as exc:
+                note = self._without_logprobs(exc)
+            done = self._listwise(prompt, request, max_tokens, feedback, previous, ends)
+            return replace(done, notes=(note, *done.notes))
+        return self._listwise(prompt, request, max_tokens, feedback, previous, ends)
+
+    async def acomplete(
+        self,
+        prompt: str,
+        request: RerankRequest,
+        *,
+        max_tokens: int,
+        feedback: Sequence[Violation] = (),
+        previous: str | None = None,
+    ) -> Completion:
+        if self._scoring_now() != "listwise":
+            try:
+                return await self._alogprob_completion(request)
+            except _NoLogprobs as exc:
+                note = self._without_logprobs(exc)
+            done = await self._alistwise(prompt, request, max_tokens, feedback, previous)
+            return replace(done, notes=(note, *done.notes))
+        return await self._alistwise(prompt, request, max_tokens, feedback, previous)
+
+    # --- listwise: the card's task in one prompt ---------------------------------------------
+    def _listwise(self, prompt: str, request: RerankRequest, max_tokens: int, feedback: Sequence[Violation],
+                  previous: str | None, ends: float | None) -> Completion:
         sdk = _sdk()
         client = self._clients.sync()
         steps = self._negotiation(prompt, request, max_tokens, feedback, previous)
@@ -411,15 +557,8 @@ class OpenAIBackend(ClosableBackend):
             except StopIteration as done:
                 return done.value  # type: ignore[no-any-return]
 
-    async def acomplete(
-        self,
-        prompt: str,
-        request: RerankRequest,
-        *,
-        max_tokens: int,
-        feedback: Sequence[Violation] = (),
-        previous: str | None = None,
-    ) -> Completion:
+    async def _alistwise(self, prompt: str, request: RerankRequest, max_tokens: int,
+                         feedback: Sequence[Violation], previous: str | None) -> Completion:
         sdk = _sdk()
         client = self._clients.for_running_loop()
         steps = self._negotiation(prompt, request, max_tokens, feedback, previous)
@@ -434,3 +573,137 @@ class OpenAIBackend(ClosableBackend):
                 kwargs = steps.send(answer)
             except StopIteration as done:
                 return done.value  # type: ignore[no-any-return]
+
+    # --- log-probabilities: one yes/no question per chunk ------------------------------------
+    def _without_logprobs(self, exc: _NoLogprobs) -> str:
+        """After a server showed it returns no log-probabilities: a fatal failure saying so when
+        they were asked for, else (`auto`) the listwise prompt from now on, and the note why."""
+        where = display_url(self.base_url)
+        if self.scoring == "logprobs":
+            raise FatalFailure(f"openai: scoring='logprobs' needs token log-probabilities, and the server at "
+                               f"{where} {exc}; use a server that returns them (llama.cpp server, vLLM) or "
+                               "scoring='listwise' (or 'auto', which falls back to it)") from None
+        _remember_scoring(self.base_url, "listwise")
+        return f"openai: {where} {exc}; scoring='auto' uses the listwise prompt for it"
+
+    def _logprob_kwargs(self, request: RerankRequest, chunk: Chunk) -> dict[str, Any]:
+        kwargs: dict[str, Any] = {"model": self.model, "logprobs": True, "top_logprobs": TOP_LOGPROBS,
+                                  "messages": build_messages(render_relevance(request.query, chunk), (), None,
+                                                             system=self._send_system)}
+        kwargs["max_completion_tokens" if self._official else "max_tokens"] = 1
+        if self.temperature is not None and self._send_temperature:
+            kwargs["temperature"] = self.temperature
+        if self.seed is not None:
+            kwargs["seed"] = self.seed
+        return kwargs
+
+    def _rejects_logprobs(self, exc: Exception, sdk: Any) -> bool:
+        return (isinstance(exc, sdk.APIStatusError) and int(exc.status_code) in _REJECT_STATUSES
+                and "logprob" in error_message(exc).lower())
+
+    def _judging(self, request: RerankRequest, chunk: Chunk, notes: list[str]
+                 ) -> Generator[dict[str, Any], Any, tuple[float | None, Any]]:
+        """One chunk's question, for both drivers: yields the keywords of each request to send and
+        receives its response or the SDK's exception; returns (p(yes) or None, the response)."""
+        sdk = _sdk()
+        for _ in range(3):  # at most: the question, again without temperature, again without a system turn
+            answer_ = yield self._logprob_kwargs(request, chunk)
+            if isinstance(answer_, sdk.OpenAIError):
+                if (self._refuses_temperature(answer_, sdk, notes)
+                        or self._refuses_system(answer_, sdk, notes)):
+                    continue
+                if self._rejects_logprobs(answer_, sdk):
+                    said = scrub(error_message(answer_), self._hidden)[:120]
+                    raise _NoLogprobs(f"refused them (HTTP {answer_.status_code}: {said})")
+                raise classify_sdk_error(answer_, sdk, self._hidden, "openai") from None
+            if isinstance(answer_, json.JSONDecodeError):
+                raise FatalFailure(f"openai: the server's answer is not valid JSON ({answer_})") from None
+            choices = getattr(answer_, "choices", None)
+            if isinstance(answer_, (str, bytes)) or not isinstance(choices, list):
+                raise FatalFailure(self._protocol_error(answer_))
+            if not choices:
+                raise FatalFailure("openai: response has no choices")
+            logprobs = getattr(choices[0], "logprobs", None)
+            if logprobs is None:
+                raise _NoLogprobs("answered without them (no 'logprobs' in its answer)")
+            return yes_probability(logprobs), answer_
+        raise FatalFailure("openai: the server kept refusing the relevance question")
+
+    def _scored_completion(self, request: RerankRequest, judged: Sequence[tuple[float | None, Any]],
+                           notes: list[str]) -> Completion:
+        """The card's answer from the chunks' p(yes), built as the scored backends build theirs."""
+        if self.scoring == "auto":
+            _remember_scoring(self.base_url, "logprobs")
+        scores = [p for p, _ in judged]
+        missing = sum(p is None for p in scores)
+        if missing:
+            notes.append(f"openai: {missing} of {len(scores)} chunks had neither yes nor no among the top "
+                         f"{TOP_LOGPROBS} first tokens: not scored")
+        obj = answer(request, scores, LOGPROB_REASON, decimals=SCORE_DECIMALS, unscored_reason=NOT_SCORED)
+        usage = add_usage(*(usage_dict(getattr(resp, "usage", None), _USAGE_FIELDS) for _, resp in judged))
+        models = [getattr(resp, "model", None) for _, resp in judged]
+        model = next((m for m in models if isinstance(m, str) and m), None)
+        return Completion(text=json.dumps(obj, ensure_ascii=False), model=model or self.model, usage=usage,
+                          notes=tuple(dict.fromkeys(notes)))
+
+    def _logprob_completion(self, request: RerankRequest, ends: float | None) -> Completion:
+        sdk = _sdk()
+        client = self._clients.sync()
+        notes: list[str] = []
+
+        def one(chunk: Chunk) -> tuple[float | None, Any]:
+            steps = self._judging(request, chunk, notes)
+            kwargs = next(steps)
+            while True:
+                left = None if ends is None else ends - time.monotonic()
+                try:
+                    answer_: Any = client.chat.completions.create(**kwargs,
+                                                                  **request_timeout(self.timeout, left))
+                except (sdk.OpenAIError, json.JSONDecodeError) as exc:
+                    answer_ = exc
+                try:
+                    kwargs = steps.send(answer_)
+                except StopIteration as done:
+                    return done.value  # type: ignore[no-any-return]
+
+        chunks = list(request.chunks)
+        # Probing (`auto`, first call): one question alone, so a server without log-probabilities
+        # costs one request before the listwise prompt, not one per chunk.
+        judged = [one(chunks[0])] if self._scoring_now() == "probe" else []
+        rest = chunks[len(judged):]
+        if len(rest) <= 1:
+            judged += [one(c) for c in rest]
+        else:
+            with ThreadPoolExecutor(max_workers=min(LOGPROB_CONCURRENCY, len(rest)),
+                                    thread_name_prefix="rag-rerank-logprobs") as pool:
+                judged += list(pool.map(one, rest))
+        return self._scored_completion(request, judged, notes)
+
+    async def _alogprob_completion(self, request: RerankRequest) -> Completion:
+        sdk = _sdk()
+        client = self._clients.for_running_loop()
+        notes: list[str] = []
+        slots = asyncio.Semaphore(LOGPROB_CONCURRENCY)
+
+        async def one(chunk: Chunk) -> tuple[float | None, Any]:
+            async with slots:
+                steps = self._judging(request, chunk, notes)
+                kwargs = next(steps)
+                while True:
+                    try:
+                        answer_: Any = await client.chat.completions.create(**kwargs)
+                    except (sdk.OpenAIError, json.JSONDecodeError) as exc:
+                        answer_ = exc
+                    try:
+                        kwargs = steps.send(answer_)
+                    except StopIteration as done:
+                        return done.value  # type: ignore[no-any-return]
+
+        chunks = list(request.chunks)
+        judged = [await one(chunks[0])] if self._scoring_now() == "probe" else []
+        outcomes = await asyncio.gather(*(one(c) for c in chunks[len(judged):]), return_exceptions=True)
+        for outcome in outcomes:  # every question finished; the first failure is the call's
+            if isinstance(outcome, BaseException):
+                raise outcome
+        judged += [o for o in outcomes if not isinstance(o, BaseException)]
+        return self._scored_completion(request, judged, notes)

@@ -13,7 +13,7 @@ import contextlib
 import json
 import math
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..backends.common import base_url_problem
@@ -92,6 +92,10 @@ def add_backend_args(p: argparse.ArgumentParser) -> None:
                    help="cross-encoder: tokens per (query, chunk) pair, longer ones are truncated")
     p.add_argument("--calibration-factor", type=float, default=None,
                    help="cross-encoder: score = sigmoid(logit * factor) (1.0)")
+    p.add_argument("--scoring", choices=["listwise", "logprobs", "auto"], default=None,
+                   help="openai: listwise (default: the card's task in one prompt), logprobs (one yes/no "
+                   "question per chunk, score = p(yes); needs a server returning token logprobs: llama.cpp, "
+                   "vLLM) or auto (logprobs when the server returns them)")
     p.add_argument("--embedder", "-e", default="lexical",
                    help="post-pass embedder: lexical (default), sentence-transformers[:MODEL] (needs "
                    "rag-rerank[st]), openai[:MODEL]")
@@ -129,6 +133,12 @@ def add_pipeline_args(p: argparse.ArgumentParser) -> None:
                    "(default: the embedder's own; 1.0 keeps all but identical ones)")
     p.add_argument("--min-score", type=float, default=None, metavar="SCORE",
                    help="a chunk scored at or below it is dropped as below_min_score (default 0.2)")
+    p.add_argument("--calibration", default=None, metavar="FILE",
+                   help="map the backend's scores to probabilities with a file from rag-rerank calibrate "
+                   "(before --min-score and MMR; meta.calibration names it)")
+    p.add_argument("--consistency", type=whole_number, default=None, metavar="K",
+                   help="rank K times over seeded shuffles of the chunks and combine the scores (K times "
+                   "the calls; meta.consistency reports the passes' agreement)")
 
 
 def pipeline_options(args: argparse.Namespace) -> dict[str, Any]:
@@ -141,6 +151,10 @@ def pipeline_options(args: argparse.Namespace) -> dict[str, Any]:
         opts["duplicate_threshold"] = args.duplicate_threshold
     if args.min_score is not None:
         opts["limits"] = {"min_score": args.min_score}
+    if getattr(args, "calibration", None) is not None:
+        opts["calibration"] = args.calibration
+    if getattr(args, "consistency", None) is not None:
+        opts["consistency"] = args.consistency
     return opts
 
 
@@ -288,6 +302,10 @@ def run_options(args: argparse.Namespace) -> dict[str, Any]:
         flags = ", ".join(f"--{key.replace('_', '-')}" for key in knobs)
         verb = "applies" if len(knobs) == 1 else "apply"
         raise UsageError(f"{flags} {verb} to --backend cross-encoder only")
+    if getattr(args, "scoring", None) is not None:
+        if args.backend != "openai":
+            raise UsageError(f"--scoring applies to --backend openai only, not {args.backend}")
+        knobs["scoring"] = args.scoring
     return {"backend": args.backend, "model": args.model, "base_url": args.base_url,
             "embedder": embedder_option(args), "fallback": args.fallback, "policy": retry_policy(args),
             "backend_options": knobs or None, "window_size": getattr(args, "window_size", None)}
@@ -313,3 +331,22 @@ def retry_policy(args: argparse.Namespace) -> Any:
         # The cap bounds the truncation retry (budget x2), not the first ask: keep room for one.
         kwargs["max_tokens_cap"] = max(RetryPolicy.max_tokens_cap, 2 * max_tokens)
     return RetryPolicy(**kwargs)
+
+
+def progress_bar(enabled: bool, unit: str = "query") -> tuple[Callable[[int, int], None] | None, Any]:
+    """A tqdm bar on stderr for `progress(done, total)` callbacks, and the bar to close; (None,
+    None) when not wanted, stderr is not a terminal, or tqdm is not installed."""
+    if not enabled or not sys.stderr.isatty():
+        return None, None
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return None, None
+    bar = tqdm(unit=unit, file=sys.stderr, leave=False)
+
+    def update(done: int, total: int) -> None:
+        bar.total = total
+        bar.n = done
+        bar.refresh()
+
+    return update, bar

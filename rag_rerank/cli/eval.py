@@ -16,7 +16,15 @@ from ..errors import InputError, Violation
 from ..evaluate import EvalReport, evaluate
 from ..guard.limits import load_limits
 from ..wording import counted
-from .common import add_backend_args, add_meta_args, add_window_args, meta_options, run_options, whole_number
+from .common import (
+    add_backend_args,
+    add_meta_args,
+    add_window_args,
+    meta_options,
+    progress_bar,
+    run_options,
+    whole_number,
+)
 
 
 def register(command: Callable[..., argparse.ArgumentParser]) -> None:
@@ -84,23 +92,6 @@ def format_table(report: EvalReport) -> str:
     return "\n".join(lines)
 
 
-def _progress_printer(enabled: bool) -> tuple[Callable[[int, int], None] | None, Any]:
-    if not enabled or not sys.stderr.isatty():
-        return None, None
-    try:
-        from tqdm import tqdm
-    except ImportError:
-        return None, None
-    bar = tqdm(unit="query", file=sys.stderr, leave=False)
-
-    def update(done: int, total: int) -> None:
-        bar.total = total
-        bar.n = done
-        bar.refresh()
-
-    return update, bar
-
-
 def run_eval(args: Any, backend_options: Mapping[str, Any]) -> int:
     """`rag-rerank eval`: metrics, then one stderr line per failed query; exit 0, or as `batch`
     does, by the worst failure: 2 bad input only, 3 a backend failure, 4 an internal error."""
@@ -114,7 +105,7 @@ def run_eval(args: Any, backend_options: Mapping[str, Any]) -> int:
         raise InputError([Violation(path="--concurrency", message="must be at least 1",
                                     value=args.concurrency)])
     rel_level = getattr(args, "rel_level", 1)
-    progress, bar = _progress_printer(not args.no_progress)
+    progress, bar = progress_bar(not args.no_progress)
     opts = {key: v for key, v in backend_options.items() if v is not None}
     try:
         report = evaluate(args.candidates, args.qrels, k=args.k, lambda_=args.lambda_,

@@ -112,6 +112,27 @@ class Reply:
         return cls(200, body, delay=delay)
 
     @classmethod
+    def openai_logprobs(cls, top: Mapping[str, float], *, model: str = "fake-gpt", legacy: bool = False,
+                        delay: float = 0.0) -> Reply:
+        """A one-token answer with its top log-probabilities (`top`: token -> logprob), the most
+        likely token as the content: the Chat Completions form (`logprobs.content`), or with
+        `legacy` the completions form some servers put in chat answers (`top_logprobs[0]` a mapping)."""
+        ranked = sorted(top.items(), key=lambda t: -t[1])
+        if legacy:
+            logprobs: Any = {"tokens": [ranked[0][0]], "token_logprobs": [ranked[0][1]],
+                             "top_logprobs": [dict(ranked)], "text_offset": [0]}
+        else:
+            alts = [{"token": t, "logprob": lp, "bytes": list(t.encode())} for t, lp in ranked]
+            logprobs = {"content": [{**alts[0], "top_logprobs": alts}], "refusal": None}
+        body = {
+            "id": "chatcmpl-fake", "object": "chat.completion", "created": int(time.time()), "model": model,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": ranked[0][0]},
+                         "finish_reason": "length", "logprobs": logprobs}],
+            "usage": {"prompt_tokens": 50, "completion_tokens": 1, "total_tokens": 51},
+        }
+        return cls(200, body, delay=delay)
+
+    @classmethod
     def openai_error(cls, status: int, message: str, *, type_: str = "invalid_request_error",
                      param: str | None = None, headers: Mapping[str, str] | None = None, delay: float = 0.0
                      ) -> Reply:

@@ -1,0 +1,125 @@
+"""`rag-rerank calibrate`: fit a map from the backend's raw score to the probability that a person
+judges the chunk relevant, on part of your judged queries, and report ECE / Brier before and after
+on the rest (the work is `rag_rerank.calibration.calibrate`)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from ..batchfile import exit_code_for
+from ..calibration import METHODS, CalibrationRun, calibrate, save
+from ..errors import InputError, Violation
+from ..options import split_options
+from .common import add_backend_args, progress_bar, run_options, whole_number
+
+_FLAGS = {"rel_level": "--rel-level", "split": "--split", "depth": "--depth", "method": "--method",
+          "candidates": "--candidates", "qrels": "--qrels"}
+
+
+def register(command: Callable[..., argparse.ArgumentParser]) -> None:
+    p = command("calibrate", "fit a calibration of the backend's scores on judged queries and report ECE / "
+                "Brier before and after on held-out ones")
+    p.add_argument("--candidates", required=True, metavar="FILE",
+                   help="JSONL {qid, query, chunks:[{id,text}]} (rag-rerank eval's format)")
+    p.add_argument("--qrels", required=True, metavar="FILE", help="TREC qrels: your judgements")
+    p.add_argument("--output", "-o", required=True, metavar="FILE",
+                   help="the calibration file to write (JSON)")
+    p.add_argument("--rel-level", type=whole_number, default=1,
+                   help="lowest qrels grade that counts as relevant (default 1)")
+    p.add_argument("--split", type=float, default=0.5,
+                   help="fraction of the queries to fit on; the rest measure it (default 0.5)")
+    p.add_argument("--seed", type=whole_number, default=0, help="seed of the split (default 0)")
+    p.add_argument("--method", choices=["auto", *METHODS], default="auto",
+                   help="isotonic, platt, or auto: the better of the two by cross-validation on the fit "
+                   "queries (default)")
+    p.add_argument("--depth", type=whole_number, default=None,
+                   help="the first N candidates of each query (default: all, at most 50)")
+    p.add_argument("--top-k", "-k", type=whole_number, default=None,
+                   help="how many the backend is asked to rank (default: all of them)")
+    p.add_argument("--concurrency", type=whole_number, default=4,
+                   help="reranks in flight at most (default 4)")
+    p.add_argument("--json", action="store_true", help="print the file's figures as JSON instead of a table")
+    p.add_argument("--no-progress", action="store_true", help="never show a progress bar")
+    add_backend_args(p)
+    p.set_defaults(func=run)
+
+
+def format_table(run: CalibrationRun, output: str) -> str:
+    cal = run.calibration
+    figs = cal.figures
+    fit, test = figs["fit"], figs["test"]
+
+    def num(x: float | None) -> str:
+        return "n/a" if x is None or math.isnan(x) else f"{x:.4f}"
+
+    choice = figs["choice"]
+    after = f"calibrated ({cal.method})"
+    lines = [f"{'held-out scores':<22}{'ECE':>9}{'Brier':>9}",
+             f"{'raw':<22}{num(test['before']['ece']):>9}{num(test['before']['brier']):>9}",
+             f"{after:<22}{num(test['after']['ece']):>9}{num(test['after']['brier']):>9}"]
+    for method, values in test["methods"].items():
+        if method != cal.method:
+            lines.append(f"{'  other: ' + method:<22}{num(values['ece']):>9}{num(values['brier']):>9}")
+    cv = choice.get("cv_brier") or {}
+    how = ("chosen by two-fold cross-validation on the fit queries (Brier "
+           + ", ".join(f"{m} {num(v)}" for m, v in cv.items()) + ")")
+    if choice["asked"] != "auto":
+        how = "as asked"
+    lines += [f"method {cal.method}, {how}",
+              f"fitted on {fit['queries']} queries ({fit['chunks']} judged chunks, {fit['relevant']} "
+              f"relevant), measured on {test['queries']} others ({test['chunks']} chunks, "
+              f"{test['relevant']} relevant); "
+              f"relevant = grade >= {cal.rel_level}",
+              "ECE: mean |score - share relevant| over 10 score bins; Brier: mean (score - judgement)^2; "
+              "lower is better",
+              f"backend {cal.fitted_for.get('backend')}"
+              + (f", model {cal.fitted_for['model']}" if cal.fitted_for.get("model") else "")
+              + (f"; {run.unjudged} scored chunks not judged and {run.unscored} without a score were left out"
+                 if run.unjudged or run.unscored else "")
+              + (f"; {len(run.failed)} queries failed" if run.failed else ""),
+              f"written to {output}"]
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    for name in ("candidates", "qrels"):
+        value = Path(getattr(args, name))
+        if value.is_dir():
+            raise InputError([Violation(path=f"--{name}", message=f"{value} is a directory, not a file")])
+        if not value.exists():
+            raise InputError([Violation(path=f"--{name}", message=f"no such file: {value}")])
+    out = Path(args.output)
+    if out.is_dir():
+        raise InputError([Violation(path="--output", message=f"{out} is a directory; name the file to "
+                                    "write")])
+    if args.concurrency < 1:
+        raise InputError([Violation(path="--concurrency", message="must be at least 1",
+                                    value=args.concurrency)])
+    options = {k: v for k, v in run_options(args).items() if v is not None}
+    split_options(options)
+    progress, bar = progress_bar(not args.no_progress, unit="query")
+    try:
+        result = calibrate(args.candidates, args.qrels, rel_level=args.rel_level, split=args.split,
+                           seed=args.seed, method=args.method, depth=args.depth, top_k=args.top_k,
+                           concurrency=args.concurrency, progress=progress, **options)
+    except InputError as exc:  # the CLI's user knows the flag, not the keyword
+        named = [Violation(path=_FLAGS.get(v.path, v.path), message=v.message, value=v.value, line=v.line,
+                           id=v.id) for v in exc.violations]
+        raise InputError(named, exc.headline) from None
+    finally:
+        if bar is not None:
+            bar.close()
+    save(result.calibration, out)
+    if args.json:
+        print(json.dumps({**result.calibration.to_dict(), "failed": dict(result.failed),
+                          "unjudged": result.unjudged, "unscored": result.unscored}, ensure_ascii=False))
+    else:
+        print(format_table(result, str(out)))
+    for qid, message in result.failed.items():
+        print(f"rag-rerank: query {qid} not used: {message}", file=sys.stderr)
+    return exit_code_for(set(result.failure_kinds.values()))
