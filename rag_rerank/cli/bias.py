@@ -12,10 +12,18 @@ from pathlib import Path
 
 from ..batchfile import exit_code_for
 from ..bias import DECILES, BiasReport, measure_bias
-from ..errors import InputError, Violation
+from ..errors import InputError
 from ..options import split_options
 from ..wording import counted
-from .common import add_backend_args, progress_bar, run_options, whole_number
+from .common import (
+    add_backend_args,
+    check_concurrency_flag,
+    check_input_files,
+    progress_bar,
+    run_options,
+    whole_number,
+    with_flags,
+)
 
 
 def register(command: Callable[..., argparse.ArgumentParser]) -> None:
@@ -62,25 +70,16 @@ def format_table(report: BiasReport) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    path = Path(args.candidates)
-    if path.is_dir():
-        raise InputError([Violation(path="--candidates", message=f"{path} is a directory, not a file")])
-    if not path.exists():
-        raise InputError([Violation(path="--candidates", message=f"no such file: {path}")])
-    if args.concurrency < 1:
-        raise InputError([Violation(path="--concurrency", message="must be at least 1",
-                                    value=args.concurrency)])
+    check_input_files(args, ("candidates",))
+    check_concurrency_flag(args)
     options = {k: v for k, v in run_options(args).items() if v is not None}
     split_options(options)  # an unknown name is an InputError before any call
     progress, bar = progress_bar(not args.no_progress, unit="rerank")
     try:
-        report = measure_bias(path, depth=args.depth, top_k=args.top_k, seed=args.seed,
+        report = measure_bias(Path(args.candidates), depth=args.depth, top_k=args.top_k, seed=args.seed,
                               concurrency=args.concurrency, progress=progress, **options)
     except InputError as exc:  # the CLI's user knows the flag, not the keyword
-        flags = {"depth": "--depth", "top_k": "--top-k"}
-        named = [Violation(path=flags.get(v.path, v.path), message=v.message, value=v.value, line=v.line,
-                           id=v.id) for v in exc.violations]
-        raise InputError(named, exc.headline) from None
+        raise with_flags(exc, {"depth": "--depth", "top_k": "--top-k"}) from None
     finally:
         if bar is not None:
             bar.close()

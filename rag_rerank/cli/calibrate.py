@@ -15,7 +15,15 @@ from ..batchfile import exit_code_for
 from ..calibration import METHODS, CalibrationRun, calibrate, save
 from ..errors import InputError, Violation
 from ..options import split_options
-from .common import add_backend_args, progress_bar, run_options, whole_number
+from .common import (
+    add_backend_args,
+    check_concurrency_flag,
+    check_input_files,
+    progress_bar,
+    run_options,
+    whole_number,
+    with_flags,
+)
 
 _FLAGS = {"rel_level": "--rel-level", "split": "--split", "depth": "--depth", "method": "--method",
           "candidates": "--candidates", "qrels": "--qrels"}
@@ -87,19 +95,12 @@ def format_table(run: CalibrationRun, output: str) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    for name in ("candidates", "qrels"):
-        value = Path(getattr(args, name))
-        if value.is_dir():
-            raise InputError([Violation(path=f"--{name}", message=f"{value} is a directory, not a file")])
-        if not value.exists():
-            raise InputError([Violation(path=f"--{name}", message=f"no such file: {value}")])
+    check_input_files(args, ("candidates", "qrels"))
     out = Path(args.output)
     if out.is_dir():
         raise InputError([Violation(path="--output", message=f"{out} is a directory; name the file to "
                                     "write")])
-    if args.concurrency < 1:
-        raise InputError([Violation(path="--concurrency", message="must be at least 1",
-                                    value=args.concurrency)])
+    check_concurrency_flag(args)
     options = {k: v for k, v in run_options(args).items() if v is not None}
     split_options(options)
     progress, bar = progress_bar(not args.no_progress, unit="query")
@@ -108,9 +109,7 @@ def run(args: argparse.Namespace) -> int:
                            seed=args.seed, method=args.method, depth=args.depth, top_k=args.top_k,
                            concurrency=args.concurrency, progress=progress, **options)
     except InputError as exc:  # the CLI's user knows the flag, not the keyword
-        named = [Violation(path=_FLAGS.get(v.path, v.path), message=v.message, value=v.value, line=v.line,
-                           id=v.id) for v in exc.violations]
-        raise InputError(named, exc.headline) from None
+        raise with_flags(exc, _FLAGS) from None
     finally:
         if bar is not None:
             bar.close()

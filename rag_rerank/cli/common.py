@@ -13,13 +13,15 @@ import contextlib
 import json
 import math
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..backends.common import base_url_problem
 from ..cache import ResponseCache
 from ..embed import get_embedder, parse_embedder_spec
-from ..errors import UsageError, Violation
+from ..errors import InputError, UsageError, Violation
 from ..guard.input import MAX_CHUNKS_ADVICE
 from ..retry import RetryPolicy
 from ..textio import violation_lines
@@ -64,6 +66,30 @@ def whole_number(text: str) -> int:
     if not value.is_integer():
         raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}")
     return int(value)
+
+
+def check_input_files(args: argparse.Namespace, names: Sequence[str]) -> None:
+    """The measuring commands' input files (`--candidates`, `--qrels`, ...): each given one must
+    exist and be a file (a pipe, `<(...)`, is read like one); `InputError` naming the flag."""
+    for name in names:
+        value = getattr(args, name, None)
+        if value is not None and Path(value).is_dir():
+            raise InputError([Violation(path=f"--{name}", message=f"{value} is a directory, not a file")])
+        if value is not None and not Path(value).exists():
+            raise InputError([Violation(path=f"--{name}", message=f"no such file: {value}")])
+
+
+def check_concurrency_flag(args: argparse.Namespace) -> None:
+    """`--concurrency` of the measuring commands: at least 1 (`InputError` naming the flag)."""
+    if args.concurrency < 1:
+        raise InputError([Violation(path="--concurrency", message="must be at least 1",
+                                    value=args.concurrency)])
+
+
+def with_flags(exc: InputError, flags: Mapping[str, str]) -> InputError:
+    """`exc` with each violation's keyword path (`top_k`) written as the flag the CLI's user typed
+    (`--top-k`)."""
+    return InputError([replace(v, path=flags.get(v.path, v.path)) for v in exc.violations], exc.headline)
 
 
 def add_request_args(p: argparse.ArgumentParser, top_k_required: bool = False) -> None:

@@ -8,11 +8,10 @@ import json
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 from ..batchfile import exit_code_for
-from ..errors import InputError, Violation
+from ..errors import InputError
 from ..evaluate import EvalReport, evaluate
 from ..guard.limits import load_limits
 from ..wording import counted
@@ -20,6 +19,8 @@ from .common import (
     add_backend_args,
     add_meta_args,
     add_window_args,
+    check_concurrency_flag,
+    check_input_files,
     meta_options,
     progress_bar,
     run_options,
@@ -95,15 +96,8 @@ def format_table(report: EvalReport) -> str:
 def run_eval(args: Any, backend_options: Mapping[str, Any]) -> int:
     """`rag-rerank eval`: metrics, then one stderr line per failed query; exit 0, or as `batch`
     does, by the worst failure: 2 bad input only, 3 a backend failure, 4 an internal error."""
-    for name in ("candidates", "qrels", "subtopics"):
-        value = getattr(args, name, None)
-        if value is not None and Path(value).is_dir():
-            raise InputError([Violation(path=f"--{name}", message=f"{value} is a directory, not a file")])
-        if value is not None and not Path(value).exists():  # a pipe (`<(...)`) is read like a file
-            raise InputError([Violation(path=f"--{name}", message=f"no such file: {value}")])
-    if args.concurrency < 1:
-        raise InputError([Violation(path="--concurrency", message="must be at least 1",
-                                    value=args.concurrency)])
+    check_input_files(args, ("candidates", "qrels", "subtopics"))
+    check_concurrency_flag(args)
     rel_level = getattr(args, "rel_level", 1)
     progress, bar = progress_bar(not args.no_progress)
     opts = {key: v for key, v in backend_options.items() if v is not None}
