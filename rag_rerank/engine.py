@@ -233,8 +233,9 @@ def check_options(options: Options) -> None:
 
 
 MAX_CONSISTENCY = 20
-# Calibration files read so far, by (path, modification time, size): a service reads its file once.
-_CALIBRATIONS: dict[tuple[str, int, int], Any] = {}
+# Calibration files read so far: path -> ((modification time, size), the calibration). A service
+# reads its file once, and again only when it changes (one entry per file, however often it does).
+_CALIBRATIONS: dict[str, tuple[tuple[int, int], Any]] = {}
 
 
 def resolve_calibration(value: Any) -> tuple[Any, str | None]:
@@ -244,20 +245,22 @@ def resolve_calibration(value: Any) -> tuple[Any, str | None]:
         return None, None
     if isinstance(value, (str, os.PathLike)):
         path = os.fspath(value)
+        where = os.path.abspath(path)
         try:
             st = os.stat(path)
-            key: tuple[str, int, int] | None = (os.path.abspath(path), st.st_mtime_ns, st.st_size)
+            version: tuple[int, int] | None = (st.st_mtime_ns, st.st_size)
         except OSError:
-            key = None
-        if key is not None and key in _CALIBRATIONS:
-            return _CALIBRATIONS[key], path
+            version = None
+        seen = _CALIBRATIONS.get(where)
+        if version is not None and seen is not None and seen[0] == version:
+            return seen[1], path
         try:
             loaded = load_calibration(path)
         except InputError as exc:
             raise ConfigError(f"calibration file {path}: {'; '.join(v.message for v in exc.violations)}"
                               ) from None
-        if key is not None:
-            _CALIBRATIONS[key] = loaded
+        if version is not None:
+            _CALIBRATIONS[where] = (version, loaded)
         return loaded, path
     try:
         return as_calibration(value), None
@@ -281,11 +284,9 @@ def plan(setup: Setup, query: Any, chunks: ChunkSource, options: Options, *, enf
     check_options(options)
     started = time.perf_counter()
     lim = as_limits(options.limits)
-    request, fields, fusion = _validated(query, chunks, options, lim)
+    request, fields, fusion, prices, budget = _validated(query, chunks, options, lim)
     values = meta_values(request, fusion) if fusion is not None else None
     view = with_embedded_meta(request, fields)
-    prices = as_prices(options.prices)
-    budget = as_budget(options.budget, prices)
     spending = BATCH_SPENDING.get() or (Spending(budget, prices) if budget else None)
     calibration, calibration_file = resolve_calibration(options.calibration)
     window_size = options.window_size
@@ -355,18 +356,20 @@ def cost_plan(plan: Plan) -> CostPlan:
 
 
 def _validated(query: Any, chunks: ChunkSource, options: Options, lim: Limits
-               ) -> tuple[RerankRequest, tuple[str, ...], MetaFusion | None]:
-    """The request and the options, every problem with any of them in one `InputError`."""
+               ) -> tuple[RerankRequest, tuple[str, ...], MetaFusion | None, Prices | None, Budget | None]:
+    """The request and the options (embedded meta fields, metadata fusion, prices, budget), every
+    problem with any of them in one `InputError`."""
     opts = options.scoring()
     problems: list[Violation] = duplicate_threshold_violations(options.duplicate_threshold)
     prices: Prices | None = None
+    budget: Budget | None = None
     try:
         prices = as_prices(options.prices)
     except InputError as exc:
         problems.extend(exc.violations)
         prices = Prices(0.0, 0.0)  # given, if wrong: a cost limit is not also reported as without prices
     try:
-        as_budget(options.budget, prices)
+        budget = as_budget(options.budget, prices)
     except InputError as exc:
         problems.extend(exc.violations)
     fields: tuple[str, ...] = ()
@@ -386,7 +389,7 @@ def _validated(query: Any, chunks: ChunkSource, options: Options, lim: Limits
         problems.extend(exc.violations)
     if problems:
         raise InputError(problems)
-    return request, fields, fusion
+    return request, fields, fusion, prices, budget
 
 
 # --------------------------------------------------------------------------- the flow
@@ -881,7 +884,6 @@ def scores_of(request: RerankRequest, answers: Sequence[Mapping[str, Any]], rank
     for item in ranked:
         out[item.id] = item.score
     return {c.id: out.get(c.id, _UNSCORED) for c in request.chunks}
-
 
 
 def _cache_meta(plan: Plan, calls: Sequence[tuple[bool, Mapping[str, int]]]) -> dict[str, int] | None:
