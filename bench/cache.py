@@ -25,7 +25,6 @@ import io
 import json
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -33,6 +32,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from batch import DEFAULT_DATA, fake_server, write_queries  # noqa: E402
+from batch import run as batch_run  # noqa: E402
 from failures import TALLY, run_bench  # noqa: E402
 
 from rag_rerank.cli import main as cli_main  # noqa: E402
@@ -53,19 +53,14 @@ def _planned_calls(base: list[str]) -> int:
     return int(json.loads(text)["calls"])
 
 
-def _run(base: list[str], out: Path, where: str) -> dict[str, float]:
-    t0 = time.perf_counter()
-    code, _ = _cli([*base, "-o", str(out)])
-    elapsed = time.perf_counter() - t0
+def _run(inp: Path, out: Path, url: str, concurrency: int, extra: tuple[str, ...]) -> dict[str, float]:
+    """One batch run (bench/batch.py's, which counts its failed lines), with its cache figures."""
+    elapsed, n = batch_run(inp, out, url, concurrency, extra)
     records = [json.loads(line) for line in out.open(encoding="utf-8")] if out.is_file() else []
-    failed = {f"line {r.get('line')}": json.dumps(r["error"]) for r in records if "error" in r}
-    TALLY.add(len(records), failed, where=where)
-    if code != 0 and not any("error" in r for r in records):
-        TALLY.fail(where, f"rag-rerank batch exited {code}")
     caches = [r["meta"].get("cache") or {} for r in records if "meta" in r]
     return {"seconds": elapsed, "hits": sum(c.get("hits", 0) for c in caches),
             "misses": sum(c.get("misses", 0) for c in caches),
-            "saved": sum(c.get("saved_tokens", 0) for c in caches), "queries": len(records)}
+            "saved": sum(c.get("saved_tokens", 0) for c in caches), "queries": n}
 
 
 def _same_results(a: Path, b: Path) -> bool:
@@ -94,13 +89,14 @@ def main() -> int:
             inp = Path(tmp) / f"q{depth}.jsonl"
             write_queries(inp, args.data, args.queries, depth)
             cache = Path(tmp) / f"cache{depth}"
+            options = ("--cache", str(cache), *extra)
             base = ["batch", "-i", str(inp), "--backend", "openai", "--base-url", url, "--model", "fake-gpt",
-                    "--concurrency", str(args.concurrency), "--no-progress", "--cache", str(cache), *extra]
+                    "--concurrency", str(args.concurrency), "--no-progress", *options]
             cold_out = Path(tmp) / f"cold{depth}.jsonl"
             for run, flags in (("cold", ()), ("warm", ()), ("replay", ("--replay",))):
                 planned = _planned_calls([*base, *flags])
                 out = cold_out if run == "cold" else Path(tmp) / f"{run}{depth}.jsonl"
-                got = _run([*base, *flags], out, f"{name}, {run}")
+                got = _run(inp, out, url, args.concurrency, (*options, *flags))
                 calls = int(got["hits"] + got["misses"])
                 if planned != calls and not TALLY.failed:  # a failed line reports no meta
                     TALLY.fail(f"{name}, {run}", f"planned {planned} calls, meta reports {calls}")

@@ -35,17 +35,19 @@ import contextlib
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from batch import fake_server  # noqa: E402
 
 from tests.support.shared_data import data_dir, need  # noqa: E402
 
@@ -63,18 +65,9 @@ def load(path: Path, n: int) -> Work:
             for q in data]
 
 
-@contextlib.contextmanager
-def fast_server(latency: float = 0.0) -> Iterator[str]:
-    """bench/fast_llm.py in its own process; yields its OpenAI base URL."""
-    proc = subprocess.Popen([sys.executable, str(ROOT / "bench" / "fast_llm.py"), "--latency", str(latency)],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    try:
-        assert proc.stdout is not None
-        yield proc.stdout.readline().strip()
-    finally:
-        if proc.stdin is not None:
-            proc.stdin.close()
-        proc.wait(timeout=10)
+def fast_server(latency: float = 0.0) -> contextlib.AbstractContextManager[str]:
+    """bench/fast_llm.py in its own process (bench/batch.py starts it); yields its OpenAI base URL."""
+    return fake_server(latency, server="fast_llm")
 
 
 def server_json(url: str, what: str) -> Any:
