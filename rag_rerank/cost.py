@@ -303,8 +303,12 @@ def refuse(plan: CostPlan, what: str = "the rerank") -> None:
 
 
 class Spending:
-    """What a rerank (or a batch) has spent, shared by its calls' retry loops (thread-safe): before a
-    re-ask or a retry, `refusal` says whether it would cross the budget."""
+    """What a rerank (or a batch) has spent, shared by its calls' retry loops (thread-safe).
+
+    Before each request a loop `reserve`s its estimate: refused when it would cross the budget,
+    else held until `record` replaces it with what the request used. Holding it closes the gap
+    between the check and the spending: eight calls of a batch checking at once cannot all pass a
+    limit that leaves room for one."""
 
     def __init__(self, budget: Budget, prices: Prices | None) -> None:
         self.budget, self.prices = budget, prices
@@ -312,30 +316,40 @@ class Spending:
         self.requests = 0
         self.prompt_tokens = 0
         self.completion_tokens = 0
+        self._held = [0, 0, 0]  # requests, prompt and completion tokens reserved and not yet recorded
 
-    def record(self, tokens: tuple[int, int]) -> None:
-        """One request made, with the (prompt, completion) tokens it used."""
+    def reserve(self, estimate: tuple[int, int]) -> str | None:
+        """Why one more request of about `estimate` (prompt, completion) tokens may not be sent, or
+        None, and then the estimate is held until `record`."""
+        b = self.budget
+        with self._lock:
+            held_requests, held_prompt, held_completion = self._held
+            requests = self.requests + held_requests + 1
+            prompt = self.prompt_tokens + held_prompt + estimate[0]
+            completion = self.completion_tokens + held_completion + estimate[1]
+            cost = self.prices.cost(prompt, completion) if self.prices is not None else None
+            if b.max_calls is not None and requests > b.max_calls:
+                return (f"the budget's max_calls={b.max_calls} is reached "
+                        f"({requests - 1} requests made or in flight)")
+            if b.max_tokens is not None and prompt + completion > b.max_tokens:
+                return (f"the budget's max_tokens={b.max_tokens} would be crossed "
+                        f"({prompt + completion - sum(estimate)} tokens spent or in flight)")
+            if b.max_cost is not None and cost is not None and cost > b.max_cost:
+                return f"the budget's max_cost={b.max_cost:g} would be crossed"
+            self._held = [held_requests + 1, held_prompt + estimate[0], held_completion + estimate[1]]
+            return None
+
+    def record(self, tokens: tuple[int, int], reserved: tuple[int, int] | None = None) -> None:
+        """One request made, with the (prompt, completion) tokens it used; `reserved` is the estimate
+        `reserve` held for it, released now."""
         prompt, completion = tokens
         with self._lock:
+            if reserved is not None:
+                self._held = [max(0, self._held[0] - 1), max(0, self._held[1] - reserved[0]),
+                              max(0, self._held[2] - reserved[1])]
             self.requests += 1
             self.prompt_tokens += prompt
             self.completion_tokens += completion
-
-    def refusal(self, estimate: tuple[int, int]) -> str | None:
-        """Why one more request of about `estimate` (prompt, completion) tokens may not be sent, or None."""
-        b = self.budget
-        with self._lock:
-            requests, prompt = self.requests + 1, self.prompt_tokens + estimate[0]
-            completion = self.completion_tokens + estimate[1]
-        if b.max_calls is not None and requests > b.max_calls:
-            return f"the budget's max_calls={b.max_calls} is reached ({self.requests} requests made)"
-        if b.max_tokens is not None and prompt + completion > b.max_tokens:
-            return (f"the budget's max_tokens={b.max_tokens} would be crossed "
-                    f"({self.prompt_tokens + self.completion_tokens} tokens spent)")
-        cost = self.prices.cost(prompt, completion) if self.prices is not None else None
-        if b.max_cost is not None and cost is not None and cost > b.max_cost:
-            return f"the budget's max_cost={b.max_cost:g} would be crossed"
-        return None
 
 
 def usage_tokens(usage: Mapping[str, int]) -> tuple[int, int]:

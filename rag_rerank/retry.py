@@ -185,6 +185,7 @@ class _Run:
                  ) -> None:
         self.backend, self.request, self.prompt = backend, request, prompt
         self.spending = spending
+        self.reserved: tuple[int, int] | None = None  # the estimate `admit` holds in `spending`
         self.guard_top_k, self.policy, self.limits, self.repair = guard_top_k, policy, limits, repair
         self.attempts: list[Attempt] = []
         self.counts = {"transient": 0, "invalid_output": 0, "truncated": 0}
@@ -238,8 +239,10 @@ class _Run:
         shared, so even a call's first request may find it spent)."""
         if self.spending is None:
             return
-        refusal = self.spending.refusal(self.estimate())
+        self.reserved = self.estimate()
+        refusal = self.spending.reserve(self.reserved)
         if refusal is not None:
+            self.reserved = None
             last = self.attempts[-1].kind if self.attempts else None
             what = {None: "request", "invalid_output": "re-ask",
                     "truncated": "retry with a larger budget"}.get(last, "retry")
@@ -250,7 +253,8 @@ class _Run:
         """One request made, for the budget: its reported tokens (none for a failed request)."""
         if self.spending is not None:
             tokens = usage_tokens(usage or {})
-            self.spending.record(tokens if any(tokens) or usage is None else self.estimate())
+            self.spending.record(tokens if any(tokens) or usage is None else self.estimate(), self.reserved)
+            self.reserved = None
 
     def failed(self, exc: BaseException) -> None:
         """Classify a backend exception; always raises."""

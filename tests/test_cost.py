@@ -137,6 +137,18 @@ def test_a_reask_that_would_cross_the_budget_is_not_sent() -> None:
         assert _calls(server) == 1 and result.meta.fallback == "local"
 
 
+def test_calls_in_flight_at_once_cannot_all_pass_a_limit_with_room_for_one() -> None:
+    """A batch's re-asks check the shared budget at about the same time: each request's estimate is
+    held from the check until its answer is counted, so the limit holds, not the limit plus the
+    calls in flight."""
+    bad = Reply.openai_text("I think chunk c1 is best.", delay=0.2)
+    with FakeLLM(handler=lambda req: bad) as server, Reranker(**_opts(server)) as reranker:
+        requests = [{"query": QUERY, "chunks": graded_chunks(5, tag=str(i))} for i in range(4)]
+        results = reranker.rerank_many(requests, concurrency=4, budget={"max_calls": 5})
+        assert all(isinstance(r, BackendError) for r in results)
+        assert _calls(server) == 5  # 4 first requests and one re-ask, never 4 re-asks at once
+
+
 def test_a_token_budget_stops_a_reask_that_would_cross_it() -> None:
     bad = Reply.openai_text("no json")  # the test server reports 120 tokens per request
     with FakeLLM([bad] * 6) as server:
