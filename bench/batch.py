@@ -19,6 +19,13 @@ first, on 127.0.0.1 with this machine's cores, and every `--engine ray` run join
 is printed, not included; each run does include starting its actors and loading their models.
 
 Run:  python bench/batch.py --engines [--queries 64] [--latency 0.2] [--ray-concurrency 8]
+
+`--floor` (with `--server fast_llm`, which records our request bodies) also sends the same request
+bodies with the bare `openai.AsyncOpenAI` client at each concurrency, a new client per run as
+each batch run opens its own, parsing only the answer's JSON: no input file, guards or post-pass.
+It is the ceiling any client built on the SDK reaches in one event loop on this machine.
+
+Run:  python bench/batch.py --server fast_llm --floor [--concurrency 32 64]
 """
 
 from __future__ import annotations
@@ -47,19 +54,28 @@ from tests.support.shared_data import data_dir, need  # noqa: E402
 DEFAULT_DATA = data_dir() / "trec-dl19" / "bm25-top100.json"
 
 
-def write_queries(path: Path, data: Path, n_queries: int, n_chunks: int) -> None:
-    """`n_queries` batch lines from TREC DL19 (cycled), each with its BM25 top `n_chunks` passages."""
+def write_queries(path: Path, data: Path, n_queries: int, n_chunks: int, mark: str = "") -> None:
+    """`n_queries` batch lines from TREC DL19 (cycled), each with its BM25 top `n_chunks` passages;
+    a `mark` is appended to every query and passage (` [mark]`), so that no text of the file was
+    seen before by this process (`--fresh`)."""
     src = json.loads(need(data).read_text(encoding="utf-8"))
+    tail = f" [{mark}]" if mark else ""
     with path.open("w", encoding="utf-8") as fh:
         for i in range(n_queries):
             q = src[i % len(src)]
-            chunks = [{"id": str(h["docid"]), "text": h["content"]} for h in q["hits"][:n_chunks]]
-            fh.write(
-                json.dumps({"query_id": f"{i}", "query": q["query"], "chunks": chunks, "top_k": 5}) + "\n"
-            )
+            chunks = [{"id": str(h["docid"]), "text": h["content"] + tail} for h in q["hits"][:n_chunks]]
+            line = {"query_id": f"{i}", "query": q["query"] + tail, "chunks": chunks, "top_k": 5}
+            fh.write(json.dumps(line) + "\n")
 
 
 CPU: dict[int, float] = {}  # the client process's CPU seconds of the last run at each concurrency
+
+
+def _cpu() -> float:
+    """CPU seconds of this process and of its waited-for children (`batch --workers` joins its
+    worker processes; the server, a child too, is not waited for until the end)."""
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
 
 
 def run(
@@ -70,11 +86,11 @@ def run(
     if url is not None:
         args += ["--backend", "openai", "--base-url", url, "--model", "fake-gpt"]
     args += extra
-    t0, c0 = time.perf_counter(), time.process_time()
+    t0, c0 = time.perf_counter(), _cpu()
     with contextlib.redirect_stderr(io.StringIO()) as err:
         code = cli_main(args)
     elapsed = time.perf_counter() - t0
-    CPU[concurrency] = time.process_time() - c0
+    CPU[concurrency] = _cpu() - c0
     records = [json.loads(line) for line in out.open(encoding="utf-8")] if out.is_file() else []
     where = f"batch {' '.join(extra) or 'openai'} at concurrency {concurrency}"
     TALLY.add(len(records), {f"line {r.get('line')} ({r.get('query_id')})": json.dumps(r["error"])
@@ -174,6 +190,31 @@ def engines(args: argparse.Namespace) -> None:
         print(f"| {name} | {label} | {n} | {elapsed:.2f} | {qps:.1f} | {same} |")
 
 
+def bare_sdk_run(url: str, bodies: list[dict], concurrency: int, transport: str) -> tuple[float, float]:
+    """(wall seconds, CPU seconds) of sending `bodies` with the bare AsyncOpenAI client over the
+    SDK's default transport (`"httpx"`) or its aiohttp one (`"aiohttp"`, `openai[aiohttp]`), at
+    most `concurrency` in flight, each answer's content parsed as JSON and checked for a ranking."""
+    import asyncio
+
+    import openai
+
+    async def all_of() -> None:
+        sem = asyncio.Semaphore(concurrency)
+        http = openai.DefaultAioHttpClient() if transport == "aiohttp" else None
+        async with openai.AsyncOpenAI(base_url=url, api_key="sk-bench", max_retries=0,
+                                      http_client=http) as client:
+            async def one(body: dict) -> None:
+                async with sem:
+                    resp = await client.chat.completions.create(**body)
+                if not json.loads(resp.choices[0].message.content or "{}").get("ranked"):
+                    TALLY.fail("bare SDK", "no ranking in the answer")
+            await asyncio.gather(*(one(b) for b in bodies))
+
+    t0, c0 = time.perf_counter(), time.process_time()
+    asyncio.run(all_of())
+    return time.perf_counter() - t0, time.process_time() - c0
+
+
 def _same_records(a: Path, b: Path) -> str:
     """Whether two outputs hold the same records, timing aside."""
 
@@ -197,28 +238,66 @@ def main() -> int:
                     help="tests/support/fake_llm.py (a thread per connection) or bench/fast_llm.py (asyncio)")
     ap.add_argument("--engines", action="store_true", help="local engine vs Ray with 1 and 2 workers")
     ap.add_argument("--ray-concurrency", type=int, default=8, help="--concurrency of each run with --engines")
+    ap.add_argument("--floor", action="store_true",
+                    help="also time the bare AsyncOpenAI client sending our request bodies "
+                         "(--server fast_llm)")
+    ap.add_argument("--fresh", action="store_true",
+                    help="each run's texts unseen by this process (a mark appended), as in a real batch; "
+                         "without it later runs repeat the texts of earlier ones (per-text caches warm)")
+    ap.add_argument("--workers", type=int, default=1,
+                    help="batch --workers: local worker processes, each with --concurrency / N in flight")
     args = ap.parse_args()
+    if args.floor and args.server != "fast_llm":
+        ap.error("--floor needs --server fast_llm (it records the request bodies to replay)")
     os.environ.setdefault("OPENAI_API_KEY", "sk-bench-not-a-real-key")
     if args.engines:
         engines(args)
         return 0
     rows = []
+    floor: list[tuple[str, int, float, float]] = []
+    spread = ("--workers", str(args.workers)) if args.workers > 1 else ()
     with workspace(args) as (tmp, url, inp, warm):
         run(warm, tmp / "warm-out.jsonl", url, 2)  # imports (openai SDK), caches: not timed
         for c in args.concurrency:
             out = tmp / f"out-{c}.jsonl"
-            elapsed, n = run(inp, out, url, c)
+            per = max(1, c // args.workers)
+            if args.fresh:
+                inp = tmp / f"queries-{c}.jsonl"
+                write_queries(inp, args.data, args.queries, args.chunks, mark=f"run {c}")
+            elapsed, n = run(inp, out, url, per, spread)
+            c = per * args.workers
             ideal = min(c, args.queries) / args.latency
-            rows.append((c, n, elapsed, n / elapsed, ideal, CPU[c] / max(n, 1) * 1000.0))
+            rows.append((c, n, elapsed, n / elapsed, ideal, CPU[per] / max(n, 1) * 1000.0))
+        if args.floor:
+            from peers import server_json
+
+            seen = server_json(url, "recorded")  # each distinct body once, in the order first sent
+            bodies = [seen[i % len(seen)] for i in range(args.queries)]  # the queries cycle as the lines do
+            for transport in ("httpx", "aiohttp"):
+                bare_sdk_run(url, bodies[:2], 2, transport)  # the client's imports: not timed
+                floor += [(transport, c, *bare_sdk_run(url, bodies, c, transport)) for c in args.concurrency]
     print(
         f"rag-rerank batch throughput: {args.queries} queries x {args.chunks} chunks, openai backend -> "
-        f"{args.server} (own process, 127.0.0.1) with {args.latency * 1000:.0f} ms latency per call\n"
+        f"{args.server} (own process, 127.0.0.1) with {args.latency * 1000:.0f} ms latency per call"
+        + (f"; {args.workers} worker processes, the concurrency split between them" if spread else "")
+        + ("; every run on texts this process had not seen (--fresh)" if args.fresh else "") + "\n"
     )
     print("| concurrency | queries | wall time (s) | queries/s | ideal queries/s | efficiency "
           "| client CPU ms per query |")
     print("|---:|---:|---:|---:|---:|---:|---:|")
     for c, n, elapsed, qps, ideal, cpu in rows:
         print(f"| {c} | {n} | {elapsed:.2f} | {qps:.1f} | {ideal:.1f} | {qps / ideal:.0%} | {cpu:.2f} |")
+    if args.floor:
+        print("\nThe floor: the bare `openai.AsyncOpenAI` client sending the same request bodies "
+              "(no input file, guards or post-pass)\n")
+        print("| SDK transport | concurrency | wall time (s) | queries/s | efficiency "
+              "| client CPU ms per query |")
+        print("|---|---:|---:|---:|---:|---:|")
+        for transport, c, wall, cpu_s in floor:
+            qps = args.queries / wall
+            ideal = min(c, args.queries) / args.latency
+            print(f"| {transport} | {c} | {wall:.2f} | {qps:.1f} | {qps / ideal:.0%} "
+                  f"| {cpu_s / args.queries * 1000:.2f} |")
     return 0
 
 

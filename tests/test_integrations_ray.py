@@ -286,7 +286,7 @@ def test_rerank_dataset_refuses_bad_settings_before_any_actor_starts(local_ray: 
 
 def test_cli_ray_options_need_the_ray_engine(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     inp = _input_file(tmp_path / "in.jsonl", n=1)
-    assert main(["batch", "-i", str(inp), "--workers", "2"]) == 2
+    assert main(["batch", "-i", str(inp), "--ray-address", "127.0.0.1:1"]) == 2
     assert "--engine ray" in capsys.readouterr().err
     assert main(["batch", "-i", str(inp), "--engine", "ray", "--workers", "0"]) == 2
     assert "--workers" in capsys.readouterr().err

@@ -393,13 +393,21 @@ def not_found_hint(exc: Any, provider: str, message: str = "") -> str:
     return f" (POST {url}; {why})"
 
 
+def field(obj: Any, name: str) -> Any:
+    """`obj[name]` for a JSON object, else the attribute: an answer read as plain JSON and one
+    built into the SDK's typed objects are read alike (missing is None)."""
+    if isinstance(obj, dict):
+        return obj.get(name)
+    return getattr(obj, name, None)
+
+
 def usage_dict(usage: Any, fields: Sequence[str]) -> dict[str, int]:
-    """Integer token counts from an SDK usage object (missing fields skipped)."""
+    """Integer token counts from an SDK usage object or its JSON (missing fields skipped)."""
     out: dict[str, int] = {}
     if usage is None:
         return out
     for f in fields:
-        value = getattr(usage, f, None)
+        value = field(usage, f)
         if isinstance(value, int) and not isinstance(value, bool):
             out[f] = value
     return out

@@ -1,8 +1,9 @@
 """`rag-rerank batch`: many queries from a JSONL file, results in input order, resumable.
 
 The file formats, `--resume` and the exit code are `batchfile.py`'s; this module reads the input,
-refuses an output it would destroy, runs the requests (one `Reranker` session for the run, or Ray
-actors with `--engine ray`) and writes each record as soon as every earlier one is written.
+refuses an output it would destroy, runs the requests (one `Reranker` session for the run, a session
+in each of `--workers` local processes (`processes.py`), or Ray actors with `--engine ray`) and
+writes each record as soon as every earlier one is written.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from ..batchfile import (
 from ..errors import UsageError
 from ..guard.input import PATH_HINT
 from ..options import split_options
+from ..processes import run_local, run_processes
 from ..redaction import secrets_of
 from ..session import Reranker
 from ..textio import read_text
@@ -66,7 +68,9 @@ def register(command: Callable[..., argparse.ArgumentParser]) -> None:
     p.add_argument("--ray-address", default=None, metavar="ADDR",
                    help="Ray cluster to join (default: RAY_ADDRESS, else a local Ray on all cores)")
     p.add_argument("--workers", type=int, default=None, metavar="N",
-                   help="Ray actors, each with --concurrency requests in flight (default: the CPUs)")
+                   help="worker processes (local engine, default 1: this process) or Ray actors (default: "
+                        "the CPUs), each with --concurrency requests in flight; more than 1 spreads the "
+                        "CPU work of a large batch over cores")
     add_backend_args(p)
     add_pipeline_args(p)
     add_meta_args(p)
@@ -77,29 +81,20 @@ def register(command: Callable[..., argparse.ArgumentParser]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.engine == "local" and (args.workers is not None or args.ray_address is not None):
-        raise UsageError("--workers and --ray-address need --engine ray")
+    if args.engine == "local" and args.ray_address is not None:
+        raise UsageError("--ray-address needs --engine ray")
     if args.workers is not None and args.workers < 1:
         raise UsageError(f"--workers must be at least 1, got {args.workers}")
-    if args.engine == "ray" and not args.dry_run and any(
+    spread = args.engine == "ray" or (args.workers or 1) > 1
+    if spread and not args.dry_run and any(
             getattr(args, f) is not None for f in ("budget_calls", "budget_tokens", "budget_cost")):
-        raise UsageError("--budget-calls / --budget-tokens / --budget-cost need --engine local (Ray actors "
-                         "spend apart); check the plan with --dry-run")
+        raise UsageError("--budget-calls / --budget-tokens / --budget-cost need one process (--engine local "
+                         "without --workers: Ray actors and worker processes spend apart); check the plan "
+                         "with --dry-run")
     options = {**run_options(args), **pipeline_options(args), **meta_options(args), **cost_options(args)}
     return run_batch(args, backend_options=options)
 
 
-
-
-async def _local_engine(items: Sequence[Any], concurrency: int, on_done: Callable[[int, Outcome], None],
-                        options: Mapping[str, Any]) -> None:
-    """The local engine: one session (one backend, one connection pool, one embedder) for the run;
-    `budget` bounds the whole run."""
-    options = dict(options)
-    budget = options.pop("budget", None)
-    session, request = split_options(options)
-    async with Reranker(**session, **request) as reranker:
-        await reranker.arerank_many(items, concurrency=concurrency, on_done=on_done, budget=budget)
 
 
 def _dry_run(items: Sequence[Any], concurrency: int, options: Mapping[str, Any], indent: int | None) -> int:
@@ -203,8 +198,14 @@ def run_batch(args: Any, backend_options: Mapping[str, Any]) -> int:
                     address=args.ray_address,
                     scores=getattr(args, "scores", False),
                 )
+            elif (args.workers or 1) > 1:
+                session, request = split_options(options)
+                with Reranker(**session, **request):  # bad options fail here, before any process starts
+                    pass
+                run_processes(todo, workers=args.workers, concurrency=args.concurrency, options=options,
+                              secrets=secrets, scores=getattr(args, "scores", False), on_record=on_record)
             else:
-                asyncio.run(_local_engine([ln.item for ln in todo], args.concurrency, on_done, options))
+                asyncio.run(run_local([ln.item for ln in todo], args.concurrency, on_done, options))
         finally:
             PATH_HINT.reset(hint)
     except BrokenPipeError:

@@ -1,0 +1,148 @@
+"""A batch spread over local worker processes (`rag-rerank batch --workers N`).
+
+Why: one event loop runs a batch's every request on one core, and each query costs that core
+milliseconds of CPU (the SDK's request and response, the guards, the post-pass); with a fast or
+highly concurrent server the core, not the server, sets the pace (docs/speed.md measures it, the
+bare SDK included). Worker processes each run their own session and event loop, so that CPU work
+runs on as many cores as there are workers, without Ray.
+
+What stays as in one process: every line gets exactly one record, in input order (the caller's
+writer orders them), written as soon as it is ready; each worker keeps `concurrency` requests in
+flight, as a Ray actor does. What differs: each worker has its own connection pool, caches and
+embedder, so a model loads once per worker. A worker that dies (killed, out of memory) does not
+lose lines silently: each line it had not answered gets an "internal" error record naming the
+worker's exit code, and the batch exits non-zero.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import multiprocessing
+import queue
+import sys
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from .batchfile import Line, Outcome, record
+from .options import split_options
+from .session import Reranker
+
+# How long the parent waits for a record before it checks that its workers are still alive.
+_POLL_S = 0.2
+# How long a worker may take to close its session once its last record is in.
+_CLOSE_S = 30.0
+
+
+async def run_local(items: Sequence[Any], concurrency: int, on_done: Callable[[int, Outcome], None],
+                    options: Mapping[str, Any]) -> None:
+    """One session (one backend, one connection pool, one embedder) for `items`, at most
+    `concurrency` in flight; `options["budget"]` bounds them all."""
+    options = dict(options)
+    budget = options.pop("budget", None)
+    session, request = split_options(options)
+    async with Reranker(**session, **request) as reranker:
+        await reranker.arerank_many(items, concurrency=concurrency, on_done=on_done, budget=budget)
+
+
+def _context() -> Any:
+    """How to start workers. fork where it is safe: on Linux, from a process with no other thread
+    (a worker then starts in milliseconds with the imports done); a fork while another thread holds
+    a lock can deadlock the child, so a threaded caller gets forkserver (one clean server process
+    forks the workers), and macOS and Windows spawn (fork is unsafe or absent there). With
+    forkserver and spawn the options travel pickled, as to a Ray actor."""
+    methods = multiprocessing.get_all_start_methods()
+    if "fork" in methods and sys.platform.startswith("linux") and threading.active_count() == 1:
+        return multiprocessing.get_context("fork")
+    if "forkserver" in methods:
+        ctx = multiprocessing.get_context("forkserver")
+        ctx.set_forkserver_preload(["rag_rerank"])
+        return ctx
+    return multiprocessing.get_context("spawn")
+
+
+def _worker(lines: list[tuple[int, Line]], concurrency: int, options: Mapping[str, Any],
+            secrets: Sequence[str | None], scores: bool, out: Any) -> None:
+    """A worker's whole life: its lines through `run_local`, each record put on `out` as
+    ("record", index, record) when its request finishes; if the worker itself fails, one
+    ("failed", None, why) and exit code 1 (no traceback: the parent records why per line)."""
+
+    def on_done(k: int, outcome: Outcome) -> None:
+        index, line = lines[k]
+        out.put(("record", index, record(line, outcome, secrets, scores=scores)))
+
+    try:
+        asyncio.run(run_local([line.item for _, line in lines], concurrency, on_done, options))
+    except BaseException as exc:
+        out.put(("failed", None, f"{type(exc).__name__}: {exc}"))
+        out.close()
+        out.join_thread()
+        sys.exit(1)
+
+
+def run_processes(lines: Sequence[Line], *, workers: int, concurrency: int, options: Mapping[str, Any],
+                  secrets: Sequence[str | None], scores: bool,
+                  on_record: Callable[[int, dict[str, Any]], None]) -> None:
+    """Every line of `lines` through `workers` processes (lines dealt round-robin, so the ordered
+    output advances evenly), `concurrency` requests in flight in each; `on_record(index, record)`
+    is called in this process for each line, in the order they finish. A line whose request is
+    already an input error (`Line.item` is an exception) is recorded here, without a worker."""
+    if workers < 1:
+        raise ValueError(f"workers must be at least 1, got {workers}")
+    if options.get("budget") is not None:
+        raise ValueError("a budget needs one process (workers would spend apart)")
+    shares: list[list[tuple[int, Line]]] = [[] for _ in range(workers)]
+    dealt = 0
+    for index, line in enumerate(lines):
+        if isinstance(line.item, Exception):
+            on_record(index, record(line, line.item, secrets, scores=scores))
+        else:
+            shares[dealt % workers].append((index, line))
+            dealt += 1
+    shares = [s for s in shares if s]
+    if not shares:
+        return
+    ctx = _context()
+    out = ctx.Queue()
+    procs = [ctx.Process(target=_worker, args=(share, concurrency, dict(options), list(secrets), scores, out),
+                         name=f"rag-rerank-worker-{w}", daemon=True)
+             for w, share in enumerate(shares)]
+    owner = {index: w for w, share in enumerate(shares) for index, _ in share}
+    line_of = {index: line for share in shares for index, line in share}
+    said: list[str] = []  # why workers failed, when they said
+    try:
+        gc.freeze()  # a forked worker's collector then leaves the inherited objects' pages shared
+        try:
+            for p in procs:
+                p.start()
+        finally:
+            gc.unfreeze()
+        while owner:
+            try:
+                kind, index, rec = out.get(timeout=_POLL_S)
+            except queue.Empty:
+                if any(p.is_alive() for p in procs):
+                    continue
+                try:  # every worker has exited: what they put before exiting is still to read
+                    kind, index, rec = out.get(timeout=_POLL_S)
+                except queue.Empty:
+                    break
+            if kind == "failed":
+                said.append(rec)
+            elif owner.pop(index, None) is not None:
+                on_record(index, rec)
+        why = f" ({'; '.join(dict.fromkeys(said))})" if said else ""
+        for index in sorted(owner):  # lines a failed or killed worker never answered
+            code = procs[owner[index]].exitcode
+            lost = RuntimeError(f"worker process {owner[index]} exited with code {code} before answering "
+                                f"this line{why}; run the batch again with --resume to retry it")
+            on_record(index, record(line_of[index], lost, secrets, scores=scores))
+        for p in procs:  # each closes its session (its connections, its cache) and exits by itself
+            p.join(timeout=_CLOSE_S)
+    finally:
+        for p in procs:  # interrupted, or a worker that does not exit
+            if p.is_alive():
+                p.terminate()
+                p.join(timeout=5)
+        out.close()

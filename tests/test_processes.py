@@ -1,0 +1,152 @@
+"""`batch --workers N` on the local engine: worker processes write what one process writes, in
+input order, and a worker that dies or fails loses no line (each gets an error record)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from rag_rerank.batchfile import parse_input
+from rag_rerank.cli import main
+from rag_rerank.processes import run_processes
+from tests.support.fake_llm import FakeLLM
+from tests.support.quoting_ranker import quoting_ranker
+from tests.support.shared_data import data_dir, need
+
+DL19 = data_dir() / "trec-dl19" / "bm25-top100.json"
+
+
+def _dl19_lines(n: int, chunks: int = 12) -> list[str]:
+    """`n` batch lines of real passages (TREC DL19 BM25 hits), with one bad line in the middle."""
+    src = json.loads(need(DL19).read_text(encoding="utf-8"))
+    lines = []
+    for i in range(n):
+        q = src[i % len(src)]
+        hits = [{"id": str(h["docid"]), "text": h["content"]} for h in q["hits"][i % 3:i % 3 + chunks]]
+        lines.append(json.dumps({"query_id": f"q{i}", "query": q["query"], "chunks": hits, "top_k": 3}))
+    lines.insert(n // 2, json.dumps({"query_id": "bad", "query": "", "chunks": []}))
+    return lines
+
+
+def _records(path: Path) -> list[dict[str, Any]]:
+    out = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        rec = json.loads(line)
+        rec.get("meta", {}).pop("latency_ms", None)  # time, not the answer
+        out.append(rec)
+    return out
+
+
+def test_workers_write_exactly_what_one_process_writes(tmp_path: Path,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    inp = tmp_path / "in.jsonl"
+    inp.write_text("\n".join(_dl19_lines(9)) + "\n", encoding="utf-8")
+    one, three = tmp_path / "one.jsonl", tmp_path / "three.jsonl"
+    assert main(["batch", "-i", str(inp), "-o", str(one), "--no-progress"]) == 2  # the bad line
+    assert main(["batch", "-i", str(inp), "-o", str(three), "--no-progress", "--workers", "3"]) == 2
+    a, b = _records(one), _records(three)
+    assert [r["line"] for r in b] == list(range(1, 11))  # every line, in input order
+    assert a == b
+    assert b[4]["error"]["kind"] == "input"
+    assert "9 ok, 1 failed" in capsys.readouterr().err
+
+
+def test_workers_call_a_server_over_http_and_resume(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The openai backend from worker processes (each its own SDK client) against a local server;
+    a resumed run with workers asks only for the lines left and ends as a one-process run does."""
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test-workers-SECRET")
+    inp = tmp_path / "in.jsonl"
+    inp.write_text("\n".join(_dl19_lines(6)) + "\n", encoding="utf-8")
+    whole, out = tmp_path / "whole.jsonl", tmp_path / "out.jsonl"
+    with FakeLLM(handler=quoting_ranker()) as srv:
+        args = ["batch", "-i", str(inp), "--no-progress", "--backend", "openai", "--base-url", srv.openai_url,
+                "--model", "fake-gpt"]
+        assert main([*args, "-o", str(whole)]) == 2  # the bad line
+        first = whole.read_text(encoding="utf-8").splitlines()[:3]
+        out.write_text("\n".join(first) + "\n", encoding="utf-8")
+        before = len(srv.requests)
+        assert main([*args, "-o", str(out), "--workers", "2", "--concurrency", "2", "--resume"]) == 2
+        asked = len(srv.requests) - before
+    assert asked == 3  # lines 4 to 7 less the bad one, which never reaches a worker
+    assert _records(out) == _records(whole)
+    assert "SECRET" not in out.read_text(encoding="utf-8")
+
+
+class _DyingEmbedder:
+    """A caller's embedder that kills its process on one text: a worker dying mid-batch."""
+
+    name = "dying"
+    duplicate_threshold = 0.9
+
+    def embed(self, texts: list[str]) -> np.ndarray:
+        if any("DIE" in t for t in texts):
+            os._exit(7)
+        rows = np.ones((len(texts), 2))
+        return rows / np.linalg.norm(rows, axis=1, keepdims=True)
+
+
+def _lines(texts: list[str]) -> list[Any]:
+    text = "\n".join(json.dumps({"query": "q", "query_id": f"q{i}",
+                                 "chunks": [{"id": "a", "text": t}, {"id": "b", "text": t + " too"}]})
+                     for i, t in enumerate(texts))
+    return parse_input(text)
+
+
+def test_a_worker_that_dies_loses_no_line() -> None:
+    lines = _lines(["cats purr when content", "DIE here", "dogs bark at night", "birds sing at dawn"])
+    got: dict[int, dict[str, Any]] = {}
+    run_processes(lines, workers=2, concurrency=1, options={"embedder": _DyingEmbedder()}, secrets=[],
+                  scores=False, on_record=lambda i, rec: got.__setitem__(i, rec))
+    assert sorted(got) == [0, 1, 2, 3]
+    # Lines dealt round-robin: worker 1 held lines 1 and 3 and died on line 1.
+    for i in (1, 3):
+        assert got[i]["error"]["kind"] == "internal"
+        assert "worker process 1 exited with code 7" in got[i]["error"]["message"]
+        assert "--resume" in got[i]["error"]["message"]
+    assert "result" in got[0] and "result" in got[2]
+
+
+def test_a_worker_that_fails_says_why_on_each_line() -> None:
+    lines = _lines(["cats purr", "dogs bark"])
+    got: dict[int, dict[str, Any]] = {}
+    run_processes(lines, workers=2, concurrency=1, options={"backend": "no-such-backend"}, secrets=[],
+                  scores=False, on_record=lambda i, rec: got.__setitem__(i, rec))
+    assert sorted(got) == [0, 1]
+    for rec in got.values():
+        message = rec["error"]["message"]
+        assert "exited with code 1" in message and "no-such-backend" in message
+
+
+def test_input_errors_are_recorded_without_a_worker() -> None:
+    lines = parse_input('{"query": "q"}\nnot json\n')
+    got: list[tuple[int, dict[str, Any]]] = []
+    run_processes(lines, workers=4, concurrency=1, options={}, secrets=[], scores=False,
+                  on_record=lambda i, rec: got.append((i, rec)))
+    assert [i for i, _ in got] == [0, 1]
+    assert all(rec["error"]["kind"] == "input" for _, rec in got)
+
+
+def test_run_processes_refuses_a_budget_and_no_workers() -> None:
+    with pytest.raises(ValueError, match="one process"):
+        run_processes([], workers=2, concurrency=1, options={"budget": {"max_calls": 1}}, secrets=[],
+                      scores=False, on_record=lambda i, rec: None)
+    with pytest.raises(ValueError, match="at least 1"):
+        run_processes([], workers=0, concurrency=1, options={}, secrets=[], scores=False,
+                      on_record=lambda i, rec: None)
+
+
+def test_cli_workers_usage_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    inp = tmp_path / "in.jsonl"
+    inp.write_text("\n".join(_dl19_lines(1)) + "\n", encoding="utf-8")
+    assert main(["batch", "-i", str(inp), "--workers", "2", "--budget-calls", "5"]) == 2
+    assert "one process" in capsys.readouterr().err
+    assert main(["batch", "-i", str(inp), "--workers", "0"]) == 2
+    assert "--workers must be at least 1" in capsys.readouterr().err
+    assert main(["batch", "-i", str(inp), "--workers", "2", "--backend", "no-such-backend"]) == 2
+    err = capsys.readouterr().err
+    assert "no-such-backend" in err and "Traceback" not in err
