@@ -107,6 +107,11 @@ class Reading:
     length: int  # characters, white space folded: what "more concise" compares
 
     @cached_property
+    def keys(self) -> frozenset[str]:
+        """The distinct content-word keys (the prefilter's overlap test), made once per text."""
+        return frozenset(self.content)
+
+    @cached_property
     def spellings(self) -> tuple[dict[str, tuple[str, ...]], dict[str, tuple[str, ...]]]:
         """Each way another text may write a stretch of these words as one word (`_spelled_out`):
         two adjacent words run together ("tie" "break" -> "tiebreak"), then the initials of 2 to 6
@@ -358,6 +363,15 @@ def _passages(a: Reading, b: Reading, lexical: float) -> Verdict:
     return Verdict(True, "contained")
 
 
+@lru_cache(maxsize=16384)
+def _judged(a: str, b: str, semantic: float, rules: Rules, lexical: float) -> Verdict:
+    """`judge` of two texts, memoised on everything it reads (the texts, both cosines, the rules):
+    a pair compared before (a window's survivors again in the final pass, passages a service
+    retrieves again and again) costs a lookup. Judging a short text against a passage word by word
+    is the post-pass's dearest step (about 0.1 ms a pair)."""
+    return judge(read(a), read(b), semantic, rules, lexical)
+
+
 def rules_for(family: str) -> Rules:
     """The rules of an embedder family ("static" for the default and unknown ones)."""
     for prefix, rules in RULES.items():
@@ -389,7 +403,7 @@ def redundancy(texts: Sequence[str], semantic: np.ndarray, rules: Rules, lexical
     with_short = short[:, None] | short[None, :]
     if candidates is None:
         candidates = (semantic >= rules.tau) | copy
-        keys = [set(r.content) for r in readings]
+        keys = [r.keys for r in readings]
         # Sharing most content words matters only where a short text is judged (two passages are
         # decided by `copy`, which the candidates already hold).
         for i, j in zip(*np.nonzero(np.triu(with_short & ~candidates, 1)), strict=True):
@@ -400,7 +414,7 @@ def redundancy(texts: Sequence[str], semantic: np.ndarray, rules: Rules, lexical
     passages = judged & ~with_short & copy
     redundant |= passages | passages.T
     for i, j in zip(*np.nonzero(judged & with_short), strict=True):
-        verdict = judge(readings[i], readings[j], float(semantic[i, j]), rules, float(lexical[i, j]))
+        verdict = _judged(texts[i], texts[j], float(semantic[i, j]), rules, float(lexical[i, j]))
         if verdict.redundant:
             redundant[i, j] = redundant[j, i] = True
             if verdict.keep is not None:
