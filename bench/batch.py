@@ -26,6 +26,14 @@ each batch run opens its own, parsing only the answer's JSON: no input file, gua
 It is the ceiling any client built on the SDK reaches in one event loop on this machine.
 
 Run:  python bench/batch.py --server fast_llm --floor [--concurrency 32 64]
+
+`--offline` times the CPU-bound case instead: the default (local backend, no server, no key) on
+`--queries` lines of texts this process has not seen, in one process and in `--workers` worker
+processes (default 2), each run on the same file, the workers' run first so that neither finds the
+texts in its caches (a forked worker inherits the parent's caches, and the parent then has not
+read them); the outputs are compared record by record.
+
+Run:  python bench/batch.py --offline [--queries 172] [--chunks 50] [--workers 2] [--rounds 2]
 """
 
 from __future__ import annotations
@@ -56,13 +64,13 @@ DEFAULT_DATA = data_dir() / "trec-dl19" / "bm25-top100.json"
 
 def write_queries(path: Path, data: Path, n_queries: int, n_chunks: int, mark: str = "") -> None:
     """`n_queries` batch lines from TREC DL19 (cycled), each with its BM25 top `n_chunks` passages;
-    a `mark` is appended to every query and passage (` [mark]`), so that no text of the file was
-    seen before by this process (`--fresh`)."""
+    a `mark` and the cycle's number are appended to every query and passage (` [mark.1]`), so that
+    no text of the file was seen before by this process, nor earlier in the file (`--fresh`)."""
     src = json.loads(need(data).read_text(encoding="utf-8"))
-    tail = f" [{mark}]" if mark else ""
     with path.open("w", encoding="utf-8") as fh:
         for i in range(n_queries):
             q = src[i % len(src)]
+            tail = f" [{mark}.{i // len(src)}]" if mark else ""
             chunks = [{"id": str(h["docid"]), "text": h["content"] + tail} for h in q["hits"][:n_chunks]]
             line = {"query_id": f"{i}", "query": q["query"] + tail, "chunks": chunks, "top_k": 5}
             fh.write(json.dumps(line) + "\n")
@@ -215,6 +223,35 @@ def bare_sdk_run(url: str, bodies: list[dict], concurrency: int, transport: str)
     return time.perf_counter() - t0, time.process_time() - c0
 
 
+def offline(args: argparse.Namespace) -> None:
+    """The default backend in one process and in `args.workers` processes, on unseen texts."""
+    workers = max(args.workers, 2)
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp_name:
+        tmp = Path(tmp_name)
+        warm = tmp / "warm.jsonl"
+        write_queries(warm, args.data, 2, args.chunks, mark="warm")
+        run(warm, tmp / "warm-out.jsonl", None, 2)  # imports, the static table: not timed
+        for r in range(args.rounds):
+            inp = tmp / f"round-{r}.jsonl"
+            write_queries(inp, args.data, args.queries, args.chunks, mark=f"round {r}")
+            outs = {}
+            for w in (workers, 1):
+                outs[w] = tmp / f"out-{r}-{w}.jsonl"
+                elapsed, n = run(inp, outs[w], None, 4, ("--workers", str(w)))
+                rows.append((r + 1, w, n, elapsed, CPU[4] / max(n, 1) * 1000.0))
+            rows[-1] += (_same_records(outs[workers], outs[1]),)
+            rows[-2] += ("",)
+    print(f"rag-rerank batch, the offline default (local backend): {args.queries} queries x {args.chunks} "
+          f"chunks of unseen text (DL19, marked per round), --concurrency 4 per process; "
+          f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}\n")
+    print("| round | processes | queries | wall time (s) | queries/s | CPU ms per query (all processes) "
+          "| output = one process's |")
+    print("|---:|---:|---:|---:|---:|---:|---|")
+    for r, w, n, elapsed, cpu, same in rows:
+        print(f"| {r} | {w} | {n} | {elapsed:.2f} | {n / elapsed:.1f} | {cpu:.2f} | {same} |")
+
+
 def _same_records(a: Path, b: Path) -> str:
     """Whether two outputs hold the same records, timing aside."""
 
@@ -246,12 +283,18 @@ def main() -> int:
                          "without it later runs repeat the texts of earlier ones (per-text caches warm)")
     ap.add_argument("--workers", type=int, default=1,
                     help="batch --workers: local worker processes, each with --concurrency / N in flight")
+    ap.add_argument("--offline", action="store_true",
+                    help="the offline default (no server) in one process and in --workers processes")
+    ap.add_argument("--rounds", type=int, default=2, help="rounds of --offline")
     args = ap.parse_args()
     if args.floor and args.server != "fast_llm":
         ap.error("--floor needs --server fast_llm (it records the request bodies to replay)")
     os.environ.setdefault("OPENAI_API_KEY", "sk-bench-not-a-real-key")
     if args.engines:
         engines(args)
+        return 0
+    if args.offline:
+        offline(args)
         return 0
     rows = []
     floor: list[tuple[str, int, float, float]] = []

@@ -307,12 +307,16 @@ def _redundancy(texts: list[str], emb_name: str, embedder: Any, vectors: np.ndar
     sentence-transformers model's own (`vectors` when they are of these texts), the static
     table's for the lexical embedder and any other (its threshold is measured for those)."""
     family = "sentence-transformers" if emb_name.startswith("sentence-transformers") else "static"
-    if family == "static" or vectors is None:
-        source = get_embedder("static") if family == "static" else get_embedder(embedder)
-        vectors = _embed_rows(source, texts, rows)
+
+    def semantic() -> np.ndarray:  # made only when a short text is among them (`redundancy`)
+        if family == "static" or vectors is None:
+            source = get_embedder("static") if family == "static" else get_embedder(embedder)
+            return _similarity(_embed_rows(source, texts, rows))
+        return _similarity(vectors)
+
     if lexical is None:
         lexical = _similarity(_embed_rows(get_embedder(LEXICAL_NAME), texts, rows))
-    return redundancy([texts[i] for i in rows], _similarity(vectors), rules_for(family), lexical)
+    return redundancy([texts[i] for i in rows], semantic, rules_for(family), lexical)
 
 
 @lru_cache(maxsize=4096)

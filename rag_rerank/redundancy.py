@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
 
@@ -197,6 +197,23 @@ def _fold_numbers(tokens: list[tuple[str, bool]]) -> list[tuple[str, bool]]:
         out.append((str(value + current), True))
         i = j
     return out
+
+
+# Tokens `_fold_numbers` may fold into the number before them.
+_FOLDABLE = _NUMBER_WORDS | {"and"}
+
+
+@lru_cache(maxsize=8192)
+def surely_passage(text: str) -> bool:
+    """True only when `read(text)` has more than `SHORT_WORDS` words, at a fraction of its cost: its
+    words are the `_TOKEN` matches of the same cleaned text, less at most one per number word or
+    "and" (folded into a number); False when that lower bound does not settle it. A list of
+    passages is then judged on the lexical cosine alone, without reading any of them."""
+    tokens = _TOKEN.findall(_DIGIT_GROUP.sub("", readable(text)))
+    if len(tokens) <= SHORT_WORDS:
+        return False
+    foldable = sum(1 for t in tokens if t.casefold() in _FOLDABLE)
+    return len(tokens) - foldable > SHORT_WORDS
 
 
 @lru_cache(maxsize=8192)
@@ -380,12 +397,13 @@ def rules_for(family: str) -> Rules:
     return RULES["static"]
 
 
-def redundancy(texts: Sequence[str], semantic: np.ndarray, rules: Rules, lexical: np.ndarray,
-               candidates: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+def redundancy(texts: Sequence[str], semantic: np.ndarray | Callable[[], np.ndarray], rules: Rules,
+               lexical: np.ndarray, candidates: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """For every pair of `texts`: whether they are redundant (a symmetric bool matrix), and which
     to keep of a redundant pair (`prefer[i, j]` True when `i` is to be kept over `j` because it
     contains `j` and says more). `semantic` is the texts' cosine matrix under the family's
-    sentence vectors, `lexical` under the lexical embedder's.
+    sentence vectors (or a function making it, called only when a pair needs it: a list of
+    passages does not), `lexical` under the lexical embedder's.
 
     Only pairs that could be redundant are judged: the `candidates` (a bool matrix, a cheap
     prefilter the caller computed), else those close in meaning (cosine at or above `tau`), near
@@ -397,9 +415,14 @@ def redundancy(texts: Sequence[str], semantic: np.ndarray, rules: Rules, lexical
     prefer = np.zeros((n, n), dtype=bool)
     if n < 2:
         return redundant, prefer
+    copy = lexical >= LEXICAL_COPY
+    if all(surely_passage(t) for t in texts):  # every pair is two passages: `_passages` is `copy`
+        redundant = np.triu(copy, 1)
+        return redundant | redundant.T, prefer
+    if callable(semantic):
+        semantic = semantic()
     readings = [read(t) for t in texts]
     short = np.array([len(r.words) <= SHORT_WORDS for r in readings])
-    copy = lexical >= LEXICAL_COPY
     with_short = short[:, None] | short[None, :]
     if candidates is None:
         candidates = (semantic >= rules.tau) | copy
@@ -424,4 +447,4 @@ def redundancy(texts: Sequence[str], semantic: np.ndarray, rules: Rules, lexical
 
 
 __all__ = ["ENGLISH_SHARE", "LEXICAL_COPY", "RULES", "SHORT_WORDS", "Reading", "Rules", "Verdict",
-           "differences", "judge", "read", "redundancy", "rules_for"]
+           "differences", "judge", "read", "redundancy", "rules_for", "surely_passage"]

@@ -18,7 +18,17 @@ from hypothesis import strategies as st
 
 from rag_rerank import rerank
 from rag_rerank.embed import embed_texts, get_embedder
-from rag_rerank.redundancy import ENGLISH_SHARE, RULES, judge, read, redundancy, rules_for
+from rag_rerank.redundancy import (
+    ENGLISH_SHARE,
+    RULES,
+    SHORT_WORDS,
+    judge,
+    read,
+    redundancy,
+    rules_for,
+    surely_passage,
+)
+from tests.support.shared_data import data_dir, need
 
 GOLDEN = Path(__file__).resolve().parent.parent / "golden" / "redundancy"
 
@@ -154,3 +164,27 @@ def test_the_matrix_is_symmetric_and_a_text_is_redundant_with_its_copy(texts: li
     for i, text in enumerate(texts):
         if read(text).content:
             assert same[i, i + len(texts)], text
+
+
+# Words that make the cheap passage test's bound loose: number words fold into one number.
+_NUMBERISH = st.sampled_from(["two", "hundred", "and", "five", "Forty", "1,000", "million", "x", "café",
+                              "cafe\u0301", "\u200b", "A.", "ninety-nine", "\u00a0", "Ã©"])
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.one_of(_NUMBERISH, st.text(max_size=12)), min_size=25, max_size=70))
+def test_a_text_surely_a_passage_reads_as_one(words: list[str]) -> None:
+    """The shortcut that skips reading a list of passages is exact: whenever it says a text is a
+    passage, reading it finds more than SHORT_WORDS words (number words folded, text cleaned)."""
+    text = " ".join(words)
+    if surely_passage(text):
+        assert len(read(text).words) > SHORT_WORDS
+
+
+def test_the_passage_shortcut_agrees_on_real_passages() -> None:
+    """On DL19's BM25 passages the shortcut is never wrong and settles most of them."""
+    src = json.loads(need(data_dir() / "trec-dl19" / "bm25-top100.json").read_text(encoding="utf-8"))
+    texts = [h["content"] for q in src for h in q["hits"][:20]]
+    settled = [t for t in texts if surely_passage(t)]
+    assert all(len(read(t).words) > SHORT_WORDS for t in settled)
+    assert len(settled) >= 0.9 * sum(len(read(t).words) > SHORT_WORDS for t in texts)
