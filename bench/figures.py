@@ -1126,6 +1126,11 @@ TIMINGS = [
      "python bench/overhead.py"),
     ("docs/speed.md", "batch throughput at concurrency 1 / 8 / 32 / 64",
      "python bench/batch.py --concurrency 1 8 32 64 (and --server fast_llm --queries 320)"),
+    ("docs/speed.md", "the bare AsyncOpenAI floor, unseen texts with 1 and 2 worker processes",
+     "python bench/batch.py --server fast_llm --queries 320 --concurrency 32 64 --floor "
+     "| --fresh [--workers 2]"),
+    ("docs/speed.md, docs/batch.md", "the offline default in one process and in 2 worker processes",
+     "python bench/batch.py --offline --queries 172 --chunks 50"),
     ("docs/speed.md", "client-side ms per LLM call beside the peers' rerankers", "python bench/peers.py"),
     ("docs/speed.md", "where one LLM call's time goes, stage by stage", "python bench/call_stages.py"),
     ("docs/speed.md", "the offline default rerank(query, chunks), first sight and repeated",
