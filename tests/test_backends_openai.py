@@ -259,6 +259,24 @@ def test_an_answer_that_is_not_a_chat_completion_is_a_protocol_error_naming_it(r
     assert "no 'choices' in the JSON" in str(ollama.value) and "ending in /v1" in str(ollama.value)
 
 
+def test_a_chat_completion_served_as_text_plain_is_still_read(request_) -> None:
+    """The listwise answer is read as plain JSON (`cast_to=object`, no typed ChatCompletion); a proxy
+    that labels the JSON `text/plain` gets it back as text, which is read as JSON as the SDK's typed
+    parse did, sync and async, with its usage and model."""
+    import dataclasses
+
+    good = Reply.openai_text("ANSWER", model="served-model",
+                             usage={"prompt_tokens": 7, "completion_tokens": 3})
+    plain = dataclasses.replace(good, body=json.dumps(good.body), headers={"Content-Type": "text/plain"})
+    with FakeLLM([plain, plain]) as srv:
+        backend = OpenAIBackend(base_url=srv.openai_url, api_key=KEY, response_format="json_object")
+        done = backend.complete("P", request_, max_tokens=50)
+        adone = asyncio.run(backend.acomplete("P", request_, max_tokens=50))
+    for c in (done, adone):
+        assert c.text == "ANSWER" and c.model == "served-model"
+        assert c.usage == {"prompt_tokens": 7, "completion_tokens": 3}
+
+
 def test_an_empty_choices_list_still_says_no_choices(request_) -> None:
     body = {"id": "x", "object": "chat.completion", "created": 0, "model": "m", "choices": []}
     with FakeLLM([Reply(200, body)]) as srv:
