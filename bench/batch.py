@@ -283,6 +283,8 @@ def main() -> int:
                          "without it later runs repeat the texts of earlier ones (per-text caches warm)")
     ap.add_argument("--workers", type=int, default=1,
                     help="batch --workers: local worker processes, each with --concurrency / N in flight")
+    ap.add_argument("--http", choices=["httpx", "aiohttp"], default=None,
+                    help="batch --http: the async client's HTTP transport (default httpx)")
     ap.add_argument("--offline", action="store_true",
                     help="the offline default (no server) in one process and in --workers processes")
     ap.add_argument("--rounds", type=int, default=2, help="rounds of --offline")
@@ -298,7 +300,8 @@ def main() -> int:
         return 0
     rows = []
     floor: list[tuple[str, int, float, float]] = []
-    spread = ("--workers", str(args.workers)) if args.workers > 1 else ()
+    spread = (("--workers", str(args.workers)) if args.workers > 1 else ()) + (
+        ("--http", args.http) if args.http else ())
     with workspace(args) as (tmp, url, inp, warm):
         run(warm, tmp / "warm-out.jsonl", url, 2)  # imports (openai SDK), caches: not timed
         for c in args.concurrency:
@@ -322,7 +325,9 @@ def main() -> int:
     print(
         f"rag-rerank batch throughput: {args.queries} queries x {args.chunks} chunks, openai backend -> "
         f"{args.server} (own process, 127.0.0.1) with {args.latency * 1000:.0f} ms latency per call"
-        + (f"; {args.workers} worker processes, the concurrency split between them" if spread else "")
+        + (f"; {args.workers} worker processes, the concurrency split between them" if args.workers > 1
+           else "")
+        + (f"; --http {args.http}" if args.http else "")
         + ("; every run on texts this process had not seen (--fresh)" if args.fresh else "") + "\n"
     )
     print("| concurrency | queries | wall time (s) | queries/s | ideal queries/s | efficiency "

@@ -228,7 +228,7 @@ class OrderedWriter:
 
 
 # A cross-encoder's knobs that decide how fast it scores, not what: a resumed run may change them.
-SPEED_KNOBS = frozenset({"device", "batch_size"})
+SPEED_KNOBS = frozenset({"device", "batch_size", "http"})
 
 
 def record_config(options: Mapping[str, Any]) -> dict[str, Any]:
@@ -243,7 +243,7 @@ def record_config(options: Mapping[str, Any]) -> dict[str, Any]:
     settings are in its input line, not here. Left out: credentials (URLs are shown as
     `display_url` shows them; the api key never), and what only decides how fast a run goes or
     how long it waits (concurrency, the engine and workers, the deadline, a cross-encoder's device
-    and batch size), which a resumed run may change. JSON values only, as they read back.
+    and batch size, the HTTP transport), which a resumed run may change. JSON values only, as they read back.
     """
 
     backend = options.get("backend", "local")

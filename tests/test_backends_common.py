@@ -143,3 +143,84 @@ def test_a_backend_instance_goes_to_worker_processes_and_results_come_back(metho
             results = list(pool.map(_rerank_in_worker, [backend] * 3))
     assert [r.to_json() for r in results] == [alone.to_json()] * 3
     assert {r.meta.backend for r in results} == {"openai"}
+
+
+# --------------------------------------------------------------------------- http="aiohttp"
+
+
+@pytest.fixture()
+def aiohttp_clients(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """Every SDK aiohttp client made while the test runs (the real class, counted)."""
+    pytest.importorskip("aiohttp")
+    import anthropic
+    import openai
+
+    made: list[Any] = []
+    for sdk in (openai, anthropic):
+        real = sdk.DefaultAioHttpClient
+
+        def counted(*args: Any, _real: Any = real, **kwargs: Any) -> Any:
+            client = _real(*args, **kwargs)
+            made.append(client)
+            return client
+
+        monkeypatch.setattr(sdk, "DefaultAioHttpClient", counted)
+    return made
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_the_aiohttp_transport_answers_as_httpx_does_and_closes(name: str, server: FakeLLM,
+                                                                 aiohttp_clients: list[Any]) -> None:
+    """`http="aiohttp"`: the async calls go through the SDK's aiohttp client (the sync ones stay on
+    httpx), with the same results, and a one-shot call leaves no socket or transport behind."""
+    opts = _options(name, server)
+    plain = asyncio.run(arerank(QUERY, CHUNKS, top_k=2, backend=name, **opts)).to_json()
+    aio = {"backend_options": {"http": "aiohttp"}, **opts}
+    assert asyncio.run(arerank(QUERY, CHUNKS, top_k=2, backend=name, **aio)).to_json() == plain
+    assert len(aiohttp_clients) == 1
+    assert rerank(QUERY, CHUNKS, top_k=2, backend=name, **aio).to_json() == plain
+    assert len(aiohttp_clients) == 1  # the sync call did not use it
+    before = _settled(_sockets())
+    assert _leaks(lambda: asyncio.run(arerank(QUERY, CHUNKS, top_k=2, backend=name, **aio))) == []
+    assert _settled(before) <= before
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_the_aiohttp_transport_keeps_timeouts_and_refusals_classified(name: str,
+                                                                       aiohttp_clients: list[Any]) -> None:
+    """aiohttp's own exceptions come back as the SDK's (the vendored transport maps them): a slow
+    server is a transient timeout, a closed port an unreachable server, as with httpx."""
+    from rag_rerank.backends.anthropic import AnthropicBackend
+    from rag_rerank.backends.openai import OpenAIBackend
+    from rag_rerank.errors import TransientFailure, UnreachableFailure
+    from rag_rerank.guard import validate_request
+    from tests.support.fake_llm import Reply
+
+    request = validate_request(QUERY, CHUNKS, 2, 0.7)
+    slow = (Reply.openai_text("{}", delay=2.0) if name == "openai"
+            else Reply.anthropic_tool({"ranked": []}, delay=2.0))
+    kind = OpenAIBackend if name == "openai" else AnthropicBackend
+    async def ask(url: str, timeout: float) -> None:
+        async with kind(base_url=url, api_key=KEY, timeout=timeout, http="aiohttp") as backend:
+            await backend.acomplete("P", request, max_tokens=20)
+
+    with FakeLLM([slow]) as srv:
+        url = srv.openai_url if name == "openai" else srv.anthropic_url
+        with pytest.raises(TransientFailure, match="timed out"):
+            asyncio.run(ask(url, 0.3))
+    with pytest.raises(UnreachableFailure, match="connection refused"):  # fails fast, not a timeout
+        asyncio.run(ask(url, 2))
+    assert len(aiohttp_clients) == 2
+
+
+def test_an_unknown_transport_or_a_missing_aiohttp_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    from rag_rerank.errors import InputError, MissingDependencyError
+
+    with pytest.raises(InputError, match="http: must be one of httpx, aiohttp"):
+        make_backend("openai", base_url="http://127.0.0.1:9/v1", api_key=KEY, http="curl")
+    with pytest.raises(InputError, match="the local backend takes no option 'http'"):
+        make_backend("local", http="aiohttp")
+    monkeypatch.setitem(__import__("sys").modules, "aiohttp", None)  # as if not installed
+    for name in NAMES:
+        with pytest.raises(MissingDependencyError, match=r"rag-rerank\[aiohttp\]"):
+            make_backend(name, base_url="http://127.0.0.1:9/v1", api_key=KEY, http="aiohttp")

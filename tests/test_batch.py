@@ -635,6 +635,29 @@ def test_resume_accepts_changes_that_decide_only_speed(tmp_path: Path, capsys) -
     assert "2 already done" in capsys.readouterr().err
 
 
+def test_batch_over_the_aiohttp_transport_resumes_over_httpx(tmp_path: Path, capsys) -> None:
+    """`--http aiohttp` (the async client's transport) decides only speed: a file it half wrote is
+    finished over httpx, every line answered once; the flag is refused for a backend without HTTP."""
+    pytest.importorskip("aiohttp")
+    inp, out = tmp_path / "q.jsonl", tmp_path / "out.jsonl"
+    _write_input(inp, [json.dumps(q) for q in _queries(4)])
+    with FakeLLM(handler=quoting_ranker()) as srv:
+        args = ["batch", "-i", str(inp), "-o", str(out), "--no-progress", "--backend", "openai",
+                "--base-url", srv.openai_url, "-m", "m"]
+        assert main([*args, "--http", "aiohttp", "--concurrency", "4"]) == 0
+        whole = _read(out)
+        half = out.read_text(encoding="utf-8").splitlines(keepends=True)[:2]
+        out.write_text("".join(half), encoding="utf-8")
+        assert main([*args, "--resume"]) == 0
+    assert len(srv.requests) == 6
+    assert [r["line"] for r in _read(out)] == [1, 2, 3, 4]
+    assert [r["result"] for r in _read(out)] == [r["result"] for r in whole]
+    assert "backend_options" not in whole[0]["config"]  # the transport is not recorded
+    capsys.readouterr()
+    assert main(["batch", "-i", str(inp), "-o", str(tmp_path / "x.jsonl"), "--http", "aiohttp"]) == 2
+    assert "--http applies to --backend openai or anthropic only" in capsys.readouterr().err
+
+
 def test_resume_refuses_records_that_do_not_say_their_configuration(tmp_path: Path, capsys) -> None:
     inp, out = tmp_path / "q.jsonl", tmp_path / "out.jsonl"
     _write_input(inp, [json.dumps(q) for q in _queries(2)])

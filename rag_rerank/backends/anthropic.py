@@ -14,7 +14,14 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from ..errors import BackendFailure, FatalFailure, MissingDependencyError, TransientFailure, Violation
+from ..errors import (
+    BackendFailure,
+    FatalFailure,
+    InputError,
+    MissingDependencyError,
+    TransientFailure,
+    Violation,
+)
 from ..models import RerankRequest
 from ..redaction import display_url, scrub, secrets_of
 from .base import Completion
@@ -26,6 +33,7 @@ from .common import (
     feedback_text,
     generation_schema,
     http_client,
+    http_violations,
     request_timeout,
     resolve_credentials,
     usage_dict,
@@ -110,7 +118,12 @@ class AnthropicBackend(ClosableBackend):
         timeout: float = 60.0,
         *,
         temperature: float | None = None,
+        http: str = "httpx",
     ) -> None:
+        bad = http_violations(http, "anthropic")
+        if bad:
+            raise InputError(bad, headline="invalid anthropic options")
+        self.http = http
         url, key = resolve_credentials("anthropic", base_url, api_key, url_env="ANTHROPIC_BASE_URL",
                                        key_env="ANTHROPIC_API_KEY")
         self.model = model or DEFAULT_MODEL
@@ -131,7 +144,8 @@ class AnthropicBackend(ClosableBackend):
 
     def _make_async(self) -> Any:
         sdk = _sdk()
-        return sdk.AsyncAnthropic(**self._client_kwargs(), http_client=http_client(sdk, asynchronous=True))
+        return sdk.AsyncAnthropic(**self._client_kwargs(),
+                                  http_client=http_client(sdk, asynchronous=True, transport=self.http))
 
     def _client_kwargs(self) -> dict[str, Any]:
         kw: dict[str, Any] = {"api_key": self._key, "timeout": self.timeout, "max_retries": 0}

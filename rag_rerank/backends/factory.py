@@ -22,8 +22,8 @@ BACKENDS = ("local", "openai", "anthropic", "cross-encoder", "rerank-api")
 # Keyword options each named backend takes besides model / base_url / api_key (`backend_options`).
 BACKEND_OPTIONS: dict[str, tuple[str, ...]] = {
     "local": ("fusion", "bm25"),
-    "openai": ("timeout", "temperature", "response_format", "seed", "scoring"),
-    "anthropic": ("timeout", "temperature"),
+    "openai": ("timeout", "temperature", "response_format", "seed", "scoring", "http"),
+    "anthropic": ("timeout", "temperature", "http"),
     "cross-encoder": ("batch_size", "device", "max_length", "calibration_factor"),
     "rerank-api": ("timeout", "max_chars", "score_mapping"),
 }

@@ -61,6 +61,7 @@ from .common import (
     feedback_text,
     field,
     http_client,
+    http_violations,
     is_transient_status,
     request_timeout,
     resolve_credentials,
@@ -273,8 +274,9 @@ class OpenAIBackend(ClosableBackend):
         response_format: str = "auto",
         scoring: str = "listwise",
         seed: int | None = None,
+        http: str = "httpx",
     ) -> None:
-        bad = []
+        bad = http_violations(http, "openai")
         if response_format != "auto" and response_format not in MODES:
             bad.append(Violation(path="response_format", value=response_format,
                                  message=f"must be 'auto' or one of {', '.join(MODES)}"))
@@ -286,6 +288,7 @@ class OpenAIBackend(ClosableBackend):
         if bad:
             raise InputError(bad, headline="invalid openai options")
         self.scoring = scoring
+        self.http = http
         url, key = resolve_credentials("openai", base_url, api_key, url_env="OPENAI_BASE_URL",
                                        key_env="OPENAI_API_KEY")
         self.model = model or DEFAULT_MODEL
@@ -328,7 +331,8 @@ class OpenAIBackend(ClosableBackend):
 
     def _make_async(self) -> Any:
         sdk = _sdk()
-        return sdk.AsyncOpenAI(**self._client_kwargs(), http_client=http_client(sdk, asynchronous=True))
+        return sdk.AsyncOpenAI(**self._client_kwargs(),
+                               http_client=http_client(sdk, asynchronous=True, transport=self.http))
 
     def _client_kwargs(self) -> dict[str, Any]:
         return {"api_key": self._key, "base_url": self.base_url, "timeout": self.timeout, "max_retries": 0}

@@ -122,6 +122,9 @@ def add_backend_args(p: argparse.ArgumentParser) -> None:
                    help="openai: listwise (default: the card's task in one prompt), logprobs (one yes/no "
                    "question per chunk, score = p(yes); needs a server returning token logprobs: llama.cpp, "
                    "vLLM) or auto (logprobs when the server returns them)")
+    p.add_argument("--http", choices=["httpx", "aiohttp"], default=None,
+                   help="openai / anthropic: the async client's HTTP transport: httpx (default) or aiohttp "
+                   "(less CPU a call with many in flight, as in batch; needs rag-rerank[aiohttp])")
     p.add_argument("--embedder", "-e", default="lexical",
                    help="post-pass embedder: lexical (default), sentence-transformers[:MODEL] (needs "
                    "rag-rerank[st]), openai[:MODEL]")
@@ -332,6 +335,10 @@ def run_options(args: argparse.Namespace) -> dict[str, Any]:
         if args.backend != "openai":
             raise UsageError(f"--scoring applies to --backend openai only, not {args.backend}")
         knobs["scoring"] = args.scoring
+    if getattr(args, "http", None) is not None:
+        if args.backend not in ("openai", "anthropic"):
+            raise UsageError(f"--http applies to --backend openai or anthropic only, not {args.backend}")
+        knobs["http"] = args.http
     return {"backend": args.backend, "model": args.model, "base_url": args.base_url,
             "embedder": embedder_option(args), "fallback": args.fallback, "policy": retry_policy(args),
             "backend_options": knobs or None, "window_size": getattr(args, "window_size", None)}
