@@ -17,9 +17,12 @@ worker's exit code, and the batch exits non-zero.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import multiprocessing
+import os
 import queue
+import signal
 import sys
 import threading
 from collections.abc import Callable, Mapping, Sequence
@@ -62,11 +65,28 @@ def _context() -> Any:
     return multiprocessing.get_context("spawn")
 
 
+def _exit_with_parent(alive: Any, keep_alive: Any) -> None:
+    """End this worker at once when the parent is gone. A forked worker holds both ends of the
+    result queue's pipe, so a parent killed by SIGTERM or SIGKILL (a supervisor, the OOM killer)
+    would leave it blocked for ever on a full pipe, holding its memory. `alive` is the read end of
+    a pipe whose write end only the parent keeps (`keep_alive`, this process's inherited copy, is
+    closed here): it reads end-of-file exactly when the parent has exited."""
+    keep_alive.close()
+
+    def watch() -> None:
+        with contextlib.suppress(EOFError, OSError):
+            alive.recv()
+        os._exit(1)  # nobody is left to read our records
+
+    threading.Thread(target=watch, name="rag-rerank-parent-watch", daemon=True).start()
+
+
 def _worker(lines: list[tuple[int, Line]], concurrency: int, options: Mapping[str, Any],
-            secrets: Sequence[str | None], scores: bool, out: Any) -> None:
+            secrets: Sequence[str | None], scores: bool, out: Any, alive: Any, keep_alive: Any) -> None:
     """A worker's whole life: its lines through `run_local`, each record put on `out` as
     ("record", index, record) when its request finishes; if the worker itself fails, one
     ("failed", None, why) and exit code 1 (no traceback: the parent records why per line)."""
+    _exit_with_parent(alive, keep_alive)
 
     def on_done(k: int, outcome: Outcome) -> None:
         index, line = lines[k]
@@ -79,6 +99,17 @@ def _worker(lines: list[tuple[int, Line]], concurrency: int, options: Mapping[st
         out.close()
         out.join_thread()
         sys.exit(1)
+
+
+def _ended(code: int | None) -> str:
+    """How a worker ended, in words: "exited with code 1", "was killed by signal 9 (SIGKILL)"."""
+    if code is not None and code < 0:
+        try:
+            name = f" ({signal.Signals(-code).name})"
+        except ValueError:
+            name = ""
+        return f"was killed by signal {-code}{name}"
+    return f"exited with code {code}"
 
 
 def run_processes(lines: Sequence[Line], *, workers: int, concurrency: int, options: Mapping[str, Any],
@@ -105,8 +136,10 @@ def run_processes(lines: Sequence[Line], *, workers: int, concurrency: int, opti
         return
     ctx = _context()
     out = ctx.Queue()
-    procs = [ctx.Process(target=_worker, args=(share, concurrency, dict(options), list(secrets), scores, out),
-                         name=f"rag-rerank-worker-{w}", daemon=True)
+    alive, keep_alive = ctx.Pipe(duplex=False)  # the workers' read end; the write end stays here
+    procs = [ctx.Process(target=_worker, name=f"rag-rerank-worker-{w}", daemon=True,
+                         args=(share, concurrency, dict(options), list(secrets), scores, out, alive,
+                               keep_alive))
              for w, share in enumerate(shares)]
     owner = {index: w for w, share in enumerate(shares) for index, _ in share}
     line_of = {index: line for share in shares for index, line in share}
@@ -134,9 +167,10 @@ def run_processes(lines: Sequence[Line], *, workers: int, concurrency: int, opti
                 on_record(index, rec)
         why = f" ({'; '.join(dict.fromkeys(said))})" if said else ""
         for index in sorted(owner):  # lines a failed or killed worker never answered
-            code = procs[owner[index]].exitcode
-            lost = RuntimeError(f"worker process {owner[index]} exited with code {code} before answering "
-                                f"this line{why}; run the batch again with --resume to retry it")
+            proc = procs[owner[index]]
+            lost = RuntimeError(f"worker process {owner[index]} (pid {proc.pid}) {_ended(proc.exitcode)} "
+                                f"before answering this line{why}; to retry it, delete this record from the "
+                                "output and run the batch again with --resume")
             on_record(index, record(line_of[index], lost, secrets, scores=scores))
         for p in procs:  # each closes its session (its connections, its cache) and exits by itself
             p.join(timeout=_CLOSE_S)
@@ -146,3 +180,5 @@ def run_processes(lines: Sequence[Line], *, workers: int, concurrency: int, opti
                 p.terminate()
                 p.join(timeout=5)
         out.close()
+        alive.close()
+        keep_alive.close()

@@ -5,6 +5,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -78,7 +83,8 @@ def test_workers_call_a_server_over_http_and_resume(tmp_path: Path, monkeypatch:
 
 
 class _DyingEmbedder:
-    """A caller's embedder that kills its process on one text: a worker dying mid-batch."""
+    """A caller's embedder that ends its process on one text: a worker exiting (DIE) or killed
+    (KILL, as the OOM killer does) mid-batch."""
 
     name = "dying"
     duplicate_threshold = 0.9
@@ -86,6 +92,8 @@ class _DyingEmbedder:
     def embed(self, texts: list[str]) -> np.ndarray:
         if any("DIE" in t for t in texts):
             os._exit(7)
+        if any("KILL" in t for t in texts):
+            os.kill(os.getpid(), signal.SIGKILL)
         rows = np.ones((len(texts), 2))
         return rows / np.linalg.norm(rows, axis=1, keepdims=True)
 
@@ -98,17 +106,22 @@ def _lines(texts: list[str]) -> list[Any]:
 
 
 def test_a_worker_that_dies_loses_no_line() -> None:
-    lines = _lines(["cats purr when content", "DIE here", "dogs bark at night", "birds sing at dawn"])
+    lines = _lines(["cats purr when content", "DIE here", "KILL here", "birds sing at dawn"])
     got: dict[int, dict[str, Any]] = {}
     run_processes(lines, workers=2, concurrency=1, options={"embedder": _DyingEmbedder()}, secrets=[],
                   scores=False, on_record=lambda i, rec: got.__setitem__(i, rec))
     assert sorted(got) == [0, 1, 2, 3]
-    # Lines dealt round-robin: worker 1 held lines 1 and 3 and died on line 1.
-    for i in (1, 3):
-        assert got[i]["error"]["kind"] == "internal"
-        assert "worker process 1 exited with code 7" in got[i]["error"]["message"]
-        assert "--resume" in got[i]["error"]["message"]
-    assert "result" in got[0] and "result" in got[2]
+    assert "result" in got[0]
+    # Lines dealt round-robin: worker 1 held lines 1 and 3 and exited on line 1; worker 0 answered
+    # line 0 and was killed on line 2.
+    said = {i: got[i]["error"]["message"] for i in (1, 2, 3)}
+    assert all(got[i]["error"]["kind"] == "internal" for i in said)
+    assert re.match(r"RuntimeError: worker process 1 \(pid \d+\) exited with code 7 before answering this "
+                    r"line", said[1])
+    assert said[3] == said[1]
+    assert re.match(r"RuntimeError: worker process 0 \(pid \d+\) was killed by signal 9 \(SIGKILL\)", said[2])
+    assert all("delete this record from the output and run the batch again with --resume" in m
+               for m in said.values())
 
 
 def test_a_worker_that_fails_says_why_on_each_line() -> None:
@@ -150,3 +163,57 @@ def test_cli_workers_usage_errors(tmp_path: Path, capsys: pytest.CaptureFixture[
     assert main(["batch", "-i", str(inp), "--workers", "2", "--backend", "no-such-backend"]) == 2
     err = capsys.readouterr().err
     assert "no-such-backend" in err and "Traceback" not in err
+
+
+def _children(pid: int) -> list[int]:
+    """The processes whose parent is `pid` (read from /proc)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = open(f"/proc/{entry}/stat", encoding="utf-8").read()  # noqa: SIM115
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(entry))
+    return found
+
+
+def _running(pid: int) -> bool:
+    try:
+        stat = open(f"/proc/{pid}/stat", encoding="utf-8").read()  # noqa: SIM115
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"  # a zombie has ended, only not been reaped
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_workers_end_when_their_parent_is_killed(tmp_path: Path) -> None:
+    """A parent killed by SIGKILL (a supervisor, the OOM killer) left its forked workers blocked for
+    ever on the result pipe, each holding its memory; now they notice and exit."""
+    inp = tmp_path / "in.jsonl"
+    inp.write_text("\n".join(_dl19_lines(40)) + "\n", encoding="utf-8")
+    env = {**os.environ, "OPENAI_API_KEY": "sk-test-orphans"}
+    with FakeLLM(handler=quoting_ranker(0.5)) as srv:
+        parent = subprocess.Popen(
+            [sys.executable, "-m", "rag_rerank", "batch", "-i", str(inp), "-o", str(tmp_path / "out.jsonl"),
+             "--no-progress", "--workers", "2", "--concurrency", "1", "--backend", "openai",
+             "--base-url", srv.openai_url, "-m", "m"],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+        workers: list[int] = []
+        for _ in range(300):  # the workers start after the imports: up to 30 s on a busy machine
+            workers = _children(parent.pid)
+            if len(workers) == 2 or parent.poll() is not None:
+                break
+            time.sleep(0.1)
+        assert len(workers) == 2, "the workers never started"
+        parent.kill()
+        parent.wait(timeout=10)
+        for _ in range(100):
+            if not any(_running(w) for w in workers):
+                break
+            time.sleep(0.1)
+        left = [w for w in workers if _running(w)]
+        for w in left:  # do not leave them behind for the rest of the suite
+            os.kill(w, signal.SIGKILL)
+        assert left == [], "workers outlived their parent"

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -64,7 +65,8 @@ def register(command: Callable[..., argparse.ArgumentParser]) -> None:
     p.add_argument("--scores", action="store_true",
                    help="add every input id's score (or why it has none) to each record, beside result")
     p.add_argument("--engine", choices=["local", "ray"], default="local",
-                   help="local: one process, async (default); ray: Ray Data actors (needs rag-rerank[ray])")
+                   help="local: this machine, async, in this process or in --workers processes (default); "
+                        "ray: Ray Data actors (needs rag-rerank[ray])")
     p.add_argument("--ray-address", default=None, metavar="ADDR",
                    help="Ray cluster to join (default: RAY_ADDRESS, else a local Ray on all cores)")
     p.add_argument("--workers", type=int, default=None, metavar="N",
@@ -89,8 +91,13 @@ def run(args: argparse.Namespace) -> int:
     if spread and not args.dry_run and any(
             getattr(args, f) is not None for f in ("budget_calls", "budget_tokens", "budget_cost")):
         raise UsageError("--budget-calls / --budget-tokens / --budget-cost need one process (--engine local "
-                         "without --workers: Ray actors and worker processes spend apart); check the plan "
-                         "with --dry-run")
+                         "with --workers 1, the default: Ray actors and worker processes spend apart); check "
+                         "the plan with --dry-run")
+    cores = os.cpu_count() or 1
+    if args.engine == "local" and (args.workers or 1) > cores:
+        print(f"rag-rerank: batch: note: --workers {args.workers} is more than this machine's {cores} cores; "
+              "the workers will compete for them (for more requests in flight, raise --concurrency)",
+              file=sys.stderr)
     options = {**run_options(args), **pipeline_options(args), **meta_options(args), **cost_options(args)}
     return run_batch(args, backend_options=options)
 
