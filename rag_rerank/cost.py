@@ -273,8 +273,10 @@ def over_budget(budget: Budget | None, calls: int, tokens: int, cost: float | No
     return tuple(out)
 
 
-def summed(plans: Sequence[CostPlan], budget: Budget | None) -> CostPlan:
-    """Many requests' plans as one (a batch): counts and tokens added, the budget judged on the sum."""
+def summed(plans: Sequence[CostPlan], budget: Budget | None, backend: str = "",
+           model: str | None = None) -> CostPlan:
+    """Many requests' plans as one (a batch): counts and tokens added, the budget judged on the sum;
+    `backend` and `model` name the plan of no request (a batch with nothing left to do)."""
     first = plans[0] if plans else None
     prices = first.prices if first else None
     prompt = sum(p.prompt_tokens for p in plans)
@@ -282,7 +284,7 @@ def summed(plans: Sequence[CostPlan], budget: Budget | None) -> CostPlan:
     requests = sum(p.requests for p in plans)
     cost = prices.cost(prompt, completion) if prices is not None else None
     return CostPlan(
-        backend=first.backend if first else "", model=first.model if first else None,
+        backend=first.backend if first else backend, model=first.model if first else model,
         calls=sum(p.calls for p in plans), requests=requests,
         round_trips=max((p.round_trips for p in plans), default=0),
         max_reasks=sum(p.max_reasks for p in plans),

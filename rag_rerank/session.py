@@ -181,7 +181,7 @@ class Reranker(Closing):
                 plans.append(self.plan(*args, **{"concurrency": concurrency, "prices": prices, **options}))
             except RerankError:  # an invalid request: the run reports it as that request's error
                 continue
-        return summed(plans, budget)
+        return summed(plans, budget, self.backend_name, getattr(self._setup.backend, "model", None))
 
     async def arerank_many(self, requests: Iterable[Mapping[str, Any] | Exception], *, concurrency: int = 4,
                            progress: Callable[[int, int], None] | None = None,

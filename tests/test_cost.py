@@ -76,6 +76,15 @@ def test_a_batch_plan_counts_every_request_of_the_batch(srv: FakeLLM) -> None:
     assert isinstance(results[2], InputError)
 
 
+def test_the_plan_of_a_batch_with_nothing_left_still_names_its_backend(srv: FakeLLM) -> None:
+    """`batch --resume --dry-run` on a finished file planned no request and said `"backend": ""`."""
+    with Reranker(**_opts(srv)) as reranker:
+        empty = reranker.plan_many([])
+        one = reranker.plan_many([{"query": QUERY, "chunks": graded_chunks(3)}])
+    assert (empty.backend, empty.model) == (one.backend, one.model) == ("openai", one.model)
+    assert empty.model and (empty.calls, empty.requests) == (0, 0)
+
+
 def test_cost_comes_from_the_callers_prices(srv: FakeLLM) -> None:
     planned = plan(QUERY, graded_chunks(10), 3, prices=PRICES, **_opts(srv))
     expected = (planned.prompt_tokens * 0.15 + planned.completion_tokens * 0.60) / 1e6
