@@ -8,7 +8,12 @@ its parts, the output guard's `judge`, the input guard's `_validated`, `render`)
 call's wall time minus those stages (options, plan, retry loop, result). Two warm-up rounds first,
 then `--rounds` timed rounds over the 43 queries. No answer is checked beyond the call's own guards.
 
-Run:  python bench/call_stages.py [--passages 20] [--rounds 3] [--data PATH]
+`--fresh` times first sight instead: every round (warm-up rounds included) sends texts this process
+has not seen (a mark appended to each query and passage), so the per-text caches hold nothing for
+them; the server then computes each answer when it first sees the request, which adds its time to
+the backend call's.
+
+Run:  python bench/call_stages.py [--passages 20] [--rounds 3] [--fresh] [--data PATH]
 Prints a Markdown table of mean milliseconds per call for each stage.
 """
 
@@ -68,25 +73,35 @@ def main() -> int:
     ap.add_argument("--passages", type=int, default=20)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--data", type=Path, default=peers.DEFAULT_DATA)
+    ap.add_argument("--fresh", action="store_true", help="texts unseen by this process in every round")
     args = ap.parse_args()
-    work = peers.load(args.data, args.passages)
+    base = peers.load(args.data, args.passages)
+
+    def round_work(r: int) -> peers.Work:
+        if not args.fresh:
+            return base
+        return [(f"{q} [r{r}]", [{**c, "text": f"{c['text']} [r{r}]"} for c in chunks]) for q, chunks in base]
+
+    work = base
     for owner, name, label in STAGES:
         wrap(owner, name, label)
     with peers.fast_server() as url, Reranker("openai", model=peers.MODEL, base_url=url,
                                               api_key=peers.KEY) as session:
-        for _ in range(2):
-            for query, chunks in work:
+        for r in range(2):
+            for query, chunks in round_work(-1 - r):
                 session.rerank(query, chunks, peers.TOP)
+        rounds = [round_work(r) for r in range(args.rounds)]
         SPENT.clear()
         t0 = time.perf_counter()
-        for _ in range(args.rounds):
+        for work in rounds:
             for query, chunks in work:
                 session.rerank(query, chunks, peers.TOP)
         total = time.perf_counter() - t0
     calls = args.rounds * len(work)
     top = sum(v for k, v in SPENT.items() if not k.startswith(" "))
     print(f"One `Reranker.rerank` call, openai backend -> bench/fast_llm.py, {args.passages} DL19 passages, "
-          f"top {peers.TOP}: mean ms per call over {calls} calls\n")
+          f"top {peers.TOP}{', first sight of every text (--fresh)' if args.fresh else ''}: mean ms per call "
+          f"over {calls} calls\n")
     print("| stage | ms per call |")
     print("|---|---:|")
     for _, _, label in STAGES:

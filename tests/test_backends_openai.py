@@ -260,21 +260,29 @@ def test_an_answer_that_is_not_a_chat_completion_is_a_protocol_error_naming_it(r
 
 
 def test_a_chat_completion_served_as_text_plain_is_still_read(request_) -> None:
-    """The listwise answer is read as plain JSON (`cast_to=object`, no typed ChatCompletion); a proxy
-    that labels the JSON `text/plain` gets it back as text, which is read as JSON as the SDK's typed
-    parse did, sync and async, with its usage and model."""
+    """The listwise answer is read as plain JSON (no typed ChatCompletion) exactly as the SDK's typed
+    parse read a body: a proxy that labels the JSON `text/plain` (even with a wrong charset, a BOM,
+    or UTF-16) is read from its bytes, sync and async, with usage and model; a JSON body that is a
+    string stays a protocol error."""
     import dataclasses
 
-    good = Reply.openai_text("ANSWER", model="served-model",
+    good = Reply.openai_text("café ANSWER", model="served-model",
                              usage={"prompt_tokens": 7, "completion_tokens": 3})
-    plain = dataclasses.replace(good, body=json.dumps(good.body), headers={"Content-Type": "text/plain"})
-    with FakeLLM([plain, plain]) as srv:
+    text = json.dumps(good.body, ensure_ascii=False)
+    bodies = [(text, "text/plain"), (text.encode("utf-8"), "text/plain; charset=iso-8859-1"),
+              (b"\xef\xbb\xbf" + text.encode("utf-8"), "text/plain"), (text.encode("utf-16"), "text/plain")]
+    replies = [dataclasses.replace(good, body=b, headers={"Content-Type": t}) for b, t in bodies]
+    with FakeLLM([*replies, replies[0]]) as srv:
         backend = OpenAIBackend(base_url=srv.openai_url, api_key=KEY, response_format="json_object")
-        done = backend.complete("P", request_, max_tokens=50)
-        adone = asyncio.run(backend.acomplete("P", request_, max_tokens=50))
-    for c in (done, adone):
-        assert c.text == "ANSWER" and c.model == "served-model"
+        done = [backend.complete("P", request_, max_tokens=50) for _ in bodies]
+        done.append(asyncio.run(backend.acomplete("P", request_, max_tokens=50)))
+    for c in done:
+        assert c.text == "café ANSWER" and c.model == "served-model"
         assert c.usage == {"prompt_tokens": 7, "completion_tokens": 3}
+    with FakeLLM([Reply(200, json.dumps(text))]) as srv:  # application/json holding a JSON string
+        backend = OpenAIBackend(base_url=srv.openai_url, api_key=KEY, response_format="json_object")
+        with pytest.raises(FatalFailure, match="not a Chat Completions response but text"):
+            backend.complete("P", request_, max_tokens=50)
 
 
 def test_an_empty_choices_list_still_says_no_choices(request_) -> None:
