@@ -21,18 +21,19 @@ import contextlib
 import gc
 import multiprocessing
 import os
-import queue
 import signal
 import sys
 import threading
 from collections.abc import Callable, Mapping, Sequence
+from multiprocessing.connection import wait
 from typing import Any
 
 from .batchfile import Line, Outcome, record
+from .guard.input import PATH_HINT
 from .options import split_options
 from .session import Reranker
 
-# How long the parent waits for a record before it checks that its workers are still alive.
+# How long the parent waits on its workers' pipes at a time (a record, or the end-of-file of an exit).
 _POLL_S = 0.2
 # How long a worker may take to close its session once its last record is in.
 _CLOSE_S = 30.0
@@ -49,13 +50,22 @@ async def run_local(items: Sequence[Any], concurrency: int, on_done: Callable[[i
         await reranker.arerank_many(items, concurrency=concurrency, on_done=on_done, budget=budget)
 
 
-def _context() -> Any:
+START_METHODS = ("fork", "forkserver", "spawn")
+
+
+def _context(start_method: str | None = None) -> Any:
     """How to start workers. fork where it is safe: on Linux, from a process with no other thread
     (a worker then starts in milliseconds with the imports done); a fork while another thread holds
     a lock can deadlock the child, so a threaded caller gets forkserver (one clean server process
     forks the workers), and macOS and Windows spawn (fork is unsafe or absent there). With
-    forkserver and spawn the options travel pickled, as to a Ray actor."""
+    forkserver and spawn the options travel pickled, as to a Ray actor. `start_method` overrides
+    the choice."""
     methods = multiprocessing.get_all_start_methods()
+    if start_method is not None:
+        if start_method not in methods:
+            raise ValueError(f"start_method {start_method!r} is not available here (only "
+                             f"{', '.join(methods)})")
+        return multiprocessing.get_context(start_method)
     if "fork" in methods and sys.platform.startswith("linux") and threading.active_count() == 1:
         return multiprocessing.get_context("fork")
     if "forkserver" in methods:
@@ -66,8 +76,8 @@ def _context() -> Any:
 
 
 def _exit_with_parent(alive: Any, keep_alive: Any) -> None:
-    """End this worker at once when the parent is gone. A forked worker holds both ends of the
-    result queue's pipe, so a parent killed by SIGTERM or SIGKILL (a supervisor, the OOM killer)
+    """End this worker at once when the parent is gone. A forked worker inherits the read ends of
+    the parent's pipes, so a parent killed by SIGTERM or SIGKILL (a supervisor, the OOM killer)
     would leave it blocked for ever on a full pipe, holding its memory. `alive` is the read end of
     a pipe whose write end only the parent keeps (`keep_alive`, this process's inherited copy, is
     closed here): it reads end-of-file exactly when the parent has exited."""
@@ -82,23 +92,30 @@ def _exit_with_parent(alive: Any, keep_alive: Any) -> None:
 
 
 def _worker(lines: list[tuple[int, Line]], concurrency: int, options: Mapping[str, Any],
-            secrets: Sequence[str | None], scores: bool, out: Any, alive: Any, keep_alive: Any) -> None:
-    """A worker's whole life: its lines through `run_local`, each record put on `out` as
-    ("record", index, record) when its request finishes; if the worker itself fails, one
-    ("failed", None, why) and exit code 1 (no traceback: the parent records why per line)."""
+            secrets: Sequence[str | None], scores: bool, hint: str, results: tuple[Any, Any],
+            alive: Any, keep_alive: Any) -> None:
+    """A worker's whole life: its lines through `run_local`, each record sent on its own pipe
+    (`results`: the parent's read end, closed here, and this worker's write end) as ("record",
+    index, record) when its request finishes; if the worker itself fails, one ("failed", why) and
+    exit code 1 (no traceback: the parent records why per line). `hint` is the batch's
+    `PATH_HINT`, which a context variable does not carry into a spawned process."""
     _exit_with_parent(alive, keep_alive)
+    reader, writer = results
+    reader.close()
+    PATH_HINT.set(hint)
 
     def on_done(k: int, outcome: Outcome) -> None:
         index, line = lines[k]
-        out.put(("record", index, record(line, outcome, secrets, scores=scores)))
+        writer.send(("record", index, record(line, outcome, secrets, scores=scores)))
 
     try:
         asyncio.run(run_local([line.item for _, line in lines], concurrency, on_done, options))
     except BaseException as exc:
-        out.put(("failed", None, f"{type(exc).__name__}: {exc}"))
-        out.close()
-        out.join_thread()
+        with contextlib.suppress(OSError):
+            writer.send(("failed", None, f"{type(exc).__name__}: {exc}"))
         sys.exit(1)
+    finally:
+        writer.close()
 
 
 def _ended(code: int | None) -> str:
@@ -114,15 +131,17 @@ def _ended(code: int | None) -> str:
 
 def run_processes(lines: Sequence[Line], *, workers: int, concurrency: int, options: Mapping[str, Any],
                   secrets: Sequence[str | None], scores: bool,
-                  on_record: Callable[[int, dict[str, Any]], None]) -> None:
+                  on_record: Callable[[int, dict[str, Any]], None], start_method: str | None = None) -> None:
     """Every line of `lines` through `workers` processes (lines dealt round-robin, so the ordered
     output advances evenly), `concurrency` requests in flight in each; `on_record(index, record)`
     is called in this process for each line, in the order they finish. A line whose request is
-    already an input error (`Line.item` is an exception) is recorded here, without a worker."""
+    already an input error (`Line.item` is an exception) is recorded here, without a worker.
+    `start_method` ("fork", "forkserver", "spawn") overrides how workers start (`_context`)."""
     if workers < 1:
         raise ValueError(f"workers must be at least 1, got {workers}")
     if options.get("budget") is not None:
         raise ValueError("a budget needs one process (workers would spend apart)")
+    ctx = _context(start_method)
     shares: list[list[tuple[int, Line]]] = [[] for _ in range(workers)]
     dealt = 0
     for index, line in enumerate(lines):
@@ -134,41 +153,45 @@ def run_processes(lines: Sequence[Line], *, workers: int, concurrency: int, opti
     shares = [s for s in shares if s]
     if not shares:
         return
-    ctx = _context()
-    out = ctx.Queue()
     alive, keep_alive = ctx.Pipe(duplex=False)  # the workers' read end; the write end stays here
-    procs = [ctx.Process(target=_worker, name=f"rag-rerank-worker-{w}", daemon=True,
-                         args=(share, concurrency, dict(options), list(secrets), scores, out, alive,
-                               keep_alive))
-             for w, share in enumerate(shares)]
     owner = {index: w for w, share in enumerate(shares) for index, _ in share}
     line_of = {index: line for share in shares for index, line in share}
-    said: list[str] = []  # why workers failed, when they said
+    said: dict[int, list[str]] = {w: [] for w in range(len(shares))}  # why each worker failed
+    procs: list[Any] = []
+    readers: dict[Any, int] = {}  # a worker's read end -> the worker
     try:
         gc.freeze()  # a forked worker's collector then leaves the inherited objects' pages shared
         try:
-            for p in procs:
-                p.start()
+            for w, share in enumerate(shares):
+                # One pipe per worker: a worker killed in the middle of a message ends only its own
+                # pipe (end-of-file here), and no worker waits on a lock another one died holding.
+                reader, writer = ctx.Pipe(duplex=False)
+                proc = ctx.Process(target=_worker, name=f"rag-rerank-worker-{w}",
+                                   args=(share, concurrency, dict(options), list(secrets), scores,
+                                         PATH_HINT.get(), (reader, writer), alive, keep_alive))
+                proc.start()
+                writer.close()  # the worker's alone now: its exit is end-of-file on `reader`
+                procs.append(proc)
+                readers[reader] = w
         finally:
             gc.unfreeze()
-        while owner:
-            try:
-                kind, index, rec = out.get(timeout=_POLL_S)
-            except queue.Empty:
-                if any(p.is_alive() for p in procs):
+        while owner and readers:
+            for reader in wait(list(readers), timeout=_POLL_S):
+                try:
+                    kind, index, rec = reader.recv()
+                except (EOFError, OSError):  # the worker exited (or died in the middle of a message)
+                    reader.close()
+                    del readers[reader]
                     continue
-                try:  # every worker has exited: what they put before exiting is still to read
-                    kind, index, rec = out.get(timeout=_POLL_S)
-                except queue.Empty:
-                    break
-            if kind == "failed":
-                said.append(rec)
-            elif owner.pop(index, None) is not None:
-                on_record(index, rec)
-        why = f" ({'; '.join(dict.fromkeys(said))})" if said else ""
+                if kind == "failed":
+                    said[readers[reader]].append(rec)
+                elif owner.pop(index, None) is not None:
+                    on_record(index, rec)
         for index in sorted(owner):  # lines a failed or killed worker never answered
-            proc = procs[owner[index]]
-            lost = RuntimeError(f"worker process {owner[index]} (pid {proc.pid}) {_ended(proc.exitcode)} "
+            w = owner[index]
+            procs[w].join(timeout=_CLOSE_S)
+            why = f" ({'; '.join(dict.fromkeys(said[w]))})" if said[w] else ""
+            lost = RuntimeError(f"worker process {w} (pid {procs[w].pid}) {_ended(procs[w].exitcode)} "
                                 f"before answering this line{why}; to retry it, delete this record from the "
                                 "output and run the batch again with --resume")
             on_record(index, record(line_of[index], lost, secrets, scores=scores))
@@ -179,6 +202,7 @@ def run_processes(lines: Sequence[Line], *, workers: int, concurrency: int, opti
             if p.is_alive():
                 p.terminate()
                 p.join(timeout=5)
-        out.close()
+        for reader in readers:
+            reader.close()
         alive.close()
         keep_alive.close()

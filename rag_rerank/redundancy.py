@@ -402,8 +402,8 @@ def redundancy(texts: Sequence[str], semantic: np.ndarray | Callable[[], np.ndar
     """For every pair of `texts`: whether they are redundant (a symmetric bool matrix), and which
     to keep of a redundant pair (`prefer[i, j]` True when `i` is to be kept over `j` because it
     contains `j` and says more). `semantic` is the texts' cosine matrix under the family's
-    sentence vectors (or a function making it, called only when a pair needs it: a list of
-    passages does not), `lexical` under the lexical embedder's.
+    sentence vectors (or a function making it, called unless every text is surely a passage: a
+    list of passages needs none), `lexical` under the lexical embedder's.
 
     Only pairs that could be redundant are judged: the `candidates` (a bool matrix, a cheap
     prefilter the caller computed), else those close in meaning (cosine at or above `tau`), near
@@ -417,7 +417,7 @@ def redundancy(texts: Sequence[str], semantic: np.ndarray | Callable[[], np.ndar
         return redundant, prefer
     copy = lexical >= LEXICAL_COPY
     if all(surely_passage(t) for t in texts):  # every pair is two passages: `_passages` is `copy`
-        redundant = np.triu(copy, 1)
+        redundant = np.triu(copy if candidates is None else copy & candidates, 1)
         return redundant | redundant.T, prefer
     if callable(semantic):
         semantic = semantic()

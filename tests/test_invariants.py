@@ -39,6 +39,7 @@ from hypothesis import strategies as st  # noqa: E402
 
 from rag_rerank import arerank, arerank_many, rerank  # noqa: E402
 from rag_rerank.errors import InputError, RerankError  # noqa: E402
+from rag_rerank.guard.output import cites_chunk  # noqa: E402
 from rag_rerank.models import RerankResult  # noqa: E402
 from rag_rerank.retry import RetryPolicy  # noqa: E402
 from rag_rerank.text import comparable  # noqa: E402
@@ -364,9 +365,13 @@ def _citable(text: str) -> list[str]:
     """Words of the chunk a reason can name as concrete: a number, a non-ASCII word of three or
     more characters, or an ASCII word of five or more (shorter ASCII words are mostly function
     words like "the", which name nothing); taken from the text as a reader sees it (invisible
-    characters such as a soft hyphen are not word breaks: `text.comparable`), longest first."""
+    characters such as a soft hyphen are not word breaks: `text.comparable`), longest first. A
+    careful model does not offer a word that says only that a chunk is relevant ("passages",
+    "relevant": the output guard rightly refuses a reason naming nothing else), so each word is
+    one the guard counts as a citation of this chunk (`cites_chunk`)."""
     words = _WORD.findall(comparable(text))
-    keep = {w for w in words if any(ch.isdigit() for ch in w) or len(w) >= (5 if w.isascii() else 3)}
+    keep = {w for w in words if (any(ch.isdigit() for ch in w) or len(w) >= (5 if w.isascii() else 3))
+            and cites_chunk(f"names {w}", text)}
     return sorted(keep, key=lambda w: (-len(w), w))[:4]
 
 

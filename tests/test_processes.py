@@ -94,6 +94,8 @@ class _DyingEmbedder:
             os._exit(7)
         if any("KILL" in t for t in texts):
             os.kill(os.getpid(), signal.SIGKILL)
+        if any("QUIT" in t for t in texts):
+            raise SystemExit("the embedder gave up")  # escapes the batch: the worker itself fails
         rows = np.ones((len(texts), 2))
         return rows / np.linalg.norm(rows, axis=1, keepdims=True)
 
@@ -106,22 +108,69 @@ def _lines(texts: list[str]) -> list[Any]:
 
 
 def test_a_worker_that_dies_loses_no_line() -> None:
-    lines = _lines(["cats purr when content", "DIE here", "KILL here", "birds sing at dawn"])
+    lines = _lines(["cats purr when content", "DIE here", "QUIT here", "KILL here", "owls hoot", "bats fly"])
     got: dict[int, dict[str, Any]] = {}
-    run_processes(lines, workers=2, concurrency=1, options={"embedder": _DyingEmbedder()}, secrets=[],
+    run_processes(lines, workers=3, concurrency=1, options={"embedder": _DyingEmbedder()}, secrets=[],
                   scores=False, on_record=lambda i, rec: got.__setitem__(i, rec))
-    assert sorted(got) == [0, 1, 2, 3]
+    assert sorted(got) == [0, 1, 2, 3, 4, 5]
     assert "result" in got[0]
-    # Lines dealt round-robin: worker 1 held lines 1 and 3 and exited on line 1; worker 0 answered
-    # line 0 and was killed on line 2.
-    said = {i: got[i]["error"]["message"] for i in (1, 2, 3)}
+    # Lines dealt round-robin: worker 0 answered line 0 and was killed on line 3; worker 1 exited on
+    # line 1 (and never answered line 4); worker 2 failed on line 2 (and never answered line 5).
+    said = {i: got[i]["error"]["message"] for i in (1, 2, 3, 4, 5)}
     assert all(got[i]["error"]["kind"] == "internal" for i in said)
-    assert re.match(r"RuntimeError: worker process 1 \(pid \d+\) exited with code 7 before answering this "
-                    r"line", said[1])
-    assert said[3] == said[1]
-    assert re.match(r"RuntimeError: worker process 0 \(pid \d+\) was killed by signal 9 \(SIGKILL\)", said[2])
+    head = r"RuntimeError: worker process {} \(pid \d+\) {} before answering this line"
+    assert re.match(head.format(1, "exited with code 7") + ";", said[1]) and said[4] == said[1]
+    assert re.match(head.format(2, "exited with code 1") + r" \(SystemExit: the embedder gave up\);", said[2])
+    assert said[5] == said[2]
+    assert re.match(head.format(0, r"was killed by signal 9 \(SIGKILL\)") + ";", said[3])  # no other's reason
     assert all("delete this record from the output and run the batch again with --resume" in m
                for m in said.values())
+
+
+@pytest.mark.parametrize("start_method", ["fork", "forkserver", "spawn"])
+def test_every_start_method_writes_what_one_process_writes(tmp_path: Path, start_method: str) -> None:
+    """A context variable (the batch's PATH_HINT: no Python advice in a batch line's message) did not
+    reach a forkserver or spawn worker, whose records then differed from one process's."""
+    from rag_rerank.guard.input import PATH_HINT
+
+    text = "\n".join([json.dumps({"query": "q", "chunks": "docs/chunks.jsonl"}),
+                      json.dumps({"query": "q", "chunks": [{"id": "a", "text": "cats purr"}]}),
+                      json.dumps({"query": "q", "chunks": [{"id": "b", "text": "dogs bark"}]})])
+    lines = parse_input(text)
+    got: dict[int, dict[str, Any]] = {}
+    hint = PATH_HINT.set("")
+    try:
+        run_processes(lines, workers=2, concurrency=1, options={}, secrets=[], scores=False,
+                      on_record=lambda i, rec: got.__setitem__(i, rec), start_method=start_method)
+    finally:
+        PATH_HINT.reset(hint)
+    assert sorted(got) == [0, 1, 2]
+    assert "pathlib" not in got[0]["error"]["message"] and "docs/chunks.jsonl" in got[0]["error"]["message"]
+    assert "result" in got[1] and "result" in got[2]
+
+
+class _ForkingEmbedder:
+    """A caller's embedder that starts a child process of its own (a pool, a model server)."""
+
+    name = "forking"
+    duplicate_threshold = 0.9
+
+    def embed(self, texts: list[str]) -> np.ndarray:
+        import multiprocessing
+
+        child = multiprocessing.get_context("fork").Process(target=int)
+        child.start()
+        child.join()
+        rows = np.ones((len(texts), 2))
+        return rows / np.linalg.norm(rows, axis=1, keepdims=True)
+
+
+def test_a_worker_may_start_processes_of_its_own() -> None:
+    got: dict[int, dict[str, Any]] = {}
+    run_processes(_lines(["cats purr", "dogs bark"]), workers=2, concurrency=1,
+                  options={"embedder": _ForkingEmbedder()}, secrets=[], scores=False,
+                  on_record=lambda i, rec: got.__setitem__(i, rec))
+    assert all("result" in rec for rec in got.values()), got
 
 
 def test_a_worker_that_fails_says_why_on_each_line() -> None:
@@ -151,6 +200,9 @@ def test_run_processes_refuses_a_budget_and_no_workers() -> None:
     with pytest.raises(ValueError, match="at least 1"):
         run_processes([], workers=0, concurrency=1, options={}, secrets=[], scores=False,
                       on_record=lambda i, rec: None)
+    with pytest.raises(ValueError, match="start_method 'teleport' is not available"):
+        run_processes([], workers=1, concurrency=1, options={}, secrets=[], scores=False,
+                      on_record=lambda i, rec: None, start_method="teleport")
 
 
 def test_cli_workers_usage_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

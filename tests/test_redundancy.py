@@ -188,3 +188,15 @@ def test_the_passage_shortcut_agrees_on_real_passages() -> None:
     settled = [t for t in texts if surely_passage(t)]
     assert all(len(read(t).words) > SHORT_WORDS for t in settled)
     assert len(settled) >= 0.9 * sum(len(read(t).words) > SHORT_WORDS for t in texts)
+
+
+def test_the_passage_shortcut_keeps_to_the_callers_candidates() -> None:
+    """`candidates` limits the pairs judged; the shortcut for lists of passages honours it too."""
+    passage = " ".join(f"word{i} stands in a long passage about indexes" for i in range(8))
+    texts = [passage, passage + " again"]
+    assert all(surely_passage(t) for t in texts)
+    near = np.array([[1.0, 0.99], [0.99, 1.0]])
+    same, _ = redundancy(texts, near, RULES["static"], near)
+    assert same[0, 1] and same[1, 0]
+    none, _ = redundancy(texts, near, RULES["static"], near, candidates=np.zeros((2, 2), dtype=bool))
+    assert not none.any()

@@ -499,7 +499,7 @@ def test_a_misspelt_backend_option_gets_a_did_you_mean() -> None:
     assert texts[0].startswith("backend_options.temprature: the openai backend takes no option "
                                "'temprature'; did you mean 'temperature'? (it takes ")
     assert "did you mean" not in texts[1]
-    assert "(it takes timeout, temperature, response_format, seed, scoring)" in texts[1]
+    assert "(it takes timeout, temperature, response_format, seed, scoring, http)" in texts[1]
     with pytest.raises(InputError, match="did you mean 'fusion'"):
         rerank("IVF?", TWO, 1, backend_options={"fusoin": None})
 

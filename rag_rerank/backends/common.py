@@ -450,10 +450,10 @@ def http_client(sdk: Any, *, asynchronous: bool = False, transport: str = "httpx
     servers with the `shared_ssl_context`: what an `openai` / `anthropic` client is given.
 
     `transport="aiohttp"` gives an async client the SDK's aiohttp transport (`DefaultAioHttpClient`:
-    the same limits, timeouts, proxies and TLS context). Why offer it: with many calls in flight the
-    default transport's connection pool costs the one event loop more CPU per call (bench/batch.py:
-    about 0.5 ms a query less with aiohttp at 64 in flight, docs/speed.md). A sync client is always
-    httpx; aiohttp has no sync client."""
+    the connection limit, connect, read and pool timeouts, proxies, TLS context). Why offer it: with
+    many calls in flight the default transport's connection pool costs the one event loop more CPU
+    per call (bench/batch.py: about 0.5 ms a query less with aiohttp at 64 in flight,
+    docs/speed.md). A sync client is always httpx; aiohttp has no sync client."""
     if asynchronous and transport == "aiohttp":
         return sdk.DefaultAioHttpClient(verify=shared_ssl_context())
     kind = sdk.DefaultAsyncHttpxClient if asynchronous else sdk.DefaultHttpxClient

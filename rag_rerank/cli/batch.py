@@ -94,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
                          "with --workers 1, the default: Ray actors and worker processes spend apart); check "
                          "the plan with --dry-run")
     cores = os.cpu_count() or 1
-    if args.engine == "local" and (args.workers or 1) > cores:
+    if args.engine == "local" and (args.workers or 1) > cores and not args.dry_run:
         print(f"rag-rerank: batch: note: --workers {args.workers} is more than this machine's {cores} cores; "
               "the workers will compete for them (for more requests in flight, raise --concurrency)",
               file=sys.stderr)
