@@ -223,7 +223,7 @@ def _response_class(sdk: Any) -> Any:
             continue
         if issubclass(sdk.DefaultHttpxClient, lib.Client):
             return lib.Response
-    raise MissingDependencyError("the openai backend", None, "httpx")
+    raise MissingDependencyError("the openai backend", None, "openai>=1.40")  # its HTTP library is missing
 
 
 def _json_of(response: Any) -> Any:
