@@ -227,7 +227,8 @@ class OrderedWriter:
             self.next += 1
 
 
-# A cross-encoder's knobs that decide how fast it scores, not what: a resumed run may change them.
+# Backend knobs that decide how fast it answers, not what (a cross-encoder's device and batch size,
+# an HTTP backend's transport): a resumed run may change them.
 SPEED_KNOBS = frozenset({"device", "batch_size", "http"})
 
 

@@ -50,9 +50,6 @@ async def run_local(items: Sequence[Any], concurrency: int, on_done: Callable[[i
         await reranker.arerank_many(items, concurrency=concurrency, on_done=on_done, budget=budget)
 
 
-START_METHODS = ("fork", "forkserver", "spawn")
-
-
 def _context(start_method: str | None = None) -> Any:
     """How to start workers. fork where it is safe: on Linux, from a process with no other thread
     (a worker then starts in milliseconds with the imports done); a fork while another thread holds
@@ -155,8 +152,7 @@ def run_processes(lines: Sequence[Line], *, workers: int, concurrency: int, opti
         return
     alive, keep_alive = ctx.Pipe(duplex=False)  # the workers' read end; the write end stays here
     owner = {index: w for w, share in enumerate(shares) for index, _ in share}
-    line_of = {index: line for share in shares for index, line in share}
-    said: dict[int, list[str]] = {w: [] for w in range(len(shares))}  # why each worker failed
+    said: dict[int, str] = {}  # why a worker failed, when it said (its one "failed" message)
     procs: list[Any] = []
     readers: dict[Any, int] = {}  # a worker's read end -> the worker
     try:
@@ -184,17 +180,17 @@ def run_processes(lines: Sequence[Line], *, workers: int, concurrency: int, opti
                     del readers[reader]
                     continue
                 if kind == "failed":
-                    said[readers[reader]].append(rec)
+                    said[readers[reader]] = rec
                 elif owner.pop(index, None) is not None:
                     on_record(index, rec)
         for index in sorted(owner):  # lines a failed or killed worker never answered
             w = owner[index]
             procs[w].join(timeout=_CLOSE_S)
-            why = f" ({'; '.join(dict.fromkeys(said[w]))})" if said[w] else ""
+            why = f" ({said[w]})" if w in said else ""
             lost = RuntimeError(f"worker process {w} (pid {procs[w].pid}) {_ended(procs[w].exitcode)} "
                                 f"before answering this line{why}; to retry it, delete this record from the "
                                 "output and run the batch again with --resume")
-            on_record(index, record(line_of[index], lost, secrets, scores=scores))
+            on_record(index, record(lines[index], lost, secrets, scores=scores))
         for p in procs:  # each closes its session (its connections, its cache) and exits by itself
             p.join(timeout=_CLOSE_S)
     finally:

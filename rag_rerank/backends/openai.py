@@ -232,12 +232,11 @@ def _json_of(response: Any) -> Any:
     JSON content type is parsed (invalid JSON raises `JSONDecodeError`, as the SDK raised it);
     any other is parsed when its bytes are JSON (encoding detected from the bytes, as `json.loads`
     does), else returned as text (a web page)."""
-    content_type = response.headers.get("content-type", "*").split(";")[0]
-    if content_type.endswith("json"):
-        return json.loads(response.content)
     try:
         return json.loads(response.content)
     except ValueError:
+        if response.headers.get("content-type", "*").split(";")[0].endswith("json"):
+            raise
         return response.text
 
 
