@@ -71,3 +71,12 @@ def happy_chunks(happy_jsonl: str) -> list[Chunk]:
     from rag_rerank.guard import parse_chunks
 
     return parse_chunks(happy_jsonl)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  # type: ignore[no-untyped-def]
+    """In CI, a test that skips for want of the shared data fails (tests/support/shared_data.py)."""
+    from tests.support.shared_data import fail_unexpected_skip
+
+    outcome = yield
+    fail_unexpected_skip(outcome.get_result())
