@@ -251,3 +251,39 @@ def test_cli_errors_name_the_flag(data, tmp_path: Path, capsys) -> None:
     assert main(["calibrate", "--candidates", str(cands), "--qrels", str(tmp_path / "none"), "-o", out]) == 2
     assert "--qrels: no such file" in capsys.readouterr().err
     assert not Path(out).exists()
+
+
+def _two_queries(tmp_path: Path) -> tuple[Path, Path]:
+    chunks = [{"id": "a", "text": "IVF partitions vectors into cells"},
+              {"id": "b", "text": "HNSW builds a graph"}]
+    cands = tmp_path / "cands.jsonl"
+    cands.write_text("".join(json.dumps({"qid": q, "query": f"what is {q}", "chunks": chunks}) + "\n"
+                             for q in ("ivf", "hnsw")), encoding="utf-8")
+    qrels = tmp_path / "qrels.txt"
+    qrels.write_text("ivf 0 a 1\nivf 0 b 0\nhnsw 0 a 0\nhnsw 0 b 1\n", encoding="utf-8")
+    return cands, qrels
+
+
+@pytest.mark.parametrize("server", ["refuses", "resets"])
+def test_cli_names_the_real_cause_of_a_connection_failure(tmp_path: Path, capsys, monkeypatch,
+                                                          server: str) -> None:
+    """A server that refuses or resets the connection (real sockets on 127.0.0.1): the cause, as
+    batch and arerank report it, never an event-loop error from the HTTP pool's clean-up
+    ("RuntimeError: no running event loop", "IndexError: pop from an empty deque")."""
+    from tests.support.sockets import Resetter, closed_port
+
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
+    cands, qrels = _two_queries(tmp_path)
+    out = tmp_path / "cal.json"
+    with Resetter() as resetter:
+        port = resetter.port if server == "resets" else closed_port()
+        code = main(["calibrate", "--candidates", str(cands), "--qrels", str(qrels), "-o", str(out),
+                     "--backend", "openai", "-m", "x", "--base-url", f"http://127.0.0.1:{port}/v1",
+                     "--no-progress"])
+    err = capsys.readouterr().err
+    assert code == 2 and not out.exists()
+    assert "no running event loop" not in err and "empty deque" not in err
+    if server == "resets":
+        assert "Connection reset by peer" in err or "Server disconnected" in err, err
+    else:
+        assert f"connection refused at 127.0.0.1:{port}" in err, err

@@ -320,9 +320,20 @@ def _request_url(exc: BaseException) -> str | None:
 
 def connection_detail(exc: BaseException, secret: str | Sequence[str | None] | None) -> str:
     """The innermost cause of a connection error in a few words: the SDKs' own text is only
-    "Connection error.", which leaves a reset and a TLS failure looking the same."""
-    chain = _causes(exc)
-    inner = chain[-1] if chain else exc
+    "Connection error.", which leaves a reset and a TLS failure looking the same.
+
+    The cause is followed down the chain each error was raised from (`__cause__`, else the
+    error it was raised while handling) and ends at the first operating-system error (the socket's
+    reset, refusal, timeout or TLS failure): on an async client anyio's error has the socket's
+    `ConnectionResetError` as its cause and an `IndexError` the pool met in its own bookkeeping as
+    its context, and that reset was itself raised while handling a `RuntimeError: no running
+    event loop`; reporting the last error of the chain (`calibrate`, `batch`) hid the reset."""
+    inner = exc
+    seen = [exc]
+    while not isinstance(inner, OSError) and (nxt := inner.__cause__ or inner.__context__) is not None \
+            and not any(nxt is s for s in seen):
+        inner = nxt
+        seen.append(nxt)
     text = " ".join(str(inner).split()) or type(inner).__name__
     if inner is not exc:
         text = f"{type(inner).__name__}: {text}"
