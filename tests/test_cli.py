@@ -670,3 +670,26 @@ def test_a_framework_shaped_chunk_file_is_told_to_rename_its_text_field(
     assert err == [f"rag-rerank: error: line {n}: chunks[{n - 1}].text: id '{i}': missing required field "
                    f"'text'; this record has '{field}'{said}: rename it to 'text'"
                    for n, i in ((1, "a"), (2, "b"))]
+
+
+def test_check_reports_the_fence_and_every_violation_inside_it(capsys: pytest.CaptureFixture[str],
+                                                                tmp_path: Path) -> None:
+    """Without --repair a fenced answer was reported for its fence alone: its wrong-case id, its
+    score 1.2 and its generic reason appeared only with --repair. Now every one, at once."""
+    answer = {"ranked": [{"id": "C3", "score": 0.9, "reason": "IVF is preferred when memory is constrained"},
+                         {"id": "c1", "score": 1.2, "reason": "HNSW is RAM-heavy"},
+                         {"id": "c2", "score": 0.5, "reason": "relevant"}],
+              "dropped": [{"id": "c4", "reason": "FAISS hosts both"},
+                          {"id": "c5", "reason": "below_min_score"}]}
+    o = write(tmp_path, "out.txt", "```json\n" + json.dumps(answer) + "\n```")
+    code, out, err = run(capsys, "check", "-c", str(EXAMPLES / "happy-path.jsonl"), "-k", "3", o)
+    _, _, repaired = run(capsys, "check", "-c", str(EXAMPLES / "happy-path.jsonl"), "-k", "3", "--repair", o)
+    inside = [line.removeprefix("rag-rerank: invalid: ") for line in repaired if "invalid:" in line]
+    assert code == EXIT_INVALID_OUTPUT and out == ""
+    assert "code fence" in err[0]
+    assert len(inside) >= 3 and len(err) == 1 + len(inside)
+    for line, violation in zip(err[1:], inside, strict=True):
+        assert line.startswith(f"rag-rerank: invalid: {violation}")
+        assert "removed a Markdown code fence" in line
+    shown = "\n".join(err)
+    assert "C3" in shown and "1.2" in shown and "ranked[2].reason" in shown

@@ -1,9 +1,15 @@
-"""`rag-rerank check`: judge a raw LLM output against the contract (exit 1 if invalid)."""
+"""`rag-rerank check`: judge a raw LLM output against the contract (exit 1 if invalid).
+
+Without `--repair` a wrapped answer (a code fence, prose, a `<think>` block) is invalid, but that
+is rarely its only fault: the answer inside is judged too, and each of its violations is reported
+as well, marked with what `--repair` would remove to reach it. One run shows every fault.
+"""
 
 from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
+from dataclasses import replace
 
 from ..guard import parse_chunks
 from ..guard.output import judge
@@ -40,7 +46,11 @@ def run(args: argparse.Namespace) -> int:
         for r in fixed.repairs:
             err(f"repair: {r}")
         raw = fixed.text
-    _, violations = judge(raw, chunks, args.top_k, query=args.query)
+    obj, violations = judge(raw, chunks, args.top_k, query=args.query)
+    if obj is None and not args.repair and (unwrapped := repair_output(raw)).repairs:
+        _, inside = judge(unwrapped.text, chunks, args.top_k, query=args.query)
+        where = f" (in the answer inside: {'; '.join(unwrapped.repairs)})"
+        violations += [replace(v, message=v.message + where) for v in inside]
     if violations:
         print_violations(violations, prefix="invalid")
         return EXIT_INVALID_OUTPUT
