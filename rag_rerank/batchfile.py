@@ -98,6 +98,26 @@ def parse_input(text: str) -> list[Line]:
     return out
 
 
+def looks_like_chunks(text: str) -> bool:
+    """Whether `text` reads as a chunks file (`{id, text, ...}` per line, as `rerank -c` takes) rather
+    than batch requests: every non-blank line an object with `id` and `text` and neither `query`
+    nor `chunks`. Then one message says so, instead of the same "unknown key 'id'" on every line.
+    Stops at the first line that is not a chunk."""
+    seen = False
+    for raw in text.removeprefix("\ufeff").split("\n"):
+        if not raw.strip():
+            continue
+        try:
+            obj = json.loads(raw)
+        except (ValueError, RecursionError):
+            return False
+        chunk = isinstance(obj, dict) and "id" in obj and "text" in obj
+        if not chunk or {"query", "chunks"} & set(obj):
+            return False
+        seen = True
+    return seen
+
+
 def error_kind(exc: Exception) -> str:
     """"input" (the caller can fix it), "backend" (every attempt failed, or a replay found no
     recorded answer) or "internal" (a bug)."""
@@ -314,4 +334,4 @@ def check_resumed(done: Mapping[int, Mapping[str, Any]], lines: Sequence[Line], 
 
 __all__ = ["EXIT_BACKEND", "EXIT_BAD_INPUT", "EXIT_INTERNAL", "EXIT_OK", "LINE_KEYS", "Line", "OrderedWriter",
            "Outcome", "check_config", "check_resumed", "error_kind", "error_record", "exit_code",
-           "exit_code_for", "parse_input", "read_done", "record", "record_config"]
+           "exit_code_for", "looks_like_chunks", "parse_input", "read_done", "record", "record_config"]

@@ -273,10 +273,51 @@ def over_budget(budget: Budget | None, calls: int, tokens: int, cost: float | No
     return tuple(out)
 
 
+def waves(plans: Sequence[CostPlan], concurrency: int) -> int:
+    """The round trips of a batch of these plans: the waves of calls a run makes with at most
+    `concurrency` requests, and as many calls, in flight (`Reranker.arerank_many`).
+
+    Each call is taken to last one round trip. Requests start in input order as slots free up;
+    in each wave the started ones take the free call slots in that order, a request's windows
+    any number at once, its final pass (and each `consistency` pass) only after what comes before
+    it. For one request this is `cost_plan`'s count (windows `concurrency` at a time, then the
+    final pass); for one-call requests it is ceil(requests / concurrency)."""
+    queue = [_steps(p) for p in plans if p.round_trips]
+    active: list[list[int]] = []
+    count = 0
+    while queue or active:
+        while queue and len(active) < concurrency:
+            active.append(queue.pop(0))
+        free = concurrency
+        for steps in active:
+            taken = min(free, steps[0])
+            steps[0] -= taken
+            free -= taken
+        active = [steps[1:] if steps[0] == 0 else steps for steps in active]
+        active = [steps for steps in active if steps]
+        count += 1
+    return count
+
+
+def _steps(plan: CostPlan) -> list[int]:
+    """The calls of one plan as steps that run one after another: a pass's windows together, its
+    final pass, or its one call (`CallEstimate.stage` in order)."""
+    steps: list[int] = []
+    previous = ""
+    for estimate in plan.estimates:
+        if estimate.stage == "window" and previous == "window":
+            steps[-1] += 1
+        else:
+            steps.append(1)
+        previous = estimate.stage
+    return steps
+
+
 def summed(plans: Sequence[CostPlan], budget: Budget | None, backend: str = "",
-           model: str | None = None) -> CostPlan:
+           model: str | None = None, concurrency: int | None = None) -> CostPlan:
     """Many requests' plans as one (a batch): counts and tokens added, the budget judged on the sum;
-    `backend` and `model` name the plan of no request (a batch with nothing left to do)."""
+    `backend` and `model` name the plan of no request (a batch with nothing left to do). With
+    `concurrency`, the round trips are the batch's `waves`; without, the longest plan's."""
     first = plans[0] if plans else None
     prices = first.prices if first else None
     prompt = sum(p.prompt_tokens for p in plans)
@@ -286,7 +327,8 @@ def summed(plans: Sequence[CostPlan], budget: Budget | None, backend: str = "",
     return CostPlan(
         backend=first.backend if first else backend, model=first.model if first else model,
         calls=sum(p.calls for p in plans), requests=requests,
-        round_trips=max((p.round_trips for p in plans), default=0),
+        round_trips=(waves(plans, concurrency) if concurrency is not None
+                     else max((p.round_trips for p in plans), default=0)),
         max_reasks=sum(p.max_reasks for p in plans),
         max_requests=sum(p.max_requests for p in plans), prompt_tokens=prompt, completion_tokens=completion,
         max_completion_tokens=sum(p.max_completion_tokens for p in plans), cost=cost, prices=prices,

@@ -166,22 +166,29 @@ class Reranker(Closing):
     # --- many requests -----------------------------------------------------------------------
 
     def plan_many(self, requests: Iterable[Mapping[str, Any] | Exception], *, concurrency: int = 4,
-                  budget: Any = None, prices: Any = None) -> CostPlan:
+                  budget: Any = None, prices: Any = None,
+                  on_invalid: Callable[[int, Exception], Any] | None = None) -> CostPlan:
         """What `rerank_many` of these requests would do and cost, summed, without any request;
-        `exceeded` names each limit of the batch's `budget` it would cross. A request that is not
-        valid is left out (it would fail without a call)."""
+        `exceeded` names each limit of the batch's `budget` it would cross, and `round_trips`
+        counts the waves of `concurrency` requests (`cost.waves`). A request that is not valid is
+        left out (it would fail without a call); `on_invalid(index, error)` is told of each one,
+        with the error the run would report for it."""
         prices = as_prices(prices if prices is not None else self._defaults.prices)
         budget = as_budget(budget, prices)
         plans = []
-        for item in requests:
+        for index, item in enumerate(requests):
             if isinstance(item, Exception):
+                if on_invalid is not None:
+                    on_invalid(index, item)
                 continue
             try:
                 args, options = request_call(item, self._given)
                 plans.append(self.plan(*args, **{"concurrency": concurrency, "prices": prices, **options}))
-            except RerankError:  # an invalid request: the run reports it as that request's error
-                continue
-        return summed(plans, budget, self.backend_name, getattr(self._setup.backend, "model", None))
+            except RerankError as exc:  # an invalid request: the run reports it as that request's error
+                if on_invalid is not None:
+                    on_invalid(index, exc)
+        return summed(plans, budget, self.backend_name, getattr(self._setup.backend, "model", None),
+                      concurrency=concurrency)
 
     async def arerank_many(self, requests: Iterable[Mapping[str, Any] | Exception], *, concurrency: int = 4,
                            progress: Callable[[int, int], None] | None = None,

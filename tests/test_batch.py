@@ -719,3 +719,105 @@ def test_the_recorded_configuration_holds_no_credentials(tmp_path: Path, capsys,
         assert main([*argv[:-1], other, "--resume"]) == 0
     assert [r["line"] for r in _read(out)] == [1, 2, 3]
     assert SECRET not in out.read_text(encoding="utf-8") + capsys.readouterr().err
+
+
+# --- issue 31: a dry run that names bad lines, a refused run that writes nothing, -----------------
+# --- a chunks file named as one, an interruption that says how to go on ----------------------------
+
+
+def _openai(srv: FakeLLM) -> list[str]:
+    return ["--backend", "openai", "-m", "m", "--base-url", srv.openai_url, "--no-progress"]
+
+
+def test_a_dry_run_names_every_invalid_line_and_counts_waves_of_concurrency(
+        tmp_path: Path, capsys, monkeypatch) -> None:
+    """12 lines, 3 bad: the dry run said exit 0, "calls": 9, nothing on stderr, and round_trips 1
+    whatever --concurrency. Each bad line is named (line and field) and the plan counts the waves
+    a run makes, --concurrency requests at a time (docs/cost.md)."""
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
+    rows = [json.dumps(q) for q in _queries(9)]
+    rows.insert(2, '{"query": "x", "chunks": ')                      # line 3: not JSON
+    rows.insert(5, _line(query=QUERY, chunks=HAPPY, topk=3))         # line 6: a misspelt key
+    rows.insert(8, _line(query=QUERY, chunks=HAPPY, top_k=0))        # line 9: a bad value
+    inp = tmp_path / "q.jsonl"
+    _write_input(inp, rows)
+    with FakeLLM(handler=auto_ranker()) as srv:
+        base = ["batch", "-i", str(inp), *_openai(srv), "--dry-run"]
+        waves = {}
+        for concurrency in (1, 4, 9):
+            assert main([*base, "--concurrency", str(concurrency)]) == 2
+            cap = capsys.readouterr()
+            planned = json.loads(cap.out)
+            waves[concurrency] = planned["round_trips"]
+            assert planned["calls"] == 9 and planned["requests_planned"] == 9
+            assert planned["invalid_lines"] == [3, 6, 9]
+            err = cap.err.splitlines()
+            named = [e.split(":")[1].strip() for e in err if "input error" in e]
+            assert named == ["line 3", "line 6", "line 9"]
+            assert "not valid JSON" in err[0] and "'topk'" in err[1] and "top_k" in err[2]
+        assert not srv.requests
+    assert waves == {1: 9, 4: 3, 9: 1}
+
+
+def test_a_batch_refused_by_its_budget_writes_nothing(tmp_path: Path, capsys, monkeypatch) -> None:
+    """A refused run left an empty --output (and --overwrite had already emptied the old one)."""
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
+    inp, out, kept = tmp_path / "q.jsonl", tmp_path / "out.jsonl", tmp_path / "kept.jsonl"
+    _write_input(inp, [json.dumps(q) for q in _queries(3)])
+    earlier = '{"line": 1, "result": {"ranked": [], "dropped": []}}\n'
+    kept.write_text(earlier, encoding="utf-8")
+    with FakeLLM(handler=auto_ranker()) as srv:
+        base = ["batch", "-i", str(inp), *_openai(srv), "--budget-calls", "2"]
+        assert main([*base, "-o", str(out)]) == 2
+        assert "would exceed its budget" in capsys.readouterr().err
+        assert main([*base, "-o", str(kept), "--overwrite"]) == 2
+        assert not srv.requests
+    assert not out.exists()
+    assert kept.read_text(encoding="utf-8") == earlier
+
+
+def test_a_chunks_file_given_to_batch_is_named_as_one_once(tmp_path: Path, capsys) -> None:
+    """`batch -i chunks.jsonl` printed "unknown key 'id'; did you mean 'qid'?" for every line."""
+    inp, out = tmp_path / "chunks.jsonl", tmp_path / "out.jsonl"
+    inp.write_text(HAPPY, encoding="utf-8")
+    assert main(["batch", "-i", str(inp), "-o", str(out), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("looks like a chunks file") == 1 and "rerank -q QUERY -c" in err, err
+    assert "did you mean" not in err and len(err.splitlines()) == 1
+    assert not out.exists()
+
+
+def test_an_interrupted_batch_says_what_is_saved_and_that_resume_continues(tmp_path: Path) -> None:
+    """Ctrl-C printed only "interrupted"; now: how many lines are saved, and `--resume` goes on
+    (which it then does, to the end). A real SIGINT to a real batch process."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    inp, out = tmp_path / "q.jsonl", tmp_path / "out.jsonl"
+    _write_input(inp, [json.dumps(q) for q in _queries(8)])
+    root = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "PYTHONPATH": str(root), "OPENAI_API_KEY": "sk-test"}
+    with FakeLLM(handler=InFlight(quoting_ranker(), delay=0.3)) as srv:
+        argv = [sys.executable, "-m", "rag_rerank", "batch", "-i", str(inp), "-o", str(out), *_openai(srv),
+                "--concurrency", "1"]
+        proc = subprocess.Popen(argv, env=env, stderr=subprocess.PIPE, text=True)
+        try:
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and (not out.exists() or len(_read(out)) < 2):
+                time.sleep(0.05)
+            proc.send_signal(signal.SIGINT)
+            _, err = proc.communicate(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        saved = len(_read(out))
+        assert proc.returncode == 130 and 2 <= saved < 8
+        assert f"interrupted: {saved} of 8 lines are saved in {out}" in err, err
+        assert "--resume" in err
+        resumed = subprocess.run([*argv, "--resume"], env=env, capture_output=True, text=True, timeout=120)
+    assert resumed.returncode == 0, resumed.stderr
+    assert [r["line"] for r in _read(out)] == list(range(1, 9))
+    assert all("result" in r for r in _read(out))

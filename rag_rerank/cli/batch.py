@@ -4,6 +4,12 @@ The file formats, `--resume` and the exit code are `batchfile.py`'s; this module
 refuses an output it would destroy, runs the requests (one `Reranker` session for the run, a session
 in each of `--workers` local processes (`processes.py`), or Ray actors with `--engine ray`) and
 writes each record as soon as every earlier one is written.
+
+What it promises beside the records: `--dry-run` names each line that would fail (exit 2, as the
+run would) and counts the round trips in waves of `--concurrency`; a run refused before its first
+record (its budget, a bad option) leaves `--output` as it was, since the file is opened at the
+first record; an interrupted run says how many lines are saved and that `--resume` goes on; a
+chunks file given as `--input` is named as one.
 """
 
 from __future__ import annotations
@@ -18,11 +24,15 @@ from pathlib import Path
 from typing import IO, Any
 
 from ..batchfile import (
+    EXIT_BAD_INPUT,
+    Line,
     OrderedWriter,
     Outcome,
     check_config,
     check_resumed,
+    error_record,
     exit_code,
+    looks_like_chunks,
     parse_input,
     read_done,
     record,
@@ -104,14 +114,49 @@ def run(args: argparse.Namespace) -> int:
 
 
 
-def _dry_run(items: Sequence[Any], concurrency: int, options: Mapping[str, Any], indent: int | None) -> int:
-    """`--dry-run`: the plan of every request still to do, summed, and no request."""
+EXIT_INTERRUPTED = 130  # as the CLI answers Ctrl-C anywhere (cli/__init__.py)
+
+
+def _dry_run(todo: Sequence[Line], concurrency: int, options: Mapping[str, Any], indent: int | None,
+             secrets: Sequence[str | None]) -> int:
+    """`--dry-run`: the plan of every request still to do, summed, and no request. Each line the
+    run would fail without a call is named on stderr as the run names it, and the exit code is
+    the run's for bad input (2)."""
     options = dict(options)
     budget = options.pop("budget", None)
     session, request = split_options(options)
+    invalid: list[tuple[int, Exception]] = []
     with Reranker(**session, **request) as reranker:
-        planned = reranker.plan_many(items, concurrency=concurrency, budget=budget)
-    return print_plan({**planned.to_dict(), "requests_planned": len(items)}, indent)
+        planned = reranker.plan_many([ln.item for ln in todo], concurrency=concurrency, budget=budget,
+                                     on_invalid=lambda i, exc: invalid.append((todo[i].number, exc)))
+    for number, exc in invalid:
+        rec = error_record(exc, secrets)
+        print(f"rag-rerank: line {number}: {rec['kind']} error: {rec['message']}", file=sys.stderr)
+    code = print_plan({**planned.to_dict(), "requests_planned": len(todo) - len(invalid),
+                       "invalid_lines": [number for number, _ in invalid]}, indent)
+    return max(code, EXIT_BAD_INPUT if invalid else 0)
+
+
+class _OutputFile:
+    """`--output`, opened (truncated, or appended to with `--resume`) at the first record: a run
+    refused before any (over its budget, a bad option) leaves no file, and an old one intact."""
+
+    def __init__(self, path: Path, mode: str) -> None:
+        self.path, self.mode = path, mode
+        self.file: IO[str] | None = None
+
+    def write(self, text: str) -> None:
+        if self.file is None:
+            self.file = self.path.open(self.mode, encoding="utf-8")
+        self.file.write(text)
+
+    def flush(self) -> None:
+        if self.file is not None:
+            self.file.flush()
+
+    def close(self) -> None:
+        if self.file is not None:
+            self.file.close()
 
 
 def _progress_bar(total: int, enabled: bool) -> Any:
@@ -138,10 +183,15 @@ def run_batch(args: Any, backend_options: Mapping[str, Any]) -> int:
     if overwrite and args.resume:
         raise UsageError("--resume and --overwrite exclude each other: --resume continues --output, "
                          "--overwrite replaces it")
-    lines = parse_input(read_text(args.input, what="input"))
+    text = read_text(args.input, what="input")
+    lines = parse_input(text)
     if not lines:
         raise UsageError(f"--input: {args.input} holds no requests; write one JSON object "
                          "{query, chunks, top_k?, lambda?, query_id?} per line")
+    if all(isinstance(ln.item, Exception) for ln in lines) and looks_like_chunks(text):
+        raise UsageError(f"--input: {args.input} looks like a chunks file ({{id, text}} per line), not "
+                         f"batch requests: rank it with `rag-rerank rerank -q QUERY -c {args.input}`, or "
+                         "give batch one {query, chunks, top_k?, ...} object per line")
     done: dict[int, dict[str, Any]] = {}
     out_path = None if to_stdout else Path(args.output)
     if out_path is not None and out_path.is_dir():
@@ -164,22 +214,22 @@ def run_batch(args: Any, backend_options: Mapping[str, Any]) -> int:
             with out_path.open("r+b") as fh:
                 fh.truncate(valid_end)
     todo = [ln for ln in lines if ln.number not in done]
-    if dry_run:
-        return _dry_run([ln.item for ln in todo], args.concurrency, backend_options, None)
     secrets = secrets_of(backend_options.get("api_key"), urls=[backend_options.get("base_url")])
+    if dry_run:
+        return _dry_run(todo, args.concurrency, backend_options, None, secrets)
     options = {k: v for k, v in backend_options.items() if v is not None}
-    bar = _progress_bar(len(todo), not getattr(args, "no_progress", False))
-    stream: IO[str]
+    stream: IO[str] | _OutputFile
     if out_path is None:
         stream = sys.stdout
     else:
         if out_path.parent and not out_path.parent.exists():
             raise UsageError(f"--output: no such directory: {out_path.parent}")
-        try:
-            stream = out_path.open("a" if args.resume else "w", encoding="utf-8")
-        except OSError as exc:
-            raise UsageError(f"--output: cannot write {args.output}: {exc.strerror}") from None
-    writer = OrderedWriter(stream, [ln.number for ln in todo])
+        if not os.access(out_path if out_path.exists() else out_path.parent, os.W_OK):
+            raise UsageError(f"--output: cannot write {args.output}: permission denied")
+        stream = _OutputFile(out_path, "a" if args.resume else "w")
+    bar = _progress_bar(len(todo), not getattr(args, "no_progress", False))
+    writer = OrderedWriter(stream, [ln.number for ln in todo])  # type: ignore[arg-type]
+    interrupted = False
     try:
 
         def on_record(index: int, rec: dict[str, Any]) -> None:
@@ -215,6 +265,8 @@ def run_batch(args: Any, backend_options: Mapping[str, Any]) -> int:
                 asyncio.run(run_local([ln.item for ln in todo], args.concurrency, on_done, options))
         finally:
             PATH_HINT.reset(hint)
+    except KeyboardInterrupt:
+        interrupted = True
     except BrokenPipeError:
         raise  # the reader went away (`batch | head`): the CLI ends quietly
     except OSError as exc:  # only the writer does I/O here (disk full, a device that refuses writes)
@@ -225,6 +277,10 @@ def run_batch(args: Any, backend_options: Mapping[str, Any]) -> int:
         if stream is not sys.stdout:
             with contextlib.suppress(OSError):  # the write error above is what gets reported
                 stream.close()
+    if interrupted:
+        _say_interrupted(args.output if out_path is not None else None, len(done) + len(writer.written),
+                         len(lines))
+        return EXIT_INTERRUPTED
     records = [*done.values(), *writer.written]
     n_err = sum(1 for r in records if "error" in r)
     skipped = f", {len(done)} already done" if done else ""
@@ -249,3 +305,13 @@ def run_batch(args: Any, backend_options: Mapping[str, Any]) -> int:
                 file=sys.stderr,
             )
     return exit_code(records)
+
+
+def _say_interrupted(output: str | None, saved: int, total: int) -> None:
+    """Ctrl-C: how many lines are saved, and how to go on (one line on stderr)."""
+    if output is None:
+        print(f"rag-rerank: batch: interrupted: {saved} of {total} lines were written to stdout; to be able "
+              "to stop and go on, write to --output FILE (then --resume continues it)", file=sys.stderr)
+    else:
+        print(f"rag-rerank: batch: interrupted: {saved} of {total} lines are saved in {output}; run the same "
+              "command with --resume to continue with the rest", file=sys.stderr)
