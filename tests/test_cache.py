@@ -444,3 +444,22 @@ def test_the_retry_policy_is_part_of_the_key_through_the_output_budget(srv: Fake
     assert _llm_calls(srv) == 2  # another max_tokens: another request
     rerank(QUERY, CHUNKS, 3, cache=tmp_path, policy=RetryPolicy(deadline_s=30), **_opts(srv))
     assert _llm_calls(srv) == 2  # a deadline does not change the answer
+
+
+def test_cache_stats_of_a_folder_without_a_cache_creates_nothing(tmp_path: Path, capsys, monkeypatch) -> None:
+    """`cache stats --cache /no/such/dir` made the folder and an empty database: reading never
+    writes. A folder holding no cache is an error naming it (a mistyped path would otherwise look
+    like an empty cache); `clear` of one has nothing to do and says so."""
+    missing = tmp_path / "no" / "such"
+    assert main(["cache", "stats", "--cache", str(missing)]) == 2
+    err = capsys.readouterr().err
+    assert f"no response cache in {missing}" in err and "nothing was created" in err
+    assert main(["cache", "clear", "--cache", str(missing)]) == 0
+    assert json.loads(capsys.readouterr().out) == {"path": str(missing / FILE_NAME), "removed": 0}
+    monkeypatch.setenv("RAG_RERANK_CACHE_DIR", str(missing))  # the default folder, absent
+    assert main(["cache", "stats"]) == 2
+    assert not (tmp_path / "no").exists()
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert main(["cache", "stats", "--cache", str(empty)]) == 2
+    assert list(empty.iterdir()) == []
