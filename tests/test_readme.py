@@ -7,6 +7,7 @@ document the exit codes and every error family, and every page is in the MkDocs 
 
 from __future__ import annotations
 
+import ast
 import json
 import re
 import shlex
@@ -219,3 +220,43 @@ def test_docs_name_no_machine_paths() -> None:
               if p.name != "test_readme.py"}
     for name, text in texts.items():
         assert not re.search(r"(?<![\w.])/(work|home|Users|root|tmp/bash)/", text), name
+
+
+def test_readme_cost_examples_do_what_their_comments_say(monkeypatch: pytest.MonkeyPatch,
+                                                         tmp_path: Path) -> None:
+    """The tour's cost block, line by line, against a local OpenAI-compatible server (the SDK's
+    OPENAI_BASE_URL): each line runs, and a line whose comment names an error raises it, with no
+    request when the comment says "before any request". The budget example planned one call under
+    a budget of three and succeeded, against its own comment."""
+    from rag_rerank import errors, plan, rerank
+    from tests.support.corpus import graded_chunks
+    from tests.support.fake_llm import FakeLLM
+    from tests.support.quoting_ranker import quoting_ranker
+
+    text = readme()
+    block = code_block_after(text[text.index("**Never pay twice"):], "```python", lang="python")
+    tour = code_block_after(text, "## A tour", lang="python")
+    with FakeLLM(handler=quoting_ranker()) as srv:
+        monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
+        monkeypatch.setenv("OPENAI_BASE_URL", srv.openai_url)
+        monkeypatch.setenv("RAG_RERANK_CACHE_DIR", str(tmp_path))
+        names: dict[str, object] = {}
+        exec(compile(tour.split("result =")[0], "README.md", "exec"), names)  # the tour's chunks
+        names.update(rerank=rerank, plan=plan, query="When should I prefer IVF over HNSW?",
+                     chunks_200=graded_chunks(200))
+        raised = []
+        lines = block.splitlines()
+        for statement in ast.parse(block).body:
+            code = "\n".join(lines[statement.lineno - 1:statement.end_lineno])
+            comments = " ".join(line.partition("#")[2] for line in code.splitlines())
+            named = re.search(r"\b([A-Z]\w*Error)\b", comments)
+            before = len(srv.requests)
+            if named is None:
+                exec(compile(code, "README.md", "exec"), names)
+                continue
+            with pytest.raises(getattr(errors, named.group(1))):
+                exec(compile(code, "README.md", "exec"), names)
+            raised.append(named.group(1))
+            if "before any request" in comments:
+                assert len(srv.requests) == before, code
+    assert raised == ["BudgetError"]
