@@ -2,6 +2,17 @@
 (`calibration.py`): the `Calibration` value, `apply`, the figures (ECE, Brier), the fitting
 functions (PAV, Platt) and the versioned file (`save`, `load`, `as_calibration`). The engine
 applies a map (`calibration=`) from here; `calibration.py` re-exports every name.
+
+Why PAV and Platt are written here rather than taken from scikit-learn (`python bench/libraries.py`,
+squashed scores of 40 queries x 25 chunks, fitted on half and measured on the rest, 10 seeds; load
+average 13-14 on a shared 2-core machine): scikit-learn with SciPy is 149 MB installed and its
+import took 5.6-8.7 s at that load, for two fits of a few lines each on at most a few thousand
+judged scores. The isotonic maps differ by design: ours pools equal neighbouring blocks and puts a
+knot at each block's mean score (a strictly increasing map), scikit-learn interpolates between
+block edges; held-out predictions differ by up to 0.16, and ours had the lower held-out Brier
+(0.16846 against 0.16948, mean of 10 seeds). Platt: ours fits Platt's smoothed targets with
+a >= 0, scikit-learn's unpenalised logistic regression the 0/1 labels; predictions within 0.004,
+Brier 0.16857 against 0.16862, and ours fits in about 0.5 ms against 0.2 s.
 """
 
 from __future__ import annotations

@@ -1,5 +1,13 @@
 """Kendall's tau-b and average ranks in numpy: what the bias meter (`bias.py`) and the engine's
-`consistency=k` agreement compare orders with."""
+`consistency=k` agreement compare orders with.
+
+Why not `scipy.stats.kendalltau` (measured with `python bench/libraries.py`, load average 13-14 on
+a shared 2-core machine): on 2,000 seeded pairs of 20 / 50 scores with ties the two agree to
+1.1e-16; ours takes about 0.25-0.36 ms a call, scipy's 1.6-2.3 ms (its per-call overhead dominates
+at the at most 50 chunks one prompt holds); and scipy is 114 MB installed with an import of seconds
+(3.8-4.6 s at that load) that a `consistency=k` rerank would pay. The O(n^2) pair matrix is the
+price, harmless at these sizes.
+"""
 
 from __future__ import annotations
 
