@@ -87,20 +87,26 @@ def parse_gate(text: str) -> tuple[str, float]:
     return metric.strip(), value
 
 
-def per_query(spec: MetricSpec, judgments: Sequence[Any], orders: Mapping[str, Sequence[str]]) -> dict[str, float]:
-    """`spec`'s value for every query of `orders` the judgments judge (0 for one ir-measures skips)."""
+def per_query(specs: Sequence[MetricSpec], judgments: Sequence[Any], orders: Mapping[str, Sequence[str]]
+              ) -> dict[str, dict[str, float]]:
+    """Each metric's value for every query of `orders` the judgments judge (0 where ir-measures
+    yields none), in one pass of ir-measures over the run (given as dicts: no tuple per document)."""
     irm = ir_measures_module()
-    judged = {j.query_id for j in judgments}
-    kept = {q: ids for q, ids in orders.items() if q in judged}
-    qrels = [j for j in judgments if j.query_id in kept]
-    values = dict.fromkeys(kept, 0.0)
-    if not kept:
+    qrels: dict[str, dict[str, int]] = {}
+    for j in judgments:
+        if j.query_id in orders:
+            qrels.setdefault(j.query_id, {})[j.doc_id] = int(j.relevance)
+    run = {q: {doc: float(len(ids) - pos) for pos, doc in enumerate(ids)} for q, ids in orders.items()
+           if q in qrels}
+    values = {s.name: dict.fromkeys(run, 0.0) for s in specs}
+    if not run:
         return values
+    by_measure = {s.measure: s.name for s in specs}
     try:
-        for m in irm.iter_calc([spec.measure], qrels, scored_run(kept)):
-            values[str(m.query_id)] = float(m.value)
+        for m in irm.iter_calc(list(by_measure), qrels, run):
+            values[by_measure[m.measure]][str(m.query_id)] = float(m.value)
     except ValueError as exc:
-        if spec.subtopic:  # the pyndeval provider is missing
+        if any(s.subtopic for s in specs):  # the pyndeval provider is missing
             raise MissingDependencyError("subtopic metrics (alpha-nDCG)", "eval", "pyndeval") from exc
         raise
     return values
@@ -208,8 +214,7 @@ class Comparison:
 
 
 def stream(seed: int, *names: str) -> np.random.Generator:
-    """The random stream of one test: from the seed and what it tests (the metric's name), so a
-    metric's interval and p-value do not change when other metrics are added to the comparison."""
+    """The random stream of one kind of test (the intervals, the tests, one gate), from the seed."""
     return np.random.default_rng([seed, *(zlib.crc32(n.encode("utf-8")) for n in names)])
 
 
@@ -281,28 +286,38 @@ def compare_runs(
     left_out = {f"only in {label}": tuple(sorted((set(mine) - set(other)) & judged))
                 for label, mine, other in (("A", a.orders, b.orders), ("B", b.orders, a.orders))}
     left_out = {k: v for k, v in left_out.items() if v}
-    results = []
+    values: dict[str, dict[str, dict[str, float]]] = {}
+    for group in (False, True):  # plain metrics on the qrels, subtopic ones on the subtopic judgments
+        chosen = [s for s in specs if s.subtopic == group]
+        judgments = subtopics if group else qrels
+        if chosen and judgments is not None:
+            for side, run in (("a", a), ("b", b)):
+                for name, per in per_query(chosen, judgments, {q: run.orders[q] for q in both}).items():
+                    values.setdefault(name, {})[side] = per
+    rows: dict[str, tuple[tuple[str, ...], tuple[float, ...], tuple[float, ...]]] = {}
     for spec in specs:
-        judgments = subtopics if spec.subtopic and subtopics else qrels
-        va = per_query(spec, judgments, {q: a.orders[q] for q in both})
-        vb = per_query(spec, judgments, {q: b.orders[q] for q in both})
+        va, vb = values[spec.name]["a"], values[spec.name]["b"]
         qids = tuple(sorted(set(va) & set(vb)))
         if not qids:
             raise InputError([Violation(path="qrels", message=f"no query is in both runs and judged for "
                                         f"{spec.name} (check the qid columns of the runs and the qrels)")])
-        results.append((spec.name, qids, tuple(va[q] for q in qids), tuple(vb[q] for q in qids)))
-    compared = []
-    pvalues = []
-    for name, qids, xa, xb in results:
-        d = np.asarray(xb) - np.asarray(xa)
+        rows[spec.name] = (qids, tuple(va[q] for q in qids), tuple(vb[q] for q in qids))
+    # Metrics over the same queries share their resamples (one matrix product for all of them); the
+    # draws depend only on the seed and the number of queries, so adding a metric changes no other's.
+    intervals: dict[str, tuple[float, float]] = {}
+    pvalues: dict[str, float] = {}
+    for qids in dict.fromkeys(r[0] for r in rows.values()):
+        names = [n for n, r in rows.items() if r[0] == qids]
+        d = np.column_stack([np.asarray(rows[n][2]) - np.asarray(rows[n][1]) for n in names])
         ci = bootstrap_interval(d, n_resamples=n_resamples, confidence=confidence, method=method,
-                                rng=stream(seed, name, "interval"))[0]
-        p = float(sign_flip_pvalue(d, n_resamples=n_resamples, rng=stream(seed, name, "test"))[0])
-        pvalues.append(p)
-        compared.append((name, qids, xa, xb, (float(ci[0]), float(ci[1])), p))
-    adjusted = holm(pvalues)
-    metric_rows = tuple(MetricComparison(name, qids, xa, xb, ci, p, float(adj))
-                        for (name, qids, xa, xb, ci, p), adj in zip(compared, adjusted, strict=True))
+                                rng=stream(seed, "interval"))
+        p = sign_flip_pvalue(d, n_resamples=n_resamples, rng=stream(seed, "test"))
+        for i, name in enumerate(names):
+            intervals[name] = (float(ci[i, 0]), float(ci[i, 1]))
+            pvalues[name] = float(p[i])
+    adjusted = holm([pvalues[s.name] for s in specs])
+    metric_rows = tuple(MetricComparison(s.name, *rows[s.name], intervals[s.name], pvalues[s.name], float(adj))
+                        for s, adj in zip(specs, adjusted, strict=True))
     gate_rows = _gates(metric_rows, parsed_gates, alpha, n_resamples, seed, top)
     settings = {"n_resamples": n_resamples, "confidence": confidence, "method": method, "seed": seed,
                 "alpha": alpha, "rel_level": rel_level, "test": "paired randomisation (sign flip)",
