@@ -80,7 +80,7 @@ def bootstrap_interval(diffs: Sequence[float] | np.ndarray, *, n_resamples: int 
     for j in range(d.shape[1]):
         col = d[:, j]
         if np.ptp(col) == 0:  # every query moved by the same amount: nothing varies
-            out[j] = observed[j]
+            out[j] = col[0]
             continue
         lo, hi = alpha, 1 - alpha
         if method == "bca":
