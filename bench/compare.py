@@ -25,10 +25,10 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from rag_rerank.compare import compare_runs  # noqa: E402
-from rag_rerank.judgments import read_qrels  # noqa: E402
-from rag_rerank.runfiles import read_run  # noqa: E402
-from rag_rerank.significance import bootstrap_interval, sign_flip_pvalue  # noqa: E402
+from rag_rerank.compare import compare_runs
+from rag_rerank.judgments import read_qrels
+from rag_rerank.runfiles import read_run
+from rag_rerank.significance import bootstrap_interval, sign_flip_pvalue
 
 
 def write_collection(folder: Path, queries: int, depth: int, seed: int) -> tuple[Path, Path, Path]:
@@ -80,18 +80,24 @@ def main() -> None:
             bootstrap_interval(d, n_resamples=args.resamples)
             sign_flip_pvalue(d, n_resamples=args.resamples)
             stats_only.append(time.perf_counter() - start)
-    print(f"{args.queries} queries x {args.depth} documents per run, {args.resamples} resamples, "
-          f"{len(comparison.metrics)} metrics + 1 gate; median of {args.repeat} runs; "
-          f"load average {tuple(round(x, 2) for x in os.getloadavg())} on {os.cpu_count()} cores")
+    print(
+        f"{args.queries} queries x {args.depth} documents per run, {args.resamples} resamples, "
+        f"{len(comparison.metrics)} metrics + 1 gate; median of {args.repeat} runs; "
+        f"load average {tuple(round(x, 2) for x in os.getloadavg())} on {os.cpu_count()} cores"
+    )
     print(f"{'step':<52}{'seconds':>9}")
     print(f"{'read both runs and the qrels':<52}{statistics.median(reads):>9.3f}")
-    print(f"{'compare_runs (metrics per query, intervals, tests)':<52}"
-          f"{statistics.median(totals) - statistics.median(reads):>9.3f}")
+    print(
+        f"{'compare_runs (metrics per query, intervals, tests)':<52}"
+        f"{statistics.median(totals) - statistics.median(reads):>9.3f}"
+    )
     print(f"{'  of which: bootstrap + randomisation, all metrics':<52}{statistics.median(stats_only):>9.3f}")
     print(f"{'total (goal: under 2 s)':<52}{statistics.median(totals):>9.3f}")
     for m in comparison.metrics:
-        print(f"  {m.name}: A {m.mean_a:.4f}, B {m.mean_b:.4f}, B-A {m.diff:+.4f} "
-              f"[{m.ci[0]:+.4f}, {m.ci[1]:+.4f}], p {m.p_value:.4f}")
+        print(
+            f"  {m.name}: A {m.mean_a:.4f}, B {m.mean_b:.4f}, B-A {m.diff:+.4f} "
+            f"[{m.ci[0]:+.4f}, {m.ci[1]:+.4f}], p {m.p_value:.4f}"
+        )
 
 
 if __name__ == "__main__":

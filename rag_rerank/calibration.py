@@ -292,5 +292,5 @@ def calibrate(
 
 __all__ = ["BINS", "FORMAT", "METHODS", "VERSION", "Calibration", "CalibrationRun", "Scored", "apply",
            "as_calibration", "brier", "calibrate", "collect", "ece", "figures", "fit", "fit_judged",
-           "fit_option_violations", "fit_platt", "from_dict", "load", "mismatch", "pav", "raw_scores", "reliability", "save",
-           "split_queries"]
+           "fit_option_violations", "fit_platt", "from_dict", "load", "mismatch", "pav", "raw_scores",
+           "reliability", "save", "split_queries"]

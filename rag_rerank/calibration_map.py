@@ -346,4 +346,5 @@ def _json_safe(value: Any) -> Any:
 
 
 __all__ = ["BINS", "FORMAT", "METHODS", "PLATT_STEPS", "VERSION", "Calibration", "apply", "as_calibration",
-           "brier", "ece", "figures", "fit", "fit_platt", "from_dict", "load", "mismatch", "pav", "reliability", "save"]
+           "brier", "ece", "figures", "fit", "fit_platt", "from_dict", "load", "mismatch", "pav",
+           "reliability", "save"]

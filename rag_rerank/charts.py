@@ -41,16 +41,17 @@ def _svg(fig: Any, label: str) -> str:
     out = io.StringIO()
     fig.savefig(out, format="svg", metadata={"Date": None, "Creator": None, "Title": label})
     text = out.getvalue()
-    text = text[text.index("<svg"):]
+    text = text[text.index("<svg") :]
     # The RDF metadata block names vocabularies by URL: dropped, so the page names no address at all.
     text = re.sub(r"\s*<metadata>.*?</metadata>", "", text, count=1, flags=re.DOTALL)
     # Scalable in the page and named for screen readers.
-    text = re.sub(r'<svg ([^>]*?)width="[^"]*" height="[^"]*"', r'<svg \1', text, count=1)
+    text = re.sub(r'<svg ([^>]*?)width="[^"]*" height="[^"]*"', r"<svg \1", text, count=1)
     return text.replace("<svg ", f'<svg role="img" aria-label="{label}" ', 1)
 
 
-def difference_chart(qids: Sequence[str], diffs: Sequence[float], metric: str, a: str = "A",
-                     b: str = "B") -> str:
+def difference_chart(
+    qids: Sequence[str], diffs: Sequence[float], metric: str, a: str = "A", b: str = "B"
+) -> str:
     """Per-query `B - A` of one metric, sorted, wins green and losses red, the mean dashed."""
     fig = _figure(7.0, 2.8)
     ax = fig.add_subplot()
@@ -68,14 +69,22 @@ def difference_chart(qids: Sequence[str], diffs: Sequence[float], metric: str, a
     return _svg(fig, f"per-query difference of {metric}")
 
 
-def position_curve(mean: Sequence[float], low: Sequence[float], high: Sequence[float],
-                   confidence: float = 0.95) -> str:
+def position_curve(
+    mean: Sequence[float], low: Sequence[float], high: Sequence[float], confidence: float = 0.95
+) -> str:
     """Mean rank shift by the decile of the input position shown, with its confidence band."""
     fig = _figure(7.0, 2.8)
     ax = fig.add_subplot()
     x = [10 * i + 5 for i in range(len(mean))]
-    ax.fill_between(x, low, high, color=BAND, alpha=0.6, linewidth=0,
-                    label=f"{round(100 * confidence)}% bootstrap band over queries")
+    ax.fill_between(
+        x,
+        low,
+        high,
+        color=BAND,
+        alpha=0.6,
+        linewidth=0,
+        label=f"{round(100 * confidence)}% bootstrap band over queries",
+    )
     ax.plot(x, mean, marker="o", color="#0d47a1", linewidth=1.4, label="mean rank shift")
     ax.axhline(0, color="black", linewidth=0.6)
     ax.set_xticks(x, [f"{10 * i}-{10 * i + 10}%" for i in range(len(mean))])
@@ -85,8 +94,11 @@ def position_curve(mean: Sequence[float], low: Sequence[float], high: Sequence[f
     return _svg(fig, "rank shift by input position")
 
 
-def reliability_diagram(before: Sequence[tuple[float, float, int]], after: Sequence[tuple[float, float, int]],
-                        after_label: str = "calibrated") -> str:
+def reliability_diagram(
+    before: Sequence[tuple[float, float, int]],
+    after: Sequence[tuple[float, float, int]],
+    after_label: str = "calibrated",
+) -> str:
     """Share judged relevant against the mean score, per score bin: raw scores and calibrated
     ones on the held-out queries; the diagonal is perfect calibration, a marker's area its chunks."""
     fig = _figure(4.6, 4.2)
@@ -98,8 +110,13 @@ def reliability_diagram(before: Sequence[tuple[float, float, int]], after: Seque
             continue
         top = max(r[2] for r in kept)
         ax.plot([r[0] for r in kept], [r[1] for r in kept], color=colour, linewidth=1.2, label=label)
-        ax.scatter([r[0] for r in kept], [r[1] for r in kept], s=[12 + 80 * r[2] / top for r in kept],
-                   color=colour, zorder=3)
+        ax.scatter(
+            [r[0] for r in kept],
+            [r[1] for r in kept],
+            s=[12 + 80 * r[2] / top for r in kept],
+            color=colour,
+            zorder=3,
+        )
     ax.set_xlim(0, 1)
     ax.set_ylim(0, 1)
     ax.set_aspect("equal")

@@ -30,7 +30,6 @@ import numpy as np
 from .cost import Prices
 from .errors import InputError, MissingDependencyError, Violation
 from .judgments import ir_measures_module
-from .metrics import scored_run
 from .runfiles import Run
 from .significance import METHODS, bootstrap_interval, holm, sign_flip_pvalue
 
@@ -68,9 +67,17 @@ def parse_metric(name: str, rel_level: int = 1) -> MetricSpec:
     try:
         measure = irm.parse_measure(spelled)
     except Exception as exc:  # ir-measures raises NameError / ValueError / its own parse errors
-        raise InputError([Violation(path="metrics", value=name, message=f"unknown metric {name!r} ({exc}); "
-                                    "use ir-measures names (nDCG@10, R@100, RR@10, P@5, AP, alpha_nDCG@10) "
-                                    "or eval's (Recall@10, MRR@10, alpha-nDCG@10)")]) from None
+        raise InputError(
+            [
+                Violation(
+                    path="metrics",
+                    value=name,
+                    message=f"unknown metric {name!r} ({exc}); "
+                    "use ir-measures names (nDCG@10, R@100, RR@10, P@5, AP, alpha_nDCG@10) "
+                    "or eval's (Recall@10, MRR@10, alpha-nDCG@10)",
+                )
+            ]
+        ) from None
     return MetricSpec(text, measure, str(measure).split("@")[0].split("(")[0] in SUBTOPIC_MEASURES)
 
 
@@ -82,13 +89,21 @@ def parse_gate(text: str) -> tuple[str, float]:
     except ValueError:
         value = math.nan
     if not sep or not metric.strip() or not math.isfinite(value) or value < 0:
-        raise InputError([Violation(path="gates", value=text, message=f"expected METRIC:MARGIN with a margin "
-                                    f">= 0 (nDCG@10:0.01), got {text!r}")])
+        raise InputError(
+            [
+                Violation(
+                    path="gates",
+                    value=text,
+                    message=f"expected METRIC:MARGIN with a margin >= 0 (nDCG@10:0.01), got {text!r}",
+                )
+            ]
+        )
     return metric.strip(), value
 
 
-def per_query(specs: Sequence[MetricSpec], judgments: Sequence[Any], orders: Mapping[str, Sequence[str]]
-              ) -> dict[str, dict[str, float]]:
+def per_query(
+    specs: Sequence[MetricSpec], judgments: Sequence[Any], orders: Mapping[str, Sequence[str]]
+) -> dict[str, dict[str, float]]:
     """Each metric's value for every query of `orders` the judgments judge (0 where ir-measures
     yields none), in one pass of ir-measures over the run (given as dicts: no tuple per document)."""
     irm = ir_measures_module()
@@ -96,8 +111,11 @@ def per_query(specs: Sequence[MetricSpec], judgments: Sequence[Any], orders: Map
     for j in judgments:
         if j.query_id in orders:
             qrels.setdefault(j.query_id, {})[j.doc_id] = int(j.relevance)
-    run = {q: {doc: float(len(ids) - pos) for pos, doc in enumerate(ids)} for q, ids in orders.items()
-           if q in qrels}
+    run = {
+        q: {doc: float(len(ids) - pos) for pos, doc in enumerate(ids)}
+        for q, ids in orders.items()
+        if q in qrels
+    }
     values = {s.name: dict.fromkeys(run, 0.0) for s in specs}
     if not run:
         return values
@@ -160,11 +178,21 @@ class MetricComparison:
         return [r for r in rows if (r[3] < -TIE if worst_only else abs(r[3]) > TIE)]
 
     def to_dict(self, top: int = 5) -> dict[str, Any]:
-        return {"metric": self.name, "queries": len(self.qids), "mean_a": self.mean_a, "mean_b": self.mean_b,
-                "diff": self.diff, "ci": list(self.ci), "p_value": self.p_value, "p_holm": self.p_holm,
-                "wins": self.wins, "losses": self.losses, "ties": self.ties,
-                "moved": [{"qid": q, "a": a, "b": b, "diff": d} for q, a, b, d in self.moved(top)],
-                "per_query": {q: [a, b] for q, a, b in zip(self.qids, self.a, self.b, strict=True)}}
+        return {
+            "metric": self.name,
+            "queries": len(self.qids),
+            "mean_a": self.mean_a,
+            "mean_b": self.mean_b,
+            "diff": self.diff,
+            "ci": list(self.ci),
+            "p_value": self.p_value,
+            "p_holm": self.p_holm,
+            "wins": self.wins,
+            "losses": self.losses,
+            "ties": self.ties,
+            "moved": [{"qid": q, "a": a, "b": b, "diff": d} for q, a, b, d in self.moved(top)],
+            "per_query": {q: [a, b] for q, a, b in zip(self.qids, self.a, self.b, strict=True)},
+        }
 
 
 @dataclass(frozen=True)
@@ -181,9 +209,15 @@ class GateResult:
     drivers: tuple[tuple[str, float, float, float], ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
-        return {"metric": self.metric, "margin": self.margin, "alpha": self.alpha, "diff": self.diff,
-                "p_value": self.p_value, "failed": self.failed,
-                "drivers": [{"qid": q, "a": a, "b": b, "diff": d} for q, a, b, d in self.drivers]}
+        return {
+            "metric": self.metric,
+            "margin": self.margin,
+            "alpha": self.alpha,
+            "diff": self.diff,
+            "p_value": self.p_value,
+            "failed": self.failed,
+            "drivers": [{"qid": q, "a": a, "b": b, "diff": d} for q, a, b, d in self.drivers],
+        }
 
 
 @dataclass(frozen=True)
@@ -206,11 +240,16 @@ class Comparison:
         return next(m for m in self.metrics if m.name == name)
 
     def to_dict(self, top: int = 5) -> dict[str, Any]:
-        return {"a": self.a, "b": self.b, "metrics": [m.to_dict(top) for m in self.metrics],
-                "gates": [g.to_dict() for g in self.gates], "failed": self.failed,
-                "left_out": {k: list(v) for k, v in self.left_out.items()}, "cost": {k: dict(v) for k, v in
-                                                                                     self.cost.items()},
-                "settings": dict(self.settings)}
+        return {
+            "a": self.a,
+            "b": self.b,
+            "metrics": [m.to_dict(top) for m in self.metrics],
+            "gates": [g.to_dict() for g in self.gates],
+            "failed": self.failed,
+            "left_out": {k: list(v) for k, v in self.left_out.items()},
+            "cost": {k: dict(v) for k, v in self.cost.items()},
+            "settings": dict(self.settings),
+        }
 
 
 def stream(seed: int, *names: str) -> np.random.Generator:
@@ -225,8 +264,12 @@ def usage_figures(run: Run, prices: Prices | None = None) -> dict[str, float]:
     rows = list(run.usage.values())
     prompt = float(np.mean([u.get("prompt_tokens", 0) for u in rows]))
     completion = float(np.mean([u.get("completion_tokens", 0) for u in rows]))
-    out = {"queries": float(len(rows)), "prompt_tokens": prompt, "completion_tokens": completion,
-           "total_tokens": prompt + completion}
+    out = {
+        "queries": float(len(rows)),
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+    }
     if prices is not None:
         out["cost"] = prices.cost(prompt, completion)
     return out
@@ -253,15 +296,26 @@ def compare_runs(
     (`judgments.read_qrels` / `read_subtopics`); `gates` are `METRIC:MARGIN` strings or pairs."""
     problems = []
     if isinstance(n_resamples, bool) or not isinstance(n_resamples, int) or n_resamples < 100:
-        problems.append(Violation(path="n_resamples", value=n_resamples,
-                                  message=f"n_resamples must be a whole number of at least 100, got {n_resamples!r}"))
+        problems.append(
+            Violation(
+                path="n_resamples",
+                value=n_resamples,
+                message=f"n_resamples must be a whole number of at least 100, got {n_resamples!r}",
+            )
+        )
     for name, value in (("alpha", alpha), ("confidence", confidence)):
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1:
-            problems.append(Violation(path=name, value=value,
-                                      message=f"{name} must be strictly between 0 and 1, got {value!r}"))
+            problems.append(
+                Violation(
+                    path=name, value=value, message=f"{name} must be strictly between 0 and 1, got {value!r}"
+                )
+            )
     if method not in METHODS:
-        problems.append(Violation(path="method", value=method,
-                                  message=f"method must be {' or '.join(METHODS)}, got {method!r}"))
+        problems.append(
+            Violation(
+                path="method", value=method, message=f"method must be {' or '.join(METHODS)}, got {method!r}"
+            )
+        )
     parsed_gates = []
     for gate in gates:
         try:
@@ -277,14 +331,21 @@ def compare_runs(
             problems += exc.violations
     for spec in specs:
         if spec.subtopic and not subtopics:
-            problems.append(Violation(path="metrics", value=spec.name, message=f"{spec.name} needs subtopic "
-                                      "judgments (subtopics / --subtopics)"))
+            problems.append(
+                Violation(
+                    path="metrics",
+                    value=spec.name,
+                    message=f"{spec.name} needs subtopic judgments (subtopics / --subtopics)",
+                )
+            )
     if problems:
         raise InputError(problems)
     judged = {j.query_id for j in qrels}
     both = set(a.orders) & set(b.orders)
-    left_out = {f"only in {label}": tuple(sorted((set(mine) - set(other)) & judged))
-                for label, mine, other in (("A", a.orders, b.orders), ("B", b.orders, a.orders))}
+    left_out = {
+        f"only in {label}": tuple(sorted((set(mine) - set(other)) & judged))
+        for label, mine, other in (("A", a.orders, b.orders), ("B", b.orders, a.orders))
+    }
     left_out = {k: v for k, v in left_out.items() if v}
     values: dict[str, dict[str, dict[str, float]]] = {}
     for group in (False, True):  # plain metrics on the qrels, subtopic ones on the subtopic judgments
@@ -299,8 +360,15 @@ def compare_runs(
         va, vb = values[spec.name]["a"], values[spec.name]["b"]
         qids = tuple(sorted(set(va) & set(vb)))
         if not qids:
-            raise InputError([Violation(path="qrels", message=f"no query is in both runs and judged for "
-                                        f"{spec.name} (check the qid columns of the runs and the qrels)")])
+            raise InputError(
+                [
+                    Violation(
+                        path="qrels",
+                        message=f"no query is in both runs and judged for "
+                        f"{spec.name} (check the qid columns of the runs and the qrels)",
+                    )
+                ]
+            )
         rows[spec.name] = (qids, tuple(va[q] for q in qids), tuple(vb[q] for q in qids))
     # Metrics over the same queries share their resamples (one matrix product for all of them); the
     # draws depend only on the seed and the number of queries, so adding a metric changes no other's.
@@ -309,41 +377,81 @@ def compare_runs(
     for qids in dict.fromkeys(r[0] for r in rows.values()):
         names = [n for n, r in rows.items() if r[0] == qids]
         d = np.column_stack([np.asarray(rows[n][2]) - np.asarray(rows[n][1]) for n in names])
-        ci = bootstrap_interval(d, n_resamples=n_resamples, confidence=confidence, method=method,
-                                rng=stream(seed, "interval"))
+        ci = bootstrap_interval(
+            d, n_resamples=n_resamples, confidence=confidence, method=method, rng=stream(seed, "interval")
+        )
         p = sign_flip_pvalue(d, n_resamples=n_resamples, rng=stream(seed, "test"))
         for i, name in enumerate(names):
             intervals[name] = (float(ci[i, 0]), float(ci[i, 1]))
             pvalues[name] = float(p[i])
     adjusted = holm([pvalues[s.name] for s in specs])
-    metric_rows = tuple(MetricComparison(s.name, *rows[s.name], intervals[s.name], pvalues[s.name], float(adj))
-                        for s, adj in zip(specs, adjusted, strict=True))
+    metric_rows = tuple(
+        MetricComparison(s.name, *rows[s.name], intervals[s.name], pvalues[s.name], float(adj))
+        for s, adj in zip(specs, adjusted, strict=True)
+    )
     gate_rows = _gates(metric_rows, parsed_gates, alpha, n_resamples, seed, top)
-    settings = {"n_resamples": n_resamples, "confidence": confidence, "method": method, "seed": seed,
-                "alpha": alpha, "rel_level": rel_level, "test": "paired randomisation (sign flip)",
-                "correction": "Holm"}
+    settings = {
+        "n_resamples": n_resamples,
+        "confidence": confidence,
+        "method": method,
+        "seed": seed,
+        "alpha": alpha,
+        "rel_level": rel_level,
+        "test": "paired randomisation (sign flip)",
+        "correction": "Holm",
+    }
     cost = {label: figs for label, run in (("A", a), ("B", b)) if (figs := usage_figures(run, prices))}
     return Comparison(a.label, b.label, metric_rows, gate_rows, left_out, settings, cost)
 
 
-def _gates(metric_rows: Sequence[MetricComparison], gates: Sequence[tuple[str, float]], alpha: float,
-           n_resamples: int, seed: int, top: int) -> tuple[GateResult, ...]:
+def _gates(
+    metric_rows: Sequence[MetricComparison],
+    gates: Sequence[tuple[str, float]],
+    alpha: float,
+    n_resamples: int,
+    seed: int,
+    top: int,
+) -> tuple[GateResult, ...]:
     if not gates:
         return ()
     by_name = {m.name: m for m in metric_rows}
     raw = []
     for name, margin in gates:
         m = by_name[name.strip()]
-        raw.append(float(sign_flip_pvalue(m.diffs, n_resamples=n_resamples, alternative="less", shift=margin,
-                                          rng=stream(seed, m.name, f"gate {margin!r}"))[0]))
+        raw.append(
+            float(
+                sign_flip_pvalue(
+                    m.diffs,
+                    n_resamples=n_resamples,
+                    alternative="less",
+                    shift=margin,
+                    rng=stream(seed, m.name, f"gate {margin!r}"),
+                )[0]
+            )
+        )
     adjusted = holm(raw)
     out = []
     for (name, margin), p in zip(gates, adjusted, strict=True):
         m = by_name[name.strip()]
         failed = bool(m.diff < -margin and p < alpha)
-        out.append(GateResult(m.name, margin, alpha, m.diff, float(p), failed, tuple(m.moved(top, worst_only=True))))
+        out.append(
+            GateResult(m.name, margin, alpha, m.diff, float(p), failed, tuple(m.moved(top, worst_only=True)))
+        )
     return tuple(out)
 
 
-__all__ = ["DEFAULT_METRICS", "SUBTOPIC_MEASURES", "TIE", "Comparison", "GateResult", "MetricComparison",
-           "MetricSpec", "compare_runs", "parse_gate", "parse_metric", "per_query", "stream", "usage_figures"]
+__all__ = [
+    "DEFAULT_METRICS",
+    "SUBTOPIC_MEASURES",
+    "TIE",
+    "Comparison",
+    "GateResult",
+    "MetricComparison",
+    "MetricSpec",
+    "compare_runs",
+    "parse_gate",
+    "parse_metric",
+    "per_query",
+    "stream",
+    "usage_figures",
+]

@@ -301,8 +301,8 @@ def _evaluate(queries: Sequence[CandidateQuery], judgments: Sequence[Any], subs:
 
 
 def rerank_run(queries: Sequence[CandidateQuery], label: str, *, k: int = 10, lambda_: float | None = None,
-               depth: int | None = None, concurrency: int = 4, progress: Callable[[int, int], None] | None = None,
-               **options: Any) -> Run:
+               depth: int | None = None, concurrency: int = 4,
+               progress: Callable[[int, int], None] | None = None, **options: Any) -> Run:
     """The reranked order of every query as a run (`eval`'s: the ranked ids, then the rest in input
     order; a failed query keeps its input order and is listed), for `compare` to set against
     another configuration on the same candidates."""

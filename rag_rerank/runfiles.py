@@ -47,8 +47,9 @@ class Run:
     config: Mapping[str, Any] = field(default_factory=dict)
 
 
-def read_run(path: str | Path, *, label: str | None = None,
-             candidates: Sequence[CandidateQuery] | None = None) -> Run:
+def read_run(
+    path: str | Path, *, label: str | None = None, candidates: Sequence[CandidateQuery] | None = None
+) -> Run:
     """The run in `path` (any of the module docstring's formats), completed by `candidates` when given."""
     name = label or str(path)
     where = Path(path)
@@ -57,15 +58,30 @@ def read_run(path: str | Path, *, label: str | None = None,
     try:
         text = where.read_bytes().decode("utf-8-sig")
     except OSError as exc:
-        raise InputError([Violation(path=name, message=f"cannot read {path}: {exc.strerror or exc}")]) from None
+        raise InputError(
+            [Violation(path=name, message=f"cannot read {path}: {exc.strerror or exc}")]
+        ) from None
     except UnicodeDecodeError as exc:
-        raise InputError([Violation(path=name, message=f"{path} is not UTF-8 text (byte {exc.start}); "
-                                    "expected a TREC run, a batch output or an eval --resume file")]) from None
+        raise InputError(
+            [
+                Violation(
+                    path=name,
+                    message=f"{path} is not UTF-8 text (byte {exc.start}); "
+                    "expected a TREC run, a batch output or an eval --resume file",
+                )
+            ]
+        ) from None
     lines = text.splitlines()
     first = next((line.strip() for line in lines if line.strip()), "")
     if not first:
-        raise InputError([Violation(path=name, message=f"{path} is empty; expected a TREC run, a batch "
-                                    "output or an eval --resume file")])
+        raise InputError(
+            [
+                Violation(
+                    path=name,
+                    message=f"{path} is empty; expected a TREC run, a batch output or an eval --resume file",
+                )
+            ]
+        )
     run = _read_jsonl(lines, name) if first.startswith("{") else _read_trec(lines, name)
     return complete(run, candidates) if candidates is not None else run
 
@@ -99,8 +115,12 @@ def _read_trec(lines: Sequence[str], name: str) -> Run:
             break
         if len(parts) != 6:
             shown = line if len(line) <= 60 else line[:57] + "..."
-            _problem(problems, name, lineno, f"expected 'qid Q0 docid rank score tag' (6 columns), got "
-                     f"{len(parts)}: {shown!r}")
+            _problem(
+                problems,
+                name,
+                lineno,
+                f"expected 'qid Q0 docid rank score tag' (6 columns), got {len(parts)}: {shown!r}",
+            )
             continue
         qid, _, doc, _, score, _ = parts
         try:
@@ -116,7 +136,9 @@ def _read_trec(lines: Sequence[str], name: str) -> Run:
             continue
         per_query[doc] = value
     _raise(problems, name, "TREC run")
-    orders = {qid: tuple(sorted(docs, key=lambda d: (docs[d], d), reverse=True)) for qid, docs in scored.items()}
+    orders = {
+        qid: tuple(sorted(docs, key=lambda d: (docs[d], d), reverse=True)) for qid, docs in scored.items()
+    }
     return Run(name, orders, "trec")
 
 
@@ -148,8 +170,13 @@ def _read_jsonl(lines: Sequence[str], name: str) -> Run:
         qid = row.get("query_id") if fmt == "batch" else row.get("qid")
         key = "query_id" if fmt == "batch" else "qid"
         if not isinstance(qid, (str, int)) or isinstance(qid, bool) or str(qid) == "":
-            _problem(problems, name, lineno, f"'{key}' must be a non-empty string or integer (the qid the "
-                     "qrels judge)" + (": give each batch input line a query_id" if fmt == "batch" else ""))
+            _problem(
+                problems,
+                name,
+                lineno,
+                f"'{key}' must be a non-empty string or integer (the qid the "
+                "qrels judge)" + (": give each batch input line a query_id" if fmt == "batch" else ""),
+            )
             continue
         qid = str(qid)
         if qid in orders or qid in failed:
@@ -171,26 +198,37 @@ def _read_jsonl(lines: Sequence[str], name: str) -> Run:
         meta = row.get("meta")
         spent = meta.get("usage") if isinstance(meta, dict) else None
         if isinstance(spent, dict) and spent:
-            usage[qid] = {str(k): int(v) for k, v in spent.items() if isinstance(v, int) and not isinstance(v, bool)}
+            usage[qid] = {
+                str(k): int(v) for k, v in spent.items() if isinstance(v, int) and not isinstance(v, bool)
+            }
         if fmt == "batch" and not config and isinstance(row.get("config"), dict):
             config = dict(row["config"])
     _raise(problems, name, f"{fmt or 'JSONL'} file")
     if not orders and not failed:
-        raise InputError([Violation(path=name, message="holds no query (expected batch records or an eval "
-                                    "--resume file's query lines)")])
+        raise InputError(
+            [
+                Violation(
+                    path=name,
+                    message="holds no query (expected batch records or an eval --resume file's query lines)",
+                )
+            ]
+        )
     return Run(name, orders, fmt or "eval", failed, usage, config)
 
 
 def _ranked_ids(row: Mapping[str, Any], fmt: str) -> tuple[str, ...] | None:
     if fmt == "eval":
         ranked = row.get("ranked")
-        if isinstance(ranked, list) and all(isinstance(i, (str, int)) and not isinstance(i, bool) for i in ranked):
+        if isinstance(ranked, list) and all(
+            isinstance(i, (str, int)) and not isinstance(i, bool) for i in ranked
+        ):
             return tuple(str(i) for i in ranked)
         return None
     result = row.get("result")
     ranked = result.get("ranked") if isinstance(result, dict) else None
-    if isinstance(ranked, list) and all(isinstance(r, dict) and isinstance(r.get("id"), (str, int))
-                                        for r in ranked):
+    if isinstance(ranked, list) and all(
+        isinstance(r, dict) and isinstance(r.get("id"), (str, int)) for r in ranked
+    ):
         return tuple(str(r["id"]) for r in ranked)
     return None
 
@@ -221,11 +259,17 @@ def rerank_spec(text: str) -> dict[str, Any] | None:
     return options
 
 
-def run_from_orders(label: str, orders: Mapping[str, Sequence[str]], fmt: str,
-                    failed: Mapping[str, str] | None = None, config: Mapping[str, Any] | None = None) -> Run:
+def run_from_orders(
+    label: str,
+    orders: Mapping[str, Sequence[str]],
+    fmt: str,
+    failed: Mapping[str, str] | None = None,
+    config: Mapping[str, Any] | None = None,
+) -> Run:
     """A run built in memory (the candidates' input order, or a rerank done by `compare`)."""
-    return Run(label, {q: tuple(ids) for q, ids in orders.items()}, fmt, dict(failed or {}), {},
-               dict(config or {}))
+    return Run(
+        label, {q: tuple(ids) for q, ids in orders.items()}, fmt, dict(failed or {}), {}, dict(config or {})
+    )
 
 
 __all__ = ["FORMATS", "MAX_PROBLEMS", "Run", "complete", "read_run", "rerank_spec", "run_from_orders"]

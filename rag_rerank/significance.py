@@ -55,17 +55,23 @@ def bootstrap_counts(n: int, n_resamples: int, rng: np.random.Generator) -> Iter
         yield np.bincount(flat, minlength=rows * n).reshape(rows, n)
 
 
-def bootstrap_means(diffs: Sequence[float] | np.ndarray, n_resamples: int,
-                    rng: np.random.Generator) -> np.ndarray:
+def bootstrap_means(
+    diffs: Sequence[float] | np.ndarray, n_resamples: int, rng: np.random.Generator
+) -> np.ndarray:
     """(n_resamples, m) means of `diffs` over queries drawn with replacement."""
     d = _matrix(diffs)
     n = d.shape[0]
     return np.concatenate([counts @ d / n for counts in bootstrap_counts(n, n_resamples, rng)])
 
 
-def bootstrap_interval(diffs: Sequence[float] | np.ndarray, *, n_resamples: int = 10_000,
-                       confidence: float = 0.95, method: str = "bca",
-                       rng: np.random.Generator | int | None = 0) -> np.ndarray:
+def bootstrap_interval(
+    diffs: Sequence[float] | np.ndarray,
+    *,
+    n_resamples: int = 10_000,
+    confidence: float = 0.95,
+    method: str = "bca",
+    rng: np.random.Generator | int | None = 0,
+) -> np.ndarray:
     """(m, 2) lower and upper bounds of the bootstrap interval of each column's mean."""
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
@@ -105,9 +111,14 @@ def _bca_levels(col: np.ndarray, boot: np.ndarray, observed: float, alpha: float
     return levels[0], levels[1]
 
 
-def sign_flip_pvalue(diffs: Sequence[float] | np.ndarray, *, n_resamples: int = 10_000,
-                     alternative: str = "two-sided", shift: float | Sequence[float] = 0.0,
-                     rng: np.random.Generator | int | None = 0) -> np.ndarray:
+def sign_flip_pvalue(
+    diffs: Sequence[float] | np.ndarray,
+    *,
+    n_resamples: int = 10_000,
+    alternative: str = "two-sided",
+    shift: float | Sequence[float] = 0.0,
+    rng: np.random.Generator | int | None = 0,
+) -> np.ndarray:
     """p-value per column of the paired randomisation test of `mean(d + shift) = 0`.
 
     `alternative="less"`: evidence that the mean is below `-shift`; "greater": above it."""
@@ -153,5 +164,13 @@ def holm(pvalues: Sequence[float] | np.ndarray) -> np.ndarray:
     return out
 
 
-__all__ = ["ALTERNATIVES", "BLOCK", "METHODS", "bootstrap_counts", "bootstrap_interval", "bootstrap_means", "holm",
-           "sign_flip_pvalue"]
+__all__ = [
+    "ALTERNATIVES",
+    "BLOCK",
+    "METHODS",
+    "bootstrap_counts",
+    "bootstrap_interval",
+    "bootstrap_means",
+    "holm",
+    "sign_flip_pvalue",
+]

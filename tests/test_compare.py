@@ -28,8 +28,13 @@ def dl19(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
     rows = []
     for item in json.loads((DL19 / "bm25-top100.json").read_text(encoding="utf-8")):
         hits = sorted(item["hits"], key=lambda h: h["rank"])
-        rows.append({"qid": str(hits[0]["qid"]), "query": item["query"],
-                     "chunks": [{"id": h["docid"], "text": h["content"]} for h in hits]})
+        rows.append(
+            {
+                "qid": str(hits[0]["qid"]),
+                "query": item["query"],
+                "chunks": [{"id": h["docid"], "text": h["content"]} for h in hits],
+            }
+        )
     cands = out / "candidates.jsonl"
     cands.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
     return cands, DL19 / "qrels.txt", DL19 / "bm25.run"
@@ -43,8 +48,9 @@ def run_cli(capsys: pytest.CaptureFixture[str], *argv: object) -> tuple[int, str
 
 def test_a_run_compared_with_itself_differs_by_zero_with_p_one_and_passes(dl19, capsys) -> None:
     _, qrels, bm25 = dl19
-    code, out, err = run_cli(capsys, "compare", bm25, bm25, "--qrels", qrels, "--fail-if-worse", "nDCG@10:0",
-                             "--json")
+    code, out, err = run_cli(
+        capsys, "compare", bm25, bm25, "--qrels", qrels, "--fail-if-worse", "nDCG@10:0", "--json"
+    )
     assert code == 0, err
     data = json.loads(out)
     for m in data["metrics"]:
@@ -55,7 +61,9 @@ def test_a_run_compared_with_itself_differs_by_zero_with_p_one_and_passes(dl19, 
 
 def test_the_bm25_run_scores_as_eval_and_the_published_figure(dl19, capsys) -> None:
     cands, qrels, bm25 = dl19
-    code, out, _ = run_cli(capsys, "compare", bm25, "input", "--candidates", cands, "--qrels", qrels, "--json")
+    code, out, _ = run_cli(
+        capsys, "compare", bm25, "input", "--candidates", cands, "--qrels", qrels, "--json"
+    )
     assert code == 0
     ndcg = json.loads(out)["metrics"][0]
     # the TREC file and the candidates' order are the same BM25 ranking: 0.5058 (docs/eval.md)
@@ -63,20 +71,57 @@ def test_the_bm25_run_scores_as_eval_and_the_published_figure(dl19, capsys) -> N
     assert ndcg["mean_b"] == pytest.approx(ndcg["mean_a"])
 
 
-def test_the_known_dl19_regression_of_the_local_reranker_is_caught_and_its_queries_named(dl19, capsys) -> None:
+def test_the_known_dl19_regression_of_the_local_reranker_is_caught_and_its_queries_named(
+    dl19, capsys
+) -> None:
     # docs/quality.md: on DL19 the local backend's order (nDCG@10 0.4625) is worse than BM25's (0.5058)
     cands, qrels, _ = dl19
-    code, out, err = run_cli(capsys, "compare", "input", "rerank:lambda=0.7", "--candidates", cands, "--qrels",
-                             qrels, "--rel-level", "2", "--fail-if-worse", "nDCG@10:0", "--no-progress")
+    code, out, err = run_cli(
+        capsys,
+        "compare",
+        "input",
+        "rerank:lambda=0.7",
+        "--candidates",
+        cands,
+        "--qrels",
+        qrels,
+        "--rel-level",
+        "2",
+        "--fail-if-worse",
+        "nDCG@10:0",
+        "--no-progress",
+    )
     assert code == 1, err
     assert "gate nDCG@10:0 FAILED" in out
     assert "B is worse than A on nDCG@10" in err and "104861 (-0.403)" in err  # the query that lost most
     # The other way round (B = the BM25 order) nothing fails; with a margin wider than the loss, neither.
-    code, _, err = run_cli(capsys, "compare", "rerank:lambda=0.7", "input", "--candidates", cands, "--qrels",
-                           qrels, "--fail-if-worse", "nDCG@10:0", "--no-progress")
+    code, _, err = run_cli(
+        capsys,
+        "compare",
+        "rerank:lambda=0.7",
+        "input",
+        "--candidates",
+        cands,
+        "--qrels",
+        qrels,
+        "--fail-if-worse",
+        "nDCG@10:0",
+        "--no-progress",
+    )
     assert code == 0, err
-    code, out, _ = run_cli(capsys, "compare", "input", "rerank:lambda=0.7", "--candidates", cands, "--qrels",
-                           qrels, "--fail-if-worse", "nDCG@10:0.05", "--no-progress")
+    code, out, _ = run_cli(
+        capsys,
+        "compare",
+        "input",
+        "rerank:lambda=0.7",
+        "--candidates",
+        cands,
+        "--qrels",
+        qrels,
+        "--fail-if-worse",
+        "nDCG@10:0.05",
+        "--no-progress",
+    )
     assert code == 0 and "gate nDCG@10:0.05 passed" in out
 
 
@@ -86,16 +131,41 @@ def test_a_batch_output_and_an_eval_resume_file_compare_as_the_same_rerank(dl19,
     small = tmp_path / "cands.jsonl"
     small.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
     batch_in = tmp_path / "in.jsonl"
-    batch_in.write_text("".join(json.dumps({"query_id": r["qid"], "query": r["query"], "chunks": r["chunks"][:50],
-                                            "top_k": 10}) + "\n" for r in rows), encoding="utf-8")
-    assert main(["batch", "--input", str(batch_in), "--output", str(tmp_path / "out.jsonl"), "--no-progress"]) == 0
+    batch_in.write_text(
+        "".join(
+            json.dumps({"query_id": r["qid"], "query": r["query"], "chunks": r["chunks"][:50], "top_k": 10})
+            + "\n"
+            for r in rows
+        ),
+        encoding="utf-8",
+    )
+    assert (
+        main(["batch", "--input", str(batch_in), "--output", str(tmp_path / "out.jsonl"), "--no-progress"])
+        == 0
+    )
     resume = tmp_path / "resume.jsonl"
-    assert main(["eval", "--candidates", str(small), "--qrels", str(qrels), "--resume", str(resume),
-                 "--no-progress", "--json"]) == 0
+    assert (
+        main(
+            [
+                "eval",
+                "--candidates",
+                str(small),
+                "--qrels",
+                str(qrels),
+                "--resume",
+                str(resume),
+                "--no-progress",
+                "--json",
+            ]
+        )
+        == 0
+    )
     capsys.readouterr()
     results = {}
     for name, spec in (("batch", tmp_path / "out.jsonl"), ("eval", resume), ("rerank", "rerank:")):
-        code, out, err = run_cli(capsys, "compare", "input", spec, "--candidates", small, "--qrels", qrels, "--json")
+        code, out, err = run_cli(
+            capsys, "compare", "input", spec, "--candidates", small, "--qrels", qrels, "--json"
+        )
         assert code == 0, err
         results[name] = {m["metric"]: m["per_query"] for m in json.loads(out)["metrics"]}
     assert results["batch"] == results["eval"] == results["rerank"]
@@ -109,8 +179,10 @@ def orders_run(label: str, orders: dict[str, list[str]], usage: dict | None = No
 
 def tiny_qrels(tmp_path: Path) -> list:
     path = tmp_path / "qrels.txt"
-    path.write_text("".join(f"q{i} 0 d{i}_{j} {1 if j == 0 else 0}\n" for i in range(30) for j in range(3)),
-                    encoding="utf-8")
+    path.write_text(
+        "".join(f"q{i} 0 d{i}_{j} {1 if j == 0 else 0}\n" for i in range(30) for j in range(3)),
+        encoding="utf-8",
+    )
     return read_qrels(path)
 
 
@@ -120,8 +192,13 @@ def test_wins_losses_ties_holm_and_the_queries_that_moved_most(tmp_path: Path) -
     b = {q: list(ids) for q, ids in a.items()}
     for i in range(10):  # B loses on q0..q9 (relevant one third), wins nowhere
         b[f"q{i}"] = [f"d{i}_1", f"d{i}_2", f"d{i}_0"]
-    c = compare_runs(orders_run("A", a), orders_run("B", b), qrels, metrics=["nDCG@3", "MRR@10", "P@1"],
-                     gates=["MRR@10:0.1"])
+    c = compare_runs(
+        orders_run("A", a),
+        orders_run("B", b),
+        qrels,
+        metrics=["nDCG@3", "MRR@10", "P@1"],
+        gates=["MRR@10:0.1"],
+    )
     mrr = c.metric("MRR@10")
     assert (mrr.wins, mrr.losses, mrr.ties) == (0, 10, 20)
     assert mrr.diff == pytest.approx(-10 * (1 - 1 / 3) / 30)
@@ -153,8 +230,13 @@ def test_alpha_ndcg_with_subtopics(tmp_path: Path) -> None:
     subs.write_text("".join(f"q{i} {s} d{i}_{s} 1\n" for i in range(30) for s in range(2)), encoding="utf-8")
     a = {f"q{i}": [f"d{i}_0", f"d{i}_1", f"d{i}_2"] for i in range(30)}
     b = {f"q{i}": [f"d{i}_0", f"d{i}_2", f"d{i}_1"] for i in range(30)}  # the second subtopic comes later
-    c = compare_runs(orders_run("A", a), orders_run("B", b), qrels, subtopics=read_subtopics(subs),
-                     metrics=["nDCG@10", "alpha-nDCG@3"])
+    c = compare_runs(
+        orders_run("A", a),
+        orders_run("B", b),
+        qrels,
+        subtopics=read_subtopics(subs),
+        metrics=["nDCG@10", "alpha-nDCG@3"],
+    )
     alpha = c.metric("alpha-nDCG@3")
     assert alpha.losses == 30 and alpha.diff < 0 and len(alpha.qids) == 30
     with pytest.raises(InputError, match="needs subtopic judgments"):
@@ -180,12 +262,15 @@ def test_metric_names_and_gates() -> None:
             parse_gate(bad)
 
 
-@pytest.mark.parametrize(("extra", "needle"), [
-    (["--metric", "nDGC@10"], "--metric: unknown metric 'nDGC@10'"),
-    (["--fail-if-worse", "nDCG@10"], "--fail-if-worse"),
-    (["--alpha", "1.5"], "--alpha: alpha must be strictly between 0 and 1"),
-    (["--resamples", "10"], "--resamples"),
-])
+@pytest.mark.parametrize(
+    ("extra", "needle"),
+    [
+        (["--metric", "nDGC@10"], "--metric: unknown metric 'nDGC@10'"),
+        (["--fail-if-worse", "nDCG@10"], "--fail-if-worse"),
+        (["--alpha", "1.5"], "--alpha: alpha must be strictly between 0 and 1"),
+        (["--resamples", "10"], "--resamples"),
+    ],
+)
 def test_bad_options_are_exit_2_naming_the_flag(dl19, capsys, extra: list[str], needle: str) -> None:
     _, qrels, bm25 = dl19
     code, _, err = run_cli(capsys, "compare", bm25, bm25, "--qrels", qrels, *extra)
@@ -210,8 +295,22 @@ def test_bad_files_are_exit_2_naming_the_line_or_the_flag(dl19, tmp_path, capsys
 
 def test_the_table_says_what_it_shows(dl19, capsys) -> None:
     cands, qrels, bm25 = dl19
-    code, out, _ = run_cli(capsys, "compare", bm25, "input", "--candidates", cands, "--qrels", qrels,
-                           "--metric", "nDCG@10", "--metric", "P@5", "--resamples", "1000")
+    code, out, _ = run_cli(
+        capsys,
+        "compare",
+        bm25,
+        "input",
+        "--candidates",
+        cands,
+        "--qrels",
+        qrels,
+        "--metric",
+        "nDCG@10",
+        "--metric",
+        "P@5",
+        "--resamples",
+        "1000",
+    )
     assert code == 0
     assert out.splitlines()[2].split()[:4] == ["metric", "n", "A", "B"]
     assert "paired bootstrap (bca, 1000 resamples, seed 0)" in out and "Holm over 2 metrics" in out

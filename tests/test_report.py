@@ -36,19 +36,47 @@ def pages(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     for item in json.loads((DL19 / "bm25-top100.json").read_text(encoding="utf-8")):
         hits = sorted(item["hits"], key=lambda h: h["rank"])
         if str(hits[0]["qid"]) in QIDS:
-            rows.append({"qid": str(hits[0]["qid"]), "query": item["query"],
-                         "chunks": [{"id": h["docid"], "text": h["content"]} for h in hits[:20]]})
+            rows.append(
+                {
+                    "qid": str(hits[0]["qid"]),
+                    "query": item["query"],
+                    "chunks": [{"id": h["docid"], "text": h["content"]} for h in hits[:20]],
+                }
+            )
     cands = out / "candidates.jsonl"
     cands.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
     qrels = str(DL19 / "qrels.txt")
     common = ["--no-progress", "--json"]
     commands = {
-        "compare": ["compare", "input", "rerank:", "--candidates", str(cands), "--qrels", qrels, "--rel-level", "2",
-                    "--fail-if-worse", "nDCG@10:0", "--resamples", "2000"],
+        "compare": [
+            "compare",
+            "input",
+            "rerank:",
+            "--candidates",
+            str(cands),
+            "--qrels",
+            qrels,
+            "--rel-level",
+            "2",
+            "--fail-if-worse",
+            "nDCG@10:0",
+            "--resamples",
+            "2000",
+        ],
         "eval": ["eval", "--candidates", str(cands), "--qrels", qrels, "--rel-level", "2", *common],
         "bias": ["bias", "--candidates", str(cands), *common],
-        "calibrate": ["calibrate", "--candidates", str(cands), "--qrels", qrels, "--rel-level", "2",
-                      "-o", str(out / "cal.json"), *common],
+        "calibrate": [
+            "calibrate",
+            "--candidates",
+            str(cands),
+            "--qrels",
+            qrels,
+            "--rel-level",
+            "2",
+            "-o",
+            str(out / "cal.json"),
+            *common,
+        ],
     }
     paths = {}
     for name, argv in commands.items():
@@ -59,8 +87,12 @@ def pages(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return paths
 
 
-EXPECTED = {"compare": (["comparison"], 3), "eval": (["eval", "comparison"], 3), "bias": (["bias"], 1),
-            "calibrate": (["calibration"], 1)}
+EXPECTED = {
+    "compare": (["comparison"], 3),
+    "eval": (["eval", "comparison"], 3),
+    "bias": (["bias"], 1),
+    "calibrate": (["calibration"], 1),
+}
 
 
 @pytest.mark.parametrize("name", list(EXPECTED))
@@ -96,8 +128,24 @@ def test_the_figures_numbers_are_in_json(pages: dict[str, Path], tmp_path: Path,
     band = json.loads(capsys.readouterr().out)["rank_shift_band"]
     assert band["confidence"] == 0.95 and len(band["low"]) == len(band["high"]) == 10
     assert all(lo <= hi for lo, hi in zip(band["low"], band["high"], strict=True) if lo is not None)
-    assert main(["calibrate", "--candidates", str(cands), "--qrels", str(DL19 / "qrels.txt"), "--rel-level", "2",
-                 "-o", str(tmp_path / "c.json"), "--no-progress", "--json"]) == 0
+    assert (
+        main(
+            [
+                "calibrate",
+                "--candidates",
+                str(cands),
+                "--qrels",
+                str(DL19 / "qrels.txt"),
+                "--rel-level",
+                "2",
+                "-o",
+                str(tmp_path / "c.json"),
+                "--no-progress",
+                "--json",
+            ]
+        )
+        == 0
+    )
     reliability = json.loads(capsys.readouterr().out)["reliability"]
     assert len(reliability["before"]) == len(reliability["after"]) == 10
     counted = sum(b["chunks"] for b in reliability["before"])
@@ -111,7 +159,9 @@ def test_a_missing_report_extra_is_named_before_any_work(pages: dict[str, Path],
     with pytest.raises(MissingDependencyError, match=r"report"):
         require_charts()
     cands = pages["eval"].parent / "candidates.jsonl"
-    code = main(["bias", "--candidates", str(cands), "--no-progress", "--html", str(pages["bias"].parent / "x.html")])
+    code = main(
+        ["bias", "--candidates", str(cands), "--no-progress", "--html", str(pages["bias"].parent / "x.html")]
+    )
     err = capsys.readouterr().err
     assert code == 2 and "rag-rerank[report]" in err and "matplotlib" in err, err
     assert not (pages["bias"].parent / "x.html").exists()
@@ -119,8 +169,19 @@ def test_a_missing_report_extra_is_named_before_any_work(pages: dict[str, Path],
 
 def test_an_unwritable_html_path_is_named(pages: dict[str, Path], capsys) -> None:
     qrels = DL19 / "qrels.txt"
-    code = main(["compare", str(DL19 / "bm25.run"), str(DL19 / "bm25.run"), "--qrels", str(qrels),
-                 "--resamples", "200", "--html", str(pages["bias"].parent)])
+    code = main(
+        [
+            "compare",
+            str(DL19 / "bm25.run"),
+            str(DL19 / "bm25.run"),
+            "--qrels",
+            str(qrels),
+            "--resamples",
+            "200",
+            "--html",
+            str(pages["bias"].parent),
+        ]
+    )
     err = capsys.readouterr().err
     assert code == 2 and "--html" in err and "cannot write" in err, err
 
@@ -129,7 +190,9 @@ CHROMIUM = find_chromium()
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="no chromium on this machine (Debian: apt-get install chromium)")
-def test_a_real_browser_renders_each_page_and_no_request_leaves_it(pages: dict[str, Path], tmp_path: Path) -> None:
+def test_a_real_browser_renders_each_page_and_no_request_leaves_it(
+    pages: dict[str, Path], tmp_path: Path
+) -> None:
     leak = tmp_path / "leak.html"  # the check itself must see a request when there is one
     leak.write_text('<p>x</p><img src="http://127.0.0.1:9/pixel.png">', encoding="utf-8")
     assert CHROMIUM is not None

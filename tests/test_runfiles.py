@@ -19,19 +19,26 @@ def write(tmp_path: Path, name: str, text: str) -> Path:
     return path
 
 
-def test_a_trec_run_is_ordered_by_score_then_docid_descending_whatever_the_rank_column(tmp_path: Path) -> None:
-    path = write(tmp_path, "a.run", "q1 Q0 d1 1 1.0 t\nq1 Q0 d3 2 2.5 t\nq1 Q0 d2 3 2.5 t\n\nq2 Q0 x 1 -3 t\n")
+def test_a_trec_run_is_ordered_by_score_then_docid_descending_whatever_the_rank_column(
+    tmp_path: Path,
+) -> None:
+    path = write(
+        tmp_path, "a.run", "q1 Q0 d1 1 1.0 t\nq1 Q0 d3 2 2.5 t\nq1 Q0 d2 3 2.5 t\n\nq2 Q0 x 1 -3 t\n"
+    )
     run = read_run(path)
     assert run.format == "trec"
     assert run.orders == {"q1": ("d3", "d2", "d1"), "q2": ("x",)}
 
 
-@pytest.mark.parametrize(("line", "needle"), [
-    ("q1 Q0 d1 1 0.5", "6 columns"),
-    ("q1 Q0 d1 1 high t", "score (column 5)"),
-    ("q1 Q0 d1 1 nan t", "score (column 5)"),
-    ("q1 Q0 d0 1 0.9 t", "lists document d0 twice"),
-])
+@pytest.mark.parametrize(
+    ("line", "needle"),
+    [
+        ("q1 Q0 d1 1 0.5", "6 columns"),
+        ("q1 Q0 d1 1 high t", "score (column 5)"),
+        ("q1 Q0 d1 1 nan t", "score (column 5)"),
+        ("q1 Q0 d0 1 0.9 t", "lists document d0 twice"),
+    ],
+)
 def test_a_bad_trec_line_is_named_by_its_number(tmp_path: Path, line: str, needle: str) -> None:
     path = write(tmp_path, "bad.run", f"q1 Q0 d0 1 1.0 t\n\n{line}\n")
     with pytest.raises(InputError) as info:
@@ -48,17 +55,26 @@ def test_every_bad_line_is_named_up_to_a_bound(tmp_path: Path) -> None:
 
 
 def batch_record(line: int, qid: object, ids: list[str], usage: dict | None = None) -> str:
-    record = {"line": line, "query_id": qid, "result": {"ranked": [{"id": i, "score": 0.5, "reason": "r"}
-                                                                    for i in ids], "dropped": []},
-              "meta": {"usage": usage or {}}, "config": {"backend": "openai"}}
+    record = {
+        "line": line,
+        "query_id": qid,
+        "result": {"ranked": [{"id": i, "score": 0.5, "reason": "r"} for i in ids], "dropped": []},
+        "meta": {"usage": usage or {}},
+        "config": {"backend": "openai"},
+    }
     return json.dumps(record) + "\n"
 
 
 def test_a_batch_output_gives_ranked_ids_failures_and_usage(tmp_path: Path) -> None:
     error = {"line": 3, "query_id": "q3", "error": {"kind": "backend", "message": "timed out"}}
-    path = write(tmp_path, "out.jsonl", batch_record(1, "q1", ["a", "b"], {"prompt_tokens": 100,
-                                                                          "completion_tokens": 20})
-                 + batch_record(2, 7, ["c"]) + json.dumps(error) + "\n")
+    path = write(
+        tmp_path,
+        "out.jsonl",
+        batch_record(1, "q1", ["a", "b"], {"prompt_tokens": 100, "completion_tokens": 20})
+        + batch_record(2, 7, ["c"])
+        + json.dumps(error)
+        + "\n",
+    )
     run = read_run(path)
     assert run.format == "batch" and run.orders == {"q1": ("a", "b"), "7": ("c",)}
     assert run.failed == {"q3": "timed out"}
@@ -74,14 +90,20 @@ def test_a_batch_record_without_a_query_id_is_named(tmp_path: Path) -> None:
     assert problem.line == 2 and "query_id" in problem.message
 
 
-@pytest.mark.parametrize(("text", "needle"), [
-    ('{"line": 1, "query_id": "q1", "result": {"ranked": [{"id": "a"}]}}\n{not json\n', "not valid JSON"),
-    ('{"line": 1, "query_id": "q1", "result": {"ranked": "a"}}\n', "expected 'result'"),
-    ('{"line": 1, "query_id": "q1", "result": {"ranked": [{"id": "a"}, {"id": "a"}]}}\n', "twice"),
-    ('{"line": 1, "query_id": "q1", "result": {"ranked": [{"id": "a"}]}}\n'
-     '{"line": 2, "query_id": "q1", "result": {"ranked": [{"id": "b"}]}}\n', "appears twice"),
-    ('{"config": {}}\n[1, 2]\n', "JSON object"),
-])
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        ('{"line": 1, "query_id": "q1", "result": {"ranked": [{"id": "a"}]}}\n{not json\n', "not valid JSON"),
+        ('{"line": 1, "query_id": "q1", "result": {"ranked": "a"}}\n', "expected 'result'"),
+        ('{"line": 1, "query_id": "q1", "result": {"ranked": [{"id": "a"}, {"id": "a"}]}}\n', "twice"),
+        (
+            '{"line": 1, "query_id": "q1", "result": {"ranked": [{"id": "a"}]}}\n'
+            '{"line": 2, "query_id": "q1", "result": {"ranked": [{"id": "b"}]}}\n',
+            "appears twice",
+        ),
+        ('{"config": {}}\n[1, 2]\n', "JSON object"),
+    ],
+)
 def test_bad_json_lines_are_named(tmp_path: Path, text: str, needle: str) -> None:
     with pytest.raises(InputError) as info:
         read_run(write(tmp_path, "x.jsonl", text))
@@ -89,26 +111,39 @@ def test_bad_json_lines_are_named(tmp_path: Path, text: str, needle: str) -> Non
 
 
 def test_an_eval_resume_file_is_read_with_its_header(tmp_path: Path) -> None:
-    text = (json.dumps({"config": {"backend": "local", "k": 10}}) + "\n"
-            + json.dumps({"qid": "q1", "ranked": ["b", "a"]}) + "\n"
-            + json.dumps({"qid": "q2", "error": "BackendError: down", "kind": "backend"}) + "\n")
+    text = (
+        json.dumps({"config": {"backend": "local", "k": 10}})
+        + "\n"
+        + json.dumps({"qid": "q1", "ranked": ["b", "a"]})
+        + "\n"
+        + json.dumps({"qid": "q2", "error": "BackendError: down", "kind": "backend"})
+        + "\n"
+    )
     run = read_run(write(tmp_path, "resume.jsonl", text))
-    assert run.format == "eval" and run.orders == {"q1": ("b", "a")} and run.failed == {"q2": "BackendError: down"}
+    assert (
+        run.format == "eval"
+        and run.orders == {"q1": ("b", "a")}
+        and run.failed == {"q2": "BackendError: down"}
+    )
     assert run.config == {"backend": "local", "k": 10}
 
 
-def test_candidates_complete_each_order_as_eval_does_and_give_failures_the_input_order(tmp_path: Path) -> None:
-    text = (json.dumps({"qid": "q1", "ranked": ["c"]}) + "\n"
-            + json.dumps({"qid": "q2", "error": "x"}) + "\n")
-    cands = [CandidateQuery("q1", "?", tuple({"id": i, "text": i} for i in "abcd")),
-             CandidateQuery("q2", "?", tuple({"id": i, "text": i} for i in "xy"))]
+def test_candidates_complete_each_order_as_eval_does_and_give_failures_the_input_order(
+    tmp_path: Path,
+) -> None:
+    text = json.dumps({"qid": "q1", "ranked": ["c"]}) + "\n" + json.dumps({"qid": "q2", "error": "x"}) + "\n"
+    cands = [
+        CandidateQuery("q1", "?", tuple({"id": i, "text": i} for i in "abcd")),
+        CandidateQuery("q2", "?", tuple({"id": i, "text": i} for i in "xy")),
+    ]
     run = read_run(write(tmp_path, "resume.jsonl", text), candidates=cands)
     assert run.orders == {"q1": ("c", "a", "b", "d"), "q2": ("x", "y")}
     assert complete(run, cands).orders == run.orders
 
 
-@pytest.mark.parametrize(("content", "needle"), [(b"", "is empty"), (b"\xff\xfeq\x001", "not UTF-8"),
-                                                 (b"\n\n", "is empty")])
+@pytest.mark.parametrize(
+    ("content", "needle"), [(b"", "is empty"), (b"\xff\xfeq\x001", "not UTF-8"), (b"\n\n", "is empty")]
+)
 def test_an_unreadable_run_file_is_bad_input(tmp_path: Path, content: bytes, needle: str) -> None:
     path = tmp_path / "r.run"
     path.write_bytes(content)
@@ -123,7 +158,11 @@ def test_an_unreadable_run_file_is_bad_input(tmp_path: Path, content: bytes, nee
 def test_a_rerank_spec_is_read_as_options() -> None:
     assert rerank_spec("runs/a.run") is None
     assert rerank_spec("rerank:lambda=0.5,backend=local,window-size=20,model=null") == {
-        "lambda_": 0.5, "backend": "local", "window_size": 20, "model": None}
+        "lambda_": 0.5,
+        "backend": "local",
+        "window_size": 20,
+        "model": None,
+    }
     assert rerank_spec("rerank:") == {}
     with pytest.raises(InputError, match="KEY=VALUE"):
         rerank_spec("rerank:lambda")

@@ -2,10 +2,11 @@
 samples, within Monte Carlo error; Holm's correction; degenerate and symmetric cases.
 
 Tolerances are Monte Carlo error, not fudge: two estimates from R independent resamples differ by
-about sqrt(2) times one's standard error. For a one-sided p-value that is sqrt(p (1 - p) / R) (twice that of p / 2 for a two-sided one); for a
-bootstrap quantile q of a mean it is about sqrt(q (1 - q) / R) / density at the quantile, with
-the bootstrap distribution close to normal with sd s = sd(d) / sqrt(n): 0.027 s at q = 0.025.
-Every comparison allows 4 times the difference's standard error."""
+about sqrt(2) times one's standard error. For a one-sided p-value that is sqrt(p (1 - p) / R)
+(twice that of p / 2 for a two-sided one); for a bootstrap quantile q of a mean it is about
+sqrt(q (1 - q) / R) / density at the quantile, with the bootstrap distribution close to normal
+with sd s = sd(d) / sqrt(n): 0.027 s at q = 0.025. Every comparison allows 4 times the
+difference's standard error."""
 
 from __future__ import annotations
 
@@ -46,27 +47,40 @@ def mean_diff(x: np.ndarray, y: np.ndarray, axis: int = -1) -> np.ndarray:
     return np.mean(x - y, axis=axis)
 
 
-@pytest.mark.parametrize(("n", "shift", "seed"), [(30, 0.0, 1), (40, 0.03, 2), (200, 0.02, 3), (1000, 0.005, 4)])
+@pytest.mark.parametrize(
+    ("n", "shift", "seed"), [(30, 0.0, 1), (40, 0.03, 2), (200, 0.02, 3), (1000, 0.005, 4)]
+)
 @pytest.mark.parametrize("method", ["bca", "percentile"])
 def test_the_interval_agrees_with_scipy_bootstrap(n: int, shift: float, seed: int, method: str) -> None:
     a, b = paired_sample(n, shift, seed)
     d = b - a
     ours = bootstrap_interval(d, n_resamples=R, method=method, rng=seed)[0]
-    theirs = stats.bootstrap((b, a), mean_diff, paired=True, n_resamples=R, method=method,
-                             random_state=seed + 100).confidence_interval
+    theirs = stats.bootstrap(
+        (b, a), mean_diff, paired=True, n_resamples=R, method=method, random_state=seed + 100
+    ).confidence_interval
     s = d.std(ddof=1) / math.sqrt(n)
     tol = 4 * math.sqrt(2) * 0.027 * s * 1.5  # BCa moves the levels a little: a wider allowance
     assert ours[0] == pytest.approx(theirs.low, abs=tol)
     assert ours[1] == pytest.approx(theirs.high, abs=tol)
 
 
-@pytest.mark.parametrize(("n", "shift", "seed"), [(40, 0.0, 5), (40, 0.06, 6), (300, 0.02, 7), (1000, 0.01, 8)])
+@pytest.mark.parametrize(
+    ("n", "shift", "seed"), [(40, 0.0, 5), (40, 0.06, 6), (300, 0.02, 7), (1000, 0.01, 8)]
+)
 @pytest.mark.parametrize("alternative", ["two-sided", "less", "greater"])
-def test_the_p_value_agrees_with_scipy_permutation_test(n: int, shift: float, seed: int, alternative: str) -> None:
+def test_the_p_value_agrees_with_scipy_permutation_test(
+    n: int, shift: float, seed: int, alternative: str
+) -> None:
     a, b = paired_sample(n, shift, seed)
     ours = float(sign_flip_pvalue(b - a, n_resamples=R, alternative=alternative, rng=seed)[0])
-    theirs = stats.permutation_test((b, a), mean_diff, permutation_type="samples", n_resamples=R,
-                                    alternative=alternative, random_state=seed + 100).pvalue
+    theirs = stats.permutation_test(
+        (b, a),
+        mean_diff,
+        permutation_type="samples",
+        n_resamples=R,
+        alternative=alternative,
+        random_state=seed + 100,
+    ).pvalue
     assert ours == pytest.approx(theirs, abs=p_tolerance(theirs, alternative))
 
 
@@ -75,8 +89,9 @@ def test_with_few_queries_the_p_value_is_exact_and_equals_scipys() -> None:
     a, b = paired_sample(10, 0.05, 9)
     for alternative in ("two-sided", "less", "greater"):
         ours = float(sign_flip_pvalue(b - a, n_resamples=R, alternative=alternative)[0])
-        theirs = stats.permutation_test((b, a), mean_diff, permutation_type="samples", n_resamples=R,
-                                        alternative=alternative).pvalue
+        theirs = stats.permutation_test(
+            (b, a), mean_diff, permutation_type="samples", n_resamples=R, alternative=alternative
+        ).pvalue
         assert ours == pytest.approx(theirs, abs=1e-12)
 
 
@@ -85,8 +100,14 @@ def test_a_shifted_null_is_scipys_test_of_the_shifted_pairs() -> None:
     a, b = paired_sample(200, -0.04, 10)
     margin = 0.01
     ours = float(sign_flip_pvalue(b - a, n_resamples=R, alternative="less", shift=margin, rng=1)[0])
-    theirs = stats.permutation_test((b + margin, a), mean_diff, permutation_type="samples", n_resamples=R,
-                                    alternative="less", random_state=2).pvalue
+    theirs = stats.permutation_test(
+        (b + margin, a),
+        mean_diff,
+        permutation_type="samples",
+        n_resamples=R,
+        alternative="less",
+        random_state=2,
+    ).pvalue
     assert ours == pytest.approx(theirs, abs=p_tolerance(theirs))
     assert ours < 0.05  # the sample was drawn 0.04 worse
 

@@ -13,6 +13,7 @@ without a browser).
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import shutil
@@ -23,9 +24,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-         "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-extensions",
-         "--hide-scrollbars", "--mute-audio")
+FLAGS = (
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    "--disable-extensions",
+    "--hide-scrollbars",
+    "--mute-audio",
+)
 PAGE_FACTS = """JSON.stringify({
   svgs: document.querySelectorAll('svg').length,
   sections: Array.from(document.querySelectorAll('section')).map(s => s.id),
@@ -72,8 +82,12 @@ class Browser:
 
         self.proc = subprocess.Popen(
             [binary, *FLAGS, f"--user-data-dir={self.profile}", "--remote-debugging-pipe", "about:blank"],
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            preexec_fn=fds, pass_fds=(3, 4))
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            preexec_fn=fds,
+            pass_fds=(3, 4),
+        )
         os.close(to_child_r)
         os.close(from_child_w)
         self._buffer = b""
@@ -87,20 +101,16 @@ class Browser:
         self.close()
 
     def close(self) -> None:
-        try:
+        with contextlib.suppress(Exception):  # a browser that already died still gets reaped below
             self.send("Browser.close")
-        except Exception:
-            pass
         try:
             self.proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait(timeout=10)
         for fd in (self._to_child, self._from_child):
-            try:
+            with contextlib.suppress(OSError):
                 os.close(fd)
-            except OSError:
-                pass
         shutil.rmtree(self.profile, ignore_errors=True)
 
     def _read_message(self, deadline: float) -> dict[str, Any]:
@@ -145,8 +155,14 @@ class Browser:
         session = self.send("Target.attachToTarget", targetId=target, flatten=True)["sessionId"]
         self.send("Network.enable", session)
         self.send("Page.enable", session)
-        self.send("Emulation.setDeviceMetricsOverride", session, width=width, height=900, deviceScaleFactor=1,
-                  mobile=False)
+        self.send(
+            "Emulation.setDeviceMetricsOverride",
+            session,
+            width=width,
+            height=900,
+            deviceScaleFactor=1,
+            mobile=False,
+        )
         self.events.clear()
         self.send("Page.navigate", session, url=url)
         self.wait_for("Page.loadEventFired", session, self.timeout)
@@ -156,13 +172,25 @@ class Browser:
                 self.events.append(self._read_message(end))
             except TimeoutError:
                 break
-        facts = json.loads(self.send("Runtime.evaluate", session, expression=PAGE_FACTS,
-                                     returnByValue=True)["result"]["value"])
-        self.send("Emulation.setDeviceMetricsOverride", session, width=width, height=int(facts["height"]),
-                  deviceScaleFactor=1, mobile=False)
+        facts = json.loads(
+            self.send("Runtime.evaluate", session, expression=PAGE_FACTS, returnByValue=True)["result"][
+                "value"
+            ]
+        )
+        self.send(
+            "Emulation.setDeviceMetricsOverride",
+            session,
+            width=width,
+            height=int(facts["height"]),
+            deviceScaleFactor=1,
+            mobile=False,
+        )
         shot = self.send("Page.captureScreenshot", session, format="png")["data"]
-        requests = tuple(e["params"]["request"]["url"] for e in self.events
-                         if e.get("method") == "Network.requestWillBeSent" and e.get("sessionId") == session)
+        requests = tuple(
+            e["params"]["request"]["url"]
+            for e in self.events
+            if e.get("method") == "Network.requestWillBeSent" and e.get("sessionId") == session
+        )
         self.send("Target.closeTarget", targetId=target)
         return PageVisit(requests, facts, base64.b64decode(shot))
 
