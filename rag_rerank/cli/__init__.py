@@ -49,8 +49,8 @@ examples:
   rag-rerank rerank -q "..." -c chunks.jsonl --backend openai --base-url http://127.0.0.1:8000/v1
   rag-rerank check -c chunks.jsonl -k 3 answer.json
 
-exit codes: 0 ok, 1 invalid LLM output (check), a golden regression or a failed compare gate,
-2 bad input or usage, 3 backend failure, 4 internal error (RAG_RERANK_DEBUG=1 shows the
+exit codes: 0 ok, 1 invalid LLM output (check) or a golden regression (or a failed compare
+gate), 2 bad input or usage, 3 backend failure, 4 internal error (RAG_RERANK_DEBUG=1 shows the
 traceback), 130 interrupted.
 Run `rag-rerank COMMAND --help` for a command's options."""
 

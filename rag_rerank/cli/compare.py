@@ -88,7 +88,7 @@ def register(command: Callable[..., argparse.ArgumentParser]) -> None:
         "--fail-if-worse",
         dest="gates",
         action="append",
-        default=[],
+        default=None,
         metavar="METRIC:MARGIN",
         help="exit 1 when B is worse than A on METRIC by more than MARGIN with p < --alpha "
         "(repeatable; Holm-adjusted over the gates)",
@@ -121,7 +121,7 @@ def register(command: Callable[..., argparse.ArgumentParser]) -> None:
         help="price per million completion tokens",
     )
     p.add_argument(
-        "--concurrency", type=whole_number, default=4, help="reranks in flight for rerank:... runs"
+        "--concurrency", type=whole_number, default=4, help="rerank: runs in flight (default 4)"
     )
     p.add_argument(
         "--json", action="store_true", help="print one JSON object (every figure) instead of a table"
@@ -239,7 +239,7 @@ def run(args: argparse.Namespace) -> int:
             metrics=metrics,
             subtopics=subtopics,
             rel_level=args.rel_level,
-            gates=args.gates,
+            gates=args.gates or (),
             alpha=args.alpha,
             n_resamples=args.resamples,
             confidence=args.confidence,
