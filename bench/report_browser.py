@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import io
-import json
 import os
 import subprocess
 import sys
@@ -35,77 +34,24 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from tests.support.browser import Browser, find_chromium, page_url  # noqa: E402
-from tests.support.shared_data import data_dir, need  # noqa: E402
+from tests.support.dl19 import DL19, PAGES, page_commands, write_candidates  # noqa: E402
+from tests.support.shared_data import need  # noqa: E402
 
-DL19 = data_dir() / "trec-dl19"
 OUT = ROOT / "bench" / "out" / "report"
 SHOTS = ROOT / "docs" / "img"
-EXPECTED = {
-    "compare": (["comparison"], 3),
-    "eval": (["eval", "comparison"], 3),
-    "bias": (["bias"], 1),
-    "calibrate": (["calibration"], 1),
-}
 
 
-def candidates() -> Path:
+def write_pages() -> dict[str, Path]:
     need(DL19 / "bm25-top100.json")
-    OUT.mkdir(parents=True, exist_ok=True)
-    path = OUT / "dl19-candidates.jsonl"
-    rows = []
-    for item in json.loads((DL19 / "bm25-top100.json").read_text(encoding="utf-8")):
-        hits = sorted(item["hits"], key=lambda h: h["rank"])
-        rows.append(
-            {
-                "qid": str(hits[0]["qid"]),
-                "query": item["query"],
-                "chunks": [{"id": h["docid"], "text": h["content"]} for h in hits],
-            }
-        )
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
-    return path
-
-
-def write_pages(cands: Path) -> dict[str, Path]:
-    qrels = str(DL19 / "qrels.txt")
-    quiet = ["--no-progress"]
-    commands = {
-        "compare": [
-            "compare",
-            "input",
-            "rerank:lambda=0.7",
-            "--candidates",
-            str(cands),
-            "--qrels",
-            qrels,
-            "--rel-level",
-            "2",
-            "--fail-if-worse",
-            "nDCG@10:0",
-            *quiet,
-        ],
-        "eval": ["eval", "--candidates", str(cands), "--qrels", qrels, "--rel-level", "2", *quiet],
-        "bias": ["bias", "--candidates", str(cands), "--depth", "20", *quiet],
-        "calibrate": [
-            "calibrate",
-            "--candidates",
-            str(cands),
-            "--qrels",
-            qrels,
-            "--rel-level",
-            "2",
-            "-o",
-            str(OUT / "calibration.json"),
-            *quiet,
-        ],
-    }
+    cands = write_candidates(OUT / "dl19-candidates.jsonl")
+    commands = page_commands(cands, OUT, bias_depth=20)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     pages = {}
     for name, argv in commands.items():
         pages[name] = OUT / f"{name}.html"
         started = time.perf_counter()
         done = subprocess.run(
-            [sys.executable, "-m", "rag_rerank", *argv, "--html", str(pages[name])],
+            [sys.executable, "-m", "rag_rerank", *argv, "--no-progress", "--html", str(pages[name])],
             env=env,
             capture_output=True,
             text=True,
@@ -139,7 +85,7 @@ def main() -> None:
     binary = find_chromium()
     if binary is None:
         raise SystemExit("no chromium found: apt-get install chromium (Debian), then run this again")
-    pages = write_pages(candidates())
+    pages = write_pages()
     version = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=60).stdout.strip()
     print(f"\nbrowser: {version}, headless, fresh profile; load average {os.getloadavg()}")
     print(
@@ -165,7 +111,7 @@ def main() -> None:
                 f"{name:<12}{len(visit.requests):>9}{len(others):>21}{facts['svgs']:>5}"
                 f"{','.join(facts['sections']):>22}{facts['height']:>11}"
             )
-            want_sections, figures = EXPECTED[name]
+            want_sections, figures = PAGES[name]
             if others:
                 failures.append(f"{name}: requests leave the page: {others}")
             if facts["sections"] != want_sections or facts["svgs"] != figures or facts["scripts"]:

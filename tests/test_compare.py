@@ -15,28 +15,15 @@ from rag_rerank.compare import compare_runs, parse_gate, parse_metric
 from rag_rerank.errors import InputError
 from rag_rerank.judgments import read_qrels
 from rag_rerank.runfiles import Run, run_from_orders
-from tests.support.shared_data import data_dir, require
-
-DL19 = data_dir() / "trec-dl19"
+from tests.support.dl19 import DL19, write_candidates
+from tests.support.shared_data import require
 
 
 @pytest.fixture(scope="module")
 def dl19(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
     """(candidates JSONL of every judged query, the qrels, the BM25 TREC run)."""
     require(DL19 / "bm25-top100.json")
-    out = tmp_path_factory.mktemp("dl19")
-    rows = []
-    for item in json.loads((DL19 / "bm25-top100.json").read_text(encoding="utf-8")):
-        hits = sorted(item["hits"], key=lambda h: h["rank"])
-        rows.append(
-            {
-                "qid": str(hits[0]["qid"]),
-                "query": item["query"],
-                "chunks": [{"id": h["docid"], "text": h["content"]} for h in hits],
-            }
-        )
-    cands = out / "candidates.jsonl"
-    cands.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    cands = write_candidates(tmp_path_factory.mktemp("dl19") / "candidates.jsonl")
     return cands, DL19 / "qrels.txt", DL19 / "bm25.run"
 
 
@@ -71,57 +58,22 @@ def test_the_bm25_run_scores_as_eval_and_the_published_figure(dl19, capsys) -> N
     assert ndcg["mean_b"] == pytest.approx(ndcg["mean_a"])
 
 
-def test_the_known_dl19_regression_of_the_local_reranker_is_caught_and_its_queries_named(
-    dl19, capsys
-) -> None:
+def test_the_known_dl19_regression_of_the_local_reranker_is_caught_and_its_queries_named(dl19, capsys) -> None:
     # docs/quality.md: on DL19 the local backend's order (nDCG@10 0.4625) is worse than BM25's (0.5058)
     cands, qrels, _ = dl19
-    code, out, err = run_cli(
-        capsys,
-        "compare",
-        "input",
-        "rerank:lambda=0.7",
-        "--candidates",
-        cands,
-        "--qrels",
-        qrels,
-        "--rel-level",
-        "2",
-        "--fail-if-worse",
-        "nDCG@10:0",
-        "--no-progress",
-    )
+
+    def gate(a: str, b: str, margin: str, *extra: str) -> tuple[int, str, str]:
+        return run_cli(capsys, "compare", a, b, "--candidates", cands, "--qrels", qrels,
+                       "--fail-if-worse", f"nDCG@10:{margin}", "--no-progress", *extra)
+
+    code, out, err = gate("input", "rerank:lambda=0.7", "0", "--rel-level", "2")
     assert code == 1, err
     assert "gate nDCG@10:0 FAILED" in out
     assert "B is worse than A on nDCG@10" in err and "104861 (-0.403)" in err  # the query that lost most
     # The other way round (B = the BM25 order) nothing fails; with a margin wider than the loss, neither.
-    code, _, err = run_cli(
-        capsys,
-        "compare",
-        "rerank:lambda=0.7",
-        "input",
-        "--candidates",
-        cands,
-        "--qrels",
-        qrels,
-        "--fail-if-worse",
-        "nDCG@10:0",
-        "--no-progress",
-    )
+    code, _, err = gate("rerank:lambda=0.7", "input", "0")
     assert code == 0, err
-    code, out, _ = run_cli(
-        capsys,
-        "compare",
-        "input",
-        "rerank:lambda=0.7",
-        "--candidates",
-        cands,
-        "--qrels",
-        qrels,
-        "--fail-if-worse",
-        "nDCG@10:0.05",
-        "--no-progress",
-    )
+    code, out, _ = gate("input", "rerank:lambda=0.7", "0.05")
     assert code == 0 and "gate nDCG@10:0.05 passed" in out
 
 

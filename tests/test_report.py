@@ -21,9 +21,9 @@ from rag_rerank.judgments import read_qrels
 from rag_rerank.report import compare_page, sections
 from rag_rerank.runfiles import run_from_orders
 from tests.support.browser import Browser, find_chromium, page_url
-from tests.support.shared_data import data_dir, require
+from tests.support.dl19 import DL19, PAGES, page_commands, write_candidates
+from tests.support.shared_data import require
 
-DL19 = data_dir() / "trec-dl19"
 QIDS = ("1037798", "1129237", "183378", "104861", "148538", "1103812", "87452", "489204")
 
 
@@ -32,73 +32,20 @@ def pages(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """The four pages, written by the CLI on eight DL19 queries (BM25 top 20, the local backend)."""
     require(DL19 / "bm25-top100.json")
     out = tmp_path_factory.mktemp("report")
-    rows = []
-    for item in json.loads((DL19 / "bm25-top100.json").read_text(encoding="utf-8")):
-        hits = sorted(item["hits"], key=lambda h: h["rank"])
-        if str(hits[0]["qid"]) in QIDS:
-            rows.append(
-                {
-                    "qid": str(hits[0]["qid"]),
-                    "query": item["query"],
-                    "chunks": [{"id": h["docid"], "text": h["content"]} for h in hits[:20]],
-                }
-            )
-    cands = out / "candidates.jsonl"
-    cands.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
-    qrels = str(DL19 / "qrels.txt")
-    common = ["--no-progress", "--json"]
-    commands = {
-        "compare": [
-            "compare",
-            "input",
-            "rerank:",
-            "--candidates",
-            str(cands),
-            "--qrels",
-            qrels,
-            "--rel-level",
-            "2",
-            "--fail-if-worse",
-            "nDCG@10:0",
-            "--resamples",
-            "2000",
-        ],
-        "eval": ["eval", "--candidates", str(cands), "--qrels", qrels, "--rel-level", "2", *common],
-        "bias": ["bias", "--candidates", str(cands), *common],
-        "calibrate": [
-            "calibrate",
-            "--candidates",
-            str(cands),
-            "--qrels",
-            qrels,
-            "--rel-level",
-            "2",
-            "-o",
-            str(out / "cal.json"),
-            *common,
-        ],
-    }
+    cands = write_candidates(out / "candidates.jsonl", QIDS, depth=20)
     paths = {}
-    for name, argv in commands.items():
+    for name, argv in page_commands(cands, out, compare_b="rerank:", resamples=2000).items():
         paths[name] = out / f"{name}.html"
-        code = main([*argv, "--html", str(paths[name])])
+        code = main([*argv, "--no-progress", "--html", str(paths[name])])
         assert code in (0, 1), (name, code)  # compare's gate may fail: its page is written all the same
         assert paths[name].is_file()
     return paths
 
 
-EXPECTED = {
-    "compare": (["comparison"], 3),
-    "eval": (["eval", "comparison"], 3),
-    "bias": (["bias"], 1),
-    "calibrate": (["calibration"], 1),
-}
-
-
-@pytest.mark.parametrize("name", list(EXPECTED))
+@pytest.mark.parametrize("name", list(PAGES))
 def test_each_page_is_self_contained_and_has_its_figures(pages: dict[str, Path], name: str) -> None:
     html = pages[name].read_text(encoding="utf-8")
-    want_sections, figures = EXPECTED[name]
+    want_sections, figures = PAGES[name]
     assert sections(html) == want_sections
     assert html.count("<svg") == figures
     lowered = html.lower()
@@ -202,7 +149,7 @@ def test_a_real_browser_renders_each_page_and_no_request_leaves_it(
         for name, path in pages.items():
             visit = browser.visit(page_url(path))
             assert visit.requests == (page_url(path),), (name, visit.requests)
-            want_sections, figures = EXPECTED[name]
+            want_sections, figures = PAGES[name]
             assert visit.facts["sections"] == want_sections and visit.facts["svgs"] == figures
             assert visit.facts["scripts"] == 0 and visit.facts["links"] == 0
             assert visit.screenshot.startswith(b"\x89PNG") and len(visit.screenshot) > 10_000

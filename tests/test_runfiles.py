@@ -7,6 +7,8 @@ import json
 from pathlib import Path
 
 import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 
 from rag_rerank.errors import InputError
 from rag_rerank.judgments import CandidateQuery
@@ -166,3 +168,36 @@ def test_a_rerank_spec_is_read_as_options() -> None:
     assert rerank_spec("rerank:") == {}
     with pytest.raises(InputError, match="KEY=VALUE"):
         rerank_spec("rerank:lambda")
+
+
+@given(st.text(), st.sampled_from(["", "{", "q1 Q0 d 1 1.0 t\n"]))
+@example("q1 Q0 \u0301 1 1e309 t", "")
+@example('{"line": 1, "query_id": "\ud800", "result": {"ranked": [{"id": 1}]}}', "")
+@example('{"qid": "q", "ranked": [true]}', "")
+@settings(max_examples=150, deadline=None, derandomize=True)
+def test_any_text_is_a_run_or_an_input_error_naming_the_problem(text: str, prefix: str) -> None:
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "run.txt"
+        path.write_text(prefix + text, encoding="utf-8", errors="surrogatepass")
+        try:
+            run = read_run(path)
+        except InputError as exc:
+            assert exc.violations and all(v.message for v in exc.violations)
+        else:
+            assert all(isinstance(d, str) for ids in run.orders.values() for d in ids)
+            assert all(isinstance(q, str) for q in run.orders)
+
+
+@given(st.text())
+@example("rerank:a=!!python/object:os.system")
+@example("rerank:lambda=[1, 2")
+@settings(max_examples=100, deadline=None, derandomize=True)
+def test_any_spec_is_options_or_an_input_error(text: str) -> None:
+    try:
+        options = rerank_spec("rerank:" + text)
+    except InputError as exc:
+        assert "KEY=VALUE" in str(exc)
+    else:
+        assert isinstance(options, dict)

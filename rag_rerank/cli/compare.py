@@ -121,7 +121,7 @@ def register(command: Callable[..., argparse.ArgumentParser]) -> None:
         help="price per million completion tokens",
     )
     p.add_argument(
-        "--concurrency", type=whole_number, default=4, help="rerank: runs in flight (default 4)"
+        "--concurrency", type=whole_number, default=4, help="reranks in flight at most (default 4)"
     )
     p.add_argument(
         "--json", action="store_true", help="print one JSON object (every figure) instead of a table"
