@@ -58,7 +58,7 @@ def test_the_bm25_run_scores_as_eval_and_the_published_figure(dl19, capsys) -> N
     assert ndcg["mean_b"] == pytest.approx(ndcg["mean_a"])
 
 
-def test_the_known_dl19_regression_of_the_local_reranker_is_caught_and_its_queries_named(dl19, capsys) -> None:
+def test_the_known_dl19_regression_of_the_local_reranker_is_caught_and_named(dl19, capsys) -> None:
     # docs/quality.md: on DL19 the local backend's order (nDCG@10 0.4625) is worse than BM25's (0.5058)
     cands, qrels, _ = dl19
 
