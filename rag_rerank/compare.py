@@ -29,7 +29,7 @@ import numpy as np
 
 from .cost import Prices
 from .errors import InputError, MissingDependencyError, Violation
-from .judgments import ir_measures_module
+from .judgments import ir_measures_module, rel_level_violations
 from .runfiles import Run
 from .significance import METHODS, bootstrap_interval, holm, sign_flip_pvalue
 
@@ -275,25 +275,20 @@ def usage_figures(run: Run, prices: Prices | None = None) -> dict[str, float]:
     return out
 
 
-def compare_runs(
-    a: Run,
-    b: Run,
-    qrels: Sequence[Any],
+def checked_options(
+    metrics: Sequence[str],
+    gates: Sequence[str | tuple[str, float]] = (),
     *,
-    metrics: Sequence[str] = DEFAULT_METRICS,
+    qrels: Sequence[Any] | None = None,
     subtopics: Sequence[Any] | None = None,
     rel_level: int = 1,
-    gates: Sequence[str | tuple[str, float]] = (),
     alpha: float = 0.05,
     n_resamples: int = 10_000,
     confidence: float = 0.95,
     method: str = "bca",
-    seed: int = 0,
-    top: int = 5,
-    prices: Prices | None = None,
-) -> Comparison:
-    """B against A on every metric (module docstring). `qrels` / `subtopics` are ir-measures Qrels
-    (`judgments.read_qrels` / `read_subtopics`); `gates` are `METRIC:MARGIN` strings or pairs."""
+) -> tuple[list[MetricSpec], list[tuple[str, float]]]:
+    """The metrics (gated ones added) and the gates as `compare_runs` uses them, or one `InputError`
+    with every problem: a caller about to rerank checks them first (`rag-rerank compare` does)."""
     problems = []
     if isinstance(n_resamples, bool) or not isinstance(n_resamples, int) or n_resamples < 100:
         problems.append(
@@ -338,8 +333,35 @@ def compare_runs(
                     message=f"{spec.name} needs subtopic judgments (subtopics / --subtopics)",
                 )
             )
+    if qrels is not None:
+        problems += rel_level_violations(rel_level, qrels)
     if problems:
         raise InputError(problems)
+    return specs, parsed_gates
+
+
+def compare_runs(
+    a: Run,
+    b: Run,
+    qrels: Sequence[Any],
+    *,
+    metrics: Sequence[str] = DEFAULT_METRICS,
+    subtopics: Sequence[Any] | None = None,
+    rel_level: int = 1,
+    gates: Sequence[str | tuple[str, float]] = (),
+    alpha: float = 0.05,
+    n_resamples: int = 10_000,
+    confidence: float = 0.95,
+    method: str = "bca",
+    seed: int = 0,
+    top: int = 5,
+    prices: Prices | None = None,
+) -> Comparison:
+    """B against A on every metric (module docstring). `qrels` / `subtopics` are ir-measures Qrels
+    (`judgments.read_qrels` / `read_subtopics`); `gates` are `METRIC:MARGIN` strings or pairs."""
+    specs, parsed_gates = checked_options(metrics, gates, qrels=qrels, subtopics=subtopics,
+                                          rel_level=rel_level, alpha=alpha, n_resamples=n_resamples,
+                                          confidence=confidence, method=method)
     judged = {j.query_id for j in qrels}
     both = set(a.orders) & set(b.orders)
     left_out = {
@@ -448,6 +470,7 @@ __all__ = [
     "GateResult",
     "MetricComparison",
     "MetricSpec",
+    "checked_options",
     "compare_runs",
     "parse_gate",
     "parse_metric",

@@ -266,3 +266,16 @@ def test_the_table_says_what_it_shows(dl19, capsys) -> None:
     assert code == 0
     assert out.splitlines()[2].split()[:4] == ["metric", "n", "A", "B"]
     assert "paired bootstrap (bca, 1000 resamples, seed 0)" in out and "Holm over 2 metrics" in out
+
+
+def test_bad_options_are_named_before_any_rerank(dl19, capsys) -> None:
+    # B's configuration is bad too (lambda 5): the rerank would stop on it, naming only lambda; the
+    # metric and the grade are checked first, so they are what the user reads
+    cands, qrels, _ = dl19
+    both = ["compare", "input", "rerank:lambda=5", "--candidates", cands, "--qrels", qrels]
+    code, _, err = run_cli(capsys, *both, "--metric", "nDCG@10", "--metric", "bogus@3", "--rel-level", "7")
+    assert code == 2, err
+    assert "--metric: unknown metric 'bogus@3'" in err and "--rel-level" in err
+    assert "lambda" not in err
+    code, _, err = run_cli(capsys, *both)
+    assert code == 2 and "lambda must be" in err, err

@@ -10,7 +10,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from ..charts import require_charts
-from ..compare import DEFAULT_METRICS, Comparison, compare_runs
+from ..compare import DEFAULT_METRICS, Comparison, checked_options, compare_runs
 from ..cost import Prices
 from ..errors import InputError, Violation
 from ..evaluate import rerank_run
@@ -230,6 +230,10 @@ def run(args: argparse.Namespace) -> int:
         *([f"alpha-nDCG@{args.k}"] if subtopics else []),
     ]
     try:
+        # Bad metrics, gates or settings are named before a configuration is reranked for minutes.
+        checked_options(metrics, args.gates or (), qrels=qrels, subtopics=subtopics, rel_level=args.rel_level,
+                        alpha=args.alpha, n_resamples=args.resamples, confidence=args.confidence,
+                        method=args.ci)
         a = _load(args.a, "A", args, queries)
         b = _load(args.b, "B", args, queries)
         comparison = compare_runs(
