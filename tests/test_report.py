@@ -153,3 +153,18 @@ def test_a_real_browser_renders_each_page_and_no_request_leaves_it(
             assert visit.facts["sections"] == want_sections and visit.facts["svgs"] == figures
             assert visit.facts["scripts"] == 0 and visit.facts["links"] == 0
             assert visit.screenshot.startswith(b"\x89PNG") and len(visit.screenshot) > 10_000
+
+
+def test_eval_json_with_html_carries_the_pages_comparison(pages: dict[str, Path], tmp_path: Path,
+                                                           capsys) -> None:
+    cands = pages["eval"].parent / "candidates.jsonl"
+    argv = ["eval", "--candidates", str(cands), "--qrels", str(DL19 / "qrels.txt"), "--rel-level", "2",
+            "--no-progress", "--json"]
+    assert main(argv) == 0
+    assert "comparison" not in json.loads(capsys.readouterr().out)
+    assert main([*argv, "--html", str(tmp_path / "e.html")]) == 0
+    data = json.loads(capsys.readouterr().out)
+    ndcg = data["comparison"]["metrics"][0]
+    assert ndcg["metric"] == "nDCG@10" and len(ndcg["per_query"]) == len(QIDS)
+    assert ndcg["mean_a"] == pytest.approx(data["input"]["nDCG@10"])
+    assert ndcg["mean_b"] == pytest.approx(data["reranked"]["nDCG@10"])

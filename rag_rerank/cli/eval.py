@@ -97,8 +97,9 @@ def format_table(report: EvalReport) -> str:
     return "\n".join(lines)
 
 
-def write_eval_page(report: EvalReport, args: Any, path: str) -> None:
-    """`--html`: eval's table and the per-query comparison of the two orders (`compare_runs`)."""
+def write_eval_page(report: EvalReport, args: Any, path: str) -> dict[str, Any]:
+    """`--html`: eval's table and the per-query comparison of the two orders (`compare_runs`);
+    returns the comparison's figures, which `--json` prints beside eval's."""
     from ..compare import DEFAULT_METRICS, compare_runs
     from ..judgments import read_qrels, read_subtopics
     from ..report import eval_page, write_page
@@ -113,6 +114,7 @@ def write_eval_page(report: EvalReport, args: Any, path: str) -> None:
         write_page(path, eval_page(report, comparison))
     except InputError as exc:
         raise with_flags(exc, {"html": "--html"}) from None
+    return comparison.to_dict()
 
 
 def run_eval(args: Any, backend_options: Mapping[str, Any]) -> int:
@@ -140,8 +142,9 @@ def run_eval(args: Any, backend_options: Mapping[str, Any]) -> int:
         if bar is not None:
             bar.close()
     if html is not None:
-        write_eval_page(report, args, html)
-    print(json.dumps(report.to_dict(), ensure_ascii=False) if args.json else format_table(report))
+        page = write_eval_page(report, args, html)
+    data = {**report.to_dict(), **({"comparison": page} if html is not None else {})}
+    print(json.dumps(data, ensure_ascii=False) if args.json else format_table(report))
     for qid, message in report.failed.items():
         print(f"rag-rerank: query {qid} kept its input order: {message}", file=sys.stderr)
     return exit_code_for(set(report.failure_kinds.values()))
