@@ -66,33 +66,37 @@ def main() -> None:
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         qrels_path, a_path, b_path = write_collection(Path(tmp), args.queries, args.depth, args.seed)
-        totals, reads, stats_only = [], [], []
+        wall: dict[str, list[float]] = {"read": [], "compare": [], "stats": [], "total": []}
+        cpu: dict[str, list[float]] = {"read": [], "compare": [], "stats": [], "total": []}
         for _ in range(args.repeat):
-            start = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             a, b = read_run(a_path), read_run(b_path)
             qrels = read_qrels(qrels_path)
-            read_done = time.perf_counter()
+            t1, c1 = time.perf_counter(), time.process_time()
             comparison = compare_runs(a, b, qrels, gates=["nDCG@10:0.01"], n_resamples=args.resamples)
-            totals.append(time.perf_counter() - start)
-            reads.append(read_done - start)
+            t2, c2 = time.perf_counter(), time.process_time()
             d = np.column_stack([m.diffs for m in comparison.metrics])
-            start = time.perf_counter()
             bootstrap_interval(d, n_resamples=args.resamples)
             sign_flip_pvalue(d, n_resamples=args.resamples)
-            stats_only.append(time.perf_counter() - start)
+            t3, c3 = time.perf_counter(), time.process_time()
+            for clock, (r0, r1, r2, r3) in ((wall, (t0, t1, t2, t3)), (cpu, (c0, c1, c2, c3))):
+                clock["read"].append(r1 - r0)
+                clock["compare"].append(r2 - r1)
+                clock["stats"].append(r3 - r2)
+                clock["total"].append(r2 - r0)
     print(
         f"{args.queries} queries x {args.depth} documents per run, {args.resamples} resamples, "
         f"{len(comparison.metrics)} metrics + 1 gate; median of {args.repeat} runs; "
-        f"load average {tuple(round(x, 2) for x in os.getloadavg())} on {os.cpu_count()} cores"
+        f"load average {tuple(round(x, 2) for x in os.getloadavg())} on {os.cpu_count()} cores "
+        "(CPU seconds are this process's: less moved by other jobs than wall-clock ones)"
     )
-    print(f"{'step':<52}{'seconds':>9}")
-    print(f"{'read both runs and the qrels':<52}{statistics.median(reads):>9.3f}")
-    print(
-        f"{'compare_runs (metrics per query, intervals, tests)':<52}"
-        f"{statistics.median(totals) - statistics.median(reads):>9.3f}"
-    )
-    print(f"{'  of which: bootstrap + randomisation, all metrics':<52}{statistics.median(stats_only):>9.3f}")
-    print(f"{'total (goal: under 2 s)':<52}{statistics.median(totals):>9.3f}")
+    rows = (("read both runs and the qrels", "read"),
+            ("compare_runs (metrics per query, intervals, tests)", "compare"),
+            ("  of which: bootstrap + randomisation, all metrics", "stats"),
+            ("total (goal: under 2 s)", "total"))
+    print(f"{'step':<52}{'wall s':>9}{'CPU s':>9}")
+    for label, key in rows:
+        print(f"{label:<52}{statistics.median(wall[key]):>9.3f}{statistics.median(cpu[key]):>9.3f}")
     for m in comparison.metrics:
         print(
             f"  {m.name}: A {m.mean_a:.4f}, B {m.mean_b:.4f}, B-A {m.diff:+.4f} "
