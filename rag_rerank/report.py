@@ -11,6 +11,7 @@ numbers are also in the command's `--json`.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping, Sequence
 from functools import cache
 from pathlib import Path
@@ -277,8 +278,6 @@ def write_page(path: str | Path, html: str) -> None:
 
 def sections(html: str) -> Sequence[str]:
     """The ids of the sections a page holds (what a test or a browser check looks for)."""
-    import re
-
     return re.findall(r'<section id="([a-z]+)"', html)
 
 
