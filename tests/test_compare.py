@@ -279,3 +279,13 @@ def test_bad_options_are_named_before_any_rerank(dl19, capsys) -> None:
     assert "lambda" not in err
     code, _, err = run_cli(capsys, *both)
     assert code == 2 and "lambda must be" in err, err
+
+
+def test_adding_a_metric_changes_no_other_metrics_interval_or_p_value(tmp_path: Path) -> None:
+    qrels = tiny_qrels(tmp_path)
+    a = {f"q{i}": [f"d{i}_0", f"d{i}_1", f"d{i}_2"] for i in range(30)}
+    b = {f"q{i}": ([f"d{i}_1", f"d{i}_0", f"d{i}_2"] if i % 3 else a[f"q{i}"]) for i in range(30)}
+    alone = compare_runs(orders_run("A", a), orders_run("B", b), qrels, metrics=["nDCG@3"]).metrics[0]
+    more = compare_runs(orders_run("A", a), orders_run("B", b), qrels, metrics=["P@1", "nDCG@3", "MRR@10"])
+    same = more.metric("nDCG@3")
+    assert (same.ci, same.p_value) == (alone.ci, alone.p_value) and same.p_holm >= alone.p_holm
