@@ -288,4 +288,6 @@ def test_adding_a_metric_changes_no_other_metrics_interval_or_p_value(tmp_path: 
     alone = compare_runs(orders_run("A", a), orders_run("B", b), qrels, metrics=["nDCG@3"]).metrics[0]
     more = compare_runs(orders_run("A", a), orders_run("B", b), qrels, metrics=["P@1", "nDCG@3", "MRR@10"])
     same = more.metric("nDCG@3")
-    assert (same.ci, same.p_value) == (alone.ci, alone.p_value) and same.p_holm >= alone.p_holm
+    # equal to the last bits a matrix product of another width may sum in another order
+    assert same.ci == pytest.approx(alone.ci, abs=1e-12) and same.p_value == pytest.approx(alone.p_value)
+    assert same.p_holm >= alone.p_holm
