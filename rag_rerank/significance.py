@@ -97,7 +97,11 @@ def bootstrap_interval(
 
 def _bca_levels(col: np.ndarray, boot: np.ndarray, observed: float, alpha: float) -> tuple[float, float]:
     """The bias-corrected and accelerated percentile levels (Efron 1987; scipy's definitions)."""
-    share = (np.sum(boot < observed) + np.sum(boot <= observed)) / (2 * len(boot))
+    # With few distinct per-query values many resampled means equal the observed one; computed by
+    # matrix products of different widths they differ from it in the last bits, which must not move
+    # them across it (the bias correction would jump): equal within rounding counts as equal.
+    tol = 1e-10 * max(1.0, abs(observed))
+    share = (np.sum(boot < observed - tol) + np.sum(boot <= observed + tol)) / (2 * len(boot))
     share = min(max(share, 1 / (2 * len(boot))), 1 - 1 / (2 * len(boot)))
     z0 = _NORMAL.inv_cdf(share)
     n = len(col)
