@@ -354,6 +354,32 @@ def eval_cli() -> dict:
 
 
 @functools.cache
+def compare_cli() -> list[str]:
+    """The table of `rag-rerank compare input rerank:lambda=0.7 --candidates bench/out/dl19-bm25-top100.jsonl
+    --qrels ... --rel-level 2 --fail-if-worse nDCG@10:0` (exit 1: the gate fails), line by line."""
+    import quality
+
+    from rag_rerank.cli import main as cli_main
+
+    cands, qrels = quality.build_dl19()
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
+        code = cli_main(["compare", "input", "rerank:lambda=0.7", "--candidates", str(cands), "--qrels",
+                         str(qrels), "--rel-level", "2", "--fail-if-worse", "nDCG@10:0", "--no-progress"])
+    TALLY.count()
+    if code != 1:
+        raise QueryFailed(f"rag-rerank compare exited {code}, not 1 (the gate failing)")
+    return out.getvalue().splitlines()
+
+
+def compare_line(start: str) -> Callable[[], str]:
+    def measure() -> str:
+        return flat(next(line for line in compare_cli() if line.startswith(start)))
+
+    return measure
+
+
+@functools.cache
 def multilingual(embedder: str) -> list[tuple[dict, dict]]:
     """bench/multilingual.py's per-query results: (row, result)."""
     import multilingual as M
@@ -484,8 +510,9 @@ def route_row(embedder: str, split: str) -> Callable[[], str]:
 
 # --------------------------------------------------------------------------- the registry
 
-README, QUALITY, EVAL, WINDOWS, POSTPASS, AGENTS = (
-    "README.md", "docs/quality.md", "docs/eval.md", "docs/windows.md", "docs/postpass.md", "docs/agents.md")
+README, QUALITY, EVAL, WINDOWS, POSTPASS, AGENTS, COMPARE = (
+    "README.md", "docs/quality.md", "docs/eval.md", "docs/windows.md", "docs/postpass.md", "docs/agents.md",
+    "docs/compare.md")
 TUNE = "python bench/tune_default.py --shipped --heldout"
 TUNE_ST = "python bench/tune_default.py --shipped --profile sentence-transformers --heldout"
 Q_DL19 = "python bench/quality.py --only dl19"
@@ -875,6 +902,20 @@ def register() -> None:  # one registry, read top to bottom, doc by doc
     figure("eval CLI: DL19 reranked novelty-nDCG@10 (defaults)", "0.4491", [(EVAL, "novelty-nDCG@10 0.4491")],
            lambda: f4(eval_cli()["reranked"]["novelty-nDCG@10"]), eval_cmd)
 
+    # ---- docs/compare.md: the CLI's comparison of the BM25 order and the local backend's on DL19.
+    compare_cmd = ("rag-rerank compare input rerank:lambda=0.7 --candidates bench/out/dl19-bm25-top100.jsonl "
+                   "--qrels \"$RAG_RERANK_DATA/trec-dl19/qrels.txt\" --rel-level 2 --fail-if-worse nDCG@10:0")
+    compare_lines = (
+        "nDCG@10 43 0.5058 0.4625 -0.0433 [-0.0913, +0.0022] 0.0730 0.2190 20/23/0",
+        "Recall@10 43 0.1751 0.1643 -0.0109 [-0.0364, +0.0134] 0.4010 0.8019 12/18/13",
+        "MRR@10 43 0.7024 0.7122 +0.0098 [-0.1180, +0.1307] 0.8871 0.8871 13/7/23",
+        "gate nDCG@10:0 FAILED: B-A -0.0433, one-sided p 0.0404 (Holm) vs alpha 0.05",
+    )
+    for line in compare_lines:
+        start = line.split(" ")[0] + " " + ("nDCG@10:0 " if line.startswith("gate") else "")
+        figure(f"compare CLI: DL19 {start.strip()} line", line, [(COMPARE, line)], compare_line(start),
+               compare_cmd)
+
     # ---- docs/windows.md: the quality table (bench/windows.py --only quality) and its prose.
     settings = (("lambda 1.0, no duplicate removal", 1.0, True),
                 ("defaults (lambda 0.7, duplicate removal on)", 0.7, False))
@@ -1146,6 +1187,7 @@ TIMINGS = [
     ("docs/agents.md", "router build time and time per utterance", "python bench/route.py"),
     ("docs/production.md", "import time, memory, file descriptors", "python bench/production.py"),
     ("docs/security.md", "regex time at n and 10n characters", "python bench/redos.py"),
+    ("docs/compare.md", "comparing two 1,000-query runs with 10,000 resamples", "python bench/compare.py"),
     ("docs/quality.md", "non-English cost (a 100,000-character Chinese chunk, 50 mixed chunks)",
      "time rerank() on such input by hand (no bench script)"),
 ]

@@ -49,6 +49,7 @@ from .models import RerankResult
 from .options import split_options
 from .ranks import average_ranks, kendall_tau
 from .session import Reranker
+from .significance import bootstrap_counts
 
 ORDERS = ("given", "reversed", "shuffled")
 PAIRS = (("given", "reversed"), ("given", "shuffled"), ("reversed", "shuffled"))
@@ -146,13 +147,43 @@ class BiasReport:
         with np.errstate(invalid="ignore", divide="ignore"):
             return [float(v) for v in np.where(counts > 0, sums / np.maximum(counts, 1), np.nan)]
 
+    def shift_band(self, confidence: float = 0.95, n_resamples: int = 2000, seed: int = 0
+                   ) -> tuple[list[float], list[float]]:
+        """A bootstrap band of `shift_by_decile` over queries (queries drawn with replacement, each
+        decile's mean recomputed from the drawn queries' chunks; percentile interval): how far the
+        curve could move with other queries of the same kind. NaN where no chunk fell."""
+        if not self.queries:
+            return [math.nan] * DECILES, [math.nan] * DECILES
+        sums, counts = np.zeros((len(self.queries), DECILES)), np.zeros((len(self.queries), DECILES))
+        for i, q in enumerate(self.queries):
+            for decile, shift in q.shifts:
+                sums[i, decile] += shift
+                counts[i, decile] += 1
+        rng = np.random.default_rng(seed)
+        blocks = []
+        for weights in bootstrap_counts(len(self.queries), n_resamples, rng):
+            with np.errstate(invalid="ignore", divide="ignore"):
+                blocks.append((weights @ sums) / (weights @ counts))
+        means = np.concatenate(blocks)
+        tail = 100 * (1 - confidence) / 2
+        low, high = [], []
+        for d in range(DECILES):
+            col = means[:, d][~np.isnan(means[:, d])]
+            lo, hi = np.percentile(col, [tail, 100 - tail]) if len(col) else (math.nan, math.nan)
+            low.append(float(lo))
+            high.append(float(hi))
+        return low, high
+
     def to_dict(self) -> dict[str, Any]:
         def clean(x: float) -> float | None:  # JSON has no NaN
             return None if math.isnan(x) else round(x, 4)
 
+        low, high = self.shift_band()
         return {"kendall_tau": {"mean": clean(self.tau_mean),
                                 **{k: clean(v) for k, v in self.tau_by_pair.items()}},
                 "rank_shift_by_decile": [clean(v) for v in self.shift_by_decile],
+                "rank_shift_band": {"confidence": 0.95, "low": [clean(v) for v in low],
+                                    "high": [clean(v) for v in high]},
                 "per_query": [{"qid": q.qid, "n": q.n, **{k: clean(v) for k, v in q.taus.items()}}
                               for q in self.queries],
                 "info": {"queries": len(self.queries) + len(self.failed), "measured": len(self.queries),

@@ -66,6 +66,7 @@ from .calibration_map import (
     load,
     mismatch,
     pav,
+    reliability,
     save,
 )
 from .concurrency import check_concurrency
@@ -183,6 +184,18 @@ class CalibrationRun:
     failure_kinds: Mapping[str, str] = field(default_factory=dict)
     unjudged: int = 0  # scored chunks the qrels do not judge
     unscored: int = 0  # chunks whose score the result did not carry (a redundant_with:, dropped_by_model)
+    # Every judged chunk's raw score (fit and held-out queries): what the reliability diagram plots.
+    points: tuple[Scored, ...] = ()
+
+    def held_out_reliability(self) -> dict[str, list[tuple[float, float, int]]]:
+        """Per score bin of the held-out queries' chunks, (mean score, share relevant, chunks) for
+        the raw scores and for the calibrated ones (`calibration_map.reliability`)."""
+        cal = self.calibration
+        test = set(cal.split.get("test", ()))
+        kept = [p for p in self.points if p.qid in test]
+        raw = [p.score for p in kept]
+        labels = [float(p.grade >= cal.rel_level) for p in kept]
+        return {"before": reliability(raw, labels), "after": reliability(apply(cal, raw), labels)}
 
 
 def collect(queries: Sequence[CandidateQuery], grades: Mapping[str, Mapping[str, int]], reranker: Reranker, *,
@@ -274,10 +287,10 @@ def calibrate(
         raise InputError([Violation(path="candidates", message=f"no judged chunk got a score{why}")])
     cal = fit_judged(points, rel_level=rel_level, fraction=split, seed=seed, method=method,
                      fitted_for=fitted_for)
-    return CalibrationRun(cal, failed, kinds, unjudged, unscored)
+    return CalibrationRun(cal, failed, kinds, unjudged, unscored, tuple(points))
 
 
 __all__ = ["BINS", "FORMAT", "METHODS", "VERSION", "Calibration", "CalibrationRun", "Scored", "apply",
            "as_calibration", "brier", "calibrate", "collect", "ece", "figures", "fit", "fit_judged",
-           "fit_option_violations", "fit_platt", "from_dict", "load", "mismatch", "pav", "raw_scores", "save",
-           "split_queries"]
+           "fit_option_violations", "fit_platt", "from_dict", "load", "mismatch", "pav", "raw_scores",
+           "reliability", "save", "split_queries"]

@@ -70,6 +70,20 @@ def brier(probs: Sequence[float] | np.ndarray, labels: Sequence[float] | np.ndar
     return float(np.mean((np.clip(p, 0.0, 1.0) - y) ** 2)) if len(p) else math.nan
 
 
+def reliability(probs: Sequence[float] | np.ndarray, labels: Sequence[float] | np.ndarray,
+                bins: int = BINS) -> list[tuple[float, float, int]]:
+    """Per score bin (ECE's `bins` equal-width bins of [0, 1]): (mean score, share judged relevant,
+    chunks), what a reliability diagram plots; (NaN, NaN, 0) for an empty bin."""
+    p, y = _arrays(probs, labels)
+    p = np.clip(p, 0.0, 1.0)
+    which = np.minimum((p * bins).astype(int), bins - 1)
+    counts = np.bincount(which, minlength=bins)
+    sums_p = np.bincount(which, weights=p, minlength=bins)
+    sums_y = np.bincount(which, weights=y, minlength=bins)
+    return [(float(sums_p[i] / counts[i]), float(sums_y[i] / counts[i]), int(counts[i])) if counts[i]
+            else (math.nan, math.nan, 0) for i in range(bins)]
+
+
 def figures(probs: Sequence[float] | np.ndarray, labels: Sequence[float] | np.ndarray) -> dict[str, float]:
     """`{"ece": ..., "brier": ...}` of these scores against these judgements."""
     return {"ece": ece(probs, labels), "brier": brier(probs, labels)}
@@ -343,4 +357,5 @@ def _json_safe(value: Any) -> Any:
 
 
 __all__ = ["BINS", "FORMAT", "METHODS", "PLATT_STEPS", "VERSION", "Calibration", "apply", "as_calibration",
-           "brier", "ece", "figures", "fit", "fit_platt", "from_dict", "load", "mismatch", "pav", "save"]
+           "brier", "ece", "figures", "fit", "fit_platt", "from_dict", "load", "mismatch", "pav",
+           "reliability", "save"]

@@ -60,6 +60,7 @@ from .judgments import (
 )
 from .metrics import measure, novelty_ndcg, pairwise_distance, reranked_order
 from .options import split_options
+from .runfiles import Run, run_from_orders
 from .session import Reranker
 from .wording import counted
 
@@ -84,6 +85,15 @@ class EvalReport:
     # How many of the queries the qrels judge: nDCG, Recall, MRR and novelty-nDCG average over
     # those only, distance@k over all of them (None: all judged).
     n_judged: int | None = None
+    # Each order scored, per qid ({"input": ..., "reranked": ...}): what a per-query comparison
+    # (`compare.compare_runs`, the `--html` report) reads. Not in `to_dict`.
+    orders: Mapping[str, Mapping[str, tuple[str, ...]]] = field(default_factory=dict)
+
+    def runs(self) -> tuple[Run, Run]:
+        """The input order and the reranked order as runs (`runfiles.Run`), for `compare_runs`."""
+        failed = dict(self.failed)
+        return (run_from_orders("input", self.orders.get("input", {}), "input"),
+                run_from_orders("reranked", self.orders.get("reranked", {}), "eval", failed, self.config))
 
     def to_dict(self) -> dict[str, Any]:
         info = {"queries": self.n_queries, "failed": dict(self.failed),
@@ -284,8 +294,26 @@ def _evaluate(queries: Sequence[CandidateQuery], judgments: Sequence[Any], subs:
             yardstick, [[text_of[q][i] for i in ids[:k]] for q, ids in orders.items()])
         result[label] = metrics
     config = eval_config(k, lambda_, depth_used, options, embedder)
+    orders = {"input": {q: tuple(ids) for q, ids in input_orders.items()},
+              "reranked": {q: tuple(ids) for q, ids in reranked_orders.items()}}
     return EvalReport(result["input"], result["reranked"], len(queries), failed, wall, config, kinds,
-                      rel_level, len(judged))
+                      rel_level, len(judged), orders)
 
 
-__all__ = ["EvalReport", "default_depth", "evaluate", "rerank_queries"]
+def rerank_run(queries: Sequence[CandidateQuery], label: str, *, k: int = 10, lambda_: float | None = None,
+               depth: int | None = None, concurrency: int = 4,
+               progress: Callable[[int, int], None] | None = None, **options: Any) -> Run:
+    """The reranked order of every query as a run (`eval`'s: the ranked ids, then the rest in input
+    order; a failed query keeps its input order and is listed), for `compare` to set against
+    another configuration on the same candidates."""
+    if problems := ([] if lambda_ is None else lambda_violations(lambda_)):
+        raise InputError(problems)
+    ranked, failed, _ = rerank_queries(queries, k=k, lambda_=lambda_, depth=depth, concurrency=concurrency,
+                                       progress=progress, **options)
+    orders = {q.qid: reranked_order(q.ids, ranked.get(q.qid, [])) for q in queries}
+    config = {"k": k, "lambda": lambda_, "depth": depth, **{n: v for n, v in options.items()
+                                                              if isinstance(v, (str, int, float, bool))}}
+    return run_from_orders(label, orders, "rerank", failed, config)
+
+
+__all__ = ["EvalReport", "default_depth", "evaluate", "rerank_queries", "rerank_run"]

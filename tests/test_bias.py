@@ -150,7 +150,7 @@ def test_cli_prints_a_table_or_json(data, capsys) -> None:
         out = json.loads(capsys.readouterr().out)
         assert main(base) == 0
         table = capsys.readouterr().out
-    assert set(out) == {"kendall_tau", "rank_shift_by_decile", "per_query", "info"}
+    assert set(out) == {"kendall_tau", "rank_shift_by_decile", "rank_shift_band", "per_query", "info"}
     assert set(out["kendall_tau"]) == {"mean", "given~reversed", "given~shuffled", "reversed~shuffled"}
     assert len(out["rank_shift_by_decile"]) == DECILES and out["info"]["measured"] == 8
     assert "given~reversed" in table and "0-10%" in table and "8 queries measured" in table

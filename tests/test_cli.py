@@ -341,8 +341,8 @@ def test_help_exits_0(capsys: pytest.CaptureFixture[str]) -> None:
     assert code == EXIT_OK and "render" in out and "check" in out and "golden" in out
 
 
-COMMANDS = ["rerank", "render", "check", "route", "golden", "batch", "eval", "bias", "calibrate", "mcp",
-            "cache"]
+COMMANDS = ["rerank", "render", "check", "route", "golden", "batch", "eval", "compare", "bias", "calibrate",
+            "mcp", "cache"]
 
 
 def test_every_subcommand_is_declared() -> None:

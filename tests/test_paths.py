@@ -65,6 +65,7 @@ def test_wheel_holds_the_data_folders_and_the_console_script(wheel: Path) -> Non
     for rel in DATA_FILES:
         assert f"rag_rerank/_data/{rel}" in names, rel
     assert "rag-rerank = rag_rerank.cli:main" in entry_points
+    assert "rag_rerank/report.html.j2" in names  # the --html reports' template, beside report.py
     assert not [n for n in names if "__pycache__" in n or n.endswith(".pyc")]
     assert not [
         n for n in names if n.split("/")[0] in ("tests", "bench", "skills", "guard", "prompts", "golden")

@@ -1,10 +1,10 @@
 """`rag-rerank`: argument parsing and exit codes; each command lives in a module of its own here
-(`rerank`, `render`, `check`, `route`, `golden`, `batch`, `eval`, `bias`, `calibrate`, `mcp`, `cache`), and
-the work happens in the library, which never imports this package.
+(`rerank`, `render`, `check`, `route`, `golden`, `batch`, `eval`, `compare`, `bias`, `calibrate`, `mcp`,
+`cache`), and the work happens in the library, which never imports this package.
 
-Exit codes: 0 ok · 1 invalid LLM output (`check`) · 2 bad input or usage · 3 backend failure ·
-4 internal error · 130 interrupted. Errors go to stderr, one line each, naming the line / id /
-field / limit at fault (`common.py`).
+Exit codes: 0 ok · 1 invalid LLM output (`check`), a golden regression, a failed `compare` gate ·
+2 bad input or usage · 3 backend failure · 4 internal error · 130 interrupted. Errors go to
+stderr, one line each, naming the line / id / field / limit at fault (`common.py`).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from ..errors import (
     UsageError,
 )
 from ..guard.input import PATH_HINT
-from . import batch, bias, cache, calibrate, check, golden, mcp, render, rerank, route
+from . import batch, bias, cache, calibrate, check, compare, golden, mcp, render, rerank, route
 from . import eval as eval_command
 from .common import (
     EXIT_BACKEND,
@@ -49,8 +49,9 @@ examples:
   rag-rerank rerank -q "..." -c chunks.jsonl --backend openai --base-url http://127.0.0.1:8000/v1
   rag-rerank check -c chunks.jsonl -k 3 answer.json
 
-exit codes: 0 ok, 1 invalid LLM output (check) or a golden regression, 2 bad input or usage,
-3 backend failure, 4 internal error (RAG_RERANK_DEBUG=1 shows the traceback), 130 interrupted.
+exit codes: 0 ok, 1 invalid LLM output (check) or a golden regression (or a failed compare
+gate), 2 bad input or usage, 3 backend failure, 4 internal error (RAG_RERANK_DEBUG=1 shows the
+traceback), 130 interrupted.
 Run `rag-rerank COMMAND --help` for a command's options."""
 
 
@@ -91,7 +92,8 @@ def build_parser() -> argparse.ArgumentParser:
                                   formatter_class=argparse.RawDescriptionHelpFormatter)
         return sub.add_parser(name, help=summary, description=summary[0].upper() + summary[1:] + ".")
 
-    for module in (rerank, render, check, route, golden, batch, eval_command, bias, calibrate, mcp, cache):
+    for module in (rerank, render, check, route, golden, batch, eval_command, compare, bias, calibrate, mcp,
+                   cache):
         module.register(command)
     return parser
 

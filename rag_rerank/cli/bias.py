@@ -12,11 +12,13 @@ from pathlib import Path
 
 from ..batchfile import exit_code_for
 from ..bias import DECILES, BiasReport, measure_bias
+from ..charts import require_charts
 from ..errors import InputError
 from ..options import split_options
 from ..wording import counted
 from .common import (
     add_backend_args,
+    add_html_arg,
     check_concurrency_flag,
     check_input_files,
     progress_bar,
@@ -39,6 +41,7 @@ def register(command: Callable[..., argparse.ArgumentParser]) -> None:
     p.add_argument("--concurrency", type=whole_number, default=4,
                    help="reranks in flight at most (default 4)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    add_html_arg(p, "the rank-by-input-position curve with its confidence band")
     p.add_argument("--no-progress", action="store_true", help="never show a progress bar")
     add_backend_args(p)
     p.set_defaults(func=run)
@@ -72,6 +75,8 @@ def format_table(report: BiasReport) -> str:
 def run(args: argparse.Namespace) -> int:
     check_input_files(args, ("candidates",))
     check_concurrency_flag(args)
+    if args.html is not None:
+        require_charts()  # before the reranking, not after it
     options = {k: v for k, v in run_options(args).items() if v is not None}
     split_options(options)  # an unknown name is an InputError before any call
     progress, bar = progress_bar(not args.no_progress, unit="rerank")
@@ -83,6 +88,13 @@ def run(args: argparse.Namespace) -> int:
     finally:
         if bar is not None:
             bar.close()
+    if args.html is not None:
+        from ..report import bias_page, write_page
+
+        try:
+            write_page(args.html, bias_page(report))
+        except InputError as exc:
+            raise with_flags(exc, {"html": "--html"}) from None
     print(json.dumps(report.to_dict(), ensure_ascii=False) if args.json else format_table(report))
     for qid, message in report.failed.items():
         print(f"rag-rerank: query {qid} not measured: {message}", file=sys.stderr)

@@ -13,10 +13,12 @@ from pathlib import Path
 
 from ..batchfile import exit_code_for
 from ..calibration import METHODS, CalibrationRun, calibrate, save
+from ..charts import require_charts
 from ..errors import InputError, Violation
 from ..options import split_options
 from .common import (
     add_backend_args,
+    add_html_arg,
     check_concurrency_flag,
     check_input_files,
     progress_bar,
@@ -52,6 +54,7 @@ def register(command: Callable[..., argparse.ArgumentParser]) -> None:
     p.add_argument("--concurrency", type=whole_number, default=4,
                    help="reranks in flight at most (default 4)")
     p.add_argument("--json", action="store_true", help="print the file's figures as JSON instead of a table")
+    add_html_arg(p, "the reliability diagram before and after, on the held-out queries")
     p.add_argument("--no-progress", action="store_true", help="never show a progress bar")
     add_backend_args(p)
     p.set_defaults(func=run)
@@ -94,6 +97,15 @@ def format_table(run: CalibrationRun, output: str) -> str:
     return "\n".join(lines)
 
 
+def reliability_json(result: CalibrationRun) -> dict[str, list[dict[str, float | int | None]]]:
+    """The reliability diagram's points (held-out queries) as JSON: NaN of an empty bin is null."""
+    def clean(x: float) -> float | None:
+        return None if math.isnan(x) else round(x, 4)
+
+    return {side: [{"mean_score": clean(p), "share_relevant": clean(y), "chunks": n} for p, y, n in rows]
+            for side, rows in result.held_out_reliability().items()}
+
+
 def run(args: argparse.Namespace) -> int:
     check_input_files(args, ("candidates", "qrels"))
     out = Path(args.output)
@@ -101,6 +113,8 @@ def run(args: argparse.Namespace) -> int:
         raise InputError([Violation(path="--output", message=f"{out} is a directory; name the file to "
                                     "write")])
     check_concurrency_flag(args)
+    if args.html is not None:
+        require_charts()  # before the reranking, not after it
     options = {k: v for k, v in run_options(args).items() if v is not None}
     split_options(options)
     progress, bar = progress_bar(not args.no_progress, unit="query")
@@ -114,9 +128,17 @@ def run(args: argparse.Namespace) -> int:
         if bar is not None:
             bar.close()
     save(result.calibration, out)
+    if args.html is not None:
+        from ..report import calibrate_page, write_page
+
+        try:
+            write_page(args.html, calibrate_page(result))
+        except InputError as exc:
+            raise with_flags(exc, {"html": "--html"}) from None
     if args.json:
         print(json.dumps({**result.calibration.to_dict(), "failed": dict(result.failed),
-                          "unjudged": result.unjudged, "unscored": result.unscored}, ensure_ascii=False))
+                          "unjudged": result.unjudged, "unscored": result.unscored,
+                          "reliability": reliability_json(result)}, ensure_ascii=False))
     else:
         print(format_table(result, str(out)))
     for qid, message in result.failed.items():

@@ -92,6 +92,12 @@ def with_flags(exc: InputError, flags: Mapping[str, str]) -> InputError:
     return InputError([replace(v, path=flags.get(v.path, v.path)) for v in exc.violations], exc.headline)
 
 
+def add_html_arg(p: argparse.ArgumentParser, shows: str) -> None:
+    """`--html FILE` of the measuring commands: a self-contained page (`report.py`)."""
+    p.add_argument("--html", default=None, metavar="FILE", help=f"also write a self-contained HTML report "
+                   f"({shows}; needs rag-rerank[report])")
+
+
 def add_request_args(p: argparse.ArgumentParser, top_k_required: bool = False) -> None:
     p.add_argument("--query", "-q", required=True, help="the query to rank against")
     p.add_argument("--chunks", "-c", required=True, metavar="FILE|-",

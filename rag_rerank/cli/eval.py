@@ -11,12 +11,14 @@ from dataclasses import replace
 from typing import Any
 
 from ..batchfile import exit_code_for
+from ..charts import require_charts
 from ..errors import InputError
 from ..evaluate import EvalReport, evaluate
 from ..guard.limits import load_limits
 from ..wording import counted
 from .common import (
     add_backend_args,
+    add_html_arg,
     add_meta_args,
     add_window_args,
     check_concurrency_flag,
@@ -25,6 +27,7 @@ from .common import (
     progress_bar,
     run_options,
     whole_number,
+    with_flags,
 )
 
 
@@ -51,6 +54,7 @@ def register(command: Callable[..., argparse.ArgumentParser]) -> None:
                    help="queries reranked at once at most (default 4)")
     p.add_argument("--resume", default=None, metavar="FILE", help="cache of per-query results to resume from")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    add_html_arg(p, "the per-query difference of each metric, reranked against input order")
     p.add_argument("--no-progress", action="store_true", help="never show a progress bar")
     add_backend_args(p)
     add_window_args(p)
@@ -93,11 +97,34 @@ def format_table(report: EvalReport) -> str:
     return "\n".join(lines)
 
 
+def write_eval_page(report: EvalReport, args: Any, path: str) -> dict[str, Any]:
+    """`--html`: eval's table and the per-query comparison of the two orders (`compare_runs`);
+    returns the comparison's figures, which `--json` prints beside eval's."""
+    from ..compare import DEFAULT_METRICS, compare_runs
+    from ..judgments import read_qrels, read_subtopics
+    from ..report import eval_page, write_page
+
+    subtopics = read_subtopics(args.subtopics) if args.subtopics else None
+    metrics = [DEFAULT_METRICS[0], f"Recall@{args.k}", DEFAULT_METRICS[2],
+               *([f"alpha-nDCG@{args.k}"] if subtopics else [])]
+    before, after = report.runs()
+    comparison = compare_runs(before, after, read_qrels(args.qrels), metrics=metrics, subtopics=subtopics,
+                              rel_level=report.rel_level)
+    try:
+        write_page(path, eval_page(report, comparison))
+    except InputError as exc:
+        raise with_flags(exc, {"html": "--html"}) from None
+    return comparison.to_dict()
+
+
 def run_eval(args: Any, backend_options: Mapping[str, Any]) -> int:
     """`rag-rerank eval`: metrics, then one stderr line per failed query; exit 0, or as `batch`
     does, by the worst failure: 2 bad input only, 3 a backend failure, 4 an internal error."""
     check_input_files(args, ("candidates", "qrels", "subtopics"))
     check_concurrency_flag(args)
+    html = getattr(args, "html", None)
+    if html is not None:
+        require_charts()  # before the reranking, not after it
     rel_level = getattr(args, "rel_level", 1)
     progress, bar = progress_bar(not args.no_progress)
     opts = {key: v for key, v in backend_options.items() if v is not None}
@@ -114,7 +141,10 @@ def run_eval(args: Any, backend_options: Mapping[str, Any]) -> int:
     finally:
         if bar is not None:
             bar.close()
-    print(json.dumps(report.to_dict(), ensure_ascii=False) if args.json else format_table(report))
+    if html is not None:
+        page = write_eval_page(report, args, html)
+    data = {**report.to_dict(), **({"comparison": page} if html is not None else {})}
+    print(json.dumps(data, ensure_ascii=False) if args.json else format_table(report))
     for qid, message in report.failed.items():
         print(f"rag-rerank: query {qid} kept its input order: {message}", file=sys.stderr)
     return exit_code_for(set(report.failure_kinds.values()))
