@@ -27,7 +27,7 @@ from typing import Any
 
 from .backends.common import DATA_NOTICE
 from .errors import BudgetError, InputError, Violation
-from .models import RerankRequest
+from .models import RerankRequest, usage_tokens
 
 # One piece of a GPT-2 style pre-tokenizer: a contraction, a run of letters, of digits, of other
 # symbols (each optionally after one space), or a run of white space.
@@ -352,15 +352,6 @@ class Spending:
             self.requests += 1
             self.prompt_tokens += prompt
             self.completion_tokens += completion
-
-
-def usage_tokens(usage: Mapping[str, int]) -> tuple[int, int]:
-    """(prompt, completion) tokens of a reported usage, whichever names the server used."""
-    prompt = int(usage.get("prompt_tokens", usage.get("input_tokens", 0)) or 0)
-    completion = int(usage.get("completion_tokens", usage.get("output_tokens", 0)) or 0)
-    if prompt == 0 and completion == 0:
-        prompt = int(usage.get("total_tokens", 0) or 0)
-    return prompt, completion
 
 
 __all__ = ["Budget", "CallEstimate", "CostPlan", "Prices", "Spending", "as_budget", "as_prices",

@@ -1,0 +1,98 @@
+"""The `fallback=` option: which scorers answer a call after the session's backend failed, in order.
+
+`fallback` is None (a failure is raised), `"local"` (the local backend, as always), or a list of
+steps tried one after another for the call that failed (per window and for the final pass when
+the request is ranked in windows, not for the whole query): `"local"`, `"cross-encoder"` (its
+default model, built on first use and kept by the session), a backend instance the caller built,
+and `"input"` (the caller's first-stage order, `backends/input_order.py`), which cannot fail and
+therefore may only come last. Each step tried is a `CallRecord` of the call (`meta.fallback_steps`,
+`meta.status`, one span each).
+
+The option is checked once here for every surface (library, CLI, batch lines, the framework
+components, the MCP server), so a misspelt step is the same error everywhere.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from .errors import InputError, Violation
+from .wording import near_miss
+
+# Steps named by string. Backends that need a server, a model or a key (openai, anthropic,
+# rerank-api) are passed as instances: a name alone would not say which server.
+STEP_NAMES = ("local", "cross-encoder", "input")
+LAST_RESORT = "input"
+
+Step = Any  # a name of STEP_NAMES or a Backend instance
+
+
+def step_name(step: Step) -> str:
+    """How a step is named in meta, spans and logs: its string, or the backend instance's `name`."""
+    return step if isinstance(step, str) else str(getattr(step, "name", type(step).__name__))
+
+
+def as_chain(value: Any) -> tuple[Step, ...]:
+    """The steps of a `fallback=` value, in order (`()` for None), or one `InputError` naming every
+    problem: an unknown step (with a did-you-mean), a step twice, `"input"` before the end, an
+    object that is no backend, an empty list."""
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        steps: Sequence[Any] = [value]
+    elif isinstance(value, (list, tuple)):
+        steps = value
+    else:
+        raise InputError([Violation(path="fallback", value=repr(value), message=(
+            f"fallback must be None, a step name or a list of steps ({', '.join(STEP_NAMES)}, or a backend "
+            f"instance), got {type(value).__name__}"))])
+    problems: list[Violation] = []
+    if not steps:
+        problems.append(Violation(path="fallback", value="[]", message=(
+            "fallback is an empty list; leave it unset (None) for no fallback, or name a step: "
+            f"{', '.join(STEP_NAMES)}")))
+    seen: set[str] = set()
+    for i, step in enumerate(steps):
+        where = f"fallback[{i}]" if not isinstance(value, str) else "fallback"
+        if isinstance(step, str):
+            if step not in STEP_NAMES:
+                problems.append(Violation(path=where, value=step, message=(
+                    f"unknown fallback step {step!r}{near_miss(step, STEP_NAMES)} (steps: "
+                    f"{', '.join(STEP_NAMES)}, or a backend instance for a server-backed scorer)")))
+                continue
+        elif not (callable(getattr(step, "complete", None)) and callable(getattr(step, "acomplete", None))):
+            problems.append(Violation(path=where, value=repr(step)[:80], message=(
+                f"a fallback step must be one of {', '.join(STEP_NAMES)} or a backend instance (with "
+                f"complete and acomplete), got {type(step).__name__}")))
+            continue
+        name = step_name(step)
+        if name in seen:
+            problems.append(Violation(path=where, value=name,
+                                      message=f"fallback step {name!r} is listed twice"))
+        seen.add(name)
+        if step == LAST_RESORT and i != len(steps) - 1:
+            problems.append(Violation(path=where, value=step, message=(
+                "'input' (the first-stage order) cannot fail, so the steps after it would never run: "
+                "put it last")))
+    if problems:
+        raise InputError(problems)
+    return tuple(steps)
+
+
+def build_step(step: Step, embedder: Any) -> Any:
+    """The backend a step names: `local` scoring with `embedder` (the request's, or the lexical one
+    after the embedder failed), a new cross-encoder, the first-stage order; an instance as it is.
+    The engine keeps what is costly to build (`Setup.fallbacks`)."""
+    if not isinstance(step, str):
+        return step
+    if step == LAST_RESORT:
+        from .backends.input_order import InputOrderBackend
+
+        return InputOrderBackend()
+    from .backends.factory import make_backend
+
+    return make_backend(step, embedder=embedder) if step == "local" else make_backend(step)
+
+
+__all__ = ["LAST_RESORT", "STEP_NAMES", "Step", "as_chain", "build_step", "step_name"]
