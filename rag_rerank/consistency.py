@@ -145,8 +145,9 @@ def consistent_flow(plan: Plan, one_pass: Callable[[Plan], Flow]) -> Flow:
                     attempts=sum(m.attempts for m in metas),
                     repairs=[f"pass {p}: {r}" for p, m in enumerate(metas) for r in m.repairs],
                     usage=add_usage(*(m.usage for m in metas)),
-                    fallback="local" if any(m.fallback for m in metas) else None, notes=notes,
-                    calls=sum(m.calls for m in metas), windows=windows, cache=cache)
+                    fallback=", ".join(dict.fromkeys(m.fallback for m in metas if m.fallback)) or None,
+                    notes=notes, calls=sum(m.calls for m in metas), windows=windows, cache=cache,
+                    records=[replace(r, pass_index=p) for p, m in enumerate(metas) for r in m.records])
     summary = {"passes": len(passes), "aggregate": AGGREGATE, "agreement": agreement,
                "position_slope": None if slope is None else round(slope, 4),
                "taus": [None if math.isnan(t) else round(t, 4) for t in taus]}

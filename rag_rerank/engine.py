@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextvars
 import time
+from collections.abc import Sequence
 from dataclasses import replace
 
 from .calibration_map import resolve as resolve_calibration
@@ -42,6 +43,7 @@ from .fusion import meta_values, with_embedded_meta
 from .guard.input import ChunkSource
 from .guard.limits import as_limits
 from .meta import cache_meta, run_meta, scores_of, scoring_notes
+from .models import CallRecord
 from .options import Options, check_options, check_request_options
 from .redaction import redacted
 from .render import render
@@ -143,11 +145,11 @@ def _single(plan: Plan) -> Flow:
         assert error is not None
         raise redacted(error, plan.setup.api_key) if isinstance(error, BackendError) else error
     if answer.error is None:
-        return (yield from _finish(plan, answer.outcome))
+        return (yield from _finish(plan, answer.outcome, answer.records))
     return (yield from fallback_result(plan, answer))
 
 
-def _finish(plan: Plan, outcome: Outcome) -> Flow:
+def _finish(plan: Plan, outcome: Outcome, records: Sequence[CallRecord] = ()) -> Flow:
     """The post-pass over the one call's answer, and the result's meta and scores."""
     result, plan = yield from postpass_step(plan, outcome.obj, plan.view, plan.fallback)
     notes = [*outcome.notes]
@@ -156,7 +158,7 @@ def _finish(plan: Plan, outcome: Outcome) -> Flow:
     notes.extend(scoring_notes(plan))
     meta = run_meta(plan, model=outcome.model or getattr(plan.backend, "model", None),
                     attempts=len(outcome.attempts), repairs=outcome.repairs, usage=outcome.usage, notes=notes,
-                    cache=cache_meta(plan, [(outcome.cached, outcome.usage)]))
+                    cache=cache_meta(plan, [(outcome.cached, outcome.usage)]), records=records)
     return replace(result, meta=meta, scores=scores_of(plan.request, [outcome.obj], result.ranked))
 
 

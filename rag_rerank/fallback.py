@@ -1,7 +1,9 @@
-"""`fallback="local"`: who answers when a call or the embedder fails, decided in one place.
+"""`fallback=`: who answers when a call or the embedder fails, decided in one place.
 
 One call, each window and the final pass ask through `answers`: a `BackendError` of another
-backend is answered by the local backend (meta says `fallback: "local"`, notes say why); an
+backend is answered by the fallback chain's steps in order (`fallback_chain.py`; `"local"`, the
+local backend, is the usual one: meta says `fallback: "local"`, notes say why), and every call
+made, the failed one and each step tried, is written down as a `CallRecord`; an
 `EmbedderError` (the embedder failed, whoever scored) puts lexical vectors in its place for the
 rest of the request (`meta.embedder_fallback`). The post-pass (`postpass_step`) falls back the same
 way, keeping the ranking the backend already gave. Without the option, a failure is raised with
@@ -13,98 +15,146 @@ fitted on that backend's scores, not on the fallback's.
 
 from __future__ import annotations
 
-import logging
+import time
 from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 from .backends.base import Backend
-from .backends.factory import make_backend
 from .calibration_map import calibrate_answer
 from .embed import get_embedder
-from .errors import BackendError, EmbedderError
+from .errors import BackendError, EmbedderError, RerankError
+from .fallback_chain import as_chain, build_step, step_name
 from .fusion import fuse
 from .meta import cache_meta, embedder_name, run_meta, scores_of, scoring_notes
-from .models import Dropped, Ranked, RerankRequest, RerankResult, add_usage
+from .models import CallRecord, Dropped, Ranked, RerankRequest, RerankResult, add_usage
 from .postpass import postpass
 from .redaction import failure_summary, redacted
 from .retry import Outcome
-from .steps import Calls, Flow, Plan, Step, Work
+from .steps import Call, Calls, Flow, Plan, Step, Work
 from .wording import counted
-
-log = logging.getLogger("rag_rerank.rerank")
 
 
 @dataclass(frozen=True)
 class Answer:
-    """How one ask was answered: by the session's backend (`outcome`), by the local backend after
-    `error` (`outcome`, `error` and the plan it scored under, `used`), or not at all (`error`)."""
+    """How one ask was answered: by the session's backend (`outcome`), by a step of the fallback
+    chain after `error` (`outcome`, `error`, the plan it scored under, `used`, and the step's name,
+    `step`), or not at all (`error`). `records` holds every call made for it, in order: the
+    session backend's, then each step tried (`models.CallRecord`, what meta.status and the spans read)."""
 
     outcome: Outcome | None
     error: BaseException | None = None
     used: Plan | None = None
+    step: str | None = None
+    records: tuple[CallRecord, ...] = ()
 
 
 def falls_back(plan: Plan, error: BaseException) -> bool:
-    """Whether `fallback="local"` answers `error`: any failure of another backend, and a failure of
+    """Whether the fallback chain answers `error`: any failure of another backend, and a failure of
     the embedder the local backend scores with."""
-    return (isinstance(error, BackendError) and plan.fallback == "local"
+    return (isinstance(error, BackendError) and bool(plan.chain)
             and (plan.backend_name != "local" or isinstance(error, EmbedderError)))
 
 
 def offline(plan: Plan, error: EmbedderError) -> Plan:
-    """`plan` with the lexical embedder in place of the one that failed, and why (for meta.notes)."""
+    """`plan` with the lexical embedder in place of the one that failed, and why (for meta.notes;
+    the log line is written from the result, `observe.py`)."""
     if plan.embedder_note is not None:
         return plan
     summary = failure_summary(error, plan.setup.api_key)
     note = (f"embedder {getattr(plan.embedder, 'name', plan.embedder)} failed, lexical vectors used instead "
             f"(fallback local): {summary}")
-    log.warning("%s", note)  # meta.embedder_fallback says so per result; an operator needs it in the log
     return replace(plan, embedder=get_embedder("lexical"), embedder_note=note)
 
 
-def _local(plan: Plan) -> Backend:
-    """The local backend scoring with `plan`'s embedder: the fallback's scorer."""
-    return make_backend("local", embedder=plan.embedder)
+def _step_backend(plan: Plan, step: Any) -> Backend:
+    """The scorer of a chain step under `plan`: the local backend with the plan's embedder (the
+    lexical one once the embedder failed), the first-stage order, a cross-encoder built once per
+    session (`Setup.fallbacks`), or the caller's backend instance."""
+    if step == "cross-encoder":
+        kept = plan.setup.fallbacks
+        if step not in kept:
+            kept[step] = build_step(step, plan.embedder)
+        return kept[step]  # type: ignore[no-any-return]
+    return build_step(step, plan.embedder)  # type: ignore[no-any-return]
+
+
+def _record(plan: Plan, where: tuple[str, int], ask: RerankRequest, label: str, scorer: str, role: str,
+            result: Any, span: tuple[int, int]) -> CallRecord:
+    """One call as the record keeps it: its requests (timed by the retry loop), or for a call that
+    made none (a cache hit, a refusal, a scorer that could not be built) the step's time."""
+    stage, index = where
+    if isinstance(result, Outcome):
+        attempts = result.attempts
+        start, end = (attempts[0].start_ns, attempts[-1].end_ns) if attempts else span
+        return CallRecord(stage, index, scorer, role, True, attempts, dict(result.usage), result.model,
+                          result.cached, size=len(ask.chunks), label=label, repairs=tuple(result.repairs),
+                          start_ns=start, end_ns=end)
+    clean = redacted(result, plan.setup.api_key) if isinstance(result, BackendError) else result
+    attempts = tuple(getattr(clean, "attempts", ()))
+    start, end = (attempts[0].start_ns, attempts[-1].end_ns) if attempts else span
+    return CallRecord(stage, index, scorer, role, False, attempts, dict(getattr(clean, "usage", {}) or {}),
+                      error_type=type(result).__name__, refused=bool(getattr(result, "refused", False)),
+                      size=len(ask.chunks), label=label, start_ns=start, end_ns=end)
 
 
 def answers(plan: Plan, asks: Sequence[tuple[RerankRequest, str, str]], *, workers: int, limit: int | None,
-            progress: tuple[int, int] | None = None) -> Generator[Step, Any, list[Answer]]:
-    """Each ask answered by the session's backend, and where that fails and the fallback applies,
-    by the local backend: with the plan's embedder, unless that is what failed (or fails now), then
-    fully offline with the lexical one."""
+            progress: tuple[int, int] | None = None, where: Sequence[tuple[str, int]] | None = None
+            ) -> Generator[Step, Any, list[Answer]]:
+    """Each ask answered by the session's backend, and where that fails and a fallback chain is set,
+    by its steps in order until one answers: the local backend with the plan's embedder, unless
+    that is what failed (or fails now), then again fully offline with the lexical one. `where`
+    names each ask's call for the record (`(stage, index)`; the only call by default)."""
+    where = list(where) if where is not None else [("call", 1)] * len(asks)
+    began = time.time_ns()
     outcomes = yield Calls(tuple(plan.call(ask, prompt, label=label) for ask, prompt, label in asks), workers,
                            limit, progress)
+    span = (began, time.time_ns())
+    records = [[_record(plan, where[i], asks[i][0], asks[i][2], plan.backend_name, "primary", o, span)]
+               for i, o in enumerate(outcomes)]
     # The calibration maps the session backend's scores (it was fitted on them), not the fallback's.
     out = [Answer(_calibrated(plan, o)) if isinstance(o, Outcome) else Answer(None, o) for o in outcomes]
-    pending: dict[int, Plan] = {}
+    chain = plan.chain
+    pending: dict[int, tuple[Plan, int]] = {}  # ask -> (the plan it scores under, the step to try)
     for i, answer in enumerate(out):
         error = answer.error
-        if error is None or not falls_back(plan, error):
-            continue
-        if isinstance(error, EmbedderError):
-            pending[i] = offline(plan, error)
-        else:  # meta.fallback says so per result; an operator watching a service needs it in the log
-            log.warning("%s failed, ranking with the local backend (fallback local): %s", plan.backend_name,
-                        failure_summary(error, plan.setup.api_key))
-            pending[i] = plan
-    for _ in range(2):  # the second round only after the local backend's own embedder failed
+        if error is not None and falls_back(plan, error):
+            pending[i] = (offline(plan, error) if isinstance(error, EmbedderError) else plan, 0)
+    for _ in range(2 * len(chain)):  # each step at most twice: the second time on lexical vectors
         if not pending:
             break
-        order = list(pending)
-        calls = tuple(plan.call(asks[i][0], asks[i][1], backend=_local(pending[i]), repair=True)
-                      for i in order)
-        results = yield Calls(calls, 1, limit)  # the local backend: CPU-bound, one thread
-        again: dict[int, Plan] = {}
-        for i, result in zip(order, results, strict=True):
+        again: dict[int, tuple[Plan, int]] = {}
+        called: list[tuple[int, Call]] = []
+        for i, (used, k) in pending.items():
+            try:
+                backend = _step_backend(used, chain[k])
+            except RerankError as exc:  # a scorer that cannot be built here (its package is missing)
+                now = time.time_ns()
+                records[i].append(_record(plan, where[i], asks[i][0], asks[i][2], step_name(chain[k]),
+                                          "fallback", exc, (now, now)))
+                if k + 1 < len(chain):
+                    again[i] = (used, k + 1)
+                continue
+            called.append((i, plan.call(asks[i][0], asks[i][1], backend=backend, repair=True)))
+        began = time.time_ns()
+        # The fallback's scorers are local and CPU-bound (or the caller's backend): one at a time.
+        results = (yield Calls(tuple(c for _, c in called), 1, limit)) if called else []
+        span = (began, time.time_ns())
+        for (i, _), result in zip(called, results, strict=True):
+            used, k = pending[i]
+            name = step_name(chain[k])
+            records[i].append(_record(plan, where[i], asks[i][0], asks[i][2], name, "fallback", result, span))
             if isinstance(result, Outcome):
-                out[i] = Answer(result, out[i].error, pending[i])
-            elif isinstance(result, EmbedderError) and pending[i].embedder_note is None:
-                again[i] = offline(pending[i], result)
-            elif not isinstance(result, BackendError):
+                out[i] = Answer(result, out[i].error, used, name)
+            elif isinstance(result, EmbedderError) and used.embedder_note is None:
+                again[i] = (offline(used, result), k)
+            elif isinstance(result, BackendError):
+                if k + 1 < len(chain):
+                    again[i] = (used, k + 1)
+            else:
                 out[i] = Answer(None, result)  # a bug of the fallback, not a failure: raised as it is
         pending = again
-    return out
+    return [replace(a, records=tuple(r)) for a, r in zip(out, records, strict=True)]
 
 
 def _calibrated(plan: Plan, outcome: Outcome) -> Outcome:
@@ -128,7 +178,7 @@ def postpass_step(plan: Plan, obj: Mapping[str, Any], view: RerankRequest, fallb
     try:
         return (yield Work(lambda: _postpass(plan, obj, view), _heavy(plan))), plan
     except EmbedderError as exc:
-        if fallback != "local":
+        if not as_chain(fallback):
             raise redacted(exc, plan.setup.api_key) from None
         plan = offline(plan, exc)
         return (yield Work(lambda: _postpass(plan, obj, view), _heavy(plan))), plan
@@ -152,11 +202,11 @@ def _ranked_and_dropped(obj: Mapping[str, Any]) -> tuple[list[Ranked], list[Drop
 
 
 def fallback_result(plan: Plan, answer: Answer) -> Flow:
-    """The local ranking of a one-call request after the backend's failure, flagged in meta.
+    """The fallback's ranking of a one-call request after the backend's failure, flagged in meta.
 
     After an `EmbedderError` (the embedder failed, whoever scored) the local backend scores with
     the lexical embedder and only `meta.embedder_fallback` says so; after any other failure of
-    another backend, `meta.fallback` is "local"."""
+    another backend, `meta.fallback` names the step that answered ("local")."""
     error, outcome, used = answer.error, answer.outcome, answer.used
     assert isinstance(error, BackendError) and outcome is not None and used is not None
     result, used = yield from postpass_step(used, outcome.obj, used.view, "local")
@@ -166,8 +216,8 @@ def fallback_result(plan: Plan, answer: Answer) -> Flow:
              ] if backend_failed else []
     meta = run_meta(used, model=outcome.model, attempts=len(error.attempts) + len(outcome.attempts),
                     repairs=outcome.repairs, usage=add_usage(error.usage, outcome.usage),
-                    fallback="local" if backend_failed else None, notes=(*notes, *scoring_notes(used)),
-                    cache=cache_meta(plan, [(False, {})]))
+                    fallback=answer.step if backend_failed else None, notes=(*notes, *scoring_notes(used)),
+                    cache=cache_meta(plan, [(False, {})]), records=answer.records)
     return replace(result, meta=meta, scores=scores_of(used.request, [outcome.obj], result.ranked))
 
 

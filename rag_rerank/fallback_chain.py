@@ -33,6 +33,13 @@ def step_name(step: Step) -> str:
     return step if isinstance(step, str) else str(getattr(step, "name", type(step).__name__))
 
 
+def scorer_words(step: str | None) -> str:
+    """A step as a note says who ranked instead: "the local backend", "the first-stage order"."""
+    if step == LAST_RESORT:
+        return "the first-stage order"
+    return f"the {step or 'local'} backend"
+
+
 def as_chain(value: Any) -> tuple[Step, ...]:
     """The steps of a `fallback=` value, in order (`()` for None), or one `InputError` naming every
     problem: an unknown step (with a did-you-mean), a step twice, `"input"` before the end, an
@@ -95,4 +102,4 @@ def build_step(step: Step, embedder: Any) -> Any:
     return make_backend(step, embedder=embedder) if step == "local" else make_backend(step)
 
 
-__all__ = ["LAST_RESORT", "STEP_NAMES", "Step", "as_chain", "build_step", "step_name"]
+__all__ = ["LAST_RESORT", "STEP_NAMES", "Step", "as_chain", "build_step", "scorer_words", "step_name"]

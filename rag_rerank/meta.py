@@ -15,7 +15,7 @@ from typing import Any
 from . import reasons
 from .calibration_map import describe
 from .cost import usage_tokens
-from .models import Ranked, RerankRequest, RunMeta
+from .models import CallRecord, Ranked, RerankRequest, RunMeta
 from .steps import Plan
 
 UNSCORED = "not scored: the model neither ranked nor dropped it"
@@ -54,8 +54,10 @@ def cache_meta(plan: Plan, calls: Sequence[tuple[bool, Mapping[str, int]]]) -> d
 
 def run_meta(plan: Plan, *, model: str | None, attempts: int, repairs: Sequence[str],
              usage: Mapping[str, int], fallback: str | None = None, notes: Sequence[str] = (), calls: int = 1,
-             windows: Sequence[Mapping[str, Any]] = (), cache: Mapping[str, int] | None = None) -> RunMeta:
-    """The result's `meta`: what the caller of one rerank reads about how it went."""
+             windows: Sequence[Mapping[str, Any]] = (), cache: Mapping[str, int] | None = None,
+             records: Sequence[CallRecord] = ()) -> RunMeta:
+    """The result's `meta`: what the caller of one rerank reads about how it went; `records` are its
+    calls (`CallRecord`), what `meta.status`, the spans and the log lines are derived from."""
     return RunMeta(
         backend=plan.backend_name,
         model=model,
@@ -72,6 +74,7 @@ def run_meta(plan: Plan, *, model: str | None, attempts: int, repairs: Sequence[
         cache=cache,
         calibration=describe(plan.calibration, plan.calibration_file, backend=plan.backend_name,
                              model=getattr(plan.backend, "model", None)),
+        records=tuple(records),
     )
 
 

@@ -29,6 +29,7 @@ if TYPE_CHECKING:
 from .concurrency import DEFAULT_CONCURRENCY, check_concurrency
 from .cost import Budget, Prices, as_budget, as_prices
 from .errors import InputError, Violation
+from .fallback_chain import as_chain
 from .fusion import MetaFusion, check_embed_meta_fields, meta_fusion
 from .guard import validate_request
 from .guard.input import ChunkSource, duplicate_threshold_violations
@@ -57,7 +58,7 @@ class Options:
 
     top_k: Any = None  # None: the card's default (5)
     lambda_: Any = None  # None: the card's default (0.7)
-    fallback: Any = None  # None or "local"
+    fallback: Any = None  # None, "local", or a chain of steps (fallback_chain.py)
     policy: Any = None  # a RetryPolicy, or None for the defaults
     limits: Any = None  # a Limits, a mapping overriding some of its fields, or None
     layout: Any = "mmr"
@@ -100,7 +101,7 @@ class RerankOptions(TypedDict, total=False):
     embedder: Any
     backend_options: Mapping[str, Any] | None
     cache: bool | str | os.PathLike[str] | ResponseCache | None
-    fallback: str | None
+    fallback: str | Sequence[Any] | None
     policy: RetryPolicy | None
     limits: Limits | Mapping[str, Any] | None
     layout: str
@@ -196,9 +197,7 @@ def _check_extra(extra: Mapping[str, Any], run_sets: frozenset[str]) -> None:
 def check_options(options: Options) -> None:
     """The options that are wrong whatever the request: each an `InputError` of its own, before
     the request is read (as `rerank()` always reported them)."""
-    if options.fallback not in (None, "local"):
-        raise InputError([Violation(path="fallback", value=options.fallback,
-                                    message=f"fallback must be None or 'local', got {options.fallback!r}")])
+    as_chain(options.fallback)  # None, a step or a list of them (fallback_chain.py)
     if options.policy is not None and not isinstance(options.policy, RetryPolicy):
         msg = f"policy must be None or a RetryPolicy, got {type(options.policy).__name__}"
         raise InputError([Violation(path="policy", message=msg)])

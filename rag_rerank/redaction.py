@@ -111,4 +111,5 @@ def redacted(error: BackendError, api_key: str | None) -> BackendError:
         return error
     attempts = [replace(a, detail=scrub(a.detail, secrets)) for a in error.attempts]
     head = scrub(text.split(" [#", 1)[0], secrets)
-    return type(error)(head, attempts, usage=error.usage)  # an EmbedderError stays one
+    # an EmbedderError stays one, a budget's refusal stays one
+    return type(error)(head, attempts, usage=error.usage, refused=error.refused)

@@ -265,7 +265,10 @@ class _Run:
     def failed(self, exc: BaseException) -> None:
         """Classify a backend exception; always raises."""
         self.spent(None)
-        self.answered = {"error_type": type(exc).__name__}
+        # `error.type` of its span: the HTTP status when there was one (low-cardinality, as the
+        # conventions ask), else the failure's class.
+        status = getattr(exc, "status", None)
+        self.answered = {"error_type": str(status) if status else type(exc).__name__}
         if isinstance(exc, TransientFailure):
             self.counts["transient"] += 1
             detail = str(exc)

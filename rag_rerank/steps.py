@@ -25,6 +25,7 @@ from typing import Any
 from .backends.base import Backend
 from .cache import ResponseCache, call_key
 from .cost import Budget, Prices, Spending, makes_requests
+from .fallback_chain import as_chain
 from .fusion import MetaFusion
 from .guard.limits import Limits
 from .models import RerankRequest, RerankResult
@@ -100,6 +101,9 @@ class Setup:
     embedder: Any
     api_key: str | None = field(default=None, repr=False)
     cache: ResponseCache | None = None  # the response cache (`cache.py`), None without one
+    # The fallback chain's scorers that are costly to build (a cross-encoder's model), built on
+    # first use by `fallback.py` and kept for the session's later requests.
+    fallbacks: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
 
 # --------------------------------------------------------------------------- the plan
@@ -142,6 +146,11 @@ class Plan:
     @property
     def fallback(self) -> str | None:
         return self.options.fallback  # type: ignore[no-any-return]
+
+    @property
+    def chain(self) -> tuple[Any, ...]:
+        """The fallback chain's steps in order (`fallback_chain.as_chain`), () without one."""
+        return as_chain(self.options.fallback)
 
     def call(self, ask: RerankRequest, prompt: str, backend: Backend | None = None,
              repair: bool | None = None, label: str = "the call") -> Call:

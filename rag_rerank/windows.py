@@ -53,9 +53,10 @@ from typing import Any
 
 from .errors import BackendError, EmbedderError
 from .fallback import Answer, answers, postpass_step
+from .fallback_chain import scorer_words
 from .guard.limits import Limits
 from .meta import cache_meta, run_meta, scores_of, scoring_notes
-from .models import Dropped, RerankRequest, RerankResult, add_usage
+from .models import CallRecord, Dropped, RerankRequest, RerankResult, add_usage
 from .reasons import BELOW_MIN_SCORE, NOT_IN_FINAL, REDUNDANT_WITH
 from .redaction import failure_summary, redacted
 from .render import render
@@ -225,10 +226,12 @@ class Scored:
     note: str | None = None  # why the fallback answered
     offline: Plan | None = None  # the plan with the lexical embedder, when the embedder failed here
     cached: bool = False  # the response cache answered it
+    records: tuple[CallRecord, ...] = ()  # the calls made for it (fallback.Answer.records)
 
 
-def _scored(outcome: Outcome, started: float, fallback: str | None = None, note: str | None = None,
-            failed: BackendError | None = None, offline: Plan | None = None) -> Scored:
+def _scored(outcome: Outcome, started: float, records: tuple[CallRecord, ...],
+            fallback: str | None = None, note: str | None = None, failed: BackendError | None = None,
+            offline: Plan | None = None) -> Scored:
     """A call's answer; after a fallback, `failed` is the backend's failure, whose attempts and
     tokens count too."""
     attempts, usage = len(outcome.attempts), dict(outcome.usage)
@@ -236,7 +239,7 @@ def _scored(outcome: Outcome, started: float, fallback: str | None = None, note:
         attempts, usage = attempts + len(failed.attempts), add_usage(failed.usage, usage)
     return Scored(outcome.obj, attempts, tuple(outcome.repairs), usage, outcome.model,
                   (time.perf_counter() - started) * 1000.0, tuple(outcome.notes), fallback, note, offline,
-                  outcome.cached and failed is None)
+                  outcome.cached and failed is None, records)
 
 
 def windowed_flow(plan: Plan) -> Flow:
@@ -249,14 +252,15 @@ def windowed_flow(plan: Plan) -> Flow:
     workers = 1 if plan.backend_name == "local" else max(1, min(concurrency, len(windows)))
     total = len(windows) + 1
     got = yield from answers(plan, [(w.ask, w.prompt, w.label) for w in windows], workers=workers,
-                             limit=concurrency, progress=(0, total))
+                             limit=concurrency, progress=(0, total),
+                             where=[("window", w.index) for w in windows])
     scored = [_window_answer(plan, w, a) for w, a in zip(windows, got, strict=True)]
     survivors = select_survivors(plan.view, plan.limits, windows, [s.obj for s in scored], plan.window_size)
     final = None
     if survivors.indices:
         window = final_window(plan.view, survivors, len(windows))
         (answer,) = yield from answers(plan, [(window.ask, window.prompt, window.label)], workers=1,
-                                       limit=concurrency)
+                                       limit=concurrency, where=[("final", window.index)])
         final = (window, _window_answer(plan, window, answer))
     yield Progress(total, total)
     return (yield from _assemble(plan, windows, scored, survivors, final))
@@ -271,23 +275,23 @@ def _window_answer(plan: Plan, window: Window, answer: Answer) -> Scored:
             raise _named(plan, window, error)
         raise error  # type: ignore[misc]
     if answer.error is None:
-        return _scored(answer.outcome, started)
+        return _scored(answer.outcome, started, answer.records)
     error, used = answer.error, answer.used
     assert isinstance(error, BackendError) and used is not None
     offline = used if used.embedder_note is not None else None
     if isinstance(error, EmbedderError) and plan.backend_name == "local":
-        return _scored(answer.outcome, started, failed=error, offline=offline)
+        return _scored(answer.outcome, started, answer.records, failed=error, offline=offline)
     summary = failure_summary(error, plan.setup.api_key)
     note = (f"{window.name}: {plan.backend_name} failed after {counted(len(error.attempts), 'attempt')}, "
-            f"ranked by the local backend: {summary}")
-    return _scored(answer.outcome, started, "local", note, error, offline)
+            f"ranked by {scorer_words(answer.step)}: {summary}")
+    return _scored(answer.outcome, started, answer.records, answer.step, note, error, offline)
 
 
 def _named(plan: Plan, window: Window, error: BackendError) -> BackendError:
     """The failure with the window it happened in at the front, API keys removed."""
     clean = redacted(error, plan.setup.api_key)
     head = str(clean).split(" [#", 1)[0]
-    return BackendError(f"{window.label}: {head}", clean.attempts, usage=clean.usage)
+    return BackendError(f"{window.label}: {head}", clean.attempts, usage=clean.usage, refused=clean.refused)
 
 
 def _entry(window: Window, answer: Scored, survivors: Survivors | None, cache: bool) -> dict[str, Any]:
@@ -336,12 +340,13 @@ def _assemble(plan: Plan, windows: Sequence[Window], scored: Sequence[Scored], s
                  + (", final pass skipped (no chunk above the minimum score)" if final is None else ""))
     model = next((a.model for w, a in reversed(calls) if a.fallback is None and a.model), None)
     cache = cache_meta(plan, [(a.cached, a.usage) for _, a in calls])
+    steps = [a.fallback for _, a in calls if a.fallback]
     meta = run_meta(plan, model=model or getattr(plan.backend, "model", None),
                     attempts=sum(a.attempts for _, a in calls), repairs=repairs, usage=usage,
-                    fallback="local" if any(a.fallback for _, a in calls) else None, notes=notes,
+                    fallback=", ".join(dict.fromkeys(steps)) or None, notes=notes,
                     calls=len(calls),
                     windows=tuple(_entry(w, a, survivors, cache is not None) for w, a in calls),
-                    cache=cache)
+                    cache=cache, records=[r for _, a in calls for r in a.records])
     meta = replace(meta, embedder=result.meta.embedder or meta.embedder,
                    notes=(*meta.notes, *result.meta.notes))
     objs = [a.obj for a in scored] + ([final[1].obj] if final is not None else [])

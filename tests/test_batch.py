@@ -475,7 +475,7 @@ def test_arerank_many_passes_per_request_options_to_arerank() -> None:
     out = asyncio.run(arerank_many(reqs, strict=False))
     assert isinstance(out[0], RerankResult)
     assert out[0].ids == rerank(QUERY, HAPPY, layout="lost_in_the_middle").ids
-    assert isinstance(out[4], InputError) and "fallback must be None or 'local'" in str(out[4])
+    assert isinstance(out[4], InputError) and "unknown fallback step 'sometimes'" in str(out[4])
     for i, key in ((1, "colour"), (2, "strict"), (3, "backend")):
         assert isinstance(out[i], InputError) and repr(key) in str(out[i])
     assert "set for the whole run" in str(out[2]) and "set for the whole run" in str(out[3])
