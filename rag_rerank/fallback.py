@@ -80,22 +80,24 @@ def _step_backend(plan: Plan, step: Any) -> Backend:
 
 
 def _record(plan: Plan, where: tuple[str, int], ask: RerankRequest, label: str, scorer: str, role: str,
-            result: Any, span: tuple[int, int]) -> CallRecord:
-    """One call as the record keeps it: its requests (timed by the retry loop), or for a call that
-    made none (a cache hit, a refusal, a scorer that could not be built) the step's time."""
+            result: Any, span: tuple[int, int], model: str | None) -> CallRecord:
+    """One call as the record keeps it: the model asked for, its requests (timed by the retry loop;
+    each says which model answered), or for a call that made none (a cache hit, a refusal, a scorer
+    that could not be built) the step's time."""
     stage, index = where
     if isinstance(result, Outcome):
         attempts = result.attempts
         start, end = (attempts[0].start_ns, attempts[-1].end_ns) if attempts else span
-        return CallRecord(stage, index, scorer, role, True, attempts, dict(result.usage), result.model,
+        return CallRecord(stage, index, scorer, role, True, attempts, dict(result.usage), model,
                           result.cached, size=len(ask.chunks), label=label, repairs=tuple(result.repairs),
                           start_ns=start, end_ns=end)
     clean = redacted(result, plan.setup.api_key) if isinstance(result, BackendError) else result
     attempts = tuple(getattr(clean, "attempts", ()))
     start, end = (attempts[0].start_ns, attempts[-1].end_ns) if attempts else span
     return CallRecord(stage, index, scorer, role, False, attempts, dict(getattr(clean, "usage", {}) or {}),
-                      error_type=type(result).__name__, refused=bool(getattr(result, "refused", False)),
-                      size=len(ask.chunks), label=label, start_ns=start, end_ns=end)
+                      model, error_type=type(result).__name__,
+                      refused=bool(getattr(result, "refused", False)), size=len(ask.chunks), label=label,
+                      start_ns=start, end_ns=end)
 
 
 def answers(plan: Plan, asks: Sequence[tuple[RerankRequest, str, str]], *, workers: int, limit: int | None,
@@ -110,8 +112,9 @@ def answers(plan: Plan, asks: Sequence[tuple[RerankRequest, str, str]], *, worke
     outcomes = yield Calls(tuple(plan.call(ask, prompt, label=label) for ask, prompt, label in asks), workers,
                            limit, progress)
     span = (began, time.time_ns())
-    records = [[_record(plan, where[i], asks[i][0], asks[i][2], plan.backend_name, "primary", o, span)]
-               for i, o in enumerate(outcomes)]
+    asked_model = getattr(plan.backend, "model", None)
+    records = [[_record(plan, where[i], asks[i][0], asks[i][2], plan.backend_name, "primary", o, span,
+                        asked_model)] for i, o in enumerate(outcomes)]
     # The calibration maps the session backend's scores (it was fitted on them), not the fallback's.
     out = [Answer(_calibrated(plan, o)) if isinstance(o, Outcome) else Answer(None, o) for o in outcomes]
     chain = plan.chain
@@ -131,7 +134,7 @@ def answers(plan: Plan, asks: Sequence[tuple[RerankRequest, str, str]], *, worke
             except RerankError as exc:  # a scorer that cannot be built here (its package is missing)
                 now = time.time_ns()
                 records[i].append(_record(plan, where[i], asks[i][0], asks[i][2], step_name(chain[k]),
-                                          "fallback", exc, (now, now)))
+                                          "fallback", exc, (now, now), None))
                 if k + 1 < len(chain):
                     again[i] = (used, k + 1)
                 continue
@@ -140,10 +143,11 @@ def answers(plan: Plan, asks: Sequence[tuple[RerankRequest, str, str]], *, worke
         # The fallback's scorers are local and CPU-bound (or the caller's backend): one at a time.
         results = (yield Calls(tuple(c for _, c in called), 1, limit)) if called else []
         span = (began, time.time_ns())
-        for (i, _), result in zip(called, results, strict=True):
+        for (i, call), result in zip(called, results, strict=True):
             used, k = pending[i]
             name = step_name(chain[k])
-            records[i].append(_record(plan, where[i], asks[i][0], asks[i][2], name, "fallback", result, span))
+            records[i].append(_record(plan, where[i], asks[i][0], asks[i][2], name, "fallback", result, span,
+                                      getattr(call.backend, "model", None)))
             if isinstance(result, Outcome):
                 out[i] = Answer(result, out[i].error, used, name)
             elif isinstance(result, EmbedderError) and used.embedder_note is None:

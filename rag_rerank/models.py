@@ -104,7 +104,7 @@ class CallRecord:
     ok: bool = True
     attempts: tuple[Attempt, ...] = ()
     usage: Mapping[str, int] = field(default_factory=dict)
-    model: str | None = None
+    model: str | None = None  # the model asked for (each attempt says which one answered)
     cached: bool = False
     error_type: str | None = None  # the failure's class when not ok (BackendError, EmbedderError, ...)
     refused: bool = False  # the budget refused its request

@@ -161,7 +161,7 @@ def _op(scorer: str) -> str:
     return "chat" if scorer in _CHAT else "rerank"
 
 
-def request_facts(record: CallRecord, attempt: Attempt, backend_model: str | None = None) -> dict[str, Any]:
+def request_facts(record: CallRecord, attempt: Attempt) -> dict[str, Any]:
     """The attributes of one request's span, and its log line's facts."""
     prompt, completion = usage_tokens(attempt.usage)
     facts: dict[str, Any] = {
@@ -170,9 +170,8 @@ def request_facts(record: CallRecord, attempt: Attempt, backend_model: str | Non
         Attr.STAGE: record.stage, Attr.SCORER: record.scorer, Attr.ROLE: record.role,
         Attr.ATTEMPT: attempt.number, Attr.ATTEMPT_KIND: attempt.kind,
     }
-    requested = backend_model or record.model
-    if requested:
-        facts[GenAI.REQUEST_MODEL] = requested
+    if record.model:
+        facts[GenAI.REQUEST_MODEL] = record.model
     if attempt.model:
         facts[GenAI.RESPONSE_MODEL] = attempt.model
     if attempt.usage:
@@ -255,7 +254,7 @@ def _where(record: CallRecord) -> str:
     return where if record.pass_index is None else f"{where} of pass {record.pass_index}"
 
 
-def log_record(records: Sequence[CallRecord], backend_model: str | None = None) -> None:
+def log_record(records: Sequence[CallRecord]) -> None:
     """The log lines of a rerank's calls: DEBUG per request, WARNING per re-ask, repair, fallback
     and budget refusal, each with its facts in `extra["rag_rerank"]`."""
     debug = log.isEnabledFor(logging.DEBUG)
@@ -267,7 +266,7 @@ def log_record(records: Sequence[CallRecord], backend_model: str | None = None) 
         where = _where(record)
         if debug:
             for attempt in record.attempts:
-                facts = request_facts(record, attempt, backend_model)
+                facts = request_facts(record, attempt)
                 ms = (attempt.end_ns - attempt.start_ns) / 1e6 if attempt.end_ns else 0.0
                 tokens = (f", {facts[GenAI.INPUT_TOKENS]} in / {facts[GenAI.OUTPUT_TOKENS]} out tokens"
                           if GenAI.INPUT_TOKENS in facts else "")
@@ -331,21 +330,21 @@ def _span(tracer_: Any, parent: Any, name: str, start: int, end: int, facts: Map
     return span
 
 
-def _record_spans(tracer_: Any, parent: Any, record: CallRecord, backend_model: str | None) -> None:
+def _record_spans(tracer_: Any, parent: Any, record: CallRecord) -> None:
     from opentelemetry.trace import SpanKind
 
     base = {Attr.STAGE: record.stage, Attr.SCORER: record.scorer, Attr.ROLE: record.role}
     if record.cached:
         _span(tracer_, parent, SPAN_CACHE_HIT, record.start_ns, record.end_ns,
-              {**base, Attr.CACHED: True, GenAI.REQUEST_MODEL: backend_model or record.model})
+              {**base, Attr.CACHED: True, GenAI.REQUEST_MODEL: record.model})
         return
     for attempt in record.attempts:
-        facts = request_facts(record, attempt, backend_model)
+        facts = request_facts(record, attempt)
         name = f"{facts[GenAI.OPERATION]} {facts.get(GenAI.REQUEST_MODEL) or record.scorer}"
         _span(tracer_, parent, name, attempt.start_ns, attempt.end_ns, facts, SpanKind.CLIENT,
               None if attempt.kind == "ok" else attempt.kind)
     if record.refused:
-        _span(tracer_, parent, f"{_op(record.scorer)} {backend_model or record.scorer}", record.end_ns,
+        _span(tracer_, parent, f"{_op(record.scorer)} {record.model or record.scorer}", record.end_ns,
               record.end_ns, {**base, Attr.REFUSED: True, GenAI.ERROR_TYPE: "budget_refused"},
               SpanKind.CLIENT, "the budget refused the request")
 
@@ -356,7 +355,7 @@ def _bounds(records: Sequence[CallRecord]) -> tuple[int, int]:
     return (min(starts) if starts else 0), (max(ends) if ends else 0)
 
 
-def write_spans(tracer_: Any, root: Any, records: Sequence[CallRecord], backend_model: str | None) -> None:
+def write_spans(tracer_: Any, root: Any, records: Sequence[CallRecord]) -> None:
     """The spans under `root`: per consistency pass, per window or final pass, per request."""
     passes: dict[int | None, list[CallRecord]] = {}
     for r in records:
@@ -385,7 +384,7 @@ def write_spans(tracer_: Any, root: Any, records: Sequence[CallRecord], backend_
                 holder = _span(tracer_, parent, SPAN_FINAL if stage == "final" else SPAN_WINDOW, start, end,
                                facts, error=None if answered is not None else "no scorer answered")
             for r in tried:
-                _record_spans(tracer_, holder, r, backend_model if r.role == "primary" else None)
+                _record_spans(tracer_, holder, r)
 
 
 class Observation:
@@ -405,7 +404,7 @@ class Observation:
     def done(self, result: RerankResult) -> None:
         """Log the result's record and, when tracing, write its spans and the rerank span's facts."""
         meta = result.meta
-        log_record(meta.records, self.backend_model)
+        log_record(meta.records)
         if meta.embedder_fallback and log.isEnabledFor(logging.WARNING):
             log.warning("the embedder failed: %s vectors compared instead (fallback)", meta.embedder_fallback,
                         extra={"rag_rerank": {Attr.EMBEDDER_FALLBACK: meta.embedder_fallback}})
@@ -414,7 +413,7 @@ class Observation:
         _set(self.span, rerank_facts(meta, result, self.request))
         if capturing() and self.request is not None:
             _set(self.span, content_facts(self.request, result, meta.model))
-        write_spans(self.tracer, self.span, meta.records, self.backend_model)
+        write_spans(self.tracer, self.span, meta.records)
 
     def failed(self, error: BaseException) -> None:
         """The rerank raised: its requests (a `BackendError`'s attempts) logged and traced, the span
@@ -422,9 +421,9 @@ class Observation:
         records: tuple[CallRecord, ...] = ()
         if isinstance(error, BackendError):
             records = (CallRecord("call", 1, self.backend, ok=False, attempts=error.attempts,
-                                  error_type=type(error).__name__, refused=error.refused,
-                                  label="the call"),)
-            log_record(records, self.backend_model)
+                                  model=self.backend_model, error_type=type(error).__name__,
+                                  refused=error.refused, label="the call"),)
+            log_record(records)
         elif isinstance(error, BudgetError) and log.isEnabledFor(logging.WARNING):
             log.warning("%s: the budget refused the rerank before any request (%s)", self.backend,
                         ", ".join(error.limits) or "over budget",
@@ -439,7 +438,7 @@ class Observation:
             facts[Attr.REFUSED] = True
         _set(self.span, facts)
         _error(self.span, type(error).__name__)
-        write_spans(self.tracer, self.span, records, self.backend_model)
+        write_spans(self.tracer, self.span, records)
 
 
 @contextlib.contextmanager
