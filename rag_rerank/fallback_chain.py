@@ -40,6 +40,13 @@ def scorer_words(step: str | None) -> str:
     return f"the {step or 'local'} backend"
 
 
+def parse_steps(text: str) -> str | list[str]:
+    """A chain written as text (`--fallback cross-encoder,local,input`, an environment variable):
+    one step as its name, several as a list; checked by `as_chain` where it is used."""
+    steps = [s.strip() for s in text.split(",")]
+    return steps[0] if len(steps) == 1 else steps
+
+
 def as_chain(value: Any) -> tuple[Step, ...]:
     """The steps of a `fallback=` value, in order (`()` for None), or one `InputError` naming every
     problem: an unknown step (with a did-you-mean), a step twice, `"input"` before the end, an
@@ -102,4 +109,5 @@ def build_step(step: Step, embedder: Any) -> Any:
     return make_backend(step, embedder=embedder) if step == "local" else make_backend(step)
 
 
-__all__ = ["LAST_RESORT", "STEP_NAMES", "Step", "as_chain", "build_step", "scorer_words", "step_name"]
+__all__ = ["LAST_RESORT", "STEP_NAMES", "Step", "as_chain", "build_step", "parse_steps", "scorer_words",
+           "step_name"]

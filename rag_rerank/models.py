@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import Attempt
+from .fallback_chain import scorer_words
 
 
 @dataclass(frozen=True)
@@ -295,6 +296,21 @@ class RunMeta:
             "fallback_steps": [dict(s) for s in self.fallback_steps],
         }
 
+    def status_notice(self, how: str = "fallback local") -> str | None:
+        """One line for any `status` but ok (None for ok): what replaced the backend's answer
+        (`fallback_notice`), or that the model was re-asked or its answer repaired. The CLI prints
+        it on stderr: a result that looks like any other must not hide how it came."""
+        status = self.status
+        if status == "ok":
+            return None
+        if status in ("fallback", "partial"):
+            return self.fallback_notice(how) or f"meta.status {status}: {self.fallback_reason}"
+        if status == "reasked":
+            n = self.reasks
+            return (f"the model was re-asked {n} time{'s' if n != 1 else ''}: the output guard refused its "
+                    "answer (meta.status reasked)")
+        return f"the model's answer was repaired: {'; '.join(self.repairs)[:400]} (meta.status repaired)"
+
     def fallback_notice(self, how: str = "fallback local") -> str | None:
         """What `fallback="local"` replaced in this result, in one line, or None when nothing was.
 
@@ -307,7 +323,9 @@ class RunMeta:
             what = (f"{len(fell)} of {len(self.windows)} calls {'was' if len(fell) == 1 else 'were'}" if fell
                     else "the result is")
             why = next((n for n in self.notes if " failed after " in n), f"{self.backend} failed")
-            parts.append(f"{what} ranked by the local backend ({how}): {why[:400]}")
+            who = (scorer_words(self.fallback) if "," not in self.fallback
+                   else f"the fallback chain ({self.fallback})")
+            parts.append(f"{what} ranked by {who} ({how}): {why[:400]}")
         if self.embedder_fallback:
             why = next((n for n in self.notes if n.startswith("embedder ")), "the embedder failed")
             parts.append(why[:400].replace("(fallback local)", f"({how})"))
