@@ -33,13 +33,6 @@ def step_name(step: Step) -> str:
     return step if isinstance(step, str) else str(getattr(step, "name", type(step).__name__))
 
 
-def scorer_words(step: str | None) -> str:
-    """A step as a note says who ranked instead: "the local backend", "the first-stage order"."""
-    if step == LAST_RESORT:
-        return "the first-stage order"
-    return f"the {step or 'local'} backend"
-
-
 def parse_steps(text: str) -> str | list[str]:
     """A chain written as text (`--fallback cross-encoder,local,input`, an environment variable):
     one step as its name, several as a list; checked by `as_chain` where it is used."""
@@ -109,5 +102,4 @@ def build_step(step: Step, embedder: Any) -> Any:
     return make_backend(step, embedder=embedder) if step == "local" else make_backend(step)
 
 
-__all__ = ["LAST_RESORT", "STEP_NAMES", "Step", "as_chain", "build_step", "parse_steps", "scorer_words",
-           "step_name"]
+__all__ = ["LAST_RESORT", "STEP_NAMES", "Step", "as_chain", "build_step", "parse_steps", "step_name"]

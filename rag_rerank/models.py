@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import Attempt
-from .fallback_chain import scorer_words
+from .wording import scorer_words
 
 
 @dataclass(frozen=True)

@@ -53,7 +53,6 @@ from typing import Any
 
 from .errors import BackendError, EmbedderError
 from .fallback import Answer, answers, postpass_step
-from .fallback_chain import scorer_words
 from .guard.limits import Limits
 from .meta import cache_meta, run_meta, scores_of, scoring_notes
 from .models import CallRecord, Dropped, RerankRequest, RerankResult, add_usage
@@ -62,7 +61,7 @@ from .redaction import failure_summary, redacted
 from .render import render
 from .retry import Outcome
 from .steps import Flow, Plan, Progress
-from .wording import counted
+from .wording import counted, scorer_words
 
 BELOW_MIN = BELOW_MIN_SCORE
 REDUNDANT = REDUNDANT_WITH + ":"
