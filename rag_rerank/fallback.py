@@ -24,7 +24,7 @@ from .backends.base import Backend
 from .calibration_map import calibrate_answer
 from .embed import get_embedder
 from .errors import BackendError, EmbedderError, RerankError
-from .fallback_chain import as_chain, build_step, step_name
+from .fallback_chain import CROSS_ENCODER, as_chain, build_step, step_name
 from .fusion import fuse
 from .meta import cache_meta, embedder_name, run_meta, scores_of, scoring_notes
 from .models import CallRecord, Dropped, Ranked, RerankRequest, RerankResult, add_usage
@@ -71,7 +71,7 @@ def _step_backend(plan: Plan, step: Any) -> Backend:
     """The scorer of a chain step under `plan`: the local backend with the plan's embedder (the
     lexical one once the embedder failed), the first-stage order, a cross-encoder built once per
     session (`Setup.fallbacks`), or the caller's backend instance."""
-    if step == "cross-encoder":
+    if step_name(step) == CROSS_ENCODER:  # a model: loaded once per session, per model named
         kept = plan.setup.fallbacks
         if step not in kept:
             kept[step] = build_step(step, plan.embedder)

@@ -12,7 +12,9 @@ from rag_rerank.fallback_chain import STEP_NAMES, as_chain, build_step, step_nam
 def test_none_and_a_single_name() -> None:
     assert as_chain(None) == ()
     assert as_chain("local") == ("local",)
-    assert as_chain(["cross-encoder", "local", "input"]) == ("cross-encoder", "local", "input")
+    assert as_chain(["cross-encoder:/models/ce", "local", "input"]) == ("cross-encoder:/models/ce", "local",
+                                                                         "input")
+    assert step_name("cross-encoder:/models/ce") == "cross-encoder"
 
 
 def test_a_backend_instance_is_a_step_named_by_its_name() -> None:
@@ -20,6 +22,15 @@ def test_a_backend_instance_is_a_step_named_by_its_name() -> None:
     assert as_chain([backend, "input"]) == (backend, "input")
     assert step_name(backend) == "local" and step_name("input") == "input"
     assert build_step(backend, "lexical") is backend
+
+
+def test_the_cross_encoder_step_names_its_model_and_other_steps_take_none() -> None:
+    with pytest.raises(InputError) as err:
+        as_chain(["cross-encoder", "local:x", "input:y"])
+    messages = [v.message for v in err.value.violations]
+    assert messages[0].startswith("the cross-encoder step needs its model: 'cross-encoder:MODEL'")
+    assert messages[1].startswith("unknown fallback step 'local:x'")
+    assert messages[2].startswith("unknown fallback step 'input:y'")
 
 
 def test_every_problem_is_named_at_once() -> None:

@@ -134,7 +134,7 @@ def add_backend_args(p: argparse.ArgumentParser) -> None:
                    "--base-url when --backend is openai, otherwise OPENAI_BASE_URL or api.openai.com)")
     p.add_argument("--fallback", type=fallback_steps, default=None, metavar="STEP[,STEP...]",
                    help="if the backend fails after all attempts, the scorers to try in order, per window: "
-                   "local, cross-encoder, input (the first-stage order; last); meta.status says so")
+                   "local, cross-encoder:MODEL, input (the first-stage order; last); meta.status says so")
     p.add_argument("--deadline", type=float, default=None, metavar="SECONDS",
                    help="wall-clock bound on one rerank's backend calls and retries, a call still "
                    "running is cut (default 120)")
@@ -350,7 +350,7 @@ CE_FLAGS = ("device", "batch_size", "max_length", "calibration_factor")
 
 
 def fallback_steps(text: str) -> str | list[str]:
-    """`--fallback local` or a chain `--fallback cross-encoder,local,input`; a bad step is a usage
+    """`--fallback local` or a chain `--fallback cross-encoder:MODEL,local,input`; a bad step is a usage
     error naming it (exit 2)."""
     steps = parse_steps(text)
     try:
