@@ -104,8 +104,8 @@ class RagRerankRanker:
         :param embedder: The post-pass embedder: "lexical", "sentence-transformers[:MODEL]",
             "openai[:MODEL]", or an Embedder instance (not serializable).
         :param fallback: "local" to answer with the local ranking when the backend fails for good, or
-            a chain of steps tried in order (["cross-encoder:MODEL", "local", "input"]); `last_result.meta.status`
-            says whether it did.
+            a chain of steps tried in order (["cross-encoder:MODEL", "local", "input"]);
+            `last_result.meta.status` says whether it did.
         :param policy: A `RetryPolicy`; None: the defaults.
         :param layout: "mmr" (default) or another layout `rerank()` accepts.
         :param strict: True turns off the formatting-only repair of the model's output.
