@@ -319,11 +319,12 @@ def _span(tracer_: Any, parent: Any, name: str, start: int, end: int, facts: Map
     from opentelemetry import trace
 
     ctx = trace.set_span_in_context(parent)
-    args: dict[str, Any] = {"context": ctx, "start_time": start or None}
+    # The attributes given at the start: one check of them all, not one call per attribute.
+    args: dict[str, Any] = {"context": ctx, "start_time": start or None,
+                            "attributes": {k: v for k, v in facts.items() if v is not None}}
     if kind is not None:
         args["kind"] = kind
     span = tracer_.start_span(name, **args)
-    _set(span, facts)
     if error is not None:
         _error(span, error)
     span.end(end_time=end or None)
