@@ -1144,6 +1144,11 @@ TIMINGS = [
     ("docs/postpass.md", "the whole post-pass for 50 DL19 passages", "python bench/postpass.py --parts cost"),
     ("docs/scorers.md", "cost of each scorer and metadata option", "python bench/scorers.py"),
     ("docs/agents.md", "router build time and time per utterance", "python bench/route.py"),
+    ("docs/observability.md", "what tracing costs: wall and CPU per rerank, the observation alone, with "
+     "OpenTelemetry absent, the API without a provider, the SDK over OTLP/HTTP",
+     "python bench/tracing.py --rounds 5 --calls 20"),
+    ("docs/observability.md", "a real trace as the OTLP receiver decoded it",
+     "python bench/tracing.py --dump FILE"),
     ("docs/production.md", "import time, memory, file descriptors", "python bench/production.py"),
     ("docs/security.md", "regex time at n and 10n characters", "python bench/redos.py"),
     ("docs/quality.md", "non-English cost (a 100,000-character Chinese chunk, 50 mixed chunks)",
