@@ -283,6 +283,25 @@ def test_a_failure_and_a_budget_refusal_mark_the_rerank_span(spans: InMemorySpan
     assert "the budget refused the rerank before any request" in caplog.text
 
 
+def test_a_reask_the_budget_refuses(spans: InMemorySpanExporter, caplog: pytest.LogCaptureFixture) -> None:
+    """max_calls=1: the first request is sent, its answer refused by the guard, and the re-ask is
+    not sent: a WARNING, the request span, and the rerank span marked as refused; with the chain,
+    the input step answers and the record keeps the refusal."""
+    with FakeLLM([Reply.openai_text("c1 is best")] * 2) as srv, \
+            caplog.at_level(logging.WARNING, logger="rag_rerank"), pytest.raises(BackendError) as err:
+        rerank(QUERY, CHUNKS, top_k=2, budget={"max_calls": 1}, **_openai(srv))
+    assert err.value.refused
+    root = _root(spans.get_finished_spans())
+    assert root.attributes["rag_rerank.budget.refused"] is True
+    assert _tree(spans.get_finished_spans()) == (SPAN_RERANK, [("chat m", []), ("chat m", [])])
+    assert "openai: the budget refused a request for the call; none was sent" in caplog.text
+    spans.clear()
+    with FakeLLM([Reply.openai_text("c1 is best")] * 2) as srv:
+        result = rerank(QUERY, CHUNKS, top_k=2, budget={"max_calls": 1}, fallback=["input"], **_openai(srv))
+    assert result.meta.fallback_reason == "openai failed (budget refused)"
+    assert result.meta.records[0].refused and result.meta.status == "fallback"
+
+
 # --------------------------------------------------------------------------- text and keys
 
 
