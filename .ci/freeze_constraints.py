@@ -26,7 +26,7 @@ from packaging.utils import canonicalize_name
 
 ROOT = Path(__file__).resolve().parent.parent
 EXTRAS = ("test", "st", "mcp", "eval", "progress", "docs", "langchain", "llama-index", "haystack", "ray",
-          "cross-encoder")
+          "cross-encoder", "otel")
 # What those extras install, also named here (an extra another branch adds must not leave a hole).
 ALSO = ("langchain-core", "langchain-classic", "llama-index-core", "haystack-ai", "ray[data]", "model2vec",
         "mkdocs-material", "mkdocstrings[python]", "sentence-transformers", "torch", "hatchling",

@@ -1185,6 +1185,11 @@ TIMINGS = [
     ("docs/postpass.md", "the whole post-pass for 50 DL19 passages", "python bench/postpass.py --parts cost"),
     ("docs/scorers.md", "cost of each scorer and metadata option", "python bench/scorers.py"),
     ("docs/agents.md", "router build time and time per utterance", "python bench/route.py"),
+    ("docs/observability.md", "what tracing costs: wall and CPU per rerank, the observation alone, with "
+     "OpenTelemetry absent, the API without a provider, the SDK over OTLP/HTTP",
+     "python bench/tracing.py --rounds 5 --calls 20"),
+    ("docs/observability.md", "a real trace as the OTLP receiver decoded it",
+     "python bench/tracing.py --dump FILE"),
     ("docs/production.md", "import time, memory, file descriptors", "python bench/production.py"),
     ("docs/security.md", "regex time at n and 10n characters", "python bench/redos.py"),
     ("docs/compare.md", "comparing two 1,000-query runs with 10,000 resamples", "python bench/compare.py"),

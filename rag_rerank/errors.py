@@ -102,15 +102,25 @@ class Attempt:
     detail: str
     wait_s: float = 0.0
     violations: Sequence[Violation] = field(default_factory=tuple)
+    # When it ran (`time.time_ns()`, the clock spans use) and what the answer said about itself: the
+    # facts an LLM request's span and log line carry (`observe.py`), without its text.
+    start_ns: int = 0
+    end_ns: int = 0
+    usage: Mapping[str, int] = field(default_factory=dict)
+    model: str | None = None
+    finish_reason: str | None = None
+    error_type: str | None = None  # the backend failure's class (`RateLimit...`), for `error.type`
 
 
 class BackendError(RerankError):
     """Every attempt to get a valid answer from a backend failed (CLI exit 3)."""
 
     def __init__(self, message: str, attempts: Sequence[Attempt] = (),
-                 usage: Mapping[str, int] | None = None) -> None:
+                 usage: Mapping[str, int] | None = None, *, refused: bool = False) -> None:
         self.message = message
         self.attempts: tuple[Attempt, ...] = tuple(attempts)
+        # The budget refused the next request (`cost.Spending`): no request was sent for it.
+        self.refused = refused
         # Tokens the failed attempts still consumed (billed): a fallback's meta.usage adds them.
         self.usage: dict[str, int] = dict(usage or {})
         detail = "; ".join(_attempt_runs(self.attempts))

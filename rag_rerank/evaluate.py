@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -89,6 +90,10 @@ class EvalReport:
     # (`compare.compare_runs`, the `--html` report) reads. Not in `to_dict`.
     orders: Mapping[str, Mapping[str, tuple[str, ...]]] = field(default_factory=dict)
 
+    # How many reranked queries came with each `meta.status` (ok, repaired, reasked, fallback,
+    # partial): a fallback's ranking is scored as the run's, so the table must say how many there were.
+    statuses: Mapping[str, int] = field(default_factory=dict)
+
     def runs(self) -> tuple[Run, Run]:
         """The input order and the reranked order as runs (`runfiles.Run`), for `compare_runs`."""
         failed = dict(self.failed)
@@ -96,7 +101,7 @@ class EvalReport:
                 run_from_orders("reranked", self.orders.get("reranked", {}), "eval", failed, self.config))
 
     def to_dict(self) -> dict[str, Any]:
-        info = {"queries": self.n_queries, "failed": dict(self.failed),
+        info = {"queries": self.n_queries, "failed": dict(self.failed), "statuses": dict(self.statuses),
                 "failure_kinds": dict(self.failure_kinds), "wall_s": round(self.wall_s, 3),
                 "judged_queries": self.n_queries if self.n_judged is None else self.n_judged,
                 "rel_level": self.rel_level}
@@ -123,11 +128,13 @@ def rerank_queries(
     progress: Callable[[int, int], None] | None = None,
     resume: str | Path | None = None,
     reranker: Reranker | None = None,
+    statuses: dict[str, str] | None = None,
     **options: Any,
 ) -> tuple[dict[str, list[str]], dict[str, str], dict[str, str]]:
     """Ranked ids per qid (failed queries absent), and per failed qid its error message and kind
     ("input", "backend" or "internal", as in a batch file). Every query is reranked by one session:
-    `reranker`, or one built from `options` (rerank's keywords) and closed at the end."""
+    `reranker`, or one built from `options` (rerank's keywords) and closed at the end. `statuses`,
+    when given, receives each reranked qid's `meta.status` (also kept in the resume file)."""
     lim = as_limits(options.get("limits"))
     depth = default_depth(lim, options.get("window_size")) if depth is None else depth
     own = reranker is None
@@ -172,7 +179,7 @@ def rerank_queries(
                         records.append({"qid": q.qid, "error": f"{type(outcome).__name__}: {text}"[:500],
                                         "kind": error_kind(outcome)})
                     else:
-                        records.append({"qid": q.qid, "ranked": outcome.ids})
+                        records.append({"qid": q.qid, "ranked": outcome.ids, "status": outcome.meta.status})
                 finished += len(part)
                 for rec in records:
                     done[rec["qid"]] = rec
@@ -191,6 +198,8 @@ def rerank_queries(
     ranked = {q: list(r["ranked"]) for q, r in done.items() if "ranked" in r and q in ours}
     failed = {q: str(r["error"]) for q, r in done.items() if "error" in r and q in ours}
     kinds = {q: error_kind_of(r) for q, r in done.items() if "error" in r and q in ours}
+    if statuses is not None:  # a resume file written before statuses were recorded says none
+        statuses.update({q: str(r["status"]) for q, r in done.items() if "status" in r and q in ours})
     return ranked, failed, kinds
 
 
@@ -277,9 +286,10 @@ def _evaluate(queries: Sequence[CandidateQuery], judgments: Sequence[Any], subs:
                                     "the qrels judge (check the qid columns)")])
     yardstick = embedder if distance_embedder is None else get_embedder(distance_embedder)
     started = time.perf_counter()
+    statuses: dict[str, str] = {}
     ranked, failed, kinds = rerank_queries(queries, k=k, lambda_=lambda_, depth=depth_used,
                                            concurrency=concurrency, progress=progress, resume=resume,
-                                           reranker=reranker, **options)
+                                           reranker=reranker, statuses=statuses, **options)
     wall = time.perf_counter() - started
     input_orders = {q.qid: q.ids for q in queries}
     reranked_orders = {q.qid: reranked_order(q.ids, ranked.get(q.qid, [])) for q in queries}
@@ -297,7 +307,7 @@ def _evaluate(queries: Sequence[CandidateQuery], judgments: Sequence[Any], subs:
     orders = {"input": {q: tuple(ids) for q, ids in input_orders.items()},
               "reranked": {q: tuple(ids) for q, ids in reranked_orders.items()}}
     return EvalReport(result["input"], result["reranked"], len(queries), failed, wall, config, kinds,
-                      rel_level, len(judged), orders)
+                      rel_level, len(judged), orders, dict(Counter(statuses.values())))
 
 
 def rerank_run(queries: Sequence[CandidateQuery], label: str, *, k: int = 10, lambda_: float | None = None,

@@ -26,12 +26,14 @@ import difflib
 import json
 import os
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from .backends.common import base_url_problem
 from .backends.factory import BACKENDS, unused_option_violations
 from .embed import parse_embedder_spec
 from .errors import InputError, MissingDependencyError, Violation
+from .fallback_chain import as_chain, parse_steps
 from .redaction import scrub, secrets_of
 from .session import SessionCache
 from .skill import SkillCard, load_skill
@@ -53,12 +55,14 @@ def options_from_env(env: Mapping[str, str] | None = None) -> dict[str, Any]:
     values in the message). An empty variable counts as unset.
     """
     env = os.environ if env is None else env
-    options = {key: env[var] for key, var in _ENV_OPTIONS.items() if env.get(var)}
+    options: dict[str, Any] = {key: env[var] for key, var in _ENV_OPTIONS.items() if env.get(var)}
     problems = [*_misspelt_names(env), *_check_options(options)]
     # A variable already named as malformed is not named a second time as unused.
     problems += [v for v in _missing_settings(options, env) if v.path not in {p.path for p in problems}]
     if problems:
         raise InputError(problems, headline="invalid MCP server configuration")
+    if "fallback" in options:
+        options["fallback"] = parse_steps(options["fallback"])
     return options
 
 
@@ -98,9 +102,11 @@ def _check_options(options: Mapping[str, str]) -> list[Violation]:
         except InputError as exc:
             problems.extend(exc.violations)
     fallback = options.get("fallback")
-    if fallback is not None and fallback != "local":
-        problems.append(Violation(path=_ENV_OPTIONS["fallback"], value=fallback,
-                                  message=f"unknown fallback {fallback!r}; choose local (or leave it unset)"))
+    if fallback is not None:  # one step or a comma-separated chain: local, cross-encoder, input
+        try:
+            as_chain(parse_steps(fallback))
+        except InputError as exc:
+            problems.extend(replace(v, path=_ENV_OPTIONS["fallback"]) for v in exc.violations)
     base_url = options.get("base_url")
     if base_url is not None and (problem := base_url_problem(base_url)):
         problems.append(Violation(path=_ENV_OPTIONS["base_url"], value=base_url, message=problem))

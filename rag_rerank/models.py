@@ -4,9 +4,13 @@ what an earlier stage decided."""
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+from .errors import Attempt
+from .wording import scorer_words
 
 
 @dataclass(frozen=True)
@@ -59,6 +63,15 @@ class Dropped:
         return {"id": self.id, "reason": self.reason}
 
 
+def usage_tokens(usage: Mapping[str, int]) -> tuple[int, int]:
+    """(prompt, completion) tokens of a reported usage, whichever names the server used."""
+    prompt = int(usage.get("prompt_tokens", usage.get("input_tokens", 0)) or 0)
+    completion = int(usage.get("completion_tokens", usage.get("output_tokens", 0)) or 0)
+    if prompt == 0 and completion == 0:
+        prompt = int(usage.get("total_tokens", 0) or 0)
+    return prompt, completion
+
+
 def add_usage(*usages: Mapping[str, int]) -> dict[str, int]:
     """Token counts summed key by key: attempts of one call, windows of one run, and the failed
     calls before a fallback (a fallback's answer is free, the calls before it were not)."""
@@ -67,6 +80,65 @@ def add_usage(*usages: Mapping[str, int]) -> dict[str, int]:
         for key, value in usage.items():
             out[key] = out.get(key, 0) + int(value)
     return out
+
+
+# What `meta.status` says of a result, best first (`RunMeta.status`).
+STATUSES = ("ok", "repaired", "reasked", "fallback", "partial")
+
+
+@dataclass(frozen=True)
+class CallRecord:
+    """One scorer call of a rerank as the engine decided and saw it: the one record `meta.status`,
+    the spans and the log lines (`observe.py`) are views of. A call whose scorer failed and the
+    calls of the fallback chain that followed it are records of their own, in the order made.
+
+    `stage` is "call" (the only call), "window" or "final" (windows.py), `index` the window's number
+    (the final pass's is the number of windows plus one; the only call's is 1), `pass_index` the
+    consistency pass (None without `consistency=`). `role` is "primary" for the session's backend
+    and "fallback" for a step of the chain (`scorer` names it). `attempts` are the requests made
+    (none for a cache hit, nor for a call the budget refused), `usage` their tokens."""
+
+    stage: str
+    index: int
+    scorer: str
+    role: str = "primary"
+    ok: bool = True
+    attempts: tuple[Attempt, ...] = ()
+    usage: Mapping[str, int] = field(default_factory=dict)
+    model: str | None = None  # the model asked for (each attempt says which one answered)
+    cached: bool = False
+    error_type: str | None = None  # the failure's class when not ok (BackendError, EmbedderError, ...)
+    refused: bool = False  # the budget refused its request
+    size: int = 0  # chunks shown
+    pass_index: int | None = None
+    label: str = ""  # "window 2 of 3 (chunks 10-19)", "the final pass", "the call"
+    repairs: tuple[str, ...] = ()
+    start_ns: int = 0
+    end_ns: int = 0
+
+    @property
+    def reasks(self) -> int:
+        """Re-asks made: attempts whose answer the guard refused and that another attempt followed."""
+        return sum(1 for a in self.attempts[:-1] if a.kind == "invalid_output")
+
+    @property
+    def failure(self) -> str:
+        """How the call failed, in a few words without any text of it (safe for logs and spans): the
+        last request's kind and the failure's class or HTTP status (`fatal: 401`), or the budget's
+        refusal; "" when it did not fail."""
+        if self.ok:
+            return ""
+        if self.refused:
+            return "budget refused"
+        last = self.attempts[-1] if self.attempts else None
+        kind = last.kind if last is not None else "failed"
+        detail = (last.error_type if last is not None and last.error_type else None) or self.error_type
+        return f"{kind}: {detail}" if detail and detail != "BackendError" else kind
+
+    @property
+    def where(self) -> tuple[int | None, str, int]:
+        """The call this record answers (the primary and its fallback steps share it)."""
+        return (self.pass_index, self.stage, self.index)
 
 
 @dataclass(frozen=True)
@@ -98,6 +170,102 @@ class RunMeta:
     # With `consistency=k` (k > 1): {"passes", "aggregate", "agreement", "taus"}; agreement is the
     # mean Kendall tau between the passes' scores.
     consistency: Mapping[str, Any] | None = None
+    # Every scorer call the engine made for this result, in order (`CallRecord`): what `status`,
+    # `fallback_reason`, `fallback_steps`, the spans and the logs are derived from. Not serialised
+    # itself (`windows` and the derived fields say it in short).
+    records: tuple[CallRecord, ...] = field(default=(), repr=False, compare=False)
+
+    # --- views of the record ----------------------------------------------------------------
+
+    @property
+    def reasks(self) -> int:
+        """Re-asks made over every call (an answer the guard refused, asked again with its errors)."""
+        return sum(r.reasks for r in self.records)
+
+    def _answered_by_fallback(self) -> tuple[int, int]:
+        """(calls a fallback step answered, calls in all), over the records or, without them,
+        `windows`' entries."""
+        if self.records:
+            calls: dict[tuple[int | None, str, int], bool] = {}
+            for r in self.records:
+                calls[r.where] = calls.get(r.where, False) or (r.role == "fallback" and r.ok)
+            return sum(calls.values()), len(calls)
+        if self.windows:
+            return sum(1 for w in self.windows if w.get("fallback")), len(self.windows)
+        return (1, 1) if self.fallback else (0, 1)
+
+    @property
+    def status(self) -> str:
+        """How this result came, in one word (`STATUSES`), the worst that happened:
+        `partial` (some calls, not all, were answered by the fallback chain: a window failed),
+        `fallback` (every call was, or the embedder failed and lexical vectors stood in),
+        `reasked` (the model was asked again with the guard's errors), `repaired` (an answer was
+        mended by the output repairs), else `ok`."""
+        fell, calls = self._answered_by_fallback()
+        if fell:
+            return "fallback" if fell == calls else "partial"
+        if self.embedder_fallback:
+            return "fallback"
+        if self.reasks:
+            return "reasked"
+        if self.repairs:
+            return "repaired"
+        return "ok"
+
+    @property
+    def fallback_reason(self) -> str | None:
+        """Why the fallback answered, from the record, in words that carry no text of the request or
+        the server's reply (safe for logs and spans): who failed, in how many calls, how; None when
+        nothing fell back."""
+        failed = [r for r in self.records if not r.ok and r.role == "primary"]
+        parts = []
+        if failed:
+            first = failed[0]
+            kinds = ", ".join(dict.fromkeys(r.failure for r in failed))
+            calls = len({r.where for r in self.records})
+            where = f" in {len(failed)} of {calls} calls" if calls > 1 else ""
+            parts.append(f"{first.scorer} failed{where} ({kinds})")
+        elif self.fallback:  # a meta made without records (one put together by hand)
+            parts.append(f"{self.backend} failed")
+        if self.embedder_fallback:
+            parts.append(f"the embedder failed: {self.embedder_fallback} vectors used")
+        return "; ".join(parts) or None
+
+    @property
+    def fallback_steps(self) -> tuple[dict[str, Any], ...]:
+        """Each call the fallback chain answered or tried: the call (`stage`, `index`, `pass` with
+        consistency) and its steps in order, `{"scorer", "ok", "error"?}`, the failed primary first."""
+        calls: dict[tuple[int | None, str, int], list[CallRecord]] = {}
+        for r in self.records:
+            calls.setdefault(r.where, []).append(r)
+        out = []
+        for (pass_index, stage, index), records in calls.items():
+            if len(records) < 2:
+                continue
+            steps = [{"scorer": r.scorer, "ok": r.ok, **({} if r.ok else {"error": r.failure})}
+                     for r in records]
+            entry: dict[str, Any] = {"stage": stage, "index": index}
+            if pass_index is not None:
+                entry["pass"] = pass_index
+            out.append({**entry, "steps": steps})
+        return tuple(out)
+
+    @property
+    def tokens(self) -> dict[str, int]:
+        """`{"input_tokens", "output_tokens"}` the calls consumed (Cohere's `meta.tokens`); a cache
+        hit's tokens count, as in `usage`."""
+        prompt, completion = usage_tokens(self.usage)
+        return {"input_tokens": prompt, "output_tokens": completion}
+
+    def billed_units(self, documents: int = 1) -> dict[str, int]:
+        """Cohere's `meta.billed_units` for a rerank of `documents`: search units as Cohere counts
+        them (one per query of up to 100 documents), and the tokens requests were billed for:
+        `tokens` less what the response cache answered (a hit sends no request)."""
+        saved = [usage_tokens(r.usage) for r in self.records if r.cached]
+        prompt, completion = usage_tokens(self.usage)
+        return {"search_units": max(1, math.ceil(documents / 100)),
+                "input_tokens": max(0, prompt - sum(p for p, _ in saved)),
+                "output_tokens": max(0, completion - sum(c for _, c in saved))}
 
     def to_dict(self) -> dict[str, Any]:
         out = self._base_dict()
@@ -123,7 +291,25 @@ class RunMeta:
             "windows": [dict(w) for w in self.windows],
             "embedder_fallback": self.embedder_fallback,
             "cache": None if self.cache is None else dict(self.cache),
+            "status": self.status,
+            "fallback_reason": self.fallback_reason,
+            "fallback_steps": [dict(s) for s in self.fallback_steps],
         }
+
+    def status_notice(self, how: str = "fallback local") -> str | None:
+        """One line for any `status` but ok (None for ok): what replaced the backend's answer
+        (`fallback_notice`), or that the model was re-asked or its answer repaired. The CLI prints
+        it on stderr: a result that looks like any other must not hide how it came."""
+        status = self.status
+        if status == "ok":
+            return None
+        if status in ("fallback", "partial"):
+            return self.fallback_notice(how) or f"meta.status {status}: {self.fallback_reason}"
+        if status == "reasked":
+            n = self.reasks
+            return (f"the model was re-asked {n} time{'s' if n != 1 else ''}: the output guard refused its "
+                    "answer (meta.status reasked)")
+        return f"the model's answer was repaired: {'; '.join(self.repairs)[:400]} (meta.status repaired)"
 
     def fallback_notice(self, how: str = "fallback local") -> str | None:
         """What `fallback="local"` replaced in this result, in one line, or None when nothing was.
@@ -137,7 +323,9 @@ class RunMeta:
             what = (f"{len(fell)} of {len(self.windows)} calls {'was' if len(fell) == 1 else 'were'}" if fell
                     else "the result is")
             why = next((n for n in self.notes if " failed after " in n), f"{self.backend} failed")
-            parts.append(f"{what} ranked by the local backend ({how}): {why[:400]}")
+            who = (scorer_words(self.fallback) if "," not in self.fallback
+                   else f"the fallback chain ({self.fallback})")
+            parts.append(f"{what} ranked by {who} ({how}): {why[:400]}")
         if self.embedder_fallback:
             why = next((n for n in self.notes if n.startswith("embedder ")), "the embedder failed")
             parts.append(why[:400].replace("(fallback local)", f"({how})"))
@@ -184,6 +372,29 @@ class RerankResult:
     @property
     def ids(self) -> list[str]:
         return [r.id for r in self.ranked]
+
+    def to_cohere(self, *, request_id: str | None = None, top_n: int | None = None) -> dict[str, Any]:
+        """The result in the shape of Cohere's `/v2/rerank` response, for proxies and clients built
+        on it: `results` (each ranked chunk's `index` in the caller's list and its
+        `relevance_score`, best first, at most `top_n`) and `meta` with `billed_units` (search units,
+        the tokens requests were billed for) and `tokens` (what the calls consumed), plus rag-rerank's
+        own `status` (and `fallback_reason` when a fallback answered), which Cohere's clients ignore.
+
+        The caller's order is `scores`' (every input id, in input order); a result made by hand
+        without `scores` counts ranked then dropped ids."""
+        order = list(self.scores) or [*(r.id for r in self.ranked), *(d.id for d in self.dropped)]
+        index = {cid: i for i, cid in enumerate(order)}
+        shown = self.ranked if top_n is None else self.ranked[:max(0, int(top_n))]
+        meta: dict[str, Any] = {"api_version": {"version": "2"},
+                                "billed_units": self.meta.billed_units(len(order)),
+                                "tokens": self.meta.tokens, "status": self.meta.status}
+        if self.meta.fallback_reason:
+            meta["fallback_reason"] = self.meta.fallback_reason
+        out: dict[str, Any] = {"results": [{"index": index[r.id], "relevance_score": r.score} for r in shown],
+                               "meta": meta}
+        if request_id is not None:
+            out = {"id": request_id, **out}
+        return out
 
 
 @dataclass(frozen=True)

@@ -201,6 +201,8 @@ class _Run:
         self.bounded = accepts_timeout(backend)
         self.stop_reason = ""
         self.outcome: Outcome | None = None
+        self.began = time.time_ns()  # when the current attempt started (its span's start)
+        self.answered: dict[str, Any] = {}  # what the current attempt's completion said (usage, model)
 
     @property
     def name(self) -> str:
@@ -223,9 +225,12 @@ class _Run:
 
     def record(self, kind: str, detail: str, violations: tuple[Violation, ...] = ()) -> None:
         self.attempts.append(Attempt(number=len(self.attempts) + 1, kind=kind, detail=detail,
-                                     violations=violations))
-        if kind != "ok":
-            log.info("%s attempt %d %s: %s", self.name, len(self.attempts), kind, detail)
+                                     violations=violations, start_ns=self.began, end_ns=time.time_ns(),
+                                     **self.answered))
+        self.answered = {}
+        if kind != "ok":  # the kind and class only: a detail may quote the answer, and so the chunks
+            log.info("%s attempt %d %s%s", self.name, len(self.attempts), kind,
+                     f" ({self.attempts[-1].error_type})" if self.attempts[-1].error_type else "")
 
     def estimate(self) -> tuple[int, int]:
         """(prompt, completion) tokens of the next attempt, estimated (`cost.py`): the prompt, and on
@@ -237,6 +242,7 @@ class _Run:
     def admit(self) -> None:
         """Before each request: raise `_Refused` when it would cross the budget (a batch's budget is
         shared, so even a call's first request may find it spent)."""
+        self.began = time.time_ns()
         if self.spending is None:
             return
         self.reserved = self.estimate()
@@ -259,6 +265,10 @@ class _Run:
     def failed(self, exc: BaseException) -> None:
         """Classify a backend exception; always raises."""
         self.spent(None)
+        # `error.type` of its span: the HTTP status when there was one (low-cardinality, as the
+        # conventions ask), else the failure's class.
+        status = getattr(exc, "status", None)
+        self.answered = {"error_type": str(status) if status else type(exc).__name__}
         if isinstance(exc, TransientFailure):
             self.counts["transient"] += 1
             detail = str(exc)
@@ -274,6 +284,8 @@ class _Run:
     def judge(self, completion: Completion) -> None:
         """Accept a completion (sets self.outcome) or raise _Retry for a re-ask / larger budget."""
         self.spent(completion.usage)
+        self.answered = {"usage": dict(completion.usage), "model": completion.model,
+                         "finish_reason": completion.finish_reason}
         self.usage = add_usage(self.usage, completion.usage)
         self.notes.extend(n for n in completion.notes if n not in self.notes)
         if completion.model:
@@ -377,7 +389,7 @@ class _Run:
             why = self.stop_reason or "retries exhausted"
         n = len(self.attempts)
         return BackendError(f"{self.name}: no valid answer after {n} attempt{'s' if n != 1 else ''} ({why})",
-                            self.attempts, usage=self.usage)
+                            self.attempts, usage=self.usage, refused=isinstance(exc, _Refused))
 
 
 def call_with_retries(

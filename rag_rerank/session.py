@@ -27,26 +27,15 @@ from .backends.factory import backend_kwargs, make_backend, resolve_embedder
 from .cache import ResponseCache, recall, remember, resolve_cache
 from .concurrency import CALL_LIMIT, call_slot, check_concurrency, run_coroutine
 from .cost import CostPlan, Spending, as_budget, as_prices, refuse, summed
-from .engine import (
-    BATCH_SPENDING,
-    Call,
-    Calls,
-    Flow,
-    Progress,
-    Setup,
-    Step,
-    Work,
-    check_options,
-    cost_plan,
-    flow,
-    plan,
-)
+from .engine import BATCH_SPENDING, cost_plan, flow, plan
 from .errors import RerankError
 from .guard.input import ChunkSource
 from .lifecycle import Closing
 from .models import RerankResult
-from .options import REQUEST_OPTIONS, Options, check_names, request_call, split_options
+from .observe import Observation, observed
+from .options import REQUEST_OPTIONS, Options, check_names, check_options, request_call, split_options
 from .retry import Outcome, acall_with_retries, call_with_retries
+from .steps import Call, Calls, Flow, Progress, Setup, Step, Work
 from .windows import WINDOW_PROGRESS
 
 if TYPE_CHECKING:
@@ -148,12 +137,25 @@ class Reranker(Closing):
 
         Raises `InputError` for bad input and `BackendError` (every attempt attached) when the
         backend fails and there is no fallback."""
-        return _run(self.flow(query, chunks, top_k, lambda_, **options))
+        with observed(self.backend_name) as seen:
+            result = _run(self._observed_flow(seen, query, chunks, top_k, lambda_, options))
+            seen.done(result)
+            return result
 
     async def arerank(self, query: str, chunks: ChunkSource, top_k: int | None = None,
                       lambda_: float | None = None, **options: Any) -> RerankResult:
         """`rerank` for asyncio: the backend calls are awaited, so many requests share one loop."""
-        return await _arun(self.flow(query, chunks, top_k, lambda_, **options))
+        with observed(self.backend_name) as seen:
+            result = await _arun(self._observed_flow(seen, query, chunks, top_k, lambda_, options))
+            seen.done(result)
+            return result
+
+    def _observed_flow(self, seen: Observation, query: Any, chunks: ChunkSource, top_k: int | None,
+                       lambda_: float | None, options: Mapping[str, Any]) -> Flow:
+        """`flow`, with the planned request told to the observation (its span's facts, `observe.py`)."""
+        planned = plan(self._setup, query, chunks, self._call_options(top_k, lambda_, options))
+        seen.planned(planned.request, getattr(self._backend, "model", None))
+        return flow(planned)
 
     def plan(self, query: str, chunks: ChunkSource, top_k: int | None = None, lambda_: float | None = None,
              **options: Any) -> CostPlan:

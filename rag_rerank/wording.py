@@ -31,3 +31,11 @@ def closest(key: str, candidates: Iterable[str], *, ignore_case: bool = False) -
         folded.setdefault(name.lower(), name)
     near = difflib.get_close_matches(key.lower(), list(folded), n=1)
     return folded[near[0]] if near else None
+
+
+def scorer_words(step: str | None) -> str:
+    """A fallback step as a note says who ranked instead: "the local backend", "the first-stage
+    order" (the `"input"` step, `fallback_chain.py`)."""
+    if step == "input":
+        return "the first-stage order"
+    return f"the {step or 'local'} backend"

@@ -224,3 +224,29 @@ def _same_within_tolerance(got: dict[str, Any], want: dict[str, Any]) -> None:
     assert [(r["id"], r["reason"]) for r in got["ranked"]] == [(r["id"], r["reason"]) for r in want["ranked"]]
     scores = [r["score"] for r in want["ranked"]]
     assert [r["score"] for r in got["ranked"]] == pytest.approx(scores, abs=1e-5)
+
+
+def test_a_cross_encoder_step_of_the_fallback_chain_is_built_once_per_session(
+        model_dir: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`fallback=["cross-encoder:MODEL", "input"]`: the openai backend cannot be reached, the
+    cross-encoder answers; its model is loaded on the first failure and kept for the next request."""
+    from rag_rerank import Reranker
+
+    built: list[str] = []
+    real_init = CrossEncoderBackend.__init__
+
+    def counted_init(self: CrossEncoderBackend, *args: Any, **kwargs: Any) -> None:  # the real one, counted
+        built.append(str(kwargs.get("model")))
+        real_init(self, *args, **kwargs)
+
+    monkeypatch.setattr(CrossEncoderBackend, "__init__", counted_init)
+    chunks = [{"id": f"c{i}", "text": f"IVF partitions vectors into cells, note {i}"} for i in range(6)]
+    with Reranker("openai", model="m", base_url="http://127.0.0.1:9/v1", api_key="sk-x",
+                  fallback=[f"cross-encoder:{model_dir}", "input"]) as reranker:
+        first = reranker.rerank("IVF cells?", chunks, 3)
+        second = reranker.rerank("IVF cells?", chunks, 3)
+    assert built == [model_dir]
+    for result in (first, second):
+        assert (result.meta.status, result.meta.fallback) == ("fallback", "cross-encoder")
+        assert [s["scorer"] for s in result.meta.fallback_steps[0]["steps"]] == ["openai", "cross-encoder"]
+    assert first.to_dict() == second.to_dict()

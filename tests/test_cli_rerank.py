@@ -437,3 +437,44 @@ def test_min_score_and_duplicate_threshold_flags(tmp_path: Path, capsys) -> None
     for flag in ("--min-score", "--duplicate-threshold"):
         assert main(["rerank", "-q", QUERY, "-c", str(path), flag, "1.5"]) == 2
         assert f"{flag} must be a number in [0, 1], got 1.5" in capsys.readouterr().err
+
+
+# --- meta.status on stderr and the fallback chain (issue 35) ------------------------------------
+
+
+def test_a_reask_says_so_on_stderr(tmp_path: Path, capsys) -> None:
+    """Any status but ok gets one stderr line: here the model was re-asked once."""
+    with FakeLLM([Reply.openai_text("c1 is best")], handler=quoting_ranker()) as srv:
+        assert main(["rerank", "-q", QUERY, "-c", str(_happy(tmp_path)), "--backend", "openai", "--base-url",
+                     srv.openai_url, "-m", "m"]) == 0
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line == ("rag-rerank: warning: the model was re-asked 1 time: the output guard refused its answer "
+                    "(meta.status reasked)")
+
+
+def test_an_ok_result_prints_nothing_on_stderr(tmp_path: Path, capsys) -> None:
+    assert main(["rerank", "-q", QUERY, "-c", str(_happy(tmp_path))]) == 0
+    assert capsys.readouterr().err == ""
+
+
+def test_a_fallback_chain_from_the_command_line(tmp_path: Path, capsys) -> None:
+    with FakeLLM([Reply.openai_error(401, "invalid api key")]) as srv:
+        assert main(["rerank", "-q", QUERY, "-c", str(_happy(tmp_path)), "--backend", "openai", "--base-url",
+                     srv.openai_url, "-m", "m", "--fallback", "input", "--meta"]) == 0
+    cap = capsys.readouterr()
+    meta = json.loads(cap.err)
+    assert meta["status"] == "fallback" and meta["fallback"] == "input"
+    assert meta["fallback_reason"] == "openai failed (fatal: 401)"
+    assert [s["scorer"] for s in meta["fallback_steps"][0]["steps"]] == ["openai", "input"]
+    with FakeLLM([Reply.openai_error(401, "invalid api key")]) as srv:
+        assert main(["rerank", "-q", QUERY, "-c", str(_happy(tmp_path)), "--backend", "openai", "--base-url",
+                     srv.openai_url, "-m", "m", "--fallback", "input"]) == 0
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith("rag-rerank: warning: the result is ranked by the first-stage order "
+                           "(--fallback input): openai failed after 1 attempt: ")
+
+
+def test_a_bad_fallback_step_is_a_usage_error(tmp_path: Path, capsys) -> None:
+    assert main(["rerank", "-q", QUERY, "-c", str(_happy(tmp_path)), "--fallback", "input,lcoal"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown fallback step 'lcoal'; did you mean 'local'?" in err and "put it last" in err

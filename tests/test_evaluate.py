@@ -702,3 +702,29 @@ def test_the_resume_header_and_json_never_hold_the_embedding_servers_password(
         assert srv.requests, "the embeddings were asked of the server"
     out = capsys.readouterr().out + resume.read_text(encoding="utf-8")
     assert "s3cret-pass" not in out and "user:***@127.0.0.1" in out
+
+
+def test_each_querys_status_is_recorded_and_kept_by_resume(tmp_path: Path) -> None:
+    """meta.status per query: a fallback's ranking is scored like the model's, so eval says how
+    many there were; a resumed run reads them back from its file."""
+    from tests.support.fake_llm import FakeLLM, Reply
+    from tests.support.quoting_ranker import quoting_ranker
+
+    queries = _synthetic_queries(4)
+    ranker, seen = quoting_ranker(), []
+
+    def answer(req):  # the second request is refused: that query is ranked by the fallback
+        seen.append(req)
+        return Reply.openai_error(401, "invalid api key") if len(seen) == 2 else ranker(req)
+
+    resume = tmp_path / "resume.jsonl"
+    options = {"backend": "openai", "api_key": "sk-test", "model": "m", "fallback": "local", "concurrency": 1}
+    statuses: dict[str, str] = {}
+    with FakeLLM(handler=answer) as srv:
+        ranked, failed, _ = rerank_queries(queries, k=3, base_url=srv.openai_url, resume=resume,
+                                           statuses=statuses, **options)
+    assert failed == {} and len(ranked) == 4
+    assert sorted(statuses.values()) == ["fallback", "ok", "ok", "ok"]
+    again: dict[str, str] = {}
+    rerank_queries(queries, k=3, base_url="http://127.0.0.1:9/v1", resume=resume, statuses=again, **options)
+    assert again == statuses  # nothing asked again: every query was in the file, with its status

@@ -7,6 +7,7 @@ import os
 import re
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 
@@ -183,3 +184,42 @@ def test_a_components_repr_masks_a_password_in_base_url(component: str) -> None:
     for text in (repr(made), str(made)):
         assert "pw-SECRET-1" not in text and "QK-123456" not in text and "sk-abcdefgh1234" not in text
         assert "http://user:***@127.0.0.1:1/v1?api-key=***" in text
+
+
+@pytest.mark.parametrize("module", ["langchain", "llama_index", "haystack"])
+def test_a_component_passes_a_fallback_chain_through(module: str) -> None:
+    """The backend is unreachable; the chain's "input" step answers, and the component's
+    `last_result.meta` says how (status, fallback, fallback_steps), as `rerank` does."""
+    pytest.importorskip({"langchain": "langchain_core", "llama_index": "llama_index.core",
+                         "haystack": "haystack"}[module])
+    texts = ["Paris is the capital of France", "Lyon is a city in France", "Bread needs flour"]
+    options = {"backend": "openai", "model": "m", "base_url": "http://127.0.0.1:9/v1", "api_key": "sk-x",
+               "fallback": ["input"]}
+    if module == "langchain":
+        from langchain_core.documents import Document as LCDocument
+
+        from rag_rerank.integrations.langchain import RagRerankCompressor
+
+        component: Any = RagRerankCompressor(top_n=2, **options)
+        component.compress_documents([LCDocument(page_content=t, id=f"d{i}") for i, t in enumerate(texts)],
+                                     "capital of France")
+    elif module == "llama_index":
+        from llama_index.core.schema import NodeWithScore, TextNode
+
+        from rag_rerank.integrations.llama_index import RagRerankPostprocessor
+
+        component = RagRerankPostprocessor(top_n=2, **options)
+        component.postprocess_nodes([NodeWithScore(node=TextNode(text=t, id_=f"d{i}")) for i, t in
+                                     enumerate(texts)], query_str="capital of France")
+    else:
+        from haystack import Document as HSDocument
+        from haystack.utils import Secret
+
+        from rag_rerank.integrations.haystack import RagRerankRanker
+
+        component = RagRerankRanker(top_k=2, **{**options, "api_key": Secret.from_token("sk-x")})
+        component.run("capital of France", [HSDocument(content=t, id=f"d{i}") for i, t in enumerate(texts)])
+    meta = component.last_result.meta
+    assert (meta.status, meta.fallback) == ("fallback", "input")
+    assert [s["scorer"] for s in meta.fallback_steps[0]["steps"]] == ["openai", "input"]
+    assert component.last_result.ids == ["d0", "d1"]

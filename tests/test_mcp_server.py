@@ -207,7 +207,7 @@ def test_valid_settings_start_without_loading_a_model_or_calling_a_server() -> N
     [
         ("RAG_RERANK_BACKEND", "OpenAI", "choose one of local, openai, anthropic"),
         ("RAG_RERANK_EMBEDDER", "lexical:big", f"choose one of {EMBEDDERS}"),
-        ("RAG_RERANK_FALLBACK", "remote", "choose local (or leave it unset)"),
+        ("RAG_RERANK_FALLBACK", "remote", "unknown fallback step 'remote'"),
         ("RAG_RERANK_BASE_URL", "127.0.0.1:8000/v1", "give an http:// or https:// URL"),
     ],
 )

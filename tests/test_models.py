@@ -7,8 +7,9 @@ import json
 
 import pytest
 
+from rag_rerank.errors import Attempt
 from rag_rerank.guard import load_schema
-from rag_rerank.models import Chunk, Dropped, Ranked, RerankResult, RunMeta
+from rag_rerank.models import STATUSES, CallRecord, Chunk, Dropped, Ranked, RerankResult, RunMeta
 
 
 def test_result_serialises_to_the_output_schema_without_meta() -> None:
@@ -47,3 +48,77 @@ def test_values_are_frozen() -> None:
 def test_run_meta_to_dict() -> None:
     d = RunMeta(backend="local", latency_ms=1.23456, repairs=("x",)).to_dict()
     assert d["latency_ms"] == 1.235 and d["repairs"] == ["x"] and d["backend"] == "local"
+
+
+# --- meta.status and the fallback facts, derived from the engine's record --------------------------
+
+
+OK = Attempt(1, "ok", "valid answer")
+BAD = Attempt(1, "invalid_output", "1 violation")
+DENIED = Attempt(1, "fatal", "HTTP 401", error_type="401")
+
+
+def _meta(*records: CallRecord, **kw: object) -> RunMeta:
+    return RunMeta(backend="openai", records=records, **kw)  # type: ignore[arg-type]
+
+
+def test_status_of_each_path() -> None:
+    assert _meta(CallRecord("call", 1, "openai", attempts=(OK,))).status == "ok"
+    assert _meta(CallRecord("call", 1, "openai", attempts=(OK,), repairs=("removed a fence",)),
+                 repairs=("removed a fence",)).status == "repaired"
+    reasked = _meta(CallRecord("call", 1, "openai", attempts=(BAD, Attempt(2, "ok", "valid"))))
+    assert reasked.status == "reasked" and reasked.reasks == 1
+    # a refused answer with no attempt after it was not a re-ask
+    assert CallRecord("call", 1, "openai", ok=False, attempts=(BAD,)).reasks == 0
+    fell = _meta(CallRecord("call", 1, "openai", ok=False, attempts=(DENIED,)),
+                 CallRecord("call", 1, "local", role="fallback", attempts=(OK,)), fallback="local")
+    assert fell.status == "fallback"
+    assert fell.fallback_reason == "openai failed (fatal: 401)"
+    assert fell.fallback_steps == ({"stage": "call", "index": 1, "steps": [
+        {"scorer": "openai", "ok": False, "error": "fatal: 401"}, {"scorer": "local", "ok": True}]},)
+    assert set(STATUSES) == {"ok", "repaired", "reasked", "fallback", "partial"}
+
+
+def test_one_failed_window_is_partial() -> None:
+    meta = _meta(CallRecord("window", 1, "openai", attempts=(OK,)),
+                 CallRecord("window", 2, "openai", ok=False, attempts=(DENIED,)),
+                 CallRecord("window", 2, "cross-encoder", role="fallback", ok=False,
+                            error_type="MissingDependencyError"),
+                 CallRecord("window", 2, "input", role="fallback", attempts=(OK,)),
+                 CallRecord("final", 3, "openai", attempts=(OK,)), fallback="input")
+    assert meta.status == "partial"
+    assert meta.fallback_reason == "openai failed in 1 of 3 calls (fatal: 401)"
+    (entry,) = meta.fallback_steps
+    assert [s["scorer"] for s in entry["steps"]] == ["openai", "cross-encoder", "input"]
+    assert entry["steps"][1] == {"scorer": "cross-encoder", "ok": False,
+                                 "error": "failed: MissingDependencyError"}
+    d = meta.to_dict()
+    assert d["status"] == "partial" and d["fallback_steps"][0]["index"] == 2
+
+
+def test_a_meta_without_records_says_what_its_fields_say() -> None:
+    assert RunMeta(fallback="local").status == "fallback"
+    assert RunMeta(fallback="local", windows=({"fallback": "local"}, {"fallback": None})).status == "partial"
+    assert RunMeta(embedder_fallback="lexical").status == "fallback"
+    assert RunMeta(embedder_fallback="lexical").fallback_reason == "the embedder failed: lexical vectors used"
+    assert RunMeta(repairs=("x",)).status == "repaired"
+
+
+def test_to_cohere_reports_indices_scores_and_billed_units() -> None:
+    record_hit = CallRecord("window", 1, "openai", cached=True,
+                            usage={"prompt_tokens": 100, "completion_tokens": 10})
+    record_new = CallRecord("window", 2, "openai", attempts=(OK,),
+                            usage={"prompt_tokens": 50, "completion_tokens": 5})
+    meta = RunMeta(backend="openai", usage={"prompt_tokens": 150, "completion_tokens": 15},
+                   records=(record_hit, record_new))
+    result = RerankResult(ranked=(Ranked("b", 0.9, "r"), Ranked("a", 0.5, "r")), dropped=(Dropped("c", "x"),),
+                          meta=meta, scores={"a": 0.5, "b": 0.9, "c": 0.1})
+    out = result.to_cohere(request_id="q1")
+    assert out["id"] == "q1"
+    assert out["results"] == [{"index": 1, "relevance_score": 0.9}, {"index": 0, "relevance_score": 0.5}]
+    assert out["meta"]["billed_units"] == {"search_units": 1, "input_tokens": 50, "output_tokens": 5}
+    assert out["meta"]["tokens"] == {"input_tokens": 150, "output_tokens": 15}
+    assert out["meta"]["status"] == "ok" and "fallback_reason" not in out["meta"]
+    assert result.to_cohere(top_n=1)["results"] == [{"index": 1, "relevance_score": 0.9}]
+    many = RerankResult(ranked=(), scores={f"c{i}": 0.1 for i in range(250)})
+    assert many.to_cohere()["meta"]["billed_units"]["search_units"] == 3

@@ -622,9 +622,12 @@ def test_a_fallback_is_logged_as_a_warning_with_the_key_redacted(caplog: pytest.
     assert result.meta.fallback == "local"
     records = [r for r in caplog.records if r.name.startswith("rag_rerank")]
     assert [(r.name, r.levelname) for r in records] == [("rag_rerank.rerank", "WARNING")]
+    # Written from the result's record (observe.py): who failed, how (the HTTP status), who answered;
+    # no server text, so no key, whatever the server echoed.
     text = records[0].getMessage()
-    assert text.startswith("openai failed, ranking with the local backend") and "HTTP 401" in text
-    assert SECRET not in text
+    assert text == "openai failed for the call (fatal: 401); fallback local answered"
+    assert records[0].rag_rerank["rag_rerank.fallback"] == "local"
+    assert SECRET not in text + repr(records[0].__dict__)
 
 
 _HAPPY_PATHS = """

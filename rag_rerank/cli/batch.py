@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import os
 import sys
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
@@ -40,6 +41,7 @@ from ..batchfile import (
 )
 from ..errors import UsageError
 from ..guard.input import PATH_HINT
+from ..models import STATUSES
 from ..options import split_options
 from ..processes import run_local, run_processes
 from ..redaction import secrets_of
@@ -284,19 +286,19 @@ def run_batch(args: Any, backend_options: Mapping[str, Any]) -> int:
     records = [*done.values(), *writer.written]
     n_err = sum(1 for r in records if "error" in r)
     skipped = f", {len(done)} already done" if done else ""
-    # A fallback answer is a success (exit 0) that did not come from the backend asked for.
+    # A fallback answer is a success (exit 0) that did not come from the backend asked for: the
+    # summary counts every status but ok (meta.status), and says who answered instead.
     metas = [r["meta"] for r in records if isinstance(r.get("meta"), dict)]
-    n_fell = sum(1 for m in metas if m.get("fallback"))
-    n_lexical = sum(1 for m in metas if m.get("embedder_fallback"))
-    said = []
-    if n_fell:
-        who = options.get("backend")
-        said.append(f"{n_fell} ranked by the local backend after {who} failed: --fallback local")
-    if n_lexical:
+    counts = Counter(str(m.get("status") or "ok") for m in metas)
+    said = [f"{counts[s]} {s}" for s in STATUSES if s != "ok" and counts[s]]
+    why = []
+    scorers = sorted({str(m["fallback"]) for m in metas if m.get("fallback")})
+    if scorers:
+        why.append(f"ranked by {' / '.join(scorers)} after {options.get('backend')} failed")
+    if any(m.get("embedder_fallback") for m in metas):
         emb = options.get("embedder")
-        said.append(f"{n_lexical} on lexical vectors after the {getattr(emb, 'name', emb)} embedder failed: "
-                    "--fallback local")
-    fell = f" ({'; '.join(said)})" if said else ""
+        why.append(f"lexical vectors after the {getattr(emb, 'name', emb)} embedder failed")
+    fell = f" ({', '.join(said)}{': ' + '; '.join(why) if why else ''})" if said else ""
     print(f"rag-rerank: batch: {len(records) - n_err} ok{fell}, {n_err} failed{skipped}", file=sys.stderr)
     for r in writer.written:
         if "error" in r:

@@ -22,6 +22,7 @@ from ..backends.common import base_url_problem
 from ..cache import ResponseCache
 from ..embed import get_embedder, parse_embedder_spec
 from ..errors import InputError, UsageError, Violation
+from ..fallback_chain import as_chain, parse_steps
 from ..guard.input import MAX_CHUNKS_ADVICE
 from ..retry import RetryPolicy
 from ..textio import violation_lines
@@ -137,8 +138,9 @@ def add_backend_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--embed-base-url", default=None, metavar="URL",
                    help="OpenAI-compatible embeddings server for --embedder openai[:MODEL] (default: "
                    "--base-url when --backend is openai, otherwise OPENAI_BASE_URL or api.openai.com)")
-    p.add_argument("--fallback", choices=["local"], default=None,
-                   help="if the backend fails after all attempts, return the local ranking (flagged in meta)")
+    p.add_argument("--fallback", type=fallback_steps, default=None, metavar="STEP[,STEP...]",
+                   help="if the backend fails after all attempts, the scorers to try in order, per window: "
+                   "local, cross-encoder:MODEL, input (the first-stage order; last); meta.status says so")
     p.add_argument("--deadline", type=float, default=None, metavar="SECONDS",
                    help="wall-clock bound on one rerank's backend calls and retries, a call still "
                    "running is cut (default 120)")
@@ -351,6 +353,17 @@ def run_options(args: argparse.Namespace) -> dict[str, Any]:
 
 
 CE_FLAGS = ("device", "batch_size", "max_length", "calibration_factor")
+
+
+def fallback_steps(text: str) -> str | list[str]:
+    """`--fallback local` or a chain `--fallback cross-encoder:MODEL,local,input`; a bad step is a usage
+    error naming it (exit 2)."""
+    steps = parse_steps(text)
+    try:
+        as_chain(steps)
+    except InputError as exc:
+        raise argparse.ArgumentTypeError("; ".join(v.message for v in exc.violations)) from None
+    return steps
 
 
 def retry_policy(args: argparse.Namespace) -> Any:

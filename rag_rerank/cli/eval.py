@@ -94,6 +94,9 @@ def format_table(report: EvalReport) -> str:
                  f"k {cfg.get('k')}, lambda {lam_text}, depth {cfg.get('depth')}, "
                  + (f"windows of {cfg['window_size']}, " if cfg.get("window_size") else "")
                  + f"{report.wall_s:.1f} s" + (f", {len(report.failed)} failed" if report.failed else ""))
+    if set(report.statuses) - {"ok"}:  # a fallback's ranking is in the table: say how many there were
+        counts = sorted(report.statuses.items())
+        lines.append("statuses: " + ", ".join(f"{n} {status}" for status, n in counts))
     return "\n".join(lines)
 
 

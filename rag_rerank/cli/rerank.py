@@ -68,12 +68,19 @@ def run(args: argparse.Namespace) -> int:
     print(result.to_json(indent=args.indent, scores=args.scores))
     if args.meta:
         print(json.dumps(result.meta.to_dict(), ensure_ascii=False), file=sys.stderr)
-    elif (notice := result.meta.fallback_notice("--fallback local")) is not None:
+    elif (notice := result.meta.status_notice(f"--fallback {_flag(args.fallback)}")) is not None:
         # Exit 0 and a schema object on stdout look exactly like the backend's own ranking, so
-        # without `--meta` the failure would go unseen. (With `--meta` stderr stays one JSON
-        # object, whose `fallback` / `embedder_fallback` fields say it.)
+        # without `--meta` a fallback, a re-ask or a repair would go unseen: one line for any
+        # meta.status but ok. (With `--meta` stderr stays one JSON object, whose `status` says it.)
         err(f"warning: {notice}")
     return EXIT_OK
+
+
+def _flag(fallback: object) -> str:
+    """The --fallback value as the user wrote it (`local`, `cross-encoder,local,input`)."""
+    if isinstance(fallback, (list, tuple)):
+        return ",".join(str(s) for s in fallback)
+    return str(fallback or "local")
 
 
 class _WindowBar:

@@ -86,7 +86,7 @@ class RagRerankRanker:
         base_url: str | None = None,
         api_key: Secret | None = None,
         embedder: Any = "lexical",
-        fallback: str | None = None,
+        fallback: str | list[str] | None = None,
         policy: RetryPolicy | None = None,
         layout: str = "mmr",
         strict: bool = False,
@@ -103,7 +103,9 @@ class RagRerankRanker:
             lets the provider SDK read its usual environment variable.
         :param embedder: The post-pass embedder: "lexical", "sentence-transformers[:MODEL]",
             "openai[:MODEL]", or an Embedder instance (not serializable).
-        :param fallback: "local" to answer with the local ranking when the backend fails for good.
+        :param fallback: "local" to answer with the local ranking when the backend fails for good, or
+            a chain of steps tried in order (["cross-encoder:MODEL", "local", "input"]);
+            `last_result.meta.status` says whether it did.
         :param policy: A `RetryPolicy`; None: the defaults.
         :param layout: "mmr" (default) or another layout `rerank()` accepts.
         :param strict: True turns off the formatting-only repair of the model's output.

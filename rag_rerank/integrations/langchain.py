@@ -62,7 +62,7 @@ class RagRerankCompressor(ComponentValidators, BaseDocumentCompressor,
     """A SecretStr, left out of every dump, so it never shows in a repr, a log or a saved config;
     None: the provider SDK reads its environment variable (OPENAI_API_KEY, ANTHROPIC_API_KEY)."""
     embedder: Any = "lexical"
-    fallback: str | None = None
+    fallback: str | list[str] | None = None  # "local", or a chain such as ["cross-encoder:MODEL", "input"]
     policy: Any = None
     layout: str = "mmr"
     strict: bool = False

@@ -65,7 +65,7 @@ class RagRerankPostprocessor(ComponentValidators, BaseNodePostprocessor):
                                       description="Never serialized: a reloaded component reads the "
                                       "provider's environment variable (OPENAI_API_KEY...) instead.")
     embedder: Any = "lexical"
-    fallback: str | None = None
+    fallback: str | list[str] | None = None  # "local", or a chain such as ["cross-encoder:MODEL", "input"]
     policy: Any = None
     layout: str = "mmr"
     strict: bool = False
