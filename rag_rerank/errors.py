@@ -102,6 +102,10 @@ class Attempt:
     detail: str
     wait_s: float = 0.0
     violations: Sequence[Violation] = field(default_factory=tuple)
+    # The upstream's HTTP status and Retry-After (seconds) of a failed call, when it gave them: what
+    # a gateway in front of the backend (the service, `service/protocol.py`) answers its client with.
+    status: int | None = None
+    retry_after: float | None = None
 
 
 class BackendError(RerankError):

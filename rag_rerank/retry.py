@@ -221,9 +221,10 @@ class _Run:
             kwargs["timeout"] = max(self.remaining(), 0.001)
         return kwargs
 
-    def record(self, kind: str, detail: str, violations: tuple[Violation, ...] = ()) -> None:
+    def record(self, kind: str, detail: str, violations: tuple[Violation, ...] = (), *,
+               status: int | None = None, retry_after: float | None = None) -> None:
         self.attempts.append(Attempt(number=len(self.attempts) + 1, kind=kind, detail=detail,
-                                     violations=violations))
+                                     violations=violations, status=status, retry_after=retry_after))
         if kind != "ok":
             log.info("%s attempt %d %s: %s", self.name, len(self.attempts), kind, detail)
 
@@ -264,10 +265,10 @@ class _Run:
             detail = str(exc)
             if self.remaining() <= 0 and "deadline" not in detail:
                 detail += f" (cut when the deadline of {self.policy.deadline_s:g}s was crossed)"
-            self.record("transient", detail)
+            self.record("transient", detail, status=exc.status, retry_after=exc.retry_after)
             raise _Retry("transient", exc.retry_after)
         if isinstance(exc, BackendFailure):
-            self.record("fatal", str(exc))
+            self.record("fatal", str(exc), status=exc.status)
             raise _Fatal(str(exc))
         raise exc
 

@@ -1,6 +1,6 @@
 """`rag-rerank`: argument parsing and exit codes; each command lives in a module of its own here
-(`rerank`, `render`, `check`, `route`, `golden`, `batch`, `eval`, `bias`, `calibrate`, `mcp`, `cache`), and
-the work happens in the library, which never imports this package.
+(`rerank`, `render`, `check`, `route`, `golden`, `batch`, `eval`, `bias`, `calibrate`, `mcp`, `cache`,
+`serve`), and the work happens in the library, which never imports this package.
 
 Exit codes: 0 ok · 1 invalid LLM output (`check`) · 2 bad input or usage · 3 backend failure ·
 4 internal error · 130 interrupted. Errors go to stderr, one line each, naming the line / id /
@@ -26,7 +26,7 @@ from ..errors import (
     UsageError,
 )
 from ..guard.input import PATH_HINT
-from . import batch, bias, cache, calibrate, check, golden, mcp, render, rerank, route
+from . import batch, bias, cache, calibrate, check, golden, mcp, render, rerank, route, serve
 from . import eval as eval_command
 from .common import (
     EXIT_BACKEND,
@@ -91,7 +91,8 @@ def build_parser() -> argparse.ArgumentParser:
                                   formatter_class=argparse.RawDescriptionHelpFormatter)
         return sub.add_parser(name, help=summary, description=summary[0].upper() + summary[1:] + ".")
 
-    for module in (rerank, render, check, route, golden, batch, eval_command, bias, calibrate, mcp, cache):
+    for module in (rerank, render, check, route, golden, batch, eval_command, bias, calibrate, mcp, cache,
+                   serve):
         module.register(command)
     return parser
 
