@@ -35,6 +35,8 @@ from tests.support.fake_llm import FakeLLM, Reply, auto_ranker  # noqa: E402
 from tests.support.service import running  # noqa: E402
 
 pytestmark = pytest.mark.timeout(120)
+# Haystack reports usage to its servers unless told not to (read when haystack is imported).
+os.environ.setdefault("HAYSTACK_TELEMETRY_ENABLED", "False")
 
 QUERY = "What is the capital of the United States?"
 DOCS = [
