@@ -54,8 +54,9 @@ KEY = "sk-test-service-key-0123"
 def _expected(top_n: int, **session: Any) -> list[tuple[int, float]]:
     """(index, score) in order, from a `Reranker` session given the same request in process."""
     with Reranker(**session) as reranker:
-        result = reranker.rerank(QUERY, [{"id": str(i), "text": t} for i, t in enumerate(DOCS)], top_n,
-                                 window_size=50)
+        result = reranker.rerank(
+            QUERY, [{"id": str(i), "text": t} for i, t in enumerate(DOCS)], top_n, window_size=50
+        )
     return [(int(r.id), r.score) for r in result.ranked]
 
 
@@ -76,11 +77,20 @@ def llm() -> Iterator[FakeLLM]:
 def llm_url(llm: FakeLLM) -> Iterator[str]:
     """Two models: `local`, and `llm` (the openai backend against the fake LLM server), behind a key."""
     os.environ["SERVICE_TEST_UPSTREAM_KEY"] = "sk-upstream-secret-9876"
-    config = parse_config({
-        "models": {"local": {}, "llm": {"backend": "openai", "model": "fake-gpt", "base_url": llm.openai_url,
-                                        "api_key_env": "SERVICE_TEST_UPSTREAM_KEY"}},
-        "keys": [{"key": KEY, "name": "tests"}],
-    })
+    config = parse_config(
+        {
+            "models": {
+                "local": {},
+                "llm": {
+                    "backend": "openai",
+                    "model": "fake-gpt",
+                    "base_url": llm.openai_url,
+                    "api_key_env": "SERVICE_TEST_UPSTREAM_KEY",
+                },
+            },
+            "keys": [{"key": KEY, "name": "tests"}],
+        }
+    )
     with running(create_app(config)) as url:
         yield url
 
@@ -137,8 +147,9 @@ def test_litellm_rerank(local_url: str, monkeypatch: pytest.MonkeyPatch) -> None
     # LiteLLM fetches a model price map from the internet at import unless told not to.
     monkeypatch.setenv("LITELLM_LOCAL_MODEL_COST_MAP", "True")
     litellm = pytest.importorskip("litellm")
-    response = litellm.rerank(model="cohere/local", query=QUERY, documents=DOCS, top_n=3, api_base=local_url,
-                              api_key="any")
+    response = litellm.rerank(
+        model="cohere/local", query=QUERY, documents=DOCS, top_n=3, api_base=local_url, api_key="any"
+    )
     assert [(r["index"], r["relevance_score"]) for r in response.results] == _expected(3)
 
 
@@ -147,8 +158,9 @@ def test_langchain_cohere_rerank(local_url: str) -> None:
     from langchain_core.documents import Document
 
     compressor = rerank.CohereRerank(model="local", base_url=local_url, cohere_api_key="any", top_n=2)
-    out = compressor.compress_documents([Document(page_content=t, metadata={"i": i}) for i, t in enumerate(DOCS)],
-                                        QUERY)
+    out = compressor.compress_documents(
+        [Document(page_content=t, metadata={"i": i}) for i, t in enumerate(DOCS)], QUERY
+    )
     expected = _expected(2)
     assert [(d.metadata["i"], d.metadata["relevance_score"]) for d in out] == expected
 
@@ -168,8 +180,9 @@ def test_haystack_cohere_ranker(local_url: str) -> None:
     from haystack import Document
     from haystack.utils import Secret
 
-    ranker = ranker_module.CohereRanker(model="local", top_k=2, api_key=Secret.from_token("any"),
-                                        api_base_url=local_url)
+    ranker = ranker_module.CohereRanker(
+        model="local", top_k=2, api_key=Secret.from_token("any"), api_base_url=local_url
+    )
     ranker.warm_up()
     out = ranker.run(query=QUERY, documents=[Document(content=t, meta={"i": i}) for i, t in enumerate(DOCS)])
     assert [(d.meta["i"], d.score) for d in out["documents"]] == _expected(2)
@@ -203,13 +216,18 @@ def test_models_health_ready_metrics_openapi(llm_url: str) -> None:
 
 
 def test_unknown_model_is_404_listing_the_configured_names(llm_url: str) -> None:
-    r = httpx.post(f"{llm_url}/v2/rerank", json={"model": "gpt-9", "query": QUERY, "documents": DOCS},
-                   headers={"Authorization": f"Bearer {KEY}"})
+    r = httpx.post(
+        f"{llm_url}/v2/rerank",
+        json={"model": "gpt-9", "query": QUERY, "documents": DOCS},
+        headers={"Authorization": f"Bearer {KEY}"},
+    )
     assert r.status_code == 404
     assert "'gpt-9' not found" in r.json()["message"] and r.json()["rag_rerank"]["models"] == ["local", "llm"]
 
 
-def test_keys_401_and_never_echoed_or_logged(llm_url: str, tmp_path: Any, caplog: pytest.LogCaptureFixture) -> None:
+def test_keys_401_and_never_echoed_or_logged(
+    llm_url: str, tmp_path: Any, caplog: pytest.LogCaptureFixture
+) -> None:
     body = {"model": "local", "query": QUERY, "documents": DOCS}
     caplog.set_level(logging.DEBUG)
     wrong = "sk-wrong-key-should-never-appear"
@@ -218,7 +236,10 @@ def test_keys_401_and_never_echoed_or_logged(llm_url: str, tmp_path: Any, caplog
         assert r.status_code == 401 and r.headers["www-authenticate"] == "Bearer"
         assert wrong not in r.text and KEY not in r.text
     assert httpx.get(f"{llm_url}/v1/models").status_code == 401
-    assert httpx.post(f"{llm_url}/v2/rerank", json=body, headers={"Authorization": f"Bearer {KEY}"}).status_code == 200
+    assert (
+        httpx.post(f"{llm_url}/v2/rerank", json=body, headers={"Authorization": f"Bearer {KEY}"}).status_code
+        == 200
+    )
     assert wrong not in caplog.text and KEY not in caplog.text
 
 
@@ -231,8 +252,10 @@ def test_keys_file_takes_a_key_or_its_sha256(tmp_path: Any) -> None:
     config = default_config().with_keys(read_keys_file(path))
     with running(create_app(config)) as url:
         body = {"model": "local", "query": QUERY, "documents": DOCS[:2]}
-        codes = [httpx.post(f"{url}/v2/rerank", json=body, headers={"Authorization": f"Bearer {k}"}).status_code
-                 for k in ("first-key", "second-key", digest, "third-key")]
+        codes = [
+            httpx.post(f"{url}/v2/rerank", json=body, headers={"Authorization": f"Bearer {k}"}).status_code
+            for k in ("first-key", "second-key", digest, "third-key")
+        ]
     assert codes == [200, 200, 401, 401]  # a digest is not itself a key
 
 
@@ -243,14 +266,24 @@ def test_limits_413_and_400_name_the_index_and_the_limit() -> None:
         assert big.status_code == 413 and "5000 bytes" in big.json()["message"]
         many = httpx.post(f"{url}/v2/rerank", json={"model": "local", "query": "q", "documents": ["a"] * 5})
         assert many.status_code == 400 and "5 documents is over the limit of 4" in many.json()["message"]
-        long = httpx.post(f"{url}/v2/rerank", json={"model": "local", "query": "q", "documents": ["ok", "y" * 101]})
+        long = httpx.post(
+            f"{url}/v2/rerank", json={"model": "local", "query": "q", "documents": ["ok", "y" * 101]}
+        )
         assert long.status_code == 400
         assert long.json()["rag_rerank"]["errors"] == [
-            {"path": "documents[1]", "message": "101 characters is over the limit of 100 (max_document_chars)"}]
-        bad = httpx.post(f"{url}/v2/rerank", json={"model": "local", "query": "q", "documents": ["ok", 7, ""]})
+            {
+                "path": "documents[1]",
+                "message": "101 characters is over the limit of 100 (max_document_chars)",
+            }
+        ]
+        bad = httpx.post(
+            f"{url}/v2/rerank", json={"model": "local", "query": "q", "documents": ["ok", 7, ""]}
+        )
         assert bad.status_code == 400
         assert [e["path"] for e in bad.json()["rag_rerank"]["errors"]] == ["documents[1]", "documents[2]"]
-        junk = httpx.post(f"{url}/v2/rerank", content=b"{not json", headers={"content-type": "application/json"})
+        junk = httpx.post(
+            f"{url}/v2/rerank", content=b"{not json", headers={"content-type": "application/json"}
+        )
         assert junk.status_code == 400 and "not JSON" in junk.json()["message"]
         for r in (big, many, long, bad, junk):
             assert "Traceback" not in r.text and set(r.json()) >= {"id", "message"}
@@ -260,8 +293,10 @@ def test_max_tokens_per_doc_is_reported_when_not_applied(local_url: str) -> None
     from rag_rerank.options import REQUEST_OPTIONS
     from rag_rerank.service.protocol import TRUNCATION_OPTION
 
-    r = httpx.post(f"{local_url}/v2/rerank", json={"model": "local", "query": QUERY, "documents": DOCS,
-                                                   "max_tokens_per_doc": 64})
+    r = httpx.post(
+        f"{local_url}/v2/rerank",
+        json={"model": "local", "query": QUERY, "documents": DOCS, "max_tokens_per_doc": 64},
+    )
     assert r.status_code == 200
     note = r.json()["rag_rerank"]["max_tokens_per_doc"]
     assert note["applied"] is (TRUNCATION_OPTION in REQUEST_OPTIONS) and note["value"] == 64
@@ -269,8 +304,11 @@ def test_max_tokens_per_doc_is_reported_when_not_applied(local_url: str) -> None
 
 def test_more_than_one_prompt_of_documents_is_ranked_in_windows(local_url: str) -> None:
     docs = [f"document {i} about the capital of a country number {i}" for i in range(70)]
-    r = httpx.post(f"{local_url}/v2/rerank", json={"model": "local", "query": QUERY, "documents": docs,
-                                                   "top_n": 4}, timeout=60)
+    r = httpx.post(
+        f"{local_url}/v2/rerank",
+        json={"model": "local", "query": QUERY, "documents": docs, "top_n": 4},
+        timeout=60,
+    )
     ours = r.json()["rag_rerank"]
     assert r.status_code == 200 and ours["calls"] == 3  # two windows and the final pass
     assert len(r.json()["results"]) == 4 and len(ours["ranked"]) + len(ours["dropped"]) == 70
@@ -278,7 +316,9 @@ def test_more_than_one_prompt_of_documents_is_ranked_in_windows(local_url: str) 
 
 def test_cors_is_off_unless_configured(local_url: str) -> None:
     headers = {"Origin": "https://app.example.com", "Access-Control-Request-Method": "POST"}
-    assert "access-control-allow-origin" not in httpx.options(f"{local_url}/v2/rerank", headers=headers).headers
+    assert (
+        "access-control-allow-origin" not in httpx.options(f"{local_url}/v2/rerank", headers=headers).headers
+    )
     config = parse_config({"cors": {"allow_origins": ["https://app.example.com"]}})
     with running(create_app(config)) as url:
         r = httpx.options(f"{url}/v2/rerank", headers=headers)
@@ -289,32 +329,59 @@ def test_cors_is_off_unless_configured(local_url: str) -> None:
 
 
 def test_per_key_daily_budget_is_429(tmp_path: Any, llm: FakeLLM) -> None:
-    config = parse_config({
-        "models": {"local": {}, "llm": {"backend": "openai", "model": "fake-gpt", "base_url": llm.openai_url,
-                                        "api_key_env": "SERVICE_TEST_UPSTREAM_KEY"}},
-        "keys": [{"key": "small", "budget": {"max_requests": 2}}, {"key": "tokens", "budget": {"max_tokens": 1}}],
-        "ledger": str(tmp_path / "ledger.sqlite3"),
-    })
+    config = parse_config(
+        {
+            "models": {
+                "local": {},
+                "llm": {
+                    "backend": "openai",
+                    "model": "fake-gpt",
+                    "base_url": llm.openai_url,
+                    "api_key_env": "SERVICE_TEST_UPSTREAM_KEY",
+                },
+            },
+            "keys": [
+                {"key": "small", "budget": {"max_requests": 2}},
+                {"key": "tokens", "budget": {"max_tokens": 1}},
+            ],
+            "ledger": str(tmp_path / "ledger.sqlite3"),
+        }
+    )
     os.environ.setdefault("SERVICE_TEST_UPSTREAM_KEY", "x")
     with running(create_app(config)) as url:
         body = {"model": "local", "query": QUERY, "documents": DOCS}
-        codes = [httpx.post(f"{url}/v2/rerank", json=body, headers={"Authorization": "Bearer small"}).status_code
-                 for _ in range(3)]
+        codes = [
+            httpx.post(f"{url}/v2/rerank", json=body, headers={"Authorization": "Bearer small"}).status_code
+            for _ in range(3)
+        ]
         assert codes == [200, 200, 429]
         before = len(llm.requests)
-        r = httpx.post(f"{url}/v2/rerank", json={**body, "model": "llm"}, headers={"Authorization": "Bearer tokens"})
+        r = httpx.post(
+            f"{url}/v2/rerank", json={**body, "model": "llm"}, headers={"Authorization": "Bearer tokens"}
+        )
         assert r.status_code == 429 and "max_tokens=1" in r.json()["message"] and len(llm.requests) == before
         # the local model makes no request and spends no token: within a token budget
-        assert httpx.post(f"{url}/v2/rerank", json=body, headers={"Authorization": "Bearer tokens"}).status_code == 200
+        assert (
+            httpx.post(f"{url}/v2/rerank", json=body, headers={"Authorization": "Bearer tokens"}).status_code
+            == 200
+        )
 
 
 def test_overload_is_429_with_retry_after_and_the_deadline_is_504() -> None:
     with FakeLLM(handler=auto_ranker(latency=1.5)) as slow:
-        config = parse_config({
-            "models": {"llm": {"backend": "openai", "model": "m", "base_url": slow.openai_url,
-                               "api_key_env": "SERVICE_TEST_UPSTREAM_KEY"}},
-            "limits": {"max_in_flight": 1, "max_queue": 0, "retry_after_s": 2, "deadline_s": 0.5},
-        })
+        config = parse_config(
+            {
+                "models": {
+                    "llm": {
+                        "backend": "openai",
+                        "model": "m",
+                        "base_url": slow.openai_url,
+                        "api_key_env": "SERVICE_TEST_UPSTREAM_KEY",
+                    }
+                },
+                "limits": {"max_in_flight": 1, "max_queue": 0, "retry_after_s": 2, "deadline_s": 0.5},
+            }
+        )
         os.environ.setdefault("SERVICE_TEST_UPSTREAM_KEY", "x")
         with running(create_app(config)) as url:
             body = {"model": "llm", "query": QUERY, "documents": DOCS}
@@ -331,16 +398,29 @@ def test_overload_is_429_with_retry_after_and_the_deadline_is_504() -> None:
     assert 'rag_rerank_refusals_total{reason="overload"} 1.0' in metrics
 
 
-@pytest.mark.parametrize(("reply", "status", "retry_after"), [
-    (Reply(503, {"error": {"message": "overloaded"}}, headers={"Retry-After": "7"}), 503, "7"),
-    (Reply(401, {"error": {"message": "bad key sk-upstream-secret-9876"}}), 502, None),
-])
+@pytest.mark.parametrize(
+    ("reply", "status", "retry_after"),
+    [
+        (Reply(503, {"error": {"message": "overloaded"}}, headers={"Retry-After": "7"}), 503, "7"),
+        (Reply(401, {"error": {"message": "bad key sk-upstream-secret-9876"}}), 502, None),
+    ],
+)
 def test_upstream_failures_are_gateway_statuses(reply: Reply, status: int, retry_after: str | None) -> None:
     with FakeLLM(handler=lambda req: reply) as upstream:
         where = f"127.0.0.1:{upstream.port}"
-        config = parse_config({"models": {"llm": {
-            "backend": "openai", "model": "m", "base_url": upstream.openai_url,
-            "api_key_env": "SERVICE_TEST_UPSTREAM_KEY", "options": {"policy": {"max_attempts": 1}}}}})
+        config = parse_config(
+            {
+                "models": {
+                    "llm": {
+                        "backend": "openai",
+                        "model": "m",
+                        "base_url": upstream.openai_url,
+                        "api_key_env": "SERVICE_TEST_UPSTREAM_KEY",
+                        "options": {"policy": {"max_attempts": 1}},
+                    }
+                }
+            }
+        )
         os.environ["SERVICE_TEST_UPSTREAM_KEY"] = "sk-upstream-secret-9876"
         with running(create_app(config)) as url:
             r = httpx.post(f"{url}/v2/rerank", json={"model": "llm", "query": QUERY, "documents": DOCS})

@@ -15,8 +15,11 @@ from tests.support.sockets import closed_port
 pytestmark = pytest.mark.timeout(240)
 
 QUERY = "What is the capital of the United States?"
-DOCS = ["Carson City is the capital of Nevada.", "Washington, D.C. is the capital of the United States.",
-        "Capital punishment existed in the United States."]
+DOCS = [
+    "Carson City is the capital of Nevada.",
+    "Washington, D.C. is the capital of the United States.",
+    "Capital punishment existed in the United States.",
+]
 
 
 def test_ray_serve_deployment_answers_the_cohere_sdk(repo_root: Path) -> None:
@@ -32,8 +35,14 @@ def test_ray_serve_deployment_answers_the_cohere_sdk(repo_root: Path) -> None:
     os.environ["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
     if ray.is_initialized():
         ray.shutdown()
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
-             _node_ip_address="127.0.0.1", configure_logging=False)
+    ray.init(
+        address="local",
+        num_cpus=2,
+        include_dashboard=False,
+        log_to_driver=False,
+        _node_ip_address="127.0.0.1",
+        configure_logging=False,
+    )
     port = closed_port()
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": port})
@@ -53,5 +62,7 @@ def test_ray_serve_deployment_answers_the_cohere_sdk(repo_root: Path) -> None:
         ray.shutdown()
     with Reranker(window_size=50) as reranker:
         expected = reranker.rerank(QUERY, [{"id": str(i), "text": t} for i, t in enumerate(DOCS)], 2)
-    assert [(r.index, r.relevance_score) for r in response.results] == [(int(r.id), r.score) for r in expected.ranked]
+    assert [(r.index, r.relevance_score) for r in response.results] == [
+        (int(r.id), r.score) for r in expected.ranked
+    ]
     assert response.model_extra["rag_rerank"]["backend"] == "local"

@@ -29,16 +29,26 @@ from tests.support.sockets import closed_port  # noqa: E402
 
 pytestmark = pytest.mark.timeout(120)
 QUERY = "What is the capital of the United States?"
-DOCS = ["Carson City is the capital of Nevada.", "Washington, D.C. is the capital of the United States.",
-        "Capital punishment existed in the United States."]
+DOCS = [
+    "Carson City is the capital of Nevada.",
+    "Washington, D.C. is the capital of the United States.",
+    "Capital punishment existed in the United States.",
+]
 
 
 @contextmanager
-def serve(repo_root: Path, *args: str, env: dict[str, str] | None = None) -> Iterator[tuple[str, subprocess.Popen]]:
+def serve(
+    repo_root: Path, *args: str, env: dict[str, str] | None = None
+) -> Iterator[tuple[str, subprocess.Popen]]:
     port = closed_port()
     environ = {**os.environ, "PYTHONPATH": str(repo_root), **(env or {})}
-    proc = subprocess.Popen([sys.executable, "-m", "rag_rerank", "serve", "--port", str(port), "--log-level",
-                             "warning", *args], env=environ, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rag_rerank", "serve", "--port", str(port), "--log-level", "warning", *args],
+        env=environ,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 60
@@ -63,17 +73,35 @@ def serve(repo_root: Path, *args: str, env: dict[str, str] | None = None) -> Ite
 
 
 def _children(pid: int) -> list[int]:
-    out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True, text=True, check=False)
+    out = subprocess.run(
+        ["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True, text=True, check=False
+    )
     return [int(p) for p in out.stdout.split()]
 
 
 def test_two_workers_share_the_response_cache_and_the_metrics(repo_root: Path, tmp_path: Path) -> None:
     with FakeLLM(handler=auto_ranker()) as llm:
         config = tmp_path / "serve.yaml"
-        config.write_text(json.dumps({"models": {"llm": {
-            "backend": "openai", "model": "fake-gpt", "base_url": llm.openai_url, "api_key_env": "UPSTREAM_KEY",
-            "cache": str(tmp_path / "cache")}}}), encoding="utf-8")
-        with serve(repo_root, "--workers", "2", "--config", str(config), env={"UPSTREAM_KEY": "k"}) as (url, proc):
+        config.write_text(
+            json.dumps(
+                {
+                    "models": {
+                        "llm": {
+                            "backend": "openai",
+                            "model": "fake-gpt",
+                            "base_url": llm.openai_url,
+                            "api_key_env": "UPSTREAM_KEY",
+                            "cache": str(tmp_path / "cache"),
+                        }
+                    }
+                }
+            ),
+            encoding="utf-8",
+        )
+        with serve(repo_root, "--workers", "2", "--config", str(config), env={"UPSTREAM_KEY": "k"}) as (
+            url,
+            proc,
+        ):
             assert len(_children(proc.pid)) >= 2  # the workers (and uvicorn's resource tracker)
             body = {"model": "llm", "query": QUERY, "documents": DOCS}
             answers = []
@@ -92,13 +120,27 @@ def test_two_workers_share_the_response_cache_and_the_metrics(repo_root: Path, t
 def test_sigterm_drains_the_request_in_flight_and_refuses_new_ones(repo_root: Path, tmp_path: Path) -> None:
     with FakeLLM(handler=auto_ranker(latency=2.0)) as llm:
         config = tmp_path / "serve.json"
-        config.write_text(json.dumps({"models": {"llm": {
-            "backend": "openai", "model": "m", "base_url": llm.openai_url, "api_key_env": "UPSTREAM_KEY"}}}),
-            encoding="utf-8")
+        config.write_text(
+            json.dumps(
+                {
+                    "models": {
+                        "llm": {
+                            "backend": "openai",
+                            "model": "m",
+                            "base_url": llm.openai_url,
+                            "api_key_env": "UPSTREAM_KEY",
+                        }
+                    }
+                }
+            ),
+            encoding="utf-8",
+        )
         with serve(repo_root, "--config", str(config), env={"UPSTREAM_KEY": "k"}) as (url, proc):
             got: list[httpx.Response] = []
             body = {"model": "llm", "query": QUERY, "documents": DOCS}
-            slow = threading.Thread(target=lambda: got.append(httpx.post(f"{url}/v2/rerank", json=body, timeout=30)))
+            slow = threading.Thread(
+                target=lambda: got.append(httpx.post(f"{url}/v2/rerank", json=body, timeout=30))
+            )
             slow.start()
             while not llm.requests:  # the request is in flight upstream
                 time.sleep(0.05)
@@ -114,11 +156,17 @@ def test_sigterm_drains_the_request_in_flight_and_refuses_new_ones(repo_root: Pa
 
 def test_a_bad_config_is_refused_at_start_up_naming_the_key(repo_root: Path, tmp_path: Path) -> None:
     config = tmp_path / "bad.yaml"
-    config.write_text("models:\n  m1: {backend: local, options: {topk: 3}}\nlimits: {max_in_flight: 0}\n",
-                      encoding="utf-8")
-    out = subprocess.run([sys.executable, "-m", "rag_rerank", "serve", "--config", str(config),
-                          "--port", str(closed_port())], env={**os.environ, "PYTHONPATH": str(repo_root)},
-                         capture_output=True, text=True, timeout=60, check=False)
+    config.write_text(
+        "models:\n  m1: {backend: local, options: {topk: 3}}\nlimits: {max_in_flight: 0}\n", encoding="utf-8"
+    )
+    out = subprocess.run(
+        [sys.executable, "-m", "rag_rerank", "serve", "--config", str(config), "--port", str(closed_port())],
+        env={**os.environ, "PYTHONPATH": str(repo_root)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert out.returncode == 2 and "Traceback" not in out.stderr
     assert "models.m1.options.topk" in out.stderr and "top_k" in out.stderr
     assert "limits.max_in_flight" in out.stderr

@@ -19,8 +19,11 @@ def running(app: Any, *, timeout: float = 20.0) -> Iterator[str]:
     """Serve `app` on 127.0.0.1 until the block ends; yields its base URL (`http://127.0.0.1:PORT`)."""
     import uvicorn
 
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on",
-                                           timeout_graceful_shutdown=5))
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app, host="127.0.0.1", port=0, log_level="warning", lifespan="on", timeout_graceful_shutdown=5
+        )
+    )
     thread = threading.Thread(target=server.run, name="rerank-service", daemon=True)
     thread.start()
     deadline = time.monotonic() + timeout
