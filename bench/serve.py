@@ -10,7 +10,7 @@ timings are noisy, read them with the load next to them):
 2. added latency with an instant upstream: p50 / p99 of one client's sequential requests to the
    service (`--workers 1`, keep-alive) minus those of `Reranker.rerank` of the same request in
    this process (same upstream, same session options);
-3. overload at 256 concurrent clients (limits 16 in flight + 32 queued per worker): the statuses
+3. overload at 256 concurrent clients (limits 16 in flight + 32 queued, 2 s at most, per worker): the statuses
    (only 200 and 429 expected), wrk's socket errors, the workers' peak RSS;
 4. resident memory of the workers over 20,000 requests (instant upstream): RSS after a warm-up
    and after, and the growth;
@@ -342,7 +342,7 @@ def main() -> int:
     if 2 in only:
         added_latency(folder, 100 if args.quick else 500)
     if 3 in only:
-        limits = {"max_in_flight": 16, "max_queue": 32}
+        limits = {"max_in_flight": 16, "max_queue": 32, "queue_timeout_s": 2}
         with upstream(0.2) as url, service(config_file(folder, url, limits), 2) as (base, proc):
             pids = workers_of(proc)
             before = rss_mb(pids)
@@ -352,7 +352,7 @@ def main() -> int:
             r = wrk(base, 256, seconds, body, script)
             sampler.stop()
         print(
-            f"3. overload, 256 clients, --workers 2, 16 in flight + 32 queued per worker, {seconds} s "
+            f"3. overload, 256 clients, --workers 2, 16 in flight + 32 queued (2 s at most) per worker, {seconds} s "
             f"({load()}):"
         )
         print(

@@ -170,3 +170,46 @@ def test_a_bad_config_is_refused_at_start_up_naming_the_key(repo_root: Path, tmp
     assert out.returncode == 2 and "Traceback" not in out.stderr
     assert "models.m1.options.topk" in out.stderr and "top_k" in out.stderr
     assert "limits.max_in_flight" in out.stderr
+
+
+def test_the_readmes_serve_and_curl_commands_work(repo_root: Path) -> None:
+    """A fresh machine runs `rag-rerank serve` as the README shows and answers its curl of /v2/rerank."""
+    import re
+    import shlex
+    import shutil
+
+    text = (repo_root / "README.md").read_text(encoding="utf-8")
+    section = text[text.index("## Run it as a service") :]
+    serve_line = re.search(r"rag-rerank serve ([^\n]*)", section).group(1)  # type: ignore[union-attr]
+    curl_line = re.search(r"^curl [^\n]*", section, re.MULTILINE).group(0)  # type: ignore[union-attr]
+    args = shlex.split(serve_line)
+    port = args.index("--port")
+    with serve(repo_root, *(args[:port] + args[port + 2 :])) as (url, _):
+        curl = shlex.split(curl_line)
+        curl = [url + "/v2/rerank" if a.startswith("http://127.0.0.1:8080") else a for a in curl]
+        if shutil.which("curl"):
+            out = subprocess.run(curl, capture_output=True, text=True, timeout=60, check=True).stdout
+            answer = json.loads(out)
+        else:
+            payload = json.loads(curl[curl.index("-d") + 1])
+            answer = httpx.post(f"{url}/v2/rerank", json=payload, timeout=60).json()
+    from rag_rerank import Reranker
+
+    with Reranker(window_size=50) as reranker:
+        docs = payload_docs(curl_line)
+        expected = reranker.rerank(
+            "What is the capital of the United States?",
+            [{"id": str(i), "text": t} for i, t in enumerate(docs)],
+            2,
+        )
+    assert [(r["index"], r["relevance_score"]) for r in answer["results"]] == [
+        (int(r.id), r.score) for r in expected.ranked
+    ]
+    assert answer["results"][0]["index"] == 1 and answer["meta"]["api_version"]["version"] == "2"
+
+
+def payload_docs(curl_line: str) -> list[str]:
+    import shlex
+
+    args = shlex.split(curl_line)
+    return json.loads(args[args.index("-d") + 1])["documents"]

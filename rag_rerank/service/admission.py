@@ -5,7 +5,9 @@ upstream connection at once, memory grows with the burst, and every answer gets 
 clients time out. Here at most `max_in_flight` requests are reranked at once and at most
 `max_queue` more wait for a slot; a request beyond that is refused at once (`Overloaded`, answered
 with 429 and `Retry-After`), so a client backs off instead of piling on, and memory stays bounded
-by the two numbers. A waiting request still counts against its deadline.
+by the two numbers. A request that waited `queue_timeout_s` without getting a slot is refused the
+same way: a queue that does not move (the upstream slowed down, the machine is short of CPU) must
+not turn into clients' timeouts.
 
 `draining` is set when the process is asked to stop (SIGTERM): new requests are refused with 503
 while those admitted finish.
@@ -29,8 +31,8 @@ class Draining(Exception):
 class Admission:
     """The in-flight bound and the queue of one event loop (module docstring)."""
 
-    def __init__(self, max_in_flight: int, max_queue: int) -> None:
-        self.max_in_flight, self.max_queue = max_in_flight, max_queue
+    def __init__(self, max_in_flight: int, max_queue: int, queue_timeout_s: float | None = None) -> None:
+        self.max_in_flight, self.max_queue, self.queue_timeout_s = max_in_flight, max_queue, queue_timeout_s
         self._slots: asyncio.Semaphore | None = None
         self.in_flight = 0
         self.waiting = 0
@@ -48,7 +50,9 @@ class Admission:
             raise Overloaded()
         self.waiting += 1
         try:
-            await self._slots.acquire()
+            await asyncio.wait_for(self._slots.acquire(), self.queue_timeout_s)
+        except asyncio.TimeoutError:
+            raise Overloaded() from None
         finally:
             self.waiting -= 1
         self.in_flight += 1

@@ -27,7 +27,7 @@ from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
 
-from ..cost import as_prices
+from ..cost import as_prices, makes_requests
 from ..errors import BackendError, BudgetError, CacheMissError, InputError, MissingDependencyError, Violation
 from ..models import RerankResult
 from ..paths import default_cache_dir
@@ -129,9 +129,18 @@ class Service:
             self.close()
             raise
         limits = config.limits
-        self.admission = Admission(limits.max_in_flight, limits.max_queue)
+        self.admission = Admission(limits.max_in_flight, limits.max_queue, limits.queue_timeout_s)
         self.ledger = Ledger(ledger_path(config)) if any(k.budget for k in config.keys) else None
         self.metrics = Metrics()
+        self.ready = False  # until warm_up: /ready answers 503
+
+    def warm_up(self) -> None:
+        """Load what a session loads on first use (the local scorer's tables, a cross-encoder) before
+        the first request, for the sessions whose backend sends no request: an upstream is never
+        called to warm up. Then the service is ready."""
+        for session in self.sessions.values():
+            if not makes_requests(session.backend):
+                session.rerank("warm up", [{"id": "0", "text": "warm up the scorer"}], 1)
         self.ready = True
 
     def close(self) -> None:
@@ -332,6 +341,7 @@ def create_app(config: ServiceConfig | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await asyncio.to_thread(service.warm_up)
         yield
         service.admission.draining = True
         service.ready = False

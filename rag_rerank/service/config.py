@@ -119,8 +119,8 @@ class ApiKey:
 class Limits:
     """The service's own bounds (per worker process for the in-flight ones).
 
-    `max_in_flight` requests are reranked at once, `max_queue` more wait; beyond that a request
-    gets 429 with `Retry-After: retry_after_s`. `deadline_s` bounds one request from arrival to
+    `max_in_flight` requests are reranked at once, `max_queue` more wait (each at most
+    `queue_timeout_s`); beyond that a request gets 429 with `Retry-After: retry_after_s`. `deadline_s` bounds one request from arrival to
     answer (504 when crossed). A body over `max_body_bytes` is refused with 413; more than
     `max_documents` documents, a document over `max_document_chars` or a query over
     `max_query_chars` with 400 naming the index and the limit."""
@@ -131,6 +131,7 @@ class Limits:
     max_query_chars: int = 4000
     max_in_flight: int = 32
     max_queue: int = 128
+    queue_timeout_s: float = 10.0
     deadline_s: float = 60.0
     retry_after_s: int = 1
     drain_s: float = 30.0
