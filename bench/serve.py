@@ -352,8 +352,8 @@ def main() -> int:
             r = wrk(base, 256, seconds, body, script)
             sampler.stop()
         print(
-            f"3. overload, 256 clients, --workers 2, 16 in flight + 32 queued (2 s at most) per worker, {seconds} s "
-            f"({load()}):"
+            f"3. overload, 256 clients, --workers 2, 16 in flight + 32 queued (2 s at most) per worker, "
+            f"{seconds} s ({load()}):"
         )
         print(
             f"   statuses {r['statuses']}; socket errors {r['socket_errors']}; {r['rps']:.1f} req/s; "

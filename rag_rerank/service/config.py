@@ -120,8 +120,9 @@ class Limits:
     """The service's own bounds (per worker process for the in-flight ones).
 
     `max_in_flight` requests are reranked at once, `max_queue` more wait (each at most
-    `queue_timeout_s`); beyond that a request gets 429 with `Retry-After: retry_after_s`. `deadline_s` bounds one request from arrival to
-    answer (504 when crossed). A body over `max_body_bytes` is refused with 413; more than
+    `queue_timeout_s`); beyond that a request gets 429 with `Retry-After: retry_after_s`.
+    `deadline_s` bounds one request from arrival to answer (504 when crossed); `drain_s` how long
+    SIGTERM waits for the requests in flight. A body over `max_body_bytes` is refused with 413; more than
     `max_documents` documents, a document over `max_document_chars` or a query over
     `max_query_chars` with 400 naming the index and the limit."""
 
