@@ -12,8 +12,8 @@ def register(command: Callable[..., argparse.ArgumentParser]) -> None:
     p = command(
         "serve",
         "serve the Cohere-compatible /v1/rerank and /v2/rerank API (needs rag-rerank[serve])",
-        "Serve Cohere's rerank API (POST /v1/rerank, /v2/rerank; GET /v1/models, /health,\n"
-        "/ready, /metrics, /docs) backed by rag-rerank sessions, one per model name in\n"
+        "Serve the Cohere-compatible /v1/rerank and /v2/rerank API (and GET /v1/models,\n"
+        "/health, /ready, /metrics, /docs) backed by rag-rerank sessions, one per model name in\n"
         "--config. Without --config the offline local backend answers as model 'local'.\n"
         "SIGTERM drains the requests in flight. Needs the serve extra:\n"
         "  pip install 'rag-rerank[serve]'",
