@@ -4,12 +4,12 @@ installed (`rag-rerank[ray-serve]`)."""
 
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 
 import pytest
 
+from tests.support.local_ray import start_local_ray
 from tests.support.sockets import closed_port
 
 pytestmark = pytest.mark.timeout(240)
@@ -30,19 +30,7 @@ def test_ray_serve_deployment_answers_the_cohere_sdk(repo_root: Path) -> None:
     from rag_rerank import Reranker
     from rag_rerank.service.ray_serve import rerank_deployment
 
-    os.environ["RAY_USAGE_STATS_ENABLED"] = "0"  # never report to the network
-    paths = [str(repo_root), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
-    os.environ["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
-    if ray.is_initialized():
-        ray.shutdown()
-    ray.init(
-        address="local",
-        num_cpus=2,
-        include_dashboard=False,
-        log_to_driver=False,
-        _node_ip_address="127.0.0.1",
-        configure_logging=False,
-    )
+    start_local_ray(ray, repo_root)
     port = closed_port()
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": port})
