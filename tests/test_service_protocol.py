@@ -85,3 +85,8 @@ def test_upstream_failure_statuses() -> None:
     assert silent.status == 504 and silent.headers is None
     wrong = upstream_failure(BackendError("x", [Attempt(1, "invalid_output", "not JSON")]))
     assert wrong.status == 502 and "invalid output" in wrong.message
+
+
+def test_top_n_over_the_documents_means_all_of_them() -> None:
+    call = parse_request({"model": "m", "query": "q", "documents": ["a", "b"], "top_n": 1000}, 2, LIMITS)
+    assert call_options(call)[0] == {"top_k": 2}

@@ -213,3 +213,20 @@ def payload_docs(curl_line: str) -> list[str]:
 
     args = shlex.split(curl_line)
     return json.loads(args[args.index("-d") + 1])["documents"]
+
+
+def test_without_the_serve_extra_the_cli_names_it(repo_root: Path) -> None:
+    code = (
+        "import sys; sys.modules['fastapi'] = None\n"  # as if the serve extra were not installed
+        "from rag_rerank.cli import main; sys.exit(main(['serve', '--port', '1']))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**os.environ, "PYTHONPATH": str(repo_root)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert "pip install 'rag-rerank[serve]'" in out.stderr

@@ -257,7 +257,8 @@ class Service:
             planned = self.planned(key, session, call, options)
             day = utc_day()
             if key is not None and self.ledger is not None and key.budget:
-                reason = self.ledger.reserve(key, planned, day)
+                # SQLite may wait for another worker's transaction: off the event loop
+                reason = await asyncio.to_thread(self.ledger.reserve, key, planned, day)
                 if reason is not None:
                     raise _Answer(self.refuse("budget", protocol.budget_failure(reason)))
             used = Usage()
@@ -267,7 +268,7 @@ class Service:
                 return result
             finally:
                 if key is not None and self.ledger is not None and key.budget:
-                    self.ledger.settle(key, planned, used, day)
+                    await asyncio.to_thread(self.ledger.settle, key, planned, used, day)
 
     def classify(self, exc: Exception) -> protocol.Failure:
         limits = self.config.limits

@@ -223,7 +223,8 @@ def call_options(
     notes the answer carries about fields not applied."""
     options, note = truncation(call.max_tokens_per_doc, accepted)
     if call.top_n is not None:
-        options["top_k"] = call.top_n
+        # Cohere's top_n caps the results: more than there are documents means all of them.
+        options["top_k"] = min(call.top_n, len(call.texts))
     notes: dict[str, Any] = {}
     if note is not None:
         notes["max_tokens_per_doc"] = note
