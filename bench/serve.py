@@ -204,6 +204,19 @@ def workers_of(proc: subprocess.Popen) -> list[int]:
     return kids or [proc.pid]
 
 
+def children(pid: int) -> list[int]:
+    out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True, text=True,
+                         check=False)
+    return [int(p) for p in out.stdout.split()]
+
+
+def cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
 def rss_mb(pids: list[int]) -> float:
     total = 0
     for pid in pids:
@@ -330,13 +343,24 @@ def main() -> int:
     failed = []
     print(f"bench/serve.py: 20 documents a request, wrk 2 threads; {load()}")
     if 1 in only:
-        with upstream(0.2) as url, service(config_file(folder, url), 2) as (base, _):
+        with upstream(0.2) as url, service(config_file(folder, url), 2) as (base, proc):
+            pids = workers_of(proc)
+            upstream_pid = [p for p in children(os.getpid()) if "fast_llm" in cmdline(p)]
+            before = [sum(cpu_s(p) for p in pids), sum(cpu_s(p) for p in upstream_pid)]
+            wall = time.monotonic()
             r = wrk(base, 32, seconds, body, script)
+            wall = time.monotonic() - wall
+            used = [sum(cpu_s(p) for p in pids) - before[0], sum(cpu_s(p) for p in upstream_pid) - before[1]]
         ideal = 32 / 0.2
+        n = max(1, r["requests"])
         print(f"1. throughput, 32 clients, --workers 2, upstream 200 ms, {seconds} s ({load()}):")
         print(
             f"   {r['rps']:.1f} req/s = {100 * r['rps'] / ideal:.1f}% of the ideal {ideal:.0f}; statuses "
             f"{r['statuses']}; socket errors {r['socket_errors']}; p50 {r['p50_ms']} ms, p99 {r['p99_ms']} ms"
+        )
+        print(
+            f"   CPU: the workers {1000 * used[0] / n:.2f} ms a request ({used[0] / wall:.2f} cores), "
+            f"the upstream {1000 * used[1] / n:.2f} ms a request ({used[1] / wall:.2f} cores)"
         )
         if set(r["statuses"]) != {"200"} or any(r["socket_errors"].values()):
             failed.append("throughput run had failed requests")
