@@ -201,7 +201,7 @@ class Service:
         return Usage(calls=plan.requests, tokens=plan.total_tokens, cost=plan.cost or 0.0)
 
     def used(self, session: Reranker, result: RerankResult) -> Usage:
-        units = protocol.billed(result)
+        units = protocol.billed(result, makes_requests(session.backend))
         prices = as_prices(session.defaults.prices)
         cost = prices.cost(units["input_tokens"], units["output_tokens"]) if prices is not None else 0.0
         return Usage(
@@ -232,9 +232,10 @@ class Service:
             deadline = self.config.limits.deadline_s
             with self.metrics.in_flight.track_inprogress():
                 result = await asyncio.wait_for(self.admitted(key, session, call, options), deadline)
-            self.metrics.observe(model, result)
+            sends = makes_requests(session.backend)
+            self.metrics.observe(model, result, sends)
             status = 200
-            return JSONResponse(protocol.response(call, result, notes))
+            return JSONResponse(protocol.response(call, result, notes, sends))
         except _Answer as answer:
             status = answer.failure.status
             response = self.failure_response(answer.failure)

@@ -83,10 +83,10 @@ class Metrics:
             "rag_rerank_in_flight", "Rerank requests being served", registry=r, **gauge_mode
         )
 
-    def observe(self, model: str, result: RerankResult) -> None:
+    def observe(self, model: str, result: RerankResult, sends_requests: bool = True) -> None:
         """Count what the engine did for one result."""
         meta = result.meta
-        units = billed(result)
+        units = billed(result, sends_requests)
         self.calls.labels(model).inc(units["search_units"])
         if units["input_tokens"]:
             self.tokens.labels(model, "input").inc(units["input_tokens"])

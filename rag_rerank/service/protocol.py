@@ -233,17 +233,20 @@ def call_options(
     return options, notes
 
 
-def billed(result: RerankResult) -> dict[str, int]:
-    """What the result cost: backend requests made (not cache hits), input and output tokens."""
+def billed(result: RerankResult, sends_requests: bool = True) -> dict[str, int]:
+    """What the result cost: backend requests made (not cache hits; none for a backend that sends
+    none, `cost.makes_requests`), input and output tokens."""
     prompt, completion = usage_tokens(result.meta.usage)
     hits = (result.meta.cache or {}).get("hits", 0)
-    makes_requests = bool(result.meta.usage) or result.meta.backend not in ("local", "cross-encoder")
-    requests = max(0, result.meta.attempts - hits) if makes_requests else 0
+    requests = max(0, result.meta.attempts - hits) if sends_requests else 0
     return {"search_units": requests, "input_tokens": prompt, "output_tokens": completion}
 
 
 def response(
-    call: RerankCall, result: RerankResult, extras: Mapping[str, Any] | None = None
+    call: RerankCall,
+    result: RerankResult,
+    extras: Mapping[str, Any] | None = None,
+    sends_requests: bool = True,
 ) -> dict[str, Any]:
     """The Cohere response body for `result` (module docstring)."""
     results = []
@@ -253,7 +256,7 @@ def response(
             doc = call.documents[int(r.id)]
             item["document"] = dict(doc) if isinstance(doc, Mapping) else {"text": doc}
         results.append(item)
-    units = billed(result)
+    units = billed(result, sends_requests)
     meta: dict[str, Any] = {
         "api_version": {"version": str(call.version)},
         "billed_units": units,
