@@ -26,11 +26,12 @@ from packaging.utils import canonicalize_name
 
 ROOT = Path(__file__).resolve().parent.parent
 EXTRAS = ("test", "st", "mcp", "eval", "progress", "docs", "langchain", "llama-index", "haystack", "ray",
-          "cross-encoder", "otel")
+          "cross-encoder", "otel", "serve", "ray-serve", "serve-test")
 # What those extras install, also named here (an extra another branch adds must not leave a hole).
 ALSO = ("langchain-core", "langchain-classic", "llama-index-core", "haystack-ai", "ray[data]", "model2vec",
         "mkdocs-material", "mkdocstrings[python]", "sentence-transformers", "torch", "hatchling",
-        "snowballstemmer", "PyStemmer")
+        "snowballstemmer", "PyStemmer", "fastapi", "uvicorn", "prometheus-client", "ray[serve]", "cohere",
+        "litellm", "langchain-cohere", "llama-index-postprocessor-cohere-rerank", "cohere-haystack")
 SKIP = {"pip", "setuptools", "wheel", "rag-rerank"}
 
 

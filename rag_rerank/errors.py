@@ -110,6 +110,10 @@ class Attempt:
     model: str | None = None
     finish_reason: str | None = None
     error_type: str | None = None  # the backend failure's class (`RateLimit...`), for `error.type`
+    # The upstream's HTTP status and Retry-After (seconds) of a failed call, when it gave them: what
+    # a gateway in front of the backend (the service, `service/protocol.py`) answers its client with.
+    status: int | None = None
+    retry_after: float | None = None
 
 
 class BackendError(RerankError):

@@ -223,10 +223,11 @@ class _Run:
             kwargs["timeout"] = max(self.remaining(), 0.001)
         return kwargs
 
-    def record(self, kind: str, detail: str, violations: tuple[Violation, ...] = ()) -> None:
+    def record(self, kind: str, detail: str, violations: tuple[Violation, ...] = (), *,
+               status: int | None = None, retry_after: float | None = None) -> None:
         self.attempts.append(Attempt(number=len(self.attempts) + 1, kind=kind, detail=detail,
                                      violations=violations, start_ns=self.began, end_ns=time.time_ns(),
-                                     **self.answered))
+                                     status=status, retry_after=retry_after, **self.answered))
         self.answered = {}
         if kind != "ok":  # the kind and class only: a detail may quote the answer, and so the chunks
             log.info("%s attempt %d %s%s", self.name, len(self.attempts), kind,
@@ -274,10 +275,10 @@ class _Run:
             detail = str(exc)
             if self.remaining() <= 0 and "deadline" not in detail:
                 detail += f" (cut when the deadline of {self.policy.deadline_s:g}s was crossed)"
-            self.record("transient", detail)
+            self.record("transient", detail, status=exc.status, retry_after=exc.retry_after)
             raise _Retry("transient", exc.retry_after)
         if isinstance(exc, BackendFailure):
-            self.record("fatal", str(exc))
+            self.record("fatal", str(exc), status=exc.status)
             raise _Fatal(str(exc))
         raise exc
 

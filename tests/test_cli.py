@@ -342,7 +342,7 @@ def test_help_exits_0(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 COMMANDS = ["rerank", "render", "check", "route", "golden", "batch", "eval", "compare", "bias", "calibrate",
-            "mcp", "cache"]
+            "mcp", "cache", "serve"]
 
 
 def test_every_subcommand_is_declared() -> None:
@@ -377,7 +377,7 @@ def test_every_option_with_a_default_value_names_it_in_its_help() -> None:
 
 
 @pytest.mark.parametrize(("argv", "extras"), [
-    (["--help"], {"eval", "mcp"}),
+    (["--help"], {"eval", "mcp", "serve"}),
     (["rerank", "--help"], {"st", "cross-encoder"}),
     (["eval", "--help"], {"eval", "st", "cross-encoder"}),
     (["route", "--help"], {"st"}),

@@ -22,6 +22,7 @@ from rag_rerank.cli import main
 from rag_rerank.errors import InputError, MissingDependencyError
 from rag_rerank.skill import load_skill
 from tests.support.fake_llm import FakeLLM
+from tests.support.local_ray import start_local_ray
 from tests.support.quoting_ranker import quoting_ranker
 
 HAS_RAY = find_spec("ray") is not None and find_spec("pyarrow") is not None
@@ -36,20 +37,7 @@ ROWS = [json.loads(r) for r in HAPPY.splitlines()]
 def local_ray(repo_root: Path) -> Iterator[Any]:
     ray = pytest.importorskip("ray")
     pytest.importorskip("ray.data")
-    os.environ["RAY_USAGE_STATS_ENABLED"] = "0"  # never report to the network
-    # Workers are separate processes: they find this checkout through PYTHONPATH.
-    paths = [str(repo_root), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
-    os.environ["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
-    if ray.is_initialized():
-        ray.shutdown()
-    ray.init(
-        address="local",
-        num_cpus=2,
-        include_dashboard=False,
-        log_to_driver=False,
-        _node_ip_address="127.0.0.1",
-        configure_logging=False,
-    )
+    start_local_ray(ray, repo_root)
     from ray.data import DataContext
 
     DataContext.get_current().enable_progress_bars = False

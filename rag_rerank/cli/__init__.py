@@ -1,6 +1,6 @@
 """`rag-rerank`: argument parsing and exit codes; each command lives in a module of its own here
 (`rerank`, `render`, `check`, `route`, `golden`, `batch`, `eval`, `compare`, `bias`, `calibrate`, `mcp`,
-`cache`), and the work happens in the library, which never imports this package.
+`cache`, `serve`), and the work happens in the library, which never imports this package.
 
 Exit codes: 0 ok · 1 invalid LLM output (`check`), a golden regression, a failed `compare` gate ·
 2 bad input or usage · 3 backend failure · 4 internal error · 130 interrupted. Errors go to
@@ -26,7 +26,7 @@ from ..errors import (
     UsageError,
 )
 from ..guard.input import PATH_HINT
-from . import batch, bias, cache, calibrate, check, compare, golden, mcp, render, rerank, route
+from . import batch, bias, cache, calibrate, check, compare, golden, mcp, render, rerank, route, serve
 from . import eval as eval_command
 from .common import (
     EXIT_BACKEND,
@@ -93,7 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
         return sub.add_parser(name, help=summary, description=summary[0].upper() + summary[1:] + ".")
 
     for module in (rerank, render, check, route, golden, batch, eval_command, compare, bias, calibrate, mcp,
-                   cache):
+                   cache, serve):
         module.register(command)
     return parser
 

@@ -1,0 +1,238 @@
+"""`rag-rerank serve` as a user runs it: a separate process, `--workers 2` sharing the response
+cache and the metrics, SIGTERM draining the requests in flight, a bad config refused at start-up.
+
+Every server here is a subprocess on 127.0.0.1 with a free port, waited for with a bound, and
+killed by its own pid when the test ends.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("fastapi")
+pytest.importorskip("uvicorn")
+httpx = pytest.importorskip("httpx")
+
+from tests.support.fake_llm import FakeLLM, auto_ranker  # noqa: E402
+from tests.support.sockets import closed_port  # noqa: E402
+
+pytestmark = pytest.mark.timeout(120)
+QUERY = "What is the capital of the United States?"
+DOCS = [
+    "Carson City is the capital of Nevada.",
+    "Washington, D.C. is the capital of the United States.",
+    "Capital punishment existed in the United States.",
+]
+
+
+@contextmanager
+def serve(
+    repo_root: Path, *args: str, env: dict[str, str] | None = None
+) -> Iterator[tuple[str, subprocess.Popen]]:
+    port = closed_port()
+    environ = {**os.environ, "PYTHONPATH": str(repo_root), **(env or {})}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rag_rerank", "serve", "--port", str(port), "--log-level", "warning", *args],
+        env=environ,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(f"{url}/ready", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError(f"serve did not start: {proc.communicate(timeout=5)[1][-2000:]}")
+            time.sleep(0.2)
+        yield url, proc
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=10)
+
+
+def _children(pid: int) -> list[int]:
+    out = subprocess.run(
+        ["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True, text=True, check=False
+    )
+    return [int(p) for p in out.stdout.split()]
+
+
+def test_two_workers_share_the_response_cache_and_the_metrics(repo_root: Path, tmp_path: Path) -> None:
+    with FakeLLM(handler=auto_ranker()) as llm:
+        config = tmp_path / "serve.yaml"
+        config.write_text(
+            json.dumps(
+                {
+                    "models": {
+                        "llm": {
+                            "backend": "openai",
+                            "model": "fake-gpt",
+                            "base_url": llm.openai_url,
+                            "api_key_env": "UPSTREAM_KEY",
+                            "cache": str(tmp_path / "cache"),
+                        }
+                    }
+                }
+            ),
+            encoding="utf-8",
+        )
+        with serve(repo_root, "--workers", "2", "--config", str(config), env={"UPSTREAM_KEY": "k"}) as (
+            url,
+            proc,
+        ):
+            assert len(_children(proc.pid)) >= 2  # the workers (and uvicorn's resource tracker)
+            body = {"model": "llm", "query": QUERY, "documents": DOCS}
+            answers = []
+            for _ in range(8):  # a new connection each time: either worker may take it
+                with httpx.Client(timeout=30) as client:
+                    answers.append(client.post(f"{url}/v2/rerank", json=body).json())
+            metrics = httpx.get(f"{url}/metrics").text
+    assert len(llm.requests) == 1  # one worker asked; every later answer came from the shared cache
+    assert {a["rag_rerank"]["cache"]["hits"] for a in answers[1:]} == {1}
+    assert [r["index"] for r in answers[0]["results"]] == [r["index"] for r in answers[-1]["results"]]
+    # multiprocess metrics: whichever worker answered /metrics counts both workers' requests
+    assert 'rag_rerank_requests_total{model="llm",route="/v2/rerank",status="200"} 8.0' in metrics
+    assert 'rag_rerank_cache_total{model="llm",result="hit"} 7.0' in metrics
+
+
+def test_sigterm_drains_the_request_in_flight_and_refuses_new_ones(repo_root: Path, tmp_path: Path) -> None:
+    with FakeLLM(handler=auto_ranker(latency=2.0)) as llm:
+        config = tmp_path / "serve.json"
+        config.write_text(
+            json.dumps(
+                {
+                    "models": {
+                        "llm": {
+                            "backend": "openai",
+                            "model": "m",
+                            "base_url": llm.openai_url,
+                            "api_key_env": "UPSTREAM_KEY",
+                        }
+                    }
+                }
+            ),
+            encoding="utf-8",
+        )
+        with serve(repo_root, "--config", str(config), env={"UPSTREAM_KEY": "k"}) as (url, proc):
+            got: list[httpx.Response] = []
+            body = {"model": "llm", "query": QUERY, "documents": DOCS}
+            slow = threading.Thread(
+                target=lambda: got.append(httpx.post(f"{url}/v2/rerank", json=body, timeout=30))
+            )
+            slow.start()
+            while not llm.requests:  # the request is in flight upstream
+                time.sleep(0.05)
+            proc.send_signal(signal.SIGTERM)
+            refused = False
+            deadline = time.monotonic() + 15
+            while not refused and time.monotonic() < deadline:  # the listening socket closes
+                try:
+                    httpx.get(f"{url}/health", timeout=5)
+                    time.sleep(0.1)
+                except httpx.ConnectError:
+                    refused = True
+            assert refused  # new connections are refused; the request in flight still gets its answer
+            slow.join(timeout=30)
+            # uvicorn re-raises the signal once drained: the exit status says SIGTERM ended it
+            assert proc.wait(timeout=30) in (0, -signal.SIGTERM)
+    assert got and got[0].status_code == 200 and got[0].json()["results"]
+
+
+def test_a_bad_config_is_refused_at_start_up_naming_the_key(repo_root: Path, tmp_path: Path) -> None:
+    config = tmp_path / "bad.yaml"
+    config.write_text(
+        "models:\n  m1: {backend: local, options: {topk: 3}}\nlimits: {max_in_flight: 0}\n", encoding="utf-8"
+    )
+    out = subprocess.run(
+        [sys.executable, "-m", "rag_rerank", "serve", "--config", str(config), "--port", str(closed_port())],
+        env={**os.environ, "PYTHONPATH": str(repo_root)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert "models.m1.options.topk" in out.stderr and "top_k" in out.stderr
+    assert "limits.max_in_flight" in out.stderr
+
+
+def test_the_readmes_serve_and_curl_commands_work(repo_root: Path) -> None:
+    """A fresh machine runs `rag-rerank serve` as the README shows and answers its curl of /v2/rerank."""
+    import re
+    import shlex
+    import shutil
+
+    text = (repo_root / "README.md").read_text(encoding="utf-8")
+    section = text[text.index("## Run it as a service") :]
+    serve_line = re.search(r"rag-rerank serve ([^\n]*)", section).group(1)  # type: ignore[union-attr]
+    curl_line = re.search(r"^curl [^\n]*", section, re.MULTILINE).group(0)  # type: ignore[union-attr]
+    args = shlex.split(serve_line)
+    port = args.index("--port")
+    with serve(repo_root, *(args[:port] + args[port + 2 :])) as (url, _):
+        curl = shlex.split(curl_line)
+        curl = [url + "/v2/rerank" if a.startswith("http://127.0.0.1:8080") else a for a in curl]
+        if shutil.which("curl"):
+            out = subprocess.run(curl, capture_output=True, text=True, timeout=60, check=True).stdout
+            answer = json.loads(out)
+        else:
+            payload = json.loads(curl[curl.index("-d") + 1])
+            answer = httpx.post(f"{url}/v2/rerank", json=payload, timeout=60).json()
+    from rag_rerank import Reranker
+
+    with Reranker(window_size=50) as reranker:
+        docs = payload_docs(curl_line)
+        expected = reranker.rerank(
+            "What is the capital of the United States?",
+            [{"id": str(i), "text": t} for i, t in enumerate(docs)],
+            2,
+        )
+    assert [(r["index"], r["relevance_score"]) for r in answer["results"]] == [
+        (int(r.id), r.score) for r in expected.ranked
+    ]
+    assert answer["results"][0]["index"] == 1 and answer["meta"]["api_version"]["version"] == "2"
+
+
+def payload_docs(curl_line: str) -> list[str]:
+    import shlex
+
+    args = shlex.split(curl_line)
+    return json.loads(args[args.index("-d") + 1])["documents"]
+
+
+def test_without_the_serve_extra_the_cli_names_it(repo_root: Path) -> None:
+    code = (
+        "import sys; sys.modules['fastapi'] = None\n"  # as if the serve extra were not installed
+        "from rag_rerank.cli import main; sys.exit(main(['serve', '--port', '1']))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**os.environ, "PYTHONPATH": str(repo_root)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert "pip install 'rag-rerank[serve]'" in out.stderr
