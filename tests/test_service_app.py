@@ -105,7 +105,9 @@ def test_cohere_client_v2_gets_the_sessions_ranking(local_url: str) -> None:
     assert [(r.index, r.relevance_score) for r in response.results] == _expected(3)
     assert response.results[0].index == 3  # Washington, D.C.
     assert response.meta.api_version.version == "2"
-    assert response.meta.billed_units.search_units == 0  # the local backend makes no request
+    # Cohere's unit: one search per query of up to 100 documents, whoever scored (RerankResult.to_cohere)
+    assert response.meta.billed_units.search_units == 1
+    assert response.meta.billed_units.input_tokens == 0  # the local backend sends no request
     assert response.meta.tokens.input_tokens == 0 and response.meta.tokens.output_tokens == 0
     ours = response.model_extra["rag_rerank"]  # our extras: one key the SDK keeps aside
     kept, dropped = {r["index"] for r in ours["ranked"]}, {d["index"] for d in ours["dropped"]}

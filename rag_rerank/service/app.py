@@ -235,7 +235,7 @@ class Service:
             sends = makes_requests(session.backend)
             self.metrics.observe(model, result, sends)
             status = 200
-            return JSONResponse(protocol.response(call, result, notes, sends))
+            return JSONResponse(protocol.response(call, result, notes))
         except _Answer as answer:
             status = answer.failure.status
             response = self.failure_response(answer.failure)

@@ -11,8 +11,9 @@ ignored, as Cohere does. Document `i` becomes the chunk with id `"i"`.
 
 **Responses.** `{id, results: [{index, relevance_score, document?}], meta}`: `results` are the
 chunks the reranker kept, in its order (MMR), at most `top_n` (absent: the model's `top_k`);
-`meta` has `api_version`, `billed_units` (search units: the backend requests made; input and output
-tokens) and `tokens` from the result's real usage (`meta.usage`), and `cached_tokens` when the
+`meta` has `api_version`, `billed_units` (search units as Cohere counts them, one per query of up to
+100 documents; the input and output tokens billed, cache hits excepted) and `tokens` (what the calls
+consumed) from the result's real usage (`RerankResult.to_cohere`), and `cached_tokens` when the
 response cache answered. Everything of ours (each kept document's reason, the dropped documents
 with their reasons, the status, calls, attempts, cache, notes) is under the one key `rag_rerank`,
 which Cohere clients ignore.
@@ -246,27 +247,24 @@ def response(
     call: RerankCall,
     result: RerankResult,
     extras: Mapping[str, Any] | None = None,
-    sends_requests: bool = True,
 ) -> dict[str, Any]:
-    """The Cohere response body for `result` (module docstring)."""
-    results = []
-    for r in result.ranked:
-        item: dict[str, Any] = {"index": int(r.id), "relevance_score": r.score}
-        if call.return_documents:
-            doc = call.documents[int(r.id)]
+    """The Cohere response body for `result` (module docstring): `RerankResult.to_cohere()` (the
+    one writer of Cohere's shape, shared with library callers), with the documents when asked and
+    our extras under `NAMESPACE`."""
+    body = result.to_cohere(request_id=str(uuid.uuid4()))
+    results = body["results"]
+    if call.return_documents:
+        for item in results:
+            doc = call.documents[item["index"]]
             item["document"] = dict(doc) if isinstance(doc, Mapping) else {"text": doc}
-        results.append(item)
-    units = billed(result, sends_requests)
-    meta: dict[str, Any] = {
-        "api_version": {"version": str(call.version)},
-        "billed_units": units,
-        "tokens": {"input_tokens": units["input_tokens"], "output_tokens": units["output_tokens"]},
-    }
+    meta: dict[str, Any] = {"api_version": {"version": str(call.version)},
+                            "billed_units": body["meta"]["billed_units"], "tokens": body["meta"]["tokens"]}
     saved = (result.meta.cache or {}).get("saved_tokens")
     if saved:
         meta["cached_tokens"] = saved
     ours: dict[str, Any] = {
-        "status": "fallback" if result.meta.fallback else "ok",
+        "status": result.meta.status,
+        **({"fallback_reason": result.meta.fallback_reason} if result.meta.fallback_reason else {}),
         "ranked": [
             {
                 "index": int(r.id),
@@ -286,7 +284,7 @@ def response(
         "latency_ms": round(result.meta.latency_ms, 3),
     }
     ours.update(extras or {})
-    return {"id": str(uuid.uuid4()), "results": results, "meta": meta, NAMESPACE: ours}
+    return {"id": body["id"], "results": results, "meta": meta, NAMESPACE: ours}
 
 
 # --------------------------------------------------------------------------- errors
