@@ -211,6 +211,7 @@ def test_models_health_ready_metrics_openapi(llm_url: str) -> None:
         metrics = client.get("/metrics").text
         assert 'rag_rerank_requests_total{model="local",route="/v2/rerank",status="200"}' in metrics
         assert "rag_rerank_request_seconds_bucket" in metrics
+        assert 'rag_rerank_results_total{model="local",status="ok"}' in metrics
         spec = client.get("/openapi.json").json()
         assert {"/v1/rerank", "/v2/rerank", "/v1/models"} <= set(spec["paths"])
         body = spec["paths"]["/v2/rerank"]["post"]["requestBody"]["content"]["application/json"]["schema"]

@@ -72,6 +72,12 @@ class Metrics:
         self.fallbacks = prom.Counter(
             "rag_rerank_fallbacks_total", "Results the local fallback answered", ["model"], registry=r
         )
+        self.statuses = prom.Counter(
+            "rag_rerank_results_total",
+            "Results answered, by model and meta.status (ok, repaired, reasked, fallback, partial)",
+            ["model", "status"],
+            registry=r,
+        )
         self.refusals = prom.Counter(
             "rag_rerank_refusals_total",
             "Requests refused before any reranking, by reason (auth, budget, overload, draining, limit)",
@@ -100,6 +106,7 @@ class Metrics:
             self.reasks.labels(model).inc(extra)
         if meta.fallback:
             self.fallbacks.labels(model).inc()
+        self.statuses.labels(model, meta.status).inc()
 
     def exposition(self) -> tuple[bytes, str]:
         """The text `/metrics` answers, and its content type."""
