@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from .backends.common import planning
 from .concurrency import check_concurrency
 from .cost import CostPlan
 from .guard.input import ChunkSource
@@ -69,9 +70,12 @@ def plan(query: str, chunks: ChunkSource, top_k: int | None = None, lambda_: flo
     """What `rerank` with the same arguments would do and cost, without any request: the calls
     (windows, final pass) and round trips, the re-ask bound, the estimated prompt and completion
     tokens, the cost from `prices=`, which calls the response cache already holds, and which limits
-    of `budget=` it would cross (`exceeded`). Bad input raises `InputError`, as `rerank` would."""
+    of `budget=` it would cross (`exceeded`). Bad input raises `InputError`, as `rerank` would.
+    It needs no API key: nothing is sent."""
     session, request = split_options(options)
-    with Reranker(**session, **request) as reranker:
+    with planning():
+        reranker = Reranker(**session, **request)
+    with reranker:
         return reranker.plan(query, chunks, top_k, lambda_)
 
 

@@ -34,6 +34,7 @@ from .guard import validate_request
 from .guard.input import ChunkSource, duplicate_threshold_violations
 from .guard.limits import Limits, as_limits
 from .models import RerankRequest
+from .postpass import LAYOUTS
 from .retry import RetryPolicy
 from .wording import near_miss
 
@@ -227,6 +228,9 @@ def check_request_options(query: Any, chunks: ChunkSource, options: Options, lim
     problem with any of them in one `InputError`."""
     opts = options.scoring()
     problems: list[Violation] = duplicate_threshold_violations(options.duplicate_threshold)
+    if not isinstance(options.layout, str) or options.layout not in LAYOUTS:
+        msg = f"unknown layout {options.layout!r}; choose one of {', '.join(LAYOUTS)}"
+        problems.append(Violation(path="layout", value=options.layout, message=msg))
     prices: Prices | None = None
     budget: Budget | None = None
     try:

@@ -136,6 +136,9 @@ class Outcome:
     notes: tuple[str, ...] = ()
     text: str = ""  # the accepted raw text after repairs
     cached: bool = False  # answered by the response cache (`cache.py`): no request was made
+    # How long the call took, retries and their waits included (the cache's read for a hit), as the
+    # driver that made it measured it (`session.py`); `meta.windows[].latency_ms` reports it.
+    latency_ms: float = 0.0
 
 
 def accepts_timeout(backend: Any) -> bool:

@@ -18,9 +18,10 @@ import asyncio
 import contextvars
 import os
 import threading
+import time
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from .backends.factory import backend_kwargs, make_backend, resolve_embedder
@@ -300,20 +301,26 @@ class SessionCache:
 
 def _call(call: Call) -> Outcome | Exception:
     """One call: from the response cache when it holds the answer, else through the retry loop
-    (and the new answer stored)."""
+    (and the new answer stored), with the time it took."""
+    started = time.perf_counter()
     try:
         if call.cache is not None and call.key is not None:
             hit = recall(call.cache, call.key, call.ask, call.ask.top_k, call.limits, call.label)
             if hit is not None:
-                return hit
-        outcome = call_with_retries(call.backend, call.ask, call.prompt, guard_top_k=call.ask.top_k,
-                                    policy=call.policy, limits=call.limits, repair=call.repair,
-                                    spending=call.spending)
+                return _timed(hit, started)
+        outcome = _timed(call_with_retries(call.backend, call.ask, call.prompt, guard_top_k=call.ask.top_k,
+                                           policy=call.policy, limits=call.limits, repair=call.repair,
+                                           spending=call.spending), started)
         if call.cache is not None and call.key is not None:
             remember(call.cache, call.key, outcome)
         return outcome
     except Exception as exc:  # the engine decides what a failure means
         return exc
+
+
+def _timed(outcome: Outcome, started: float) -> Outcome:
+    """`outcome` with the time since `started` (`time.perf_counter()`) as its latency."""
+    return replace(outcome, latency_ms=(time.perf_counter() - started) * 1000.0)
 
 
 def _calls(step: Calls) -> list[Outcome | Exception]:
@@ -374,17 +381,21 @@ def _run(steps: Flow) -> RerankResult:
 
 
 async def _acall(call: Call, limit: asyncio.Semaphore | None) -> Outcome | Exception:
-    """`_call` on the event loop; the cache's SQLite file is read and written in a worker thread."""
+    """`_call` on the event loop; the cache's SQLite file is read and written in a worker thread.
+    The latency counts from the moment the call has its slot (not the wait for one)."""
     try:
         if call.cache is not None and call.key is not None:
+            started = time.perf_counter()
             hit = await asyncio.to_thread(recall, call.cache, call.key, call.ask, call.ask.top_k, call.limits,
                                           call.label)
             if hit is not None:
-                return hit
+                return _timed(hit, started)
         async with call_slot(limit):  # inside a batch, the batch's bound on calls in flight
-            outcome = await acall_with_retries(call.backend, call.ask, call.prompt,
-                                               guard_top_k=call.ask.top_k, policy=call.policy,
-                                               limits=call.limits, repair=call.repair, spending=call.spending)
+            started = time.perf_counter()
+            outcome = _timed(await acall_with_retries(call.backend, call.ask, call.prompt,
+                                                      guard_top_k=call.ask.top_k, policy=call.policy,
+                                                      limits=call.limits, repair=call.repair,
+                                                      spending=call.spending), started)
         if call.cache is not None and call.key is not None:
             await asyncio.to_thread(remember, call.cache, call.key, outcome)
         return outcome

@@ -46,7 +46,6 @@ in `fallback.py`, as for every call.
 from __future__ import annotations
 
 import contextvars
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -227,15 +226,15 @@ class Scored:
     cached: bool = False  # the response cache answered it
 
 
-def _scored(outcome: Outcome, started: float, fallback: str | None = None, note: str | None = None,
+def _scored(outcome: Outcome, fallback: str | None = None, note: str | None = None,
             failed: BackendError | None = None, offline: Plan | None = None) -> Scored:
-    """A call's answer; after a fallback, `failed` is the backend's failure, whose attempts and
-    tokens count too."""
+    """A call's answer, with the time the call that gave it took (the driver's measure); after a
+    fallback, `failed` is the backend's failure, whose attempts and tokens count too."""
     attempts, usage = len(outcome.attempts), dict(outcome.usage)
     if failed is not None:
         attempts, usage = attempts + len(failed.attempts), add_usage(failed.usage, usage)
     return Scored(outcome.obj, attempts, tuple(outcome.repairs), usage, outcome.model,
-                  (time.perf_counter() - started) * 1000.0, tuple(outcome.notes), fallback, note, offline,
+                  outcome.latency_ms, tuple(outcome.notes), fallback, note, offline,
                   outcome.cached and failed is None)
 
 
@@ -264,23 +263,22 @@ def windowed_flow(plan: Plan) -> Flow:
 
 def _window_answer(plan: Plan, window: Window, answer: Answer) -> Scored:
     """A window's (or the final pass's) answer, or its failure raised with the window named."""
-    started = time.perf_counter()
     if answer.outcome is None:
         error = answer.error
         if isinstance(error, BackendError):
             raise _named(plan, window, error)
         raise error  # type: ignore[misc]
     if answer.error is None:
-        return _scored(answer.outcome, started)
+        return _scored(answer.outcome)
     error, used = answer.error, answer.used
     assert isinstance(error, BackendError) and used is not None
     offline = used if used.embedder_note is not None else None
     if isinstance(error, EmbedderError) and plan.backend_name == "local":
-        return _scored(answer.outcome, started, failed=error, offline=offline)
+        return _scored(answer.outcome, failed=error, offline=offline)
     summary = failure_summary(error, plan.setup.api_key)
     note = (f"{window.name}: {plan.backend_name} failed after {counted(len(error.attempts), 'attempt')}, "
             f"ranked by the local backend: {summary}")
-    return _scored(answer.outcome, started, "local", note, error, offline)
+    return _scored(answer.outcome, "local", note, error, offline)
 
 
 def _named(plan: Plan, window: Window, error: BackendError) -> BackendError:

@@ -16,6 +16,7 @@ from rag_rerank import (
     BackendError,
     Budget,
     BudgetError,
+    ConfigError,
     InputError,
     Prices,
     Reranker,
@@ -255,3 +256,27 @@ def test_cli_batch_dry_run_and_budget(srv: FakeLLM, tmp_path: Path, capsys: pyte
     assert "the batch would exceed its budget" in capsys.readouterr().err and _calls(srv) == 0
     assert main([*base, "-o", str(tmp_path / "out2.jsonl"), "--budget-calls", "5"]) == 0
     assert _calls(srv) == 5
+
+
+# --- a plan needs no credentials ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("backend", "env"), [("openai", "OPENAI"), ("anthropic", "ANTHROPIC")])
+def test_a_plan_needs_no_api_key(backend: str, env: str, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """`plan(..., backend="openai")`, `rerank --dry-run` and `batch --dry-run` refused with "no API
+    key" (exit 2), though a plan sends nothing; a real rerank still refuses before any request."""
+    for name in (f"{env}_API_KEY", f"{env}_BASE_URL", "RAG_RERANK_BASE_URL"):
+        monkeypatch.delenv(name, raising=False)
+    planned = plan(QUERY, graded_chunks(30), 5, backend=backend, window_size=10, prices=PRICES)
+    assert planned.calls == 4 and planned.requests == 4 and planned.cost is not None and planned.cost > 0
+    chunks = _write(tmp_path, "c.jsonl", graded_chunks(12))
+    assert main(["rerank", "-q", QUERY, "-c", str(chunks), "--backend", backend, "--dry-run"]) == 0
+    assert json.loads(capsys.readouterr().out)["calls"] == 1
+    src = _write(tmp_path, "in.jsonl", [{"query": QUERY, "chunks": graded_chunks(5)}] * 3)
+    assert main(["batch", "-i", str(src), "--backend", backend, "--dry-run", "--no-progress"]) == 0
+    assert json.loads(capsys.readouterr().out)["calls"] == 3
+    with pytest.raises(ConfigError, match="no API key"):
+        rerank(QUERY, graded_chunks(5), backend=backend)
+    assert main(["rerank", "-q", QUERY, "-c", str(chunks), "--backend", backend]) == 2
+    assert "no API key" in capsys.readouterr().err

@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
+from ..backends.common import planning
 from ..batchfile import (
     OrderedWriter,
     Outcome,
@@ -109,7 +110,9 @@ def _dry_run(items: Sequence[Any], concurrency: int, options: Mapping[str, Any],
     options = dict(options)
     budget = options.pop("budget", None)
     session, request = split_options(options)
-    with Reranker(**session, **request) as reranker:
+    with planning():  # a plan sends nothing: no API key needed
+        reranker = Reranker(**session, **request)
+    with reranker:
         planned = reranker.plan_many(items, concurrency=concurrency, budget=budget)
     return print_plan({**planned.to_dict(), "requests_planned": len(items)}, indent)
 
