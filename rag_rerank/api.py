@@ -61,8 +61,9 @@ def rerank(query: str, chunks: ChunkSource, top_k: int | None = None, lambda_: f
     (every attempt attached) when the backend fails and there is no fallback.
     """
     session, request = split_options(options)
-    with Reranker(**session, **request) as reranker:
-        return reranker.rerank(query, chunks, top_k, lambda_)
+    # The request's options go with the request, so its every problem is one InputError (`plan`).
+    with Reranker(**session) as reranker:
+        return reranker.rerank(query, chunks, top_k, lambda_, **request)
 
 
 def plan(query: str, chunks: ChunkSource, top_k: int | None = None, lambda_: float | None = None,
@@ -74,9 +75,9 @@ def plan(query: str, chunks: ChunkSource, top_k: int | None = None, lambda_: flo
     It needs no API key: nothing is sent."""
     session, request = split_options(options)
     with planning():
-        reranker = Reranker(**session, **request)
+        reranker = Reranker(**session)
     with reranker:
-        return reranker.plan(query, chunks, top_k, lambda_)
+        return reranker.plan(query, chunks, top_k, lambda_, **request)
 
 
 async def arerank(query: str, chunks: ChunkSource, top_k: int | None = None, lambda_: float | None = None,
@@ -84,8 +85,8 @@ async def arerank(query: str, chunks: ChunkSource, top_k: int | None = None, lam
     """`rerank` for asyncio: the backend call is awaited (the backend's `acomplete`), so many
     requests share one event loop. Arguments, result and errors are those of `rerank`."""
     session, request = split_options(options)
-    async with Reranker(**session, **request) as reranker:
-        return await reranker.arerank(query, chunks, top_k, lambda_)
+    async with Reranker(**session) as reranker:
+        return await reranker.arerank(query, chunks, top_k, lambda_, **request)
 
 
 async def arerank_many(requests: Iterable[Mapping[str, Any]], *, concurrency: int = 4,

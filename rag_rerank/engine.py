@@ -42,7 +42,7 @@ from .fusion import meta_values, with_embedded_meta
 from .guard.input import ChunkSource
 from .guard.limits import as_limits
 from .meta import cache_meta, run_meta, scores_of, scoring_notes
-from .options import Options, check_options, check_request_options
+from .options import Options, check_request_options
 from .redaction import redacted
 from .render import render
 from .retry import Outcome, RetryPolicy
@@ -62,7 +62,6 @@ def plan(setup: Setup, query: object, chunks: ChunkSource, options: Options, *, 
     metadata values (all parsed before any call), the prompt or the windows; and, with a budget,
     the refusal of a plan that would exceed it (`BudgetError`; not when `enforce` is False, for a
     dry run that only reports it)."""
-    check_options(options)
     started = time.perf_counter()
     lim = as_limits(options.limits)
     checked = check_request_options(query, chunks, options, lim)

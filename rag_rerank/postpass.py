@@ -169,6 +169,14 @@ def select(
 # --------------------------------------------------------------------------- the post-pass
 
 
+def layout_violations(layout: object) -> list[Violation]:
+    """The one check of a `layout` (the options' table uses it for `rerank(layout=...)`)."""
+    if isinstance(layout, str) and layout in LAYOUTS:
+        return []
+    return [Violation(path="layout", value=layout,
+                      message=f"unknown layout {layout!r}; choose one of {', '.join(LAYOUTS)}")]
+
+
 def _check_args(
     request: RerankRequest,
     scored: Sequence[Ranked],
@@ -178,15 +186,7 @@ def _check_args(
     duplicate_threshold: Any,
     min_score: Any,
 ) -> list[Violation]:
-    problems: list[Violation] = []
-    if layout not in LAYOUTS:
-        problems.append(
-            Violation(
-                path="layout",
-                value=layout,
-                message=f"unknown layout {layout!r}; choose one of {', '.join(LAYOUTS)}",
-            )
-        )
+    problems = layout_violations(layout)
     if word_budget is not None and (
         isinstance(word_budget, bool) or not isinstance(word_budget, int) or word_budget < 1
     ):

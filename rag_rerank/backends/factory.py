@@ -101,10 +101,11 @@ _CONNECTION_OPTIONS: dict[str, tuple[str, ...]] = {
 
 
 def unused_option_violations(name: str, *, model: Any = None, base_url: Any = None,
-                             api_key: Any = None) -> list[Violation]:
+                             api_key: Any = None, hints: Mapping[str, str] | None = None) -> list[Violation]:
     """One violation per connection option (`model`, `base_url`, `api_key`) given to a named backend
     that does not read it: `rerank(q, chunks, model="gpt-4o-mini")` without `backend="openai"`
-    would otherwise rank with the local scorer, silently (the CLI refuses `-m` the same way)."""
+    would otherwise rank with the local scorer, silently (the CLI refuses `-m` with this same check).
+    `hints` replace the advice a message ends with, per option (the CLI names its flags)."""
     takes = _CONNECTION_OPTIONS.get(name)
     if takes is None:
         return []
@@ -113,7 +114,8 @@ def unused_option_violations(name: str, *, model: Any = None, base_url: Any = No
                "base_url": "openai, anthropic or rerank-api", "api_key": "openai, anthropic or rerank-api"}
     why = {"model": "its scorer follows the embedder", "base_url": "it calls no server",
            "api_key": "it calls no server"}
-    tail = {"base_url": " (an openai embedder's server: embedder=get_embedder('openai', base_url=...))"}
+    tail = {"base_url": " (an openai embedder's server: embedder=get_embedder('openai', base_url=...))",
+            **(hints or {})}
     shown = {"api_key": "***", "base_url": display_url(base_url) if isinstance(base_url, str) else base_url}
     return [Violation(path=key, value=shown.get(key, value),
                       message=f"the {name} backend takes no {key} ({why[key]}); {key} is for backend "
