@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .backends.common import DATA_NOTICE
+from .backends.factory import capabilities, model_of
 from .errors import BudgetError, InputError, Violation
 from .models import RerankRequest
 
@@ -90,17 +91,11 @@ def estimate_answer_tokens(n_chunks: int, top_k: int, ids: Sequence[str]) -> int
     return ANSWER_OVERHEAD_TOKENS + entries + id_tokens
 
 
-def makes_requests(backend: Any) -> bool:
-    """Whether `backend` sends billed requests: an LLM, or a scored backend that calls a server (a
-    rerank API, which says what it sends); not the local scorers (local, cross-encoder)."""
-    return not getattr(backend, "scored", False) or callable(getattr(backend, "cache_identity", None))
-
-
 def request_tokens(backend: Any, prompt: str, ask: RerankRequest) -> tuple[int, int]:
     """(prompt, completion) tokens of one request of `backend` for `ask`, estimated: an LLM reads
     the data notice and the prompt and writes the card's answer; a rerank API reads the query
     with each document and writes no tokens."""
-    if getattr(backend, "scored", False):
+    if capabilities(backend).scored:
         query = estimate_tokens(ask.query)
         return sum(query + estimate_tokens(c.text) for c in ask.chunks), 0
     prompt_tokens = 2 * MESSAGE_OVERHEAD + estimate_tokens(DATA_NOTICE) + estimate_tokens(prompt)
@@ -291,8 +286,8 @@ def estimate_plan(passes: Sequence[Sequence[PlannedCall]], *, backend: Any, back
     """The `CostPlan` of the calls of each pass (one pass, or k with `consistency=k`), run one pass
     after another: a pass's windows go in waves of `concurrency`, then its final pass. A scored
     backend is never re-asked and writes no answer of its own; a local scorer sends nothing."""
-    scored = bool(getattr(backend, "scored", False))
-    remote = makes_requests(backend)
+    declared = capabilities(backend)
+    scored, remote = declared.scored, declared.makes_requests
     estimates: list[CallEstimate] = []
     round_trips = 0
     for calls in passes:
@@ -309,7 +304,7 @@ def estimate_plan(passes: Sequence[Sequence[PlannedCall]], *, backend: Any, back
     cost = prices.cost(prompt_tokens, completion_tokens) if prices is not None else None
     requests = len(billed)
     return CostPlan(
-        backend=backend_name, model=getattr(backend, "model", None), calls=len(estimates),
+        backend=backend_name, model=model_of(backend), calls=len(estimates),
         requests=requests, round_trips=round_trips if remote else 0,
         max_reasks=0 if scored else requests * max_reasks,
         max_requests=requests * (1 if scored else max_attempts), prompt_tokens=prompt_tokens,
@@ -410,5 +405,5 @@ def usage_tokens(usage: Mapping[str, int]) -> tuple[int, int]:
 
 
 __all__ = ["Budget", "CallEstimate", "CostPlan", "PlannedCall", "Prices", "Spending", "as_budget",
-           "as_prices", "estimate_answer_tokens", "estimate_plan", "estimate_tokens", "makes_requests",
+           "as_prices", "estimate_answer_tokens", "estimate_plan", "estimate_tokens",
            "over_budget", "refuse", "request_tokens", "summed", "usage_tokens"]

@@ -33,6 +33,7 @@ import contextvars
 import time
 from dataclasses import replace
 
+from .backends.factory import model_of
 from .calibration_map import resolve as resolve_calibration
 from .consistency import aggregate, consistent_flow, pass_plans
 from .cost import CostPlan, PlannedCall, Spending, estimate_plan, refuse
@@ -153,7 +154,7 @@ def _finish(plan: Plan, outcome: Outcome) -> Flow:
     if plan.ask.top_k != plan.request.top_k:
         notes.append(f"candidate_k={plan.ask.top_k}")
     notes.extend(scoring_notes(plan))
-    meta = run_meta(plan, model=outcome.model or getattr(plan.backend, "model", None),
+    meta = run_meta(plan, model=outcome.model or model_of(plan.backend),
                     attempts=len(outcome.attempts), repairs=outcome.repairs, usage=outcome.usage, notes=notes,
                     cache=cache_meta(plan, [(outcome.cached, outcome.usage)]))
     return replace(result, meta=meta, scores=scores_of(plan.request, [outcome.obj], result.ranked))

@@ -24,18 +24,17 @@ recorded as an `Attempt`, returned in `Outcome` or carried by the final `Backend
 from __future__ import annotations
 
 import asyncio
-import inspect
 import logging
 import random
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field, replace
-from functools import lru_cache
 from typing import Any
 
 from tenacity import AsyncRetrying, RetryCallState, Retrying, retry_if_exception_type
 
 from .backends.base import Backend, Completion
+from .backends.factory import capabilities, model_of, name_of
 from .cost import Spending, estimate_answer_tokens, estimate_tokens, usage_tokens
 from .errors import (
     Attempt,
@@ -141,26 +140,6 @@ class Outcome:
     latency_ms: float = 0.0
 
 
-def accepts_timeout(backend: Any) -> bool:
-    """True when `backend.complete` takes a `timeout` keyword (seconds for this one call).
-
-    The HTTP backends do, and `call_with_retries` passes what is left of the deadline; a backend
-    written before that keyword existed is called as before (it cannot be cut in a sync call).
-    Read once per class's method (`inspect.signature` cost more than the rest of a call's set-up)."""
-    complete = backend.complete
-    func = getattr(complete, "__func__", None)  # a method: the same answer for every instance
-    return _takes_timeout(func) if func is not None else _takes_timeout.__wrapped__(complete)
-
-
-@lru_cache(maxsize=256)
-def _takes_timeout(complete: Callable[..., Any]) -> bool:
-    try:
-        params = inspect.signature(complete).parameters
-    except (TypeError, ValueError):
-        return False
-    return "timeout" in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
-
-
 # --- internal control flow -----------------------------------------------------------------
 
 class _Retry(Exception):
@@ -199,15 +178,16 @@ class _Run:
         self.reasoned = False  # a truncated answer came after the model's reasoning
         self.usage: dict[str, int] = {}
         self.notes: list[str] = []
-        self.model: str | None = getattr(backend, "model", None)
+        self.model: str | None = model_of(backend)
         self.started = policy.clock()
-        self.bounded = accepts_timeout(backend)
+        # Declared by the backend (`Capabilities`): its calls take what is left of the deadline.
+        self.bounded = capabilities(backend).timeout
         self.stop_reason = ""
         self.outcome: Outcome | None = None
 
     @property
     def name(self) -> str:
-        return str(getattr(self.backend, "name", type(self.backend).__name__))
+        return name_of(self.backend)
 
     def elapsed(self) -> float:
         return self.policy.clock() - self.started
@@ -309,7 +289,7 @@ class _Run:
             bigger = int(self.max_tokens * self.policy.truncation_factor)
             self.max_tokens = min(self.policy.max_tokens_cap, max(self.max_tokens + 1, bigger))
             raise _Retry("truncated")
-        if getattr(self.backend, "scored", False):
+        if capabilities(self.backend).scored:  # read now: openai's scoring="auto" decides on a call
             # A scored backend's answer passes the guard by construction (backends/scored.py), and
             # a re-ask of a deterministic scorer could only repeat it: a refusal here is our bug.
             raise InternalError(f"{self.name} wrote an answer its own output guard refuses", violations)

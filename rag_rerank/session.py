@@ -24,7 +24,8 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from .backends.factory import backend_kwargs, make_backend, resolve_embedder
+from . import lifecycle
+from .backends.factory import backend_kwargs, make_backend, model_of, name_of, resolve_embedder
 from .cache import ResponseCache, recall, remember, resolve_cache
 from .concurrency import CALL_LIMIT, call_slot, check_concurrency, run_coroutine
 from .cost import CostPlan, Spending, as_budget, as_prices, refuse, summed
@@ -72,8 +73,7 @@ class Reranker(Closing):
         self._embedder = resolve_embedder(embedder, backend, base_url)
         self._backend = make_backend(backend, model=model, base_url=base_url, api_key=api_key,
                                      embedder=self._embedder, **backend_kwargs(backend, backend_options))
-        name = backend if isinstance(backend, str) else str(getattr(self._backend, "name",
-                                                                        type(self._backend).__name__))
+        name = backend if isinstance(backend, str) else name_of(self._backend)
         self._cache = resolve_cache(cache)
         # What the session built is its own to close; objects passed in stay the caller's.
         self._owned: list[Any] = [obj for obj, spec in ((self._backend, backend), (self._embedder, embedder))
@@ -170,7 +170,7 @@ class Reranker(Closing):
                 plans.append(self.plan(*args, **{"concurrency": concurrency, "prices": prices, **options}))
             except RerankError:  # an invalid request: the run reports it as that request's error
                 continue
-        return summed(plans, budget, self.backend_name, getattr(self._setup.backend, "model", None))
+        return summed(plans, budget, self.backend_name, model_of(self._setup.backend))
 
     async def arerank_many(self, requests: Iterable[Mapping[str, Any] | Exception], *, concurrency: int = 4,
                            progress: Callable[[int, int], None] | None = None,
@@ -249,27 +249,18 @@ class Reranker(Closing):
     def close(self) -> None:
         """Close what this session built from names (HTTP clients); objects passed in stay open."""
         for obj in self._owned:
-            close = getattr(obj, "close", None)
-            if callable(close):
-                close()
+            lifecycle.close(obj)
 
     async def aclose(self) -> None:
         """`close` from async code: a backend's async client is closed on the loop it belongs to."""
         for obj in self._owned:
-            aclose = getattr(obj, "aclose", None)
-            close = getattr(obj, "close", None)
-            if callable(aclose):
-                await aclose()
-            elif callable(close):
-                close()
+            await lifecycle.aclose(obj)
 
     async def release_loop(self) -> None:
         """Close the async clients made on the running loop, one about to end (`asyncio.run`): the
         session goes on, and a later loop gets clients of its own."""
         for obj in self._owned:
-            release = getattr(obj, "release_loop", None)
-            if callable(release):
-                await release()
+            await lifecycle.release_loop(obj)
 
 
 

@@ -20,11 +20,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Generator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
-from .backends.base import Backend
+from .backends.base import Backend, Cacheable
+from .backends.factory import capabilities
 from .cache import ResponseCache, call_key
-from .cost import Budget, Prices, Spending, makes_requests
+from .cost import Budget, Prices, Spending
 from .fusion import MetaFusion
 from .guard.limits import Limits
 from .models import RerankRequest, RerankResult
@@ -150,18 +151,18 @@ class Plan:
         repair = (not self.options.strict) if repair is None else repair
         key = self.key(ask, prompt, repair) if backend is None else None
         # The budget meters the session backend's requests; the local fallback's calls cost nothing.
-        spending = self.spending if backend is None and makes_requests(self.backend) else None
+        spending = self.spending if backend is None and capabilities(self.backend).makes_requests else None
         return Call(backend or self.backend, ask, prompt, self.options.policy, self.limits, repair, label,
                     self.setup.cache if key is not None else None, key, spending)
 
     def key(self, ask: RerankRequest, prompt: str, repair: bool | None = None) -> str | None:
         """The response cache's key of the session backend's call for `ask` (None without a cache)."""
-        identity = getattr(self.backend, "cache_identity", None)
-        if self.setup.cache is None or not callable(identity):
+        if self.setup.cache is None or not capabilities(self.backend).cacheable:
             return None
         repair = (not self.options.strict) if repair is None else repair
         max_tokens = (self.options.policy or RetryPolicy()).output_budget(ask, ask.top_k)
-        return call_key(identity(prompt, ask, max_tokens), ask.top_k, self.limits, repair)
+        identity = cast(Cacheable, self.backend).cache_identity(prompt, ask, max_tokens)
+        return call_key(identity, ask.top_k, self.limits, repair)
 
 
 __all__ = ["Call", "Calls", "Flow", "Plan", "Progress", "Setup", "Step", "Work"]

@@ -50,6 +50,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from .backends.factory import model_of
 from .errors import BackendError, EmbedderError
 from .fallback import Answer, answers, postpass_step
 from .guard.limits import Limits
@@ -334,7 +335,7 @@ def _assemble(plan: Plan, windows: Sequence[Window], scored: Sequence[Scored], s
                  + (", final pass skipped (no chunk above the minimum score)" if final is None else ""))
     model = next((a.model for w, a in reversed(calls) if a.fallback is None and a.model), None)
     cache = cache_meta(plan, [(a.cached, a.usage) for _, a in calls])
-    meta = run_meta(plan, model=model or getattr(plan.backend, "model", None),
+    meta = run_meta(plan, model=model or model_of(plan.backend),
                     attempts=sum(a.attempts for _, a in calls), repairs=repairs, usage=usage,
                     fallback="local" if any(a.fallback for _, a in calls) else None, notes=notes,
                     calls=len(calls),

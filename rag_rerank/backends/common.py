@@ -38,7 +38,7 @@ from ..errors import (
     Violation,
 )
 from ..guard.limits import load_schema
-from ..lifecycle import Closing
+from ..lifecycle import Closing, aclose
 from ..models import RerankRequest
 from ..redaction import display_url, scrub
 
@@ -527,8 +527,7 @@ class SDKClients:
         with self._lock:
             client = self._async.pop(asyncio.get_running_loop(), None)
         if client is not None:
-            closing = getattr(client, "aclose", None) or client.close  # httpx / the SDKs
-            await closing()
+            await aclose(client)  # httpx's aclose(), the SDKs' async close()
 
     async def aclose(self) -> None:
         """Close the running loop's async client, then the sync client (`close`)."""

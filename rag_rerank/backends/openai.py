@@ -53,7 +53,7 @@ from ..errors import (
 from ..models import Chunk, RerankRequest, add_usage
 from ..redaction import display_url, scrub, secrets_of
 from ..render import render_relevance
-from .base import Completion
+from .base import Capabilities, Completion
 from .common import (
     DATA_NOTICE,
     ClosableBackend,
@@ -328,6 +328,11 @@ class OpenAIBackend(ClosableBackend):
 
     def __repr__(self) -> str:  # never show the key
         return f"OpenAIBackend(model={self.model!r}, base_url={display_url(self.base_url)!r})"
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """An LLM server's (cacheable, timeout, clients to close, a key), scored while `scored`."""
+        return Capabilities(scored=self.scored, cacheable=True, timeout=True, closes=True, needs_key=True)
 
     @property
     def scored(self) -> bool:

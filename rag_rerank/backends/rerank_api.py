@@ -36,7 +36,7 @@ from ..errors import FatalFailure, InputError, TransientFailure, UnreachableFail
 from ..models import RerankRequest
 from ..redaction import display_url, scrub, secrets_of
 from ..wording import counted
-from .base import Completion
+from .base import Capabilities, Completion
 from .common import (
     ClosableBackend,
     SDKClients,
@@ -103,7 +103,10 @@ class RerankAPIBackend(ClosableBackend):
     """A `/v1/rerank` client behind the Backend protocol (see the module docstring)."""
 
     name = "rerank-api"
-    scored = True  # answers built by backends/scored.py: guard-valid by construction, never re-asked
+    # Answers built by backends/scored.py: guard-valid by construction, never re-asked; a server
+    # that bills each request and says what it sends (the response cache may answer it); its
+    # client's own timeout bounds a call (`complete` takes none).
+    capabilities = Capabilities(scored=True, cacheable=True, closes=True, needs_key=True)
 
     def __init__(self, model: str | None = None, base_url: str | None = None, api_key: str | None = None, *,
                  timeout: float = 60.0, max_chars: int | None = DEFAULT_MAX_CHARS,
