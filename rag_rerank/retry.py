@@ -35,7 +35,7 @@ from tenacity import AsyncRetrying, RetryCallState, Retrying, retry_if_exception
 
 from .backends.base import Backend, Completion
 from .backends.factory import capabilities, model_of, name_of
-from .cost import Spending, estimate_answer_tokens, estimate_tokens, usage_tokens
+from .cost import Spending, usage_tokens
 from .errors import (
     Attempt,
     BackendError,
@@ -49,6 +49,7 @@ from .guard.limits import Limits
 from .guard.output import judge
 from .guard.repair import repair_output
 from .models import RerankRequest, add_usage
+from .tokens import answer_budget, answer_tokens, estimate_tokens
 from .wording import counted
 
 log = logging.getLogger("rag_rerank.retry")
@@ -116,11 +117,7 @@ class RetryPolicy:
         """max_tokens for the first attempt: room for every chunk's entry plus slack."""
         if self.max_tokens is not None:
             return min(self.max_tokens, self.max_tokens_cap)
-        n = len(request.chunks)
-        id_tokens = sum(len(c.id) for c in request.chunks) // 3 + n
-        ranked = min(guard_top_k, n)
-        estimate = 64 + ranked * 70 + (n - ranked) * 24 + id_tokens
-        return max(512, min(self.max_tokens_cap, estimate))
+        return answer_budget(len(request.chunks), guard_top_k, request.ids, self.max_tokens_cap)
 
 
 @dataclass(frozen=True)
@@ -215,7 +212,7 @@ class _Run:
         a re-ask the rejected answer and the violations quoted back."""
         prompt = estimate_tokens(self.prompt) + (estimate_tokens(self.previous) if self.previous else 0)
         prompt += 30 * len(self.feedback)
-        return prompt, estimate_answer_tokens(len(self.request.chunks), self.guard_top_k, self.request.ids)
+        return prompt, answer_tokens(len(self.request.chunks), self.guard_top_k, self.request.ids)
 
     def admit(self) -> None:
         """Before each request: raise `_Refused` when it would cross the budget (a batch's budget is

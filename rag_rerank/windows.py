@@ -56,7 +56,7 @@ from .fallback import Answer, answers, postpass_step
 from .guard.limits import Limits
 from .meta import cache_meta, run_meta, scores_of, scoring_notes
 from .models import Dropped, RerankRequest, RerankResult, add_usage
-from .reasons import BELOW_MIN_SCORE, NOT_IN_FINAL, REDUNDANT_WITH
+from .reasons import BELOW_MIN_SCORE, NOT_IN_FINAL, redundant_target
 from .redaction import failure_summary, redacted
 from .render import render
 from .retry import Outcome
@@ -64,7 +64,6 @@ from .steps import Flow, Plan, Progress
 from .wording import counted
 
 BELOW_MIN = BELOW_MIN_SCORE
-REDUNDANT = REDUNDANT_WITH + ":"
 _REASON_CHARS = 120  # a window model's own reason quoted in a loser's detail is cut to this
 
 # Called as `progress(calls_done, calls_total)` after each window call and after the final pass, in
@@ -193,7 +192,7 @@ def select_survivors(request: RerankRequest, limits: Limits, windows: Sequence[W
 def loser_reason(window: Window, own: str, ranked_ids: set[str]) -> str:
     """A chunk its window dropped: the window's `redundant_with:` if it names a ranked chunk,
     otherwise `below_min_score` / `not_in_final` with the model's own words as the detail."""
-    if own.startswith(REDUNDANT) and own[len(REDUNDANT):] in ranked_ids:
+    if redundant_target(own) in ranked_ids:
         return own
     token = BELOW_MIN if own.startswith(BELOW_MIN) else NOT_IN_FINAL
     said = f" ({_quoted(own)})" if own else ""

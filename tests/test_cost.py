@@ -5,6 +5,7 @@ any request, and a re-ask that would cross the budget is not sent."""
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -280,3 +281,24 @@ def test_a_plan_needs_no_api_key(backend: str, env: str, tmp_path: Path, capsys:
         rerank(QUERY, graded_chunks(5), backend=backend)
     assert main(["rerank", "-q", QUERY, "-c", str(chunks), "--backend", backend]) == 2
     assert "no API key" in capsys.readouterr().err
+
+
+def test_one_estimator_counts_the_plan_and_the_output_budget() -> None:
+    """The plan's completion estimate and the first attempt's max_tokens came from two formulas
+    (cost.py and retry.py) that disagreed; both are tokens.py's now, the budget the estimate with
+    room to spare, and a tokenizer hooked in counts for both."""
+    from rag_rerank.guard import validate_request
+    from rag_rerank.tokens import BUDGET_FACTOR, answer_budget, answer_tokens
+
+    for n, k in ((5, 3), (20, 5), (50, 10), (50, 50)):
+        request = validate_request(QUERY, graded_chunks(n), k, 0.7)
+        expected = estimate_answer_tokens(n, k, request.ids)
+        assert expected == answer_tokens(n, k, request.ids)
+        budget = RetryPolicy().output_budget(request, k)
+        assert budget == answer_budget(n, k, request.ids, RetryPolicy.max_tokens_cap)
+        assert budget == max(512, math.ceil(BUDGET_FACTOR * expected))
+
+    def by_characters(text: str) -> int:  # a tokenizer of one's own, hooked in
+        return len(text)
+
+    assert answer_tokens(1, 1, ["abcdef"], by_characters) == answer_tokens(1, 1, ["x"]) + 5

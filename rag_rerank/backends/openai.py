@@ -42,6 +42,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any
 
+from .. import reasons
 from ..errors import (
     BackendFailure,
     FatalFailure,
@@ -90,7 +91,8 @@ SCORINGS = ("listwise", "logprobs", "auto")
 LOGPROB_CONCURRENCY = 8  # yes/no questions in flight at once for one call
 TOP_LOGPROBS = 5
 LOGPROB_REASON = labelled("p(yes)")
-NOT_SCORED = "not_selected: not scored (neither yes nor no among the model's most likely first tokens)"
+NOT_SCORED = reasons.reason(reasons.NOT_SELECTED,
+                            "not scored (neither yes nor no among the model's most likely first tokens)")
 _SCORING_MEMORY: dict[str, str] = {}
 _TOKEN_EDGES = " \t\n\u2581\u0120.,;:!?\"'`"  # spaces, SentencePiece / BPE space marks, punctuation
 

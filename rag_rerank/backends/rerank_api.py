@@ -32,6 +32,7 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from .. import reasons
 from ..errors import FatalFailure, InputError, TransientFailure, UnreachableFailure, Violation
 from ..models import RerankRequest
 from ..redaction import display_url, scrub, secrets_of
@@ -206,7 +207,7 @@ class RerankAPIBackend(ClosableBackend):
         scores = self._scores(body, n)
         notes = (f"rerank-api: {counted(cut, 'document')} cut to max_chars={self.max_chars}",) if cut else ()
         obj = answer(request, scores, RERANK_API_REASON, decimals=SCORE_DECIMALS,
-                     unscored_reason="not_selected: not returned by the rerank API")
+                     unscored_reason=reasons.reason(reasons.NOT_SELECTED, "not returned by the rerank API"))
         model = body.get("model") if isinstance(body.get("model"), str) else self.model
         return Completion(text=json.dumps(obj, ensure_ascii=False), model=model, usage=_usage(body),
                           notes=notes)
