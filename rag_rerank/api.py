@@ -33,8 +33,11 @@ def rerank(query: str, chunks: ChunkSource, top_k: int | None = None, lambda_: f
     deterministic), "openai" (any OpenAI-compatible server through `base_url`), "anthropic", or a
     backend instance. `embedder` drives MMR similarity: "lexical", "sentence-transformers[:MODEL]",
     "openai[:MODEL]" or an Embedder; with the local backend it also picks the scorer (the static
-    MiniLM-distilled table for "lexical", the model itself otherwise). Near-duplicates are judged on
-    lexical vectors whatever the embedder (`duplicate_threshold`, a cosine in [0, 1]). `strict=True`
+    MiniLM-distilled table for "lexical", the model itself otherwise). Near-duplicates are judged by
+    what the texts say (`redundancy.py`, with the static table's sentence vectors, or the
+    sentence-transformers model's own with that embedder); on the caller's vectors when every chunk
+    carries one (cosine at or above 0.95); on lexical vectors when `duplicate_threshold` (a cosine in
+    [0, 1]) is given. `strict=True`
     turns off the formatting-only repair (fences, prose, <think>) so the model's raw text must pass
     as is.
     `fallback="local"` returns the local ranking, flagged in `meta`, if the backend fails for good.

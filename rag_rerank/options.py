@@ -275,9 +275,10 @@ OPTIONS: tuple[Option, ...] = (
            flags=(Flag(("--layout",), "order of the kept chunks (default: mmr)", choices=LAYOUTS,
                        default="mmr"),)),
     Option("duplicate_threshold", "float | None", None, "request",
-           "cosine in [0, 1] at or above which two chunks are near-duplicates, judged on the lexical vectors "
-           "whatever `embedder` drives MMR (0.49), or on the caller's vectors when every chunk carries one "
-           "(0.95); 1.0 keeps all but identical copies ([Post-pass](postpass.md))", "`None`: 0.49",
+           "unset, near-duplicates are judged by what the texts say ([Post-pass](postpass.md)), or on "
+           "the caller's vectors when every chunk carries one (cosine at or above 0.95); given, a "
+           "cosine in [0, 1] at or above which two chunks' lexical vectors make them near-duplicates "
+           "(1.0 keeps all but identical copies)",
            check=duplicate_threshold_violations,
            flags=(Flag(("--duplicate-threshold",), "near-duplicate similarity in [0, 1] at or above "
                                                    "which two "
@@ -414,7 +415,7 @@ class Options:
     embed_meta_fields: Any = None
     budget: Any = None  # a cost.Budget, a mapping of its fields, or None
     prices: Any = None  # a cost.Prices, {"input": X, "output": Y} per million tokens, or None
-    consistency: Any = 1  # passes over seeded shuffled orders, scores combined (engine.aggregate)
+    consistency: Any = 1  # passes over seeded shuffled orders, scores combined (consistency.aggregate)
     calibration: Any = None  # a calibration.Calibration, its file's path, or None
 
     def merged(self, overrides: Mapping[str, Any]) -> Options:

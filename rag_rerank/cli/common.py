@@ -1,5 +1,6 @@
 """What the commands share: one-line errors on stderr, argument types, the option groups several
-commands take, and the library options those flags become.
+commands take (each flag built from the options' table, `options.OPTIONS`: `add_flags`), and the
+library options those flags become.
 
 Exit codes: 0 ok · 1 invalid LLM output (`check`) · 2 bad input or usage · 3 backend failure ·
 4 internal error. Errors go to stderr, one line each, naming the line / id / field / limit at fault;
