@@ -534,9 +534,20 @@ def _check_extra(extra: Mapping[str, Any], run_sets: frozenset[str]) -> None:
 # --------------------------------------------------------------------------- checks
 
 
+# The request options with a check of their own, and their defaults (valid: tests/test_options.py).
+_CHECKED = tuple((o.name, o.check, o.default) for o in OPTIONS
+                 if o.scope == "request" and o.check is not None)
+
+
 def option_violations(options: Options) -> list[Violation]:
-    """What is wrong with each request option on its own, by its check in the table (`OPTIONS`)."""
-    return [v for o in OPTIONS if o.scope == "request" for v in o.violations(getattr(options, o.name))]
+    """What is wrong with each request option on its own, by its check in the table (`OPTIONS`);
+    a value that is the default itself is not checked again (it runs on every request)."""
+    out: list[Violation] = []
+    for name, check, default in _CHECKED:
+        value = getattr(options, name)
+        if value is not default:
+            out.extend(check(value))
+    return out
 
 
 def check_options(options: Options) -> None:
