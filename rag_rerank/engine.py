@@ -46,7 +46,7 @@ from .meta import cache_meta, run_meta, scores_of, scoring_notes
 from .options import Options, check_request_options
 from .redaction import redacted
 from .render import render
-from .retry import Outcome, RetryPolicy
+from .retry import Outcome
 from .steps import Flow, Plan, Setup
 from .windows import asked, split, windowed, windowed_flow
 
@@ -76,12 +76,12 @@ def plan(setup: Setup, query: object, chunks: ChunkSource, options: Options, *, 
         # Each window and the final pass render their own prompt (windows.py).
         out = Plan(request, view, "", setup, options, lim, started, view, setup.embedder, fusion, values,
                    window_size=int(window_size), prices=prices, budget=budget, spending=spending,
-                   calibration=calibration, calibration_file=calibration_file)
+                   calibration=calibration, calibration_file=calibration_file, settings=checked.settings)
     else:
         ask = asked(view)
         out = Plan(request, ask, render(ask), setup, options, lim, started, view, setup.embedder, fusion,
                    values, prices=prices, budget=budget, spending=spending, calibration=calibration,
-                   calibration_file=calibration_file)
+                   calibration_file=calibration_file, settings=checked.settings)
     if budget and enforce:
         refuse(cost_plan(out))
     return out
@@ -92,9 +92,9 @@ def cost_plan(plan: Plan) -> CostPlan:
     windows and a final pass as large as a window, or the one call; each of them once per pass with
     `consistency=k`), which of them the cache already holds, the round trips, the re-ask bound and
     the estimated tokens and cost."""
-    policy = plan.options.policy or RetryPolicy()
+    policy = plan.settings.policy
     return estimate_plan([_planned_calls(sub) for sub in pass_plans(plan)], backend=plan.backend,
-                         backend_name=plan.backend_name, concurrency=int(plan.options.concurrency),
+                         backend_name=plan.backend_name, concurrency=plan.settings.concurrency,
                          max_attempts=policy.max_attempts, max_reasks=policy.max_reasks,
                          output_budget=policy.output_budget, prices=plan.prices, budget=plan.budget)
 
@@ -123,7 +123,7 @@ def _planned_calls(plan: Plan) -> list[PlannedCall]:
 
 def flow(plan: Plan) -> Flow:
     """The whole rerank as steps for a driver (module docstring)."""
-    if int(plan.options.consistency) > 1:
+    if plan.settings.consistency > 1:
         return (yield from consistent_flow(plan, _one_pass))
     return (yield from _one_pass(plan))
 

@@ -139,7 +139,7 @@ def _postpass(plan: Plan, obj: Mapping[str, Any], view: RerankRequest) -> Rerank
     if plan.fusion is not None and plan.meta_values is not None:
         ranked, dropped = fuse(ranked, dropped, plan.meta_values, plan.fusion, plan.limits.min_score)
     return postpass(view, ranked, dropped, embedder=plan.embedder,
-                    duplicate_threshold=plan.options.duplicate_threshold, layout=plan.options.layout,
+                    duplicate_threshold=plan.settings.duplicate_threshold, layout=plan.settings.layout,
                     min_score=plan.limits.min_score)
 
 

@@ -559,15 +559,39 @@ def check_options(options: Options) -> None:
 
 
 @dataclass(frozen=True)
+class Settings:
+    """The request options the flow follows, as typed values: read once from checked `Options`
+    (`settings_of`), before any request, so no step of a rerank reads an option as given again."""
+
+    fallback: str | None = None
+    policy: RetryPolicy = dataclasses.field(default_factory=RetryPolicy)
+    layout: str = "mmr"
+    duplicate_threshold: float | None = None
+    strict: bool = False
+    concurrency: int = DEFAULT_CONCURRENCY
+    consistency: int = 1
+
+
+def settings_of(options: Options) -> Settings:
+    """`options` (checked: `option_violations` found nothing) as the flow's typed `Settings`."""
+    threshold = options.duplicate_threshold
+    return Settings(fallback=options.fallback, policy=options.policy or RetryPolicy(), layout=options.layout,
+                    duplicate_threshold=None if threshold is None else float(threshold),
+                    strict=bool(options.strict), concurrency=int(options.concurrency),
+                    consistency=int(options.consistency))
+
+
+@dataclass(frozen=True)
 class Checked:
-    """A request and the options that need it read, as typed values: the guarded request, the
-    fields embedded into each text (`embed_meta_fields`), the metadata fusion, prices and budget."""
+    """A request and its options as typed values: the guarded request, the fields embedded into
+    each text (`embed_meta_fields`), the metadata fusion, prices, budget and the flow's settings."""
 
     request: RerankRequest
     embed_fields: tuple[str, ...]
     fusion: MetaFusion | None
     prices: Prices | None
     budget: Budget | None
+    settings: Settings
 
 
 def check_request_options(query: Any, chunks: ChunkSource, options: Options, limits: Limits) -> Checked:
@@ -604,7 +628,7 @@ def check_request_options(query: Any, chunks: ChunkSource, options: Options, lim
         problems.extend(exc.violations)
     if problems:
         raise InputError(problems)
-    return Checked(request, fields, fusion, prices, budget)
+    return Checked(request, fields, fusion, prices, budget, settings_of(options))
 
 
 def check_request(query: Any, chunks: ChunkSource, options: Options) -> RerankRequest:
@@ -637,6 +661,7 @@ __all__ = [
     "Option",
     "Options",
     "RerankOptions",
+    "Settings",
     "check_names",
     "check_options",
     "check_request",
@@ -644,5 +669,6 @@ __all__ = [
     "option_violations",
     "request_call",
     "request_options",
+    "settings_of",
     "split_options",
 ]

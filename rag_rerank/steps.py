@@ -29,7 +29,7 @@ from .cost import Budget, Prices, Spending
 from .fusion import MetaFusion
 from .guard.limits import Limits
 from .models import RerankRequest, RerankResult
-from .options import Options
+from .options import Options, Settings
 from .retry import RetryPolicy
 
 # --------------------------------------------------------------------------- the steps a flow yields
@@ -131,6 +131,7 @@ class Plan:
     spending: Spending | None = None  # the budget's meter (a batch's, shared, when it sets one)
     calibration: Any = None  # the calibration.Calibration applied to the backend's scores, or None
     calibration_file: str | None = None  # the file it was read from
+    settings: Settings = field(default_factory=Settings)  # the options as typed values (`options.Settings`)
 
     @property
     def backend(self) -> Backend:
@@ -142,25 +143,25 @@ class Plan:
 
     @property
     def fallback(self) -> str | None:
-        return self.options.fallback  # type: ignore[no-any-return]
+        return self.settings.fallback
 
     def call(self, ask: RerankRequest, prompt: str, backend: Backend | None = None,
              repair: bool | None = None, label: str = "the call") -> Call:
         """A call of `backend` (default: the session's) for `ask`, under this plan's policy and
         limits, with its cache key when the session has a cache and the backend says what it sends."""
-        repair = (not self.options.strict) if repair is None else repair
+        repair = (not self.settings.strict) if repair is None else repair
         key = self.key(ask, prompt, repair) if backend is None else None
         # The budget meters the session backend's requests; the local fallback's calls cost nothing.
         spending = self.spending if backend is None and capabilities(self.backend).makes_requests else None
-        return Call(backend or self.backend, ask, prompt, self.options.policy, self.limits, repair, label,
+        return Call(backend or self.backend, ask, prompt, self.settings.policy, self.limits, repair, label,
                     self.setup.cache if key is not None else None, key, spending)
 
     def key(self, ask: RerankRequest, prompt: str, repair: bool | None = None) -> str | None:
         """The response cache's key of the session backend's call for `ask` (None without a cache)."""
         if self.setup.cache is None or not capabilities(self.backend).cacheable:
             return None
-        repair = (not self.options.strict) if repair is None else repair
-        max_tokens = (self.options.policy or RetryPolicy()).output_budget(ask, ask.top_k)
+        repair = (not self.settings.strict) if repair is None else repair
+        max_tokens = self.settings.policy.output_budget(ask, ask.top_k)
         identity = cast(Cacheable, self.backend).cache_identity(prompt, ask, max_tokens)
         return call_key(identity, ask.top_k, self.limits, repair)
 

@@ -242,7 +242,7 @@ def windowed_flow(plan: Plan) -> Flow:
     """Windows scored concurrently, one final pass over the survivors, the post-pass over them."""
     assert plan.window_size is not None
     windows = split(plan.view, plan.window_size)
-    concurrency = int(plan.options.concurrency)
+    concurrency = plan.settings.concurrency
     # Threads for the synchronous driver: the local backend is CPU-bound (the GIL would only add
     # switching), a remote one waits on the network.
     workers = 1 if plan.backend_name == "local" else max(1, min(concurrency, len(windows)))

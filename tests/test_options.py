@@ -155,3 +155,22 @@ def test_request_options_list_what_a_request_may_set_with_type_default_and_check
     assert [o.name for o in listed] == list(REQUEST_OPTIONS)
     assert all(o.type and o.doc and "request" in o.surfaces for o in listed)
     assert all(o.check is not None or o.checked_with for o in OPTIONS)
+
+
+def test_a_plan_holds_the_options_as_typed_settings_read_once() -> None:
+    """`plan()` turns the checked options into typed values once (`options.Settings`); the flow
+    reads those, not the options as given."""
+    from rag_rerank.backends.factory import make_backend
+    from rag_rerank.embed import get_embedder
+    from rag_rerank.engine import plan
+    from rag_rerank.options import Settings, settings_of
+    from rag_rerank.retry import RetryPolicy
+    from rag_rerank.steps import Setup
+
+    assert settings_of(Options()) == Settings(policy=settings_of(Options()).policy)
+    typed = settings_of(Options(duplicate_threshold=1, concurrency=3, strict=True))
+    assert typed.duplicate_threshold == 1.0 and isinstance(typed.duplicate_threshold, float)
+    assert typed.concurrency == 3 and typed.strict is True and isinstance(typed.policy, RetryPolicy)
+    setup = Setup(make_backend("local"), "local", get_embedder("lexical"))
+    planned = plan(setup, "q", [{"id": "a", "text": "q"}], Options(layout="diversity", consistency=2))
+    assert planned.settings.layout == "diversity" and planned.settings.consistency == 2
