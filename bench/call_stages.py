@@ -59,7 +59,7 @@ STAGES: list[tuple[Any, str, str]] = [
 def wrap(owner: Any, name: str, label: str) -> None:
     inner = getattr(owner, name)
 
-    @functools.wraps(inner)  # keeps the signature (`accepts_timeout` reads it)
+    @functools.wraps(inner)  # keeps the signature (the registry reads an undeclared backend's)
     def timed(*args: Any, **kwargs: Any) -> Any:
         t0 = time.perf_counter()
         try:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from .backends.common import planning
 from .concurrency import check_concurrency
 from .cost import CostPlan
 from .guard.input import ChunkSource
@@ -32,8 +33,11 @@ def rerank(query: str, chunks: ChunkSource, top_k: int | None = None, lambda_: f
     deterministic), "openai" (any OpenAI-compatible server through `base_url`), "anthropic", or a
     backend instance. `embedder` drives MMR similarity: "lexical", "sentence-transformers[:MODEL]",
     "openai[:MODEL]" or an Embedder; with the local backend it also picks the scorer (the static
-    MiniLM-distilled table for "lexical", the model itself otherwise). Near-duplicates are judged on
-    lexical vectors whatever the embedder (`duplicate_threshold`, a cosine in [0, 1]). `strict=True`
+    MiniLM-distilled table for "lexical", the model itself otherwise). Near-duplicates are judged by
+    what the texts say (`redundancy.py`, with the static table's sentence vectors, or the
+    sentence-transformers model's own with that embedder); on the caller's vectors when every chunk
+    carries one (cosine at or above 0.95); on lexical vectors when `duplicate_threshold` (a cosine in
+    [0, 1]) is given. `strict=True`
     turns off the formatting-only repair (fences, prose, <think>) so the model's raw text must pass
     as is.
     `fallback="local"` returns the local ranking, flagged in `meta`, if the backend fails for good.
@@ -60,8 +64,9 @@ def rerank(query: str, chunks: ChunkSource, top_k: int | None = None, lambda_: f
     (every attempt attached) when the backend fails and there is no fallback.
     """
     session, request = split_options(options)
-    with Reranker(**session, **request) as reranker:
-        return reranker.rerank(query, chunks, top_k, lambda_)
+    # The request's options go with the request, so its every problem is one InputError (`plan`).
+    with Reranker(**session) as reranker:
+        return reranker.rerank(query, chunks, top_k, lambda_, **request)
 
 
 def plan(query: str, chunks: ChunkSource, top_k: int | None = None, lambda_: float | None = None,
@@ -69,10 +74,13 @@ def plan(query: str, chunks: ChunkSource, top_k: int | None = None, lambda_: flo
     """What `rerank` with the same arguments would do and cost, without any request: the calls
     (windows, final pass) and round trips, the re-ask bound, the estimated prompt and completion
     tokens, the cost from `prices=`, which calls the response cache already holds, and which limits
-    of `budget=` it would cross (`exceeded`). Bad input raises `InputError`, as `rerank` would."""
+    of `budget=` it would cross (`exceeded`). Bad input raises `InputError`, as `rerank` would.
+    It needs no API key: nothing is sent."""
     session, request = split_options(options)
-    with Reranker(**session, **request) as reranker:
-        return reranker.plan(query, chunks, top_k, lambda_)
+    with planning():
+        reranker = Reranker(**session)
+    with reranker:
+        return reranker.plan(query, chunks, top_k, lambda_, **request)
 
 
 async def arerank(query: str, chunks: ChunkSource, top_k: int | None = None, lambda_: float | None = None,
@@ -80,8 +88,8 @@ async def arerank(query: str, chunks: ChunkSource, top_k: int | None = None, lam
     """`rerank` for asyncio: the backend call is awaited (the backend's `acomplete`), so many
     requests share one event loop. Arguments, result and errors are those of `rerank`."""
     session, request = split_options(options)
-    async with Reranker(**session, **request) as reranker:
-        return await reranker.arerank(query, chunks, top_k, lambda_)
+    async with Reranker(**session) as reranker:
+        return await reranker.arerank(query, chunks, top_k, lambda_, **request)
 
 
 async def arerank_many(requests: Iterable[Mapping[str, Any]], *, concurrency: int = 4,

@@ -27,7 +27,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import IO, Any
 
-from .backends.factory import resolve_embedder
+from .backends.factory import name_of, resolve_embedder
 from .errors import BackendError, CacheMissError, InputError, RerankError, Violation
 from .guard.input import duplicate_keys_message, json_problem, loads_line
 from .guard.limits import as_limits, load_limits
@@ -270,7 +270,7 @@ def record_config(options: Mapping[str, Any]) -> dict[str, Any]:
     backend = options.get("backend", "local")
     embedder = resolve_embedder(options.get("embedder", "lexical"), backend, options.get("base_url"))
     limits = load_limits()
-    name = backend if isinstance(backend, str) else str(getattr(backend, "name", type(backend).__name__))
+    name = backend if isinstance(backend, str) else name_of(backend)
     config: dict[str, Any] = {
         "backend": name,
         "model": options.get("model"),

@@ -40,6 +40,7 @@ from typing import Any
 import numpy as np
 
 from . import reasons
+from .backends.factory import model_of
 from .batchfile import error_kind
 from .concurrency import check_concurrency, run_coroutine
 from .errors import InputError, Violation
@@ -320,7 +321,7 @@ def measure_bias(
         results = {o: r for o, r in zip(ORDERS, runs, strict=True) if isinstance(r, RerankResult)}
         ids = q.ids[:cut]
         measured.append(query_bias(q.qid, ids, shown_orders(ids, seed, q.qid), results))
-    config = {"backend": session_used.backend_name, "model": getattr(session_used.backend, "model", None),
+    config = {"backend": session_used.backend_name, "model": model_of(session_used.backend),
               "depth": cut, "top_k": top_k, "seed": seed}
     return BiasReport(tuple(measured), failed, kinds, config, wall)
 

@@ -314,8 +314,8 @@ def _reopen(folder: str, max_bytes: int, ttl_s: float | None, replay: bool) -> R
 
 
 def _evict(conn: sqlite3.Connection, excess: int) -> None:
-    """Delete the least recently used entries until `excess` bytes (and a tenth of the cap more,
-    so a full cache does not evict on every write) are gone."""
+    """Delete the least recently used entries until at least `excess` bytes are gone: the cache
+    ends at or just under its cap, so once full, each write evicts again (no headroom is kept)."""
     freed = 0
     rows = conn.execute("SELECT key, size FROM responses ORDER BY used ASC").fetchall()
     target = excess

@@ -47,6 +47,7 @@ from typing import Any
 
 import numpy as np
 
+from .backends.factory import model_of
 from .batchfile import error_kind
 from .bias import PURE_ORDER, rerank_each, result_scores
 from .calibration_map import (
@@ -274,7 +275,7 @@ def calibrate(
         session, request = split_options(options)
         reranker = Reranker(**session, **request)
     backend_options = options.get("backend_options") or {}
-    fitted_for = {"backend": reranker.backend_name, "model": getattr(reranker.backend, "model", None),
+    fitted_for = {"backend": reranker.backend_name, "model": model_of(reranker.backend),
                   "embedder": str(getattr(reranker.embedder, "name", reranker.embedder)),
                   **{f"backend_options.{k}": v for k, v in sorted(backend_options.items())
                      if isinstance(v, (str, int, float, bool)) or v is None}}

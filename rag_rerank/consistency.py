@@ -40,12 +40,13 @@ def pass_plans(plan: Plan) -> list[Plan]:
     """The plans of `consistency=k`'s passes: the first in the given order, each other in its own
     shuffle, seeded by the pass number, the query and the chunk ids (the same request gets the same
     orders every time, so the cache answers a repeated one). One plan, `plan`, when k is 1."""
-    k = int(plan.options.consistency)
+    k = plan.settings.consistency
     if k <= 1:
         return [plan]
     out = []
     ids = "\x1f".join(c.id for c in plan.request.chunks)
     options = replace(plan.options, consistency=1)
+    settings = replace(plan.settings, consistency=1)
     for p in range(k):
         order = list(range(len(plan.request.chunks)))
         if p:
@@ -54,11 +55,12 @@ def pass_plans(plan: Plan) -> list[Plan]:
         request = replace(plan.request, chunks=tuple(plan.request.chunks[i] for i in order))
         view = replace(plan.view, chunks=tuple(plan.view.chunks[i] for i in order))
         if plan.window_size is not None:
-            out.append(replace(plan, request=request, view=view, ask=view, options=options))
+            out.append(replace(plan, request=request, view=view, ask=view, options=options,
+                               settings=settings))
         else:
             ask = asked(view)
             out.append(replace(plan, request=request, view=view, ask=ask, prompt=render(ask),
-                               options=options))
+                               options=options, settings=settings))
     return out
 
 

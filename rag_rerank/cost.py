@@ -9,98 +9,36 @@ tokens, max cost) refuses a rerank or a batch whose plan exceeds it, before the 
 with a `BudgetError` naming the limit; and while it runs, a re-ask or a retry that would cross a
 limit is not sent (the call fails with that reason, so `fallback="local"` can still answer).
 
-Tokens are estimated offline, without a tokenizer download: pieces of a GPT-2 style
-pre-tokenizer (a word, a number, a run of punctuation), with long words and non-Latin text
-counted by length. docs/cost.md gives the measured error against a real server's reported usage
-(`bench/tokens.py`). Completion tokens are estimated from what the card asks the model to write
-(an entry per ranked chunk with a reason, a short one per dropped chunk).
+Tokens are estimated by the one estimator of the package (`tokens.py`: offline, without a
+tokenizer download); docs/cost.md gives its measured error against a real server's reported usage
+(`bench/tokens.py`). Completion tokens are what the card asks the model to write
+(`tokens.answer_tokens`: an entry per ranked chunk with a reason, a short one per dropped chunk).
 """
 
 from __future__ import annotations
 
 import math
-import re
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from .backends.common import DATA_NOTICE
+from .backends.factory import capabilities, model_of
 from .errors import BudgetError, InputError, Violation
 from .models import RerankRequest, usage_tokens
+from .tokens import answer_tokens as estimate_answer_tokens  # the estimator is tokens.py's
+from .tokens import estimate_tokens
 
-# One piece of a GPT-2 style pre-tokenizer: a contraction, a run of letters, of digits, of other
-# symbols (each optionally after one space), or a run of white space.
-_PIECE = re.compile(r"""'(?:[sdmt]|ll|ve|re)| ?[^\W\d_]+| ?\d+| ?[^\s\w]+|\s+""", re.UNICODE)
-# A run of letters longer than this is split by BPE into about one token per this many characters:
-# the largest value (0.1 steps) at which the estimate is not below SmolLM2's tokenizer on average over
-# bench/tokens.py's development requests (even DL19 queries); the other splits are only reported.
-_WORD_CHARS = 5.0
-_ASCII_RUN = re.compile(r"[\x00-\x7f]+|[^\x00-\x7f]+")
 # Messages carry a few tokens each of chat template (role markers, separators).
 MESSAGE_OVERHEAD = 4
-# What the model writes per entry besides the id: `{"id": , "score": 0.93, "reason": ""},` is about
-# 16 tokens, a ranked entry's reason about 24 more (the card asks for a short, concrete one); a
-# dropped entry's reason is a code (`off_topic`, `redundant_with:<id>`).
-RANKED_ENTRY_TOKENS = 40
-DROPPED_ENTRY_TOKENS = 14
-ANSWER_OVERHEAD_TOKENS = 12
-
-
-def estimate_tokens(text: str) -> int:
-    """Tokens a BPE tokenizer makes of `text`, estimated offline (module docstring)."""
-    total = 0.0
-    for match in _PIECE.finditer(text):
-        piece = match.group()
-        if piece.isspace():
-            total += 1 if "\n" in piece or len(piece) > 1 else 0
-            continue
-        core = piece.lstrip(" ")
-        if not core.isascii():
-            total += _non_ascii_tokens(core)
-        elif core[0].isalpha():
-            total += max(1.0, len(core) / _WORD_CHARS)
-        elif core[0].isdigit():
-            total += math.ceil(len(core) / 3)
-        else:
-            total += max(1.0, len(core) / 2)
-    return math.ceil(total)
-
-
-def _non_ascii_tokens(core: str) -> float:
-    """A piece holding non-ASCII characters. Byte-level BPE vocabularies learnt mostly from English
-    seldom merge across a non-ASCII character: each ASCII stretch between two costs as an ASCII word
-    of its length, each other letter (accented Latin, CJK, Cyrillic, Greek) about a token, and a
-    combining mark (decomposed accents), a control or format character (web mojibake:
-    `\u00e2\u0080\u0099`) or a symbol about a token per UTF-8 byte."""
-    total = 0.0
-    for run in _ASCII_RUN.findall(core):
-        if run.isascii():
-            total += max(1.0, len(run) / _WORD_CHARS)
-        else:
-            total += sum(1 if ch.isalpha() else len(ch.encode("utf-8")) for ch in run)
-    return max(1.0, total)
-
-
-def estimate_answer_tokens(n_chunks: int, top_k: int, ids: Sequence[str]) -> int:
-    """Completion tokens of a card's answer for `n_chunks` chunks of which `top_k` are ranked."""
-    ranked = min(top_k, n_chunks)
-    id_tokens = sum(estimate_tokens(i) for i in ids)
-    entries = ranked * RANKED_ENTRY_TOKENS + (n_chunks - ranked) * DROPPED_ENTRY_TOKENS
-    return ANSWER_OVERHEAD_TOKENS + entries + id_tokens
-
-
-def makes_requests(backend: Any) -> bool:
-    """Whether `backend` sends billed requests: an LLM, or a scored backend that calls a server (a
-    rerank API, which says what it sends); not the local scorers (local, cross-encoder)."""
-    return not getattr(backend, "scored", False) or callable(getattr(backend, "cache_identity", None))
 
 
 def request_tokens(backend: Any, prompt: str, ask: RerankRequest) -> tuple[int, int]:
     """(prompt, completion) tokens of one request of `backend` for `ask`, estimated: an LLM reads
     the data notice and the prompt and writes the card's answer; a rerank API reads the query
     with each document and writes no tokens."""
-    if getattr(backend, "scored", False):
+    if capabilities(backend).scored:
         query = estimate_tokens(ask.query)
         return sum(query + estimate_tokens(c.text) for c in ask.chunks), 0
     prompt_tokens = 2 * MESSAGE_OVERHEAD + estimate_tokens(DATA_NOTICE) + estimate_tokens(prompt)
@@ -311,6 +249,8 @@ def _steps(plan: CostPlan) -> list[int]:
             steps.append(1)
         previous = estimate.stage
     return steps
+
+
 @dataclass(frozen=True)
 class PlannedCall:
     """One call a rerank will make, as the engine lists it: its stage ("call", "window" or
@@ -329,8 +269,8 @@ def estimate_plan(passes: Sequence[Sequence[PlannedCall]], *, backend: Any, back
     """The `CostPlan` of the calls of each pass (one pass, or k with `consistency=k`), run one pass
     after another: a pass's windows go in waves of `concurrency`, then its final pass. A scored
     backend is never re-asked and writes no answer of its own; a local scorer sends nothing."""
-    scored = bool(getattr(backend, "scored", False))
-    remote = makes_requests(backend)
+    declared = capabilities(backend)
+    scored, remote = declared.scored, declared.makes_requests
     estimates: list[CallEstimate] = []
     round_trips = 0
     for calls in passes:
@@ -347,7 +287,7 @@ def estimate_plan(passes: Sequence[Sequence[PlannedCall]], *, backend: Any, back
     cost = prices.cost(prompt_tokens, completion_tokens) if prices is not None else None
     requests = len(billed)
     return CostPlan(
-        backend=backend_name, model=getattr(backend, "model", None), calls=len(estimates),
+        backend=backend_name, model=model_of(backend), calls=len(estimates),
         requests=requests, round_trips=round_trips if remote else 0,
         max_reasks=0 if scored else requests * max_reasks,
         max_requests=requests * (1 if scored else max_attempts), prompt_tokens=prompt_tokens,
@@ -441,5 +381,5 @@ class Spending:
 
 
 __all__ = ["Budget", "CallEstimate", "CostPlan", "PlannedCall", "Prices", "Spending", "as_budget",
-           "as_prices", "estimate_answer_tokens", "estimate_plan", "estimate_tokens", "makes_requests",
+           "as_prices", "estimate_answer_tokens", "estimate_plan", "estimate_tokens",
            "over_budget", "refuse", "request_tokens", "summed", "usage_tokens"]

@@ -34,6 +34,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import replace
 
+from .backends.factory import model_of
 from .calibration_map import resolve as resolve_calibration
 from .consistency import aggregate, consistent_flow, pass_plans
 from .cost import CostPlan, PlannedCall, Spending, estimate_plan, refuse
@@ -44,10 +45,10 @@ from .guard.input import ChunkSource
 from .guard.limits import as_limits
 from .meta import cache_meta, run_meta, scores_of, scoring_notes
 from .models import CallRecord
-from .options import Options, check_options, check_request_options
+from .options import Options, check_request_options
 from .redaction import redacted
 from .render import render
-from .retry import Outcome, RetryPolicy
+from .retry import Outcome
 from .steps import Flow, Plan, Setup
 from .windows import asked, split, windowed, windowed_flow
 
@@ -64,7 +65,6 @@ def plan(setup: Setup, query: object, chunks: ChunkSource, options: Options, *, 
     metadata values (all parsed before any call), the prompt or the windows; and, with a budget,
     the refusal of a plan that would exceed it (`BudgetError`; not when `enforce` is False, for a
     dry run that only reports it)."""
-    check_options(options)
     started = time.perf_counter()
     lim = as_limits(options.limits)
     checked = check_request_options(query, chunks, options, lim)
@@ -78,12 +78,12 @@ def plan(setup: Setup, query: object, chunks: ChunkSource, options: Options, *, 
         # Each window and the final pass render their own prompt (windows.py).
         out = Plan(request, view, "", setup, options, lim, started, view, setup.embedder, fusion, values,
                    window_size=int(window_size), prices=prices, budget=budget, spending=spending,
-                   calibration=calibration, calibration_file=calibration_file)
+                   calibration=calibration, calibration_file=calibration_file, settings=checked.settings)
     else:
         ask = asked(view)
         out = Plan(request, ask, render(ask), setup, options, lim, started, view, setup.embedder, fusion,
                    values, prices=prices, budget=budget, spending=spending, calibration=calibration,
-                   calibration_file=calibration_file)
+                   calibration_file=calibration_file, settings=checked.settings)
     if budget and enforce:
         refuse(cost_plan(out))
     return out
@@ -94,9 +94,9 @@ def cost_plan(plan: Plan) -> CostPlan:
     windows and a final pass as large as a window, or the one call; each of them once per pass with
     `consistency=k`), which of them the cache already holds, the round trips, the re-ask bound and
     the estimated tokens and cost."""
-    policy = plan.options.policy or RetryPolicy()
+    policy = plan.settings.policy
     return estimate_plan([_planned_calls(sub) for sub in pass_plans(plan)], backend=plan.backend,
-                         backend_name=plan.backend_name, concurrency=int(plan.options.concurrency),
+                         backend_name=plan.backend_name, concurrency=plan.settings.concurrency,
                          max_attempts=policy.max_attempts, max_reasks=policy.max_reasks,
                          output_budget=policy.output_budget, prices=plan.prices, budget=plan.budget)
 
@@ -125,7 +125,7 @@ def _planned_calls(plan: Plan) -> list[PlannedCall]:
 
 def flow(plan: Plan) -> Flow:
     """The whole rerank as steps for a driver (module docstring)."""
-    if int(plan.options.consistency) > 1:
+    if plan.settings.consistency > 1:
         return (yield from consistent_flow(plan, _one_pass))
     return (yield from _one_pass(plan))
 
@@ -156,7 +156,7 @@ def _finish(plan: Plan, outcome: Outcome, records: Sequence[CallRecord] = ()) ->
     if plan.ask.top_k != plan.request.top_k:
         notes.append(f"candidate_k={plan.ask.top_k}")
     notes.extend(scoring_notes(plan))
-    meta = run_meta(plan, model=outcome.model or getattr(plan.backend, "model", None),
+    meta = run_meta(plan, model=outcome.model or model_of(plan.backend),
                     attempts=len(outcome.attempts), repairs=outcome.repairs, usage=outcome.usage, notes=notes,
                     cache=cache_meta(plan, [(outcome.cached, outcome.usage)]), records=records)
     return replace(result, meta=meta, scores=scores_of(plan.request, [outcome.obj], result.ranked))

@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from .backends.factory import model_of
 from .errors import InputError, RerankError, Violation
 from .judgments import CandidateQuery
 from .options import SCORING_OPTIONS
@@ -20,7 +21,7 @@ from .runconfig import EMBED_URL, config_difference, embedder_server
 def eval_config(k: int, lambda_: float | None, depth: int, options: Mapping[str, Any], embedder: Any
             ) -> dict[str, Any]:
     backend = options.get("backend", "local")
-    config = {"backend": backend if isinstance(backend, str) else str(getattr(backend, "model", backend)),
+    config = {"backend": backend if isinstance(backend, str) else str(model_of(backend, backend)),
               "model": options.get("model"), "embedder": str(getattr(embedder, "name", embedder)), "k": k,
               "lambda": lambda_, "depth": depth, "duplicate_threshold": options.get("duplicate_threshold")}
     # Each of these is recorded only when set, so older resume files still match; the metadata

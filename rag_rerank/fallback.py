@@ -21,6 +21,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from .backends.base import Backend
+from .backends.factory import model_of
 from .calibration_map import calibrate_answer
 from .embed import get_embedder
 from .errors import BackendError, EmbedderError, RerankError
@@ -112,7 +113,7 @@ def answers(plan: Plan, asks: Sequence[tuple[RerankRequest, str, str]], *, worke
     outcomes = yield Calls(tuple(plan.call(ask, prompt, label=label) for ask, prompt, label in asks), workers,
                            limit, progress)
     span = (began, time.time_ns())
-    asked_model = getattr(plan.backend, "model", None)
+    asked_model = model_of(plan.backend)
     records = [[_record(plan, where[i], asks[i][0], asks[i][2], plan.backend_name, "primary", o, span,
                         asked_model)] for i, o in enumerate(outcomes)]
     # The calibration maps the session backend's scores (it was fitted on them), not the fallback's.
@@ -147,7 +148,7 @@ def answers(plan: Plan, asks: Sequence[tuple[RerankRequest, str, str]], *, worke
             used, k = pending[i]
             name = step_name(chain[k])
             records[i].append(_record(plan, where[i], asks[i][0], asks[i][2], name, "fallback", result, span,
-                                      getattr(call.backend, "model", None)))
+                                      model_of(call.backend)))
             if isinstance(result, Outcome):
                 out[i] = Answer(result, out[i].error, used, name)
             elif isinstance(result, EmbedderError) and used.embedder_note is None:
@@ -193,7 +194,7 @@ def _postpass(plan: Plan, obj: Mapping[str, Any], view: RerankRequest) -> Rerank
     if plan.fusion is not None and plan.meta_values is not None:
         ranked, dropped = fuse(ranked, dropped, plan.meta_values, plan.fusion, plan.limits.min_score)
     return postpass(view, ranked, dropped, embedder=plan.embedder,
-                    duplicate_threshold=plan.options.duplicate_threshold, layout=plan.options.layout,
+                    duplicate_threshold=plan.settings.duplicate_threshold, layout=plan.settings.layout,
                     min_score=plan.limits.min_score)
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from .backends.factory import is_backend, name_of
 from .errors import InputError, Violation
 from .wording import near_miss
 
@@ -39,7 +40,7 @@ def step_name(step: Step) -> str:
     `cross-encoder:MODEL`), or the backend instance's `name`."""
     if isinstance(step, str):
         return step.partition(":")[0]
-    return str(getattr(step, "name", type(step).__name__))
+    return name_of(step)
 
 
 def parse_steps(text: str) -> str | list[str]:
@@ -82,7 +83,7 @@ def as_chain(value: Any) -> tuple[Step, ...]:
                     f"unknown fallback step {step!r}{near_miss(step, STEP_NAMES)} (steps: {SHOWN}, or a "
                     "backend instance for a server-backed scorer)")))
                 continue
-        elif not (callable(getattr(step, "complete", None)) and callable(getattr(step, "acomplete", None))):
+        elif not is_backend(step):
             problems.append(Violation(path=where, value=repr(step)[:80], message=(
                 f"a fallback step must be one of {SHOWN} or a backend instance (with "
                 f"complete and acomplete), got {type(step).__name__}")))

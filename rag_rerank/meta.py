@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from . import reasons
+from .backends.factory import capabilities, model_of
 from .calibration_map import describe
 from .cost import usage_tokens
 from .models import CallRecord, Ranked, RerankRequest, RunMeta
@@ -45,7 +46,7 @@ def scores_of(request: RerankRequest, answers: Sequence[Mapping[str, Any]], rank
 def cache_meta(plan: Plan, calls: Sequence[tuple[bool, Mapping[str, int]]]) -> dict[str, int] | None:
     """`meta.cache`: the session backend's calls the cache answered (hits) and not (misses), and the
     tokens the hits did not spend; None when the session has no cache for this backend."""
-    if plan.setup.cache is None or not callable(getattr(plan.backend, "cache_identity", None)):
+    if plan.setup.cache is None or not capabilities(plan.backend).cacheable:
         return None
     hits = [usage for cached, usage in calls if cached]
     return {"hits": len(hits), "misses": len(calls) - len(hits),
@@ -73,7 +74,7 @@ def run_meta(plan: Plan, *, model: str | None, attempts: int, repairs: Sequence[
         embedder_fallback="lexical" if plan.embedder_note else None,
         cache=cache,
         calibration=describe(plan.calibration, plan.calibration_file, backend=plan.backend_name,
-                             model=getattr(plan.backend, "model", None)),
+                             model=model_of(plan.backend)),
         records=tuple(records),
     )
 

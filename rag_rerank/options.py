@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextvars
 import dataclasses
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypedDict
 
@@ -26,27 +26,382 @@ if TYPE_CHECKING:
     from .backends.base import Backend
     from .cache import ResponseCache
 
+from .backends.factory import BACKENDS
 from .concurrency import DEFAULT_CONCURRENCY, check_concurrency
 from .cost import Budget, Prices, as_budget, as_prices
 from .errors import InputError, Violation
 from .fallback_chain import as_chain
-from .fusion import MetaFusion, check_embed_meta_fields, meta_fusion
+from .fusion import (
+    MISSING_META,
+    RANKING_MODES,
+    SORT_ORDERS,
+    VALUE_TYPES,
+    MetaFusion,
+    check_embed_meta_fields,
+    meta_fusion,
+)
 from .guard import validate_request
 from .guard.input import ChunkSource, duplicate_threshold_violations
 from .guard.limits import Limits, as_limits
 from .models import RerankRequest
+from .postpass import LAYOUTS, layout_violations
 from .retry import RetryPolicy
 from .wording import near_miss
 
+# --------------------------------------------------------------------------- the table
+
+
+@dataclass(frozen=True)
+class Flag:
+    """One command-line flag of an option. `kind` says how argparse reads it: "str", "int" (a whole
+    number), "float", "switch" (present or not), "append" (repeatable), "optional" (a value or
+    none: `--cache` alone or `--cache DIR`). `helps` words the help for a command whose flag means
+    something narrower (`--concurrency` of `batch`: requests in flight)."""
+
+    names: tuple[str, ...]
+    help: str
+    kind: str = "str"
+    metavar: str | None = None
+    choices: tuple[str, ...] | None = None
+    dest: str | None = None
+    default: Any = None
+    helps: Mapping[str, str] = dataclasses.field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        """The long name, `--top-k`."""
+        return self.names[0]
+
+    def help_for(self, command: str) -> str:
+        return self.helps.get(command, self.help)
+
+
+@dataclass(frozen=True)
+class Option:
+    """One option of a rerank, declared once: its name and type (as `RerankOptions` states it for
+    type checkers), its default, whether a session builds it once (`session`) or each request may
+    set it (`request`), its check, its flags on the command line, and its line in the docs.
+
+    `check` returns what is wrong with a value on its own (no request needed), [] when nothing is;
+    `checked_with` says where the rest is checked (the request's chunks, other options, the
+    session's backend). `choices` are the values a string option takes."""
+
+    name: str
+    type: str
+    default: Any
+    scope: str  # "session" or "request"
+    doc: str
+    default_doc: str | None = None  # how the docs show the default, when not repr(default)
+    check: Callable[[Any], list[Violation]] | None = None
+    checked_with: str = ""
+    choices: tuple[str, ...] | None = None
+    flags: tuple[Flag, ...] = ()
+    positional: bool = False  # top_k, lambda_: also the 3rd and 4th positional arguments
+
+    @property
+    def surfaces(self) -> tuple[str, ...]:
+        """Who takes it: "python" (`rerank()`, `Reranker`), "request" (a batch line, a Ray row, one
+        request of `arerank_many`, a service's request body), "cli" (a flag)."""
+        return ("python", *(("request",) if self.scope == "request" else ()),
+                *(("cli",) if self.flags else ()))
+
+    def violations(self, value: Any) -> list[Violation]:
+        """What is wrong with `value` on its own ([] when nothing is, or when it is checked with
+        the request: `checked_with`)."""
+        return self.check(value) if self.check is not None else []
+
+
+def _choice(name: str, allowed: Sequence[str], *, none: bool = False) -> Callable[[Any], list[Violation]]:
+    def check(value: Any) -> list[Violation]:
+        if (none and value is None) or (isinstance(value, str) and value in allowed):
+            return []
+        listed = repr(allowed[0]) if len(allowed) == 1 else f"one of {', '.join(repr(a) for a in allowed)}"
+        choose = f"{'None or ' if none else ''}{listed}"
+        return [Violation(path=name, value=value, message=f"{name} must be {choose}, got {value!r}")]
+    return check
+
+
+def _is(name: str, kind: type, what: str) -> Callable[[Any], list[Violation]]:
+    def check(value: Any) -> list[Violation]:
+        if value is None or isinstance(value, kind):
+            return []
+        return [Violation(path=name, message=f"{name} must be None or {what}, got {type(value).__name__}")]
+    return check
+
+
+def _bool(name: str) -> Callable[[Any], list[Violation]]:
+    def check(value: Any) -> list[Violation]:
+        if isinstance(value, bool):
+            return []
+        return [Violation(path=name, value=value, message=f"{name} must be True or False, got {value!r}")]
+    return check
+
+
+def _fallback(value: Any) -> list[Violation]:
+    """The fallback chain's problems (`fallback_chain.as_chain`, which every surface shares)."""
+    try:
+        as_chain(value)
+    except InputError as exc:
+        return list(exc.violations)
+    return []
+
+
+def _concurrency(value: Any) -> list[Violation]:
+    try:
+        check_concurrency(value)
+    except InputError as exc:
+        return list(exc.violations)
+    return []
+
+
+def _consistency(value: Any) -> list[Violation]:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_CONSISTENCY:
+        return [Violation(path="consistency", value=repr(value),
+                          message=f"consistency must be a whole number from 1 to {MAX_CONSISTENCY} "
+                          f"(passes over shuffled orders), got {value!r}")]
+    return []
+
+
 MAX_CONSISTENCY = 20
+_WITH_REQUEST = "with the request (`guard.validate_request`)"
+_WITH_META = "with the other metadata options (`fusion.meta_fusion`)"
+_WITH_SESSION = "when the session is built (`backends.factory`)"
+
+OPTIONS: tuple[Option, ...] = (
+    Option("top_k", "int | None", None, "request", "how many to keep; also the 3rd positional argument",
+           "`5`", checked_with=_WITH_REQUEST, positional=True,
+           flags=(Flag(("--top-k", "-k"), "how many to keep (5)", "int",
+                       helps={"check": "the top_k the output was asked for",
+                              "bias": "how many the backend is asked to rank (default: all of them)",
+                              "calibrate": "how many the backend is asked to rank (default: all of "
+                                           "them)"}),)),
+    Option("lambda_", "float | None", None, "request",
+           "the MMR trade-off in [0, 1] (1 = relevance only); also the 4th positional argument",
+           "`0.7`", checked_with=_WITH_REQUEST, positional=True,
+           flags=(Flag(("--lambda",), "MMR trade-off in [0, 1] (0.7)", "float", dest="lambda_"),)),
+    Option("backend", "str | Backend", "local", "session",
+           "`\"local\"` (offline, deterministic), `\"openai\"` (any OpenAI-compatible server via "
+           "`base_url`), "
+           "`\"anthropic\"`, `\"cross-encoder\"`, `\"rerank-api\"` ([Scorers](scorers.md)), or a backend "
+           "instance "
+           "from `make_backend(...)` (build once, reuse its connection pool; close it when done: "
+           "[In a service](production.md#connections))", checked_with=_WITH_SESSION, choices=BACKENDS,
+           flags=(Flag(("--backend", "-b"), "who scores the chunks (default: local, offline and "
+                                            "deterministic; "
+                       "cross-encoder needs "
+                       "rag-rerank[cross-encoder])", choices=BACKENDS, default="local"),)),
+    Option("model", "str | None", None, "session",
+           "the model of `openai` / `anthropic` / `rerank-api`, the folder or hub name for `cross-encoder`; "
+           "given to a backend that would ignore it (the default `local`) it is an `InputError` naming both",
+           checked_with=_WITH_SESSION,
+           flags=(Flag(("--model", "-m"), "model name (openai, anthropic, rerank-api) or folder / hub name "
+                       "(cross-encoder)"),)),
+    Option("base_url", "str | None", None, "session",
+           "the server of `openai` / `anthropic` / `rerank-api`; refused for a backend that calls none",
+           checked_with=_WITH_SESSION,
+           flags=(Flag(("--base-url",), "backend server URL, e.g. http://127.0.0.1:8000/v1 (with --backend "
+                       "openai, also the openai embedder's; see --embed-base-url); rerank-api posts to "
+                       "URL/rerank"),)),
+    Option("api_key", "str | None", None, "session",
+           "the key of `openai` / `anthropic` / `rerank-api`; defaults to `OPENAI_API_KEY` / "
+           "`ANTHROPIC_API_KEY` / `RERANK_API_KEY` (a local server needs none; a plan needs none)",
+           checked_with=_WITH_SESSION),
+    Option("embedder", "Any", "lexical", "session",
+           "the post-pass vectors for MMR: `\"lexical\"`, `\"static\"`, "
+           "`\"sentence-transformers[:MODEL]\"`, `\"openai[:MODEL]\"` or an `Embedder`; chunks that all "
+           "carry an `embedding` use those instead (`meta.embedder == \"caller\"`). With the `local` "
+           "backend it also picks the scorer: `\"lexical\"` scores with the static MiniLM-distilled "
+           "table (`meta.model == \"local-fusion:static\"`), `\"sentence-transformers\"` with MiniLM "
+           "itself (`local-fusion:sentence-transformers:all-MiniLM-L6-v2`), better and slower "
+           "([Quality](quality.md))", checked_with=_WITH_SESSION,
+           flags=(Flag(("--embedder", "-e"), "post-pass embedder: lexical (default), "
+                       "sentence-transformers[:MODEL] (needs rag-rerank[st]), "
+                       "openai[:MODEL]", default="lexical",
+                       helps={"route": "lexical (default) or sentence-transformers[:MODEL] (needs "
+                              "rag-rerank[st])"}),
+                  Flag(("--embed-base-url",), "OpenAI-compatible embeddings server for --embedder "
+                       "openai[:MODEL] (default: --base-url when --backend is openai, otherwise "
+                       "OPENAI_BASE_URL or api.openai.com)", metavar="URL"))),
+    Option("backend_options", "Mapping[str, Any] | None", None, "session",
+           "a dict of the named backend's own knobs: `local` fusion (a `backends.local.Fusion`: your "
+           "own weights) and bm25 (a `Bm25`); `openai` timeout, temperature, response_format, "
+           "scoring ([below](#log-probability-scoring)); `anthropic` timeout, temperature; "
+           "`cross-encoder` batch_size, device, max_length, calibration_factor; `rerank-api` "
+           "timeout, max_chars, score_mapping ([Scorers](scorers.md), [Backends](backends.md)). Any "
+           "other key is an `InputError` listing them, with a did-you-mean for a near miss "
+           "(`'temprature'; did you mean 'temperature'?`)", checked_with=_WITH_SESSION,
+           flags=(Flag(("--device",), "cross-encoder: torch device (default cpu)"),
+                  Flag(("--batch-size",), "cross-encoder: pairs per forward pass (32)", "int"),
+                  Flag(("--max-length",), "cross-encoder: tokens per (query, chunk) pair, longer ones are "
+                       "truncated", "int"),
+                  Flag(("--calibration-factor",), "cross-encoder: score = sigmoid(logit * factor) (1.0)",
+                       "float"),
+                  Flag(("--scoring",), "openai: listwise (default: the card's task in one prompt), logprobs "
+                       "(one yes/no question per chunk, score = p(yes); needs a server returning token "
+                       "logprobs: llama.cpp, vLLM) or auto (logprobs when the server returns them)",
+                       choices=("listwise", "logprobs", "auto")),
+                  Flag(("--http",), "openai / anthropic: the async client's HTTP transport: httpx (default) "
+                       "or aiohttp (less CPU a call with many in flight, as in batch; needs "
+                       "rag-rerank[aiohttp])", choices=("httpx", "aiohttp")))),
+    Option("cache", "bool | str | os.PathLike[str] | ResponseCache | None", None, "session",
+           "keep the backend's guard-valid answers on disk and answer an identical call from them with no "
+           "request: `True` (the default folder), a folder, a `ResponseCache` (shared; `replay=True` pins a "
+           "pipeline), `False` off ([Cost](cost.md#the-response-cache))",
+           "`None`: `RAG_RERANK_CACHE` decides",
+           checked_with=_WITH_SESSION,
+           flags=(Flag(("--cache",), "keep the backend's valid answers and answer identical calls from them "
+                       "(default folder: ~/.cache/rag-rerank; also RAG_RERANK_CACHE=1 or =DIR)", "optional",
+                       metavar="DIR"),
+                  Flag(("--no-cache",), "no response cache, whatever RAG_RERANK_CACHE says", "switch"),
+                  Flag(("--replay",), "answer only from the cache (--cache DIR), failing on a call it "
+                       "does not hold (exit 3)", "switch"))),
+    Option("fallback", "str | Sequence[str | Backend] | None", None, "request",
+           "if the backend fails after every attempt, the scorers tried in order, per window: "
+           "`\"local\"`, `\"cross-encoder:MODEL\"`, a backend instance, and `\"input\"` (the "
+           "first-stage order, last); `meta.status` / `meta.fallback_reason` / `meta.fallback_steps` say "
+           "what answered ([Observability](observability.md)), `meta.notes` holds the error summary (keys "
+           "redacted), and `meta.attempts` / `meta.usage` count the failed calls too. If "
+           "an `openai` embedder fails, lexical vectors take its place and `meta.embedder_fallback "
+           "== \"lexical\"` ([Post-pass](postpass.md#when-the-openai-embedder-fails)); "
+           "`meta.fallback_notice()` says what was replaced in one line",
+           check=_fallback,
+           flags=(Flag(("--fallback",), "if the backend fails after all attempts, the scorers to try in "
+                       "order, per window: local, cross-encoder:MODEL, input (the first-stage order; last); "
+                       "meta.status says so", "steps", metavar="STEP[,STEP...]"),)),
+    Option("policy", "RetryPolicy | None", None, "request",
+           "attempts, re-asks, deadline, waits, output budget (see "
+           "[Backends](backends.md))", "`RetryPolicy()`",
+           check=_is("policy", RetryPolicy, "a RetryPolicy"),
+           flags=(Flag(("--deadline",), "wall-clock bound on one rerank's backend calls and retries, a call "
+                       "still running is cut (default 120)", "float", metavar="SECONDS"),
+                  Flag(("--max-tokens",), "the LLM's output budget for the first attempt (default: estimated "
+                       "from the request, at least 512); a reasoning model needs room to think before it "
+                       "answers", "int", metavar="N"))),
+    Option("limits", "Limits | Mapping[str, Any] | None", None, "request",
+           "a `Limits`, or a dict overriding some of its fields (`{\"max_chunks\": 100}`): max chunks, min "
+           "score, budgets", "`guard/limits.json`", checked_with="by `guard.limits.as_limits`",
+           flags=(Flag(("--min-score",), "a chunk scored at or below it is dropped as below_min_score "
+                       "(default 0.2)", "float", metavar="SCORE"),)),
+    Option("layout", "str", "mmr", "request", "the order of the kept chunks", check=layout_violations,
+           choices=LAYOUTS,
+           flags=(Flag(("--layout",), "order of the kept chunks (default: mmr)", choices=LAYOUTS,
+                       default="mmr"),)),
+    Option("duplicate_threshold", "float | None", None, "request",
+           "unset, near-duplicates are judged by what the texts say ([Post-pass](postpass.md)), or on "
+           "the caller's vectors when every chunk carries one (cosine at or above 0.95); given, a "
+           "cosine in [0, 1] at or above which two chunks' lexical vectors make them near-duplicates "
+           "(1.0 keeps all but identical copies)",
+           check=duplicate_threshold_violations,
+           flags=(Flag(("--duplicate-threshold",), "near-duplicate similarity in [0, 1] at or above "
+                                                   "which two "
+                       "chunks may be redundant (default: the embedder's own; 1.0 keeps all but "
+                       "identical ones)",
+                       "float", metavar="COSINE"),)),
+    Option("strict", "bool", False, "request",
+           "`True` turns off the formatting-only repair, so a fenced or prose-wrapped answer is re-asked",
+           check=_bool("strict"),
+           flags=(Flag(("--strict",), "no formatting repair: a fenced or prose-wrapped answer is "
+                                      "re-asked, not "
+                       "salvaged", "switch"),)),
+    Option("window_size", "int | None", None, "request",
+           "over 50 chunks (up to `max_total_chunks`, 1,000): score windows of this many, then one final "
+           "pass "
+           "over the best; between `top_k` and 50 ([Windows](windows.md))", checked_with=_WITH_REQUEST,
+           flags=(Flag(("--window-size",), "more candidates than one prompt takes (up to 1000): score "
+                                           "windows "
+                       "of N chunks concurrently, then one final pass over the best N (N at most 50)", "int",
+                       metavar="N"),)),
+    Option("concurrency", "int", DEFAULT_CONCURRENCY, "request",
+           "with `window_size`, window calls in flight at most ([Windows](windows.md#concurrency))",
+           check=_concurrency,
+           flags=(Flag(("--concurrency",), "with --window-size: window calls in flight at most (default 4)",
+                       "int", default=DEFAULT_CONCURRENCY,
+                       helps={"batch": "requests in flight at most (default 4)",
+                              "eval": "queries reranked at once at most (default 4)",
+                              "bias": "reranks in flight at most (default 4)",
+                              "compare": "reranks in flight at most (default 4)",
+                              "calibrate": "reranks in flight at most (default 4)"}),)),
+    Option("meta_field", "str | None", None, "request",
+           "fuse the scorer's order with this key of each chunk's `meta` (a date, a rating) before MMR "
+           "([Scorers](scorers.md#metadata-fusion-meta_field))", checked_with=_WITH_META,
+           flags=(Flag(("--meta-field",), "fuse the scorer's order with this meta field (a date, a rating) "
+                       "before MMR", metavar="KEY"),)),
+    Option("meta_weight", "float", 1.0, "request", "in [0, 1]: 0 off, 1 the metadata order only",
+           checked_with=_WITH_META,
+           flags=(Flag(("--meta-weight",), "0 off ... 1 metadata order only (1.0)", "float"),)),
+    Option("meta_ranking_mode", "str", "reciprocal_rank_fusion", "request", "how the two orders are fused",
+           checked_with=_WITH_META, choices=RANKING_MODES,
+           flags=(Flag(("--meta-ranking-mode",), "how the two orders are fused (reciprocal_rank_fusion)",
+                       choices=RANKING_MODES),)),
+    Option("meta_sort_order", "str", "descending", "request", "`\"descending\"`: the largest / newest value "
+           "is best", checked_with=_WITH_META, choices=SORT_ORDERS,
+           flags=(Flag(("--meta-sort-order",), "descending (default): the largest / newest value is best",
+                       choices=SORT_ORDERS),)),
+    Option("missing_meta", "str", "bottom", "request", "where chunks without the field go (`\"drop\"` lists "
+           "them in `dropped`)", checked_with=_WITH_META, choices=MISSING_META,
+           flags=(Flag(("--missing-meta",), "where chunks without the field go (bottom); drop lists them in "
+                       "dropped", choices=MISSING_META),)),
+    Option("meta_value_type", "str", "float", "request", "how values are read (`\"date\"`: ISO 8601)",
+           checked_with=_WITH_META, choices=VALUE_TYPES,
+           flags=(Flag(("--meta-value-type",), "how values are read (float); date is ISO 8601",
+                       choices=VALUE_TYPES),)),
+    Option("embed_meta_fields", "Sequence[str] | None", None, "request",
+           "meta keys whose values go on lines before each chunk's text, for every scorer and the post-pass "
+           "embedder ([Scorers](scorers.md#embed_meta_fields))", checked_with="by "
+                                                                              "`fusion.check_embed_meta_fields`",
+           flags=(Flag(("--embed-meta-field",), "put this meta field's value before each chunk's text "
+                                                "for the "
+                       "scorers (repeatable)", "append", metavar="KEY", dest="embed_meta_fields"),)),
+    Option("budget", "Budget | Mapping[str, Any] | None", None, "request",
+           "a `Budget(max_calls, max_tokens, max_cost)` or a mapping of it: a rerank whose plan exceeds it "
+           "raises `BudgetError` before any request, and no re-ask or retry crosses it "
+           "([Cost](cost.md#budgets))", checked_with="with `prices` (`cost.as_budget`)",
+           flags=(Flag(("--budget-calls",), "most backend requests {what} may make (retries and re-asks "
+                       "included)", "int", metavar="N"),
+                  Flag(("--budget-tokens",), "most tokens (prompt + completion) {what} may use", "int",
+                       metavar="N"),
+                  Flag(("--budget-cost",), "most {what} may cost (needs --price-input and --price-output)",
+                       "float", metavar="AMOUNT"))),
+    Option("prices", "Prices | Mapping[str, float] | None", None, "request",
+           "`{\"input\": X, \"output\": Y}` per million tokens (or `Prices`): prices the plan and "
+           "`budget.max_cost`; none is built in", checked_with="by `cost.as_prices`",
+           flags=(Flag(("--price-input",), "price per million input tokens, for the plan's cost and "
+                       "--budget-cost", "float", metavar="PRICE",
+                       helps={"compare": "price per million input tokens, for the cost per query of runs "
+                              "with usage"}),
+                  Flag(("--price-output",), "price per million output tokens", "float", metavar="PRICE"))),
+    Option("consistency", "int", 1, "request",
+           "k from 1 to 20: rank k times, the first pass in the given order and each other over a "
+           "seeded shuffle of the chunks (windows per window), and combine each chunk's scores over "
+           "the passes; k times the calls (in the plan and under budgets); `meta.consistency` "
+           "reports the passes' agreement ([below](#consistency-over-shuffled-orders))", check=_consistency,
+           flags=(Flag(("--consistency",), "rank K times over seeded shuffles of the chunks and combine the "
+                       "scores (K times the calls; meta.consistency reports the passes' agreement)", "int",
+                       metavar="K"),)),
+    Option("calibration", "Any", None, "request",
+           "a calibration file's path (from `rag-rerank calibrate`) or a loaded `Calibration`: maps "
+           "the backend's scores to probabilities before the minimum score and MMR; "
+           "`meta.calibration` names it; a missing or bad file is a `ConfigError` naming it "
+           "([below](#calibration))", checked_with="when the request is planned (`calibration_map.resolve`)",
+           flags=(Flag(("--calibration",), "map the backend's scores to probabilities with a file from "
+                       "rag-rerank calibrate (before --min-score and MMR; meta.calibration names it)",
+                       metavar="FILE"),)),
+)
+OPTION = {o.name: o for o in OPTIONS}
 
 # Built once per session: the backend (and its HTTP clients), the embedder (and its model) and the
 # response cache (its SQLite connections).
-SESSION_OPTIONS = ("backend", "model", "base_url", "api_key", "embedder", "backend_options", "cache")
+SESSION_OPTIONS = tuple(o.name for o in OPTIONS if o.scope == "session")
 
 # The metadata options: they decide which chunks rank first, so a batch line may set its own.
 SCORING_OPTIONS = ("meta_field", "meta_weight", "meta_ranking_mode", "meta_sort_order", "missing_meta",
                    "meta_value_type", "embed_meta_fields")
+
+
+def request_options() -> tuple[Option, ...]:
+    """The options one request may set (a batch line, a service's request body), each with its
+    type, default, check and doc: what a new surface lists, validates and documents."""
+    return tuple(o for o in OPTIONS if o.scope == "request")
 
 
 @dataclass(frozen=True)
@@ -75,7 +430,7 @@ class Options:
     embed_meta_fields: Any = None
     budget: Any = None  # a cost.Budget, a mapping of its fields, or None
     prices: Any = None  # a cost.Prices, {"input": X, "output": Y} per million tokens, or None
-    consistency: Any = 1  # passes over seeded shuffled orders, scores combined (engine.aggregate)
+    consistency: Any = 1  # passes over seeded shuffled orders, scores combined (consistency.aggregate)
     calibration: Any = None  # a calibration.Calibration, its file's path, or None
 
     def merged(self, overrides: Mapping[str, Any]) -> Options:
@@ -101,7 +456,7 @@ class RerankOptions(TypedDict, total=False):
     embedder: Any
     backend_options: Mapping[str, Any] | None
     cache: bool | str | os.PathLike[str] | ResponseCache | None
-    fallback: str | Sequence[Any] | None
+    fallback: str | Sequence[str | Backend] | None
     policy: RetryPolicy | None
     limits: Limits | Mapping[str, Any] | None
     layout: str
@@ -122,7 +477,7 @@ class RerankOptions(TypedDict, total=False):
     calibration: Any
 
 
-REQUEST_OPTIONS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(Options))
+REQUEST_OPTIONS: tuple[str, ...] = tuple(o.name for o in OPTIONS if o.scope == "request")
 ALL_OPTIONS: tuple[str, ...] = (*SESSION_OPTIONS, *REQUEST_OPTIONS)
 
 
@@ -194,38 +549,72 @@ def _check_extra(extra: Mapping[str, Any], run_sets: frozenset[str]) -> None:
 # --------------------------------------------------------------------------- checks
 
 
+# The request options with a check of their own, and their defaults (valid: tests/test_options.py).
+_CHECKED = tuple((o.name, o.check, o.default) for o in OPTIONS
+                 if o.scope == "request" and o.check is not None)
+
+
+def option_violations(options: Options) -> list[Violation]:
+    """What is wrong with each request option on its own, by its check in the table (`OPTIONS`);
+    a value that is the default itself is not checked again (it runs on every request)."""
+    out: list[Violation] = []
+    for name, check, default in _CHECKED:
+        value = getattr(options, name)
+        if value is not default:
+            out.extend(check(value))
+    return out
+
+
 def check_options(options: Options) -> None:
-    """The options that are wrong whatever the request: each an `InputError` of its own, before
-    the request is read (as `rerank()` always reported them)."""
-    as_chain(options.fallback)  # None, a step or a list of them (fallback_chain.py)
-    if options.policy is not None and not isinstance(options.policy, RetryPolicy):
-        msg = f"policy must be None or a RetryPolicy, got {type(options.policy).__name__}"
-        raise InputError([Violation(path="policy", message=msg)])
-    check_concurrency(options.concurrency)
-    k = options.consistency
-    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_CONSISTENCY:
-        raise InputError([Violation(path="consistency", value=repr(k),
-                                    message=f"consistency must be a whole number from 1 to {MAX_CONSISTENCY} "
-                                    f"(passes over shuffled orders), got {k!r}")])
+    """The options that are wrong whatever the request, in one `InputError` (a session checks its
+    defaults when built; a request's options are checked with the request, `check_request_options`)."""
+    problems = option_violations(options)
+    if problems:
+        raise InputError(problems)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The request options the flow follows, as typed values: read once from checked `Options`
+    (`settings_of`), before any request, so no step of a rerank reads an option as given again."""
+
+    fallback: str | Sequence[Any] | None = None
+    policy: RetryPolicy = dataclasses.field(default_factory=RetryPolicy)
+    layout: str = "mmr"
+    duplicate_threshold: float | None = None
+    strict: bool = False
+    concurrency: int = DEFAULT_CONCURRENCY
+    consistency: int = 1
+
+
+def settings_of(options: Options) -> Settings:
+    """`options` (checked: `option_violations` found nothing) as the flow's typed `Settings`."""
+    threshold = options.duplicate_threshold
+    return Settings(fallback=options.fallback, policy=options.policy or RetryPolicy(), layout=options.layout,
+                    duplicate_threshold=None if threshold is None else float(threshold),
+                    strict=bool(options.strict), concurrency=int(options.concurrency),
+                    consistency=int(options.consistency))
 
 
 @dataclass(frozen=True)
 class Checked:
-    """A request and the options that need it read, as typed values: the guarded request, the
-    fields embedded into each text (`embed_meta_fields`), the metadata fusion, prices and budget."""
+    """A request and its options as typed values: the guarded request, the fields embedded into
+    each text (`embed_meta_fields`), the metadata fusion, prices, budget and the flow's settings."""
 
     request: RerankRequest
     embed_fields: tuple[str, ...]
     fusion: MetaFusion | None
     prices: Prices | None
     budget: Budget | None
+    settings: Settings
 
 
 def check_request_options(query: Any, chunks: ChunkSource, options: Options, limits: Limits) -> Checked:
-    """The request and the options (embedded meta fields, metadata fusion, prices, budget), every
-    problem with any of them in one `InputError`."""
+    """The request and the options (each option by its check in the table, then the embedded meta
+    fields, metadata fusion, prices, budget), every problem with any of them in one `InputError`,
+    before any request is made."""
     opts = options.scoring()
-    problems: list[Violation] = duplicate_threshold_violations(options.duplicate_threshold)
+    problems = option_violations(options)
     prices: Prices | None = None
     budget: Budget | None = None
     try:
@@ -254,14 +643,13 @@ def check_request_options(query: Any, chunks: ChunkSource, options: Options, lim
         problems.extend(exc.violations)
     if problems:
         raise InputError(problems)
-    return Checked(request, fields, fusion, prices, budget)
+    return Checked(request, fields, fusion, prices, budget, settings_of(options))
 
 
 def check_request(query: Any, chunks: ChunkSource, options: Options) -> RerankRequest:
     """The request as `engine.plan` would accept it, or the `InputError` it would raise: for a
     caller that must judge a request before anything is built (the tool call judges the calling
     model's arguments before the operator's settings)."""
-    check_options(options)
     return check_request_options(query, chunks, options, as_limits(options.limits)).request
 
 
@@ -273,6 +661,29 @@ def split_options(options: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str,
     return session, request
 
 
-__all__ = ["ALL_OPTIONS", "DEFAULT_CONCURRENCY", "MAX_CONSISTENCY", "REQUEST_OPTIONS", "SCORING_OPTIONS",
-           "SESSION_OPTIONS", "UNKNOWN_KEY_HINT", "Checked", "Options", "RerankOptions", "check_names",
-           "check_options", "check_request", "check_request_options", "request_call", "split_options"]
+__all__ = [
+    "ALL_OPTIONS",
+    "DEFAULT_CONCURRENCY",
+    "MAX_CONSISTENCY",
+    "OPTION",
+    "OPTIONS",
+    "REQUEST_OPTIONS",
+    "SCORING_OPTIONS",
+    "SESSION_OPTIONS",
+    "UNKNOWN_KEY_HINT",
+    "Checked",
+    "Flag",
+    "Option",
+    "Options",
+    "RerankOptions",
+    "Settings",
+    "check_names",
+    "check_options",
+    "check_request",
+    "check_request_options",
+    "option_violations",
+    "request_call",
+    "request_options",
+    "settings_of",
+    "split_options",
+]

@@ -60,7 +60,6 @@ from .models import Dropped, Ranked, RerankRequest, RerankResult, RunMeta
 from .redundancy import redundancy, rules_for
 
 LAYOUTS = ("mmr", "diversity", "lost_in_the_middle")
-REDUNDANT = reasons.REDUNDANT_WITH + ":"
 BELOW_MIN = reasons.BELOW_MIN_SCORE
 NOT_SELECTED = reasons.NOT_SELECTED
 # The detail of `not_selected` for a chunk the scorer left out of its answer altogether.
@@ -169,6 +168,14 @@ def select(
 # --------------------------------------------------------------------------- the post-pass
 
 
+def layout_violations(layout: object) -> list[Violation]:
+    """The one check of a `layout` (the options' table uses it for `rerank(layout=...)`)."""
+    if isinstance(layout, str) and layout in LAYOUTS:
+        return []
+    return [Violation(path="layout", value=layout,
+                      message=f"unknown layout {layout!r}; choose one of {', '.join(LAYOUTS)}")]
+
+
 def _check_args(
     request: RerankRequest,
     scored: Sequence[Ranked],
@@ -178,15 +185,7 @@ def _check_args(
     duplicate_threshold: Any,
     min_score: Any,
 ) -> list[Violation]:
-    problems: list[Violation] = []
-    if layout not in LAYOUTS:
-        problems.append(
-            Violation(
-                path="layout",
-                value=layout,
-                message=f"unknown layout {layout!r}; choose one of {', '.join(LAYOUTS)}",
-            )
-        )
+    problems = layout_violations(layout)
     if word_budget is not None and (
         isinstance(word_budget, bool) or not isinstance(word_budget, int) or word_budget < 1
     ):
@@ -375,7 +374,7 @@ def postpass(
     # answer is the same whichever other chunks are compared.
     cand = np.array(sorted(index[r.id] for r in scored if r.score > floor), dtype=np.int64)
     orphans = [i for i, c in enumerate(chunks) if c.id not in score_of
-               and (llm_reason.get(c.id) is None or llm_reason[c.id].startswith(REDUNDANT))]
+               and (llm_reason.get(c.id) is None or reasons.redundant_target(llm_reason[c.id]) is not None)]
     rows = np.array(sorted({*cand.tolist(), *orphans}), dtype=np.int64)
     at = {int(g): k for k, g in enumerate(rows)}  # chunk index -> row of the matrices below
 
@@ -449,7 +448,8 @@ def postpass(
         if score is not None and score <= floor:
             why[i] = reasons.reason(BELOW_MIN, reasons.score_detail(score))
         elif i in kept_of:
-            why[i] = (REDUNDANT + chunks[kept_of[i]].id) if kept_of[i] in ranked_set else NOT_SELECTED
+            why[i] = (reasons.redundant_with(chunks[kept_of[i]].id) if kept_of[i] in ranked_set
+                      else NOT_SELECTED)
         elif score is not None:
             why[i] = reasons.reason(NOT_SELECTED, reasons.score_detail(score))
         else:
@@ -524,19 +524,19 @@ def _unscored_reason(
     """The LLM's own reason when it still holds; otherwise a duplicate of a ranked chunk, or not
     selected. A chunk the model neither ranked nor dropped says so: a bare `not_selected` reads
     'relevant enough, but top_k and MMR chose others', which nobody judged."""
-    if llm is not None and not llm.startswith(REDUNDANT):
+    if llm is not None and reasons.redundant_target(llm) is None:
         return reasons.normalise(llm)  # the model's own words, filed under a listed token if need be
     if llm is not None:
-        target = index.get(llm[len(REDUNDANT) :])
+        target = index.get(reasons.redundant_target(llm))
         if target in ranked_set:
             return llm
         if target is not None and kept_of.get(target) in ranked_set:
-            return REDUNDANT + chunks[kept_of[target]].id
+            return reasons.redundant_with(chunks[kept_of[target]].id)
     if ranked_set:  # `dup_all` and `sim_all` hold row `at[i]` for chunk i (`postpass`)
         ranked_idx = np.array(sorted(ranked_set))
         ranked_rows = np.array([at[int(j)] for j in ranked_idx], dtype=np.int64)
         same = dup_all[at[i], ranked_rows]
         if same.any():  # a duplicate of a ranked chunk: the closest one
             closest = int(np.argmax(sim_all[at[i], ranked_rows[same]]))
-            return REDUNDANT + chunks[int(ranked_idx[same][closest])].id
+            return reasons.redundant_with(chunks[int(ranked_idx[same][closest])].id)
     return NOT_SELECTED if llm is not None else reasons.reason(NOT_SELECTED, UNSCORED_DETAIL)

@@ -56,6 +56,17 @@ def reason(token: str, detail: object = None) -> str:
     return f"{token}: {detail}"
 
 
+def redundant_with(chunk_id: str) -> str:
+    """`redundant_with:<id>`: the reason of a chunk that repeats `chunk_id` (the one place it is spelt)."""
+    return f"{REDUNDANT_WITH}:{chunk_id}"
+
+
+def redundant_target(text: str) -> str | None:
+    """The id a `redundant_with:<id>` reason names ("" for one naming none), None for any other reason."""
+    prefix = f"{REDUNDANT_WITH}:"
+    return text[len(prefix):] if isinstance(text, str) and text.startswith(prefix) else None
+
+
 def score_detail(score: float) -> str:
     """A score as a reason's detail: three decimals, like the scores people read elsewhere."""
     return f"{score:.3f}"
@@ -114,4 +125,5 @@ def normalise(text: str) -> str:
     return reason(DROPPED_BY_MODEL, " ".join(str(text).split()) or "(no reason given)")
 
 
-__all__ = ["TOKENS", "normalise", "problem", "reason", "score_detail", "score_in", "split"]
+__all__ = ["TOKENS", "normalise", "problem", "reason", "redundant_target", "redundant_with", "score_detail",
+           "score_in", "split"]

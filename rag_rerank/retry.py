@@ -24,19 +24,18 @@ recorded as an `Attempt`, returned in `Outcome` or carried by the final `Backend
 from __future__ import annotations
 
 import asyncio
-import inspect
 import logging
 import random
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field, replace
-from functools import lru_cache
 from typing import Any
 
 from tenacity import AsyncRetrying, RetryCallState, Retrying, retry_if_exception_type
 
 from .backends.base import Backend, Completion
-from .cost import Spending, estimate_answer_tokens, estimate_tokens, usage_tokens
+from .backends.factory import capabilities, model_of, name_of
+from .cost import Spending, usage_tokens
 from .errors import (
     Attempt,
     BackendError,
@@ -50,6 +49,7 @@ from .guard.limits import Limits
 from .guard.output import judge
 from .guard.repair import repair_output
 from .models import RerankRequest, add_usage
+from .tokens import answer_budget, answer_tokens, estimate_tokens
 from .wording import counted
 
 log = logging.getLogger("rag_rerank.retry")
@@ -117,11 +117,7 @@ class RetryPolicy:
         """max_tokens for the first attempt: room for every chunk's entry plus slack."""
         if self.max_tokens is not None:
             return min(self.max_tokens, self.max_tokens_cap)
-        n = len(request.chunks)
-        id_tokens = sum(len(c.id) for c in request.chunks) // 3 + n
-        ranked = min(guard_top_k, n)
-        estimate = 64 + ranked * 70 + (n - ranked) * 24 + id_tokens
-        return max(512, min(self.max_tokens_cap, estimate))
+        return answer_budget(len(request.chunks), guard_top_k, request.ids, self.max_tokens_cap)
 
 
 @dataclass(frozen=True)
@@ -136,26 +132,9 @@ class Outcome:
     notes: tuple[str, ...] = ()
     text: str = ""  # the accepted raw text after repairs
     cached: bool = False  # answered by the response cache (`cache.py`): no request was made
-
-
-def accepts_timeout(backend: Any) -> bool:
-    """True when `backend.complete` takes a `timeout` keyword (seconds for this one call).
-
-    The HTTP backends do, and `call_with_retries` passes what is left of the deadline; a backend
-    written before that keyword existed is called as before (it cannot be cut in a sync call).
-    Read once per class's method (`inspect.signature` cost more than the rest of a call's set-up)."""
-    complete = backend.complete
-    func = getattr(complete, "__func__", None)  # a method: the same answer for every instance
-    return _takes_timeout(func) if func is not None else _takes_timeout.__wrapped__(complete)
-
-
-@lru_cache(maxsize=256)
-def _takes_timeout(complete: Callable[..., Any]) -> bool:
-    try:
-        params = inspect.signature(complete).parameters
-    except (TypeError, ValueError):
-        return False
-    return "timeout" in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    # How long the call took, retries and their waits included (the cache's read for a hit), as the
+    # driver that made it measured it (`session.py`); `meta.windows[].latency_ms` reports it.
+    latency_ms: float = 0.0
 
 
 # --- internal control flow -----------------------------------------------------------------
@@ -196,9 +175,10 @@ class _Run:
         self.reasoned = False  # a truncated answer came after the model's reasoning
         self.usage: dict[str, int] = {}
         self.notes: list[str] = []
-        self.model: str | None = getattr(backend, "model", None)
+        self.model: str | None = model_of(backend)
         self.started = policy.clock()
-        self.bounded = accepts_timeout(backend)
+        # Declared by the backend (`Capabilities`): its calls take what is left of the deadline.
+        self.bounded = capabilities(backend).timeout
         self.stop_reason = ""
         self.outcome: Outcome | None = None
         self.began = time.time_ns()  # when the current attempt started (its span's start)
@@ -206,7 +186,7 @@ class _Run:
 
     @property
     def name(self) -> str:
-        return str(getattr(self.backend, "name", type(self.backend).__name__))
+        return name_of(self.backend)
 
     def elapsed(self) -> float:
         return self.policy.clock() - self.started
@@ -238,7 +218,7 @@ class _Run:
         a re-ask the rejected answer and the violations quoted back."""
         prompt = estimate_tokens(self.prompt) + (estimate_tokens(self.previous) if self.previous else 0)
         prompt += 30 * len(self.feedback)
-        return prompt, estimate_answer_tokens(len(self.request.chunks), self.guard_top_k, self.request.ids)
+        return prompt, answer_tokens(len(self.request.chunks), self.guard_top_k, self.request.ids)
 
     def admit(self) -> None:
         """Before each request: raise `_Refused` when it would cross the budget (a batch's budget is
@@ -319,7 +299,7 @@ class _Run:
             bigger = int(self.max_tokens * self.policy.truncation_factor)
             self.max_tokens = min(self.policy.max_tokens_cap, max(self.max_tokens + 1, bigger))
             raise _Retry("truncated")
-        if getattr(self.backend, "scored", False):
+        if capabilities(self.backend).scored:  # read now: openai's scoring="auto" decides on a call
             # A scored backend's answer passes the guard by construction (backends/scored.py), and
             # a re-ask of a deterministic scorer could only repeat it: a refusal here is our bug.
             raise InternalError(f"{self.name} wrote an answer its own output guard refuses", violations)

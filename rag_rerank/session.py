@@ -18,12 +18,14 @@ import asyncio
 import contextvars
 import os
 import threading
+import time
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from .backends.factory import backend_kwargs, make_backend, resolve_embedder
+from . import lifecycle
+from .backends.factory import backend_kwargs, make_backend, model_of, name_of, resolve_embedder
 from .cache import ResponseCache, recall, remember, resolve_cache
 from .concurrency import CALL_LIMIT, call_slot, check_concurrency, run_coroutine
 from .cost import CostPlan, Spending, as_budget, as_prices, refuse, summed
@@ -72,8 +74,7 @@ class Reranker(Closing):
         self._embedder = resolve_embedder(embedder, backend, base_url)
         self._backend = make_backend(backend, model=model, base_url=base_url, api_key=api_key,
                                      embedder=self._embedder, **backend_kwargs(backend, backend_options))
-        name = backend if isinstance(backend, str) else str(getattr(self._backend, "name",
-                                                                        type(self._backend).__name__))
+        name = backend if isinstance(backend, str) else name_of(self._backend)
         self._cache = resolve_cache(cache)
         # What the session built is its own to close; objects passed in stay the caller's.
         self._owned: list[Any] = [obj for obj, spec in ((self._backend, backend), (self._embedder, embedder))
@@ -154,7 +155,7 @@ class Reranker(Closing):
                        lambda_: float | None, options: Mapping[str, Any]) -> Flow:
         """`flow`, with the planned request told to the observation (its span's facts, `observe.py`)."""
         planned = plan(self._setup, query, chunks, self._call_options(top_k, lambda_, options))
-        seen.planned(planned.request, getattr(self._backend, "model", None))
+        seen.planned(planned.request, model_of(self._backend))
         return flow(planned)
 
     def plan(self, query: str, chunks: ChunkSource, top_k: int | None = None, lambda_: float | None = None,
@@ -189,7 +190,7 @@ class Reranker(Closing):
             except RerankError as exc:  # an invalid request: the run reports it as that request's error
                 if on_invalid is not None:
                     on_invalid(index, exc)
-        return summed(plans, budget, self.backend_name, getattr(self._setup.backend, "model", None),
+        return summed(plans, budget, self.backend_name, model_of(self._setup.backend),
                       concurrency=concurrency)
 
     async def arerank_many(self, requests: Iterable[Mapping[str, Any] | Exception], *, concurrency: int = 4,
@@ -269,27 +270,18 @@ class Reranker(Closing):
     def close(self) -> None:
         """Close what this session built from names (HTTP clients); objects passed in stay open."""
         for obj in self._owned:
-            close = getattr(obj, "close", None)
-            if callable(close):
-                close()
+            lifecycle.close(obj)
 
     async def aclose(self) -> None:
         """`close` from async code: a backend's async client is closed on the loop it belongs to."""
         for obj in self._owned:
-            aclose = getattr(obj, "aclose", None)
-            close = getattr(obj, "close", None)
-            if callable(aclose):
-                await aclose()
-            elif callable(close):
-                close()
+            await lifecycle.aclose(obj)
 
     async def release_loop(self) -> None:
         """Close the async clients made on the running loop, one about to end (`asyncio.run`): the
         session goes on, and a later loop gets clients of its own."""
         for obj in self._owned:
-            release = getattr(obj, "release_loop", None)
-            if callable(release):
-                await release()
+            await lifecycle.release_loop(obj)
 
 
 
@@ -321,20 +313,26 @@ class SessionCache:
 
 def _call(call: Call) -> Outcome | Exception:
     """One call: from the response cache when it holds the answer, else through the retry loop
-    (and the new answer stored)."""
+    (and the new answer stored), with the time it took."""
+    started = time.perf_counter()
     try:
         if call.cache is not None and call.key is not None:
             hit = recall(call.cache, call.key, call.ask, call.ask.top_k, call.limits, call.label)
             if hit is not None:
-                return hit
-        outcome = call_with_retries(call.backend, call.ask, call.prompt, guard_top_k=call.ask.top_k,
-                                    policy=call.policy, limits=call.limits, repair=call.repair,
-                                    spending=call.spending)
+                return _timed(hit, started)
+        outcome = _timed(call_with_retries(call.backend, call.ask, call.prompt, guard_top_k=call.ask.top_k,
+                                           policy=call.policy, limits=call.limits, repair=call.repair,
+                                           spending=call.spending), started)
         if call.cache is not None and call.key is not None:
             remember(call.cache, call.key, outcome)
         return outcome
     except Exception as exc:  # the engine decides what a failure means
         return exc
+
+
+def _timed(outcome: Outcome, started: float) -> Outcome:
+    """`outcome` with the time since `started` (`time.perf_counter()`) as its latency."""
+    return replace(outcome, latency_ms=(time.perf_counter() - started) * 1000.0)
 
 
 def _calls(step: Calls) -> list[Outcome | Exception]:
@@ -395,17 +393,21 @@ def _run(steps: Flow) -> RerankResult:
 
 
 async def _acall(call: Call, limit: asyncio.Semaphore | None) -> Outcome | Exception:
-    """`_call` on the event loop; the cache's SQLite file is read and written in a worker thread."""
+    """`_call` on the event loop; the cache's SQLite file is read and written in a worker thread.
+    The latency counts from the moment the call has its slot (not the wait for one)."""
     try:
         if call.cache is not None and call.key is not None:
+            started = time.perf_counter()
             hit = await asyncio.to_thread(recall, call.cache, call.key, call.ask, call.ask.top_k, call.limits,
                                           call.label)
             if hit is not None:
-                return hit
+                return _timed(hit, started)
         async with call_slot(limit):  # inside a batch, the batch's bound on calls in flight
-            outcome = await acall_with_retries(call.backend, call.ask, call.prompt,
-                                               guard_top_k=call.ask.top_k, policy=call.policy,
-                                               limits=call.limits, repair=call.repair, spending=call.spending)
+            started = time.perf_counter()
+            outcome = _timed(await acall_with_retries(call.backend, call.ask, call.prompt,
+                                                      guard_top_k=call.ask.top_k, policy=call.policy,
+                                                      limits=call.limits, repair=call.repair,
+                                                      spending=call.spending), started)
         if call.cache is not None and call.key is not None:
             await asyncio.to_thread(remember, call.cache, call.key, outcome)
         return outcome

@@ -18,18 +18,19 @@ A flow yields three kinds of step, which the drivers in `session.py` carry out:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Generator, Mapping
+from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
-from .backends.base import Backend
+from .backends.base import Backend, Cacheable
+from .backends.factory import capabilities
 from .cache import ResponseCache, call_key
-from .cost import Budget, Prices, Spending, makes_requests
+from .cost import Budget, Prices, Spending
 from .fallback_chain import as_chain
 from .fusion import MetaFusion
 from .guard.limits import Limits
 from .models import RerankRequest, RerankResult
-from .options import Options
+from .options import Options, Settings
 from .retry import RetryPolicy
 
 # --------------------------------------------------------------------------- the steps a flow yields
@@ -134,6 +135,7 @@ class Plan:
     spending: Spending | None = None  # the budget's meter (a batch's, shared, when it sets one)
     calibration: Any = None  # the calibration.Calibration applied to the backend's scores, or None
     calibration_file: str | None = None  # the file it was read from
+    settings: Settings = field(default_factory=Settings)  # the options as typed values (`options.Settings`)
 
     @property
     def backend(self) -> Backend:
@@ -144,33 +146,33 @@ class Plan:
         return self.setup.backend_name
 
     @property
-    def fallback(self) -> str | None:
-        return self.options.fallback  # type: ignore[no-any-return]
+    def fallback(self) -> str | Sequence[Any] | None:
+        return self.settings.fallback
 
     @property
     def chain(self) -> tuple[Any, ...]:
         """The fallback chain's steps in order (`fallback_chain.as_chain`), () without one."""
-        return as_chain(self.options.fallback)
+        return as_chain(self.settings.fallback)
 
     def call(self, ask: RerankRequest, prompt: str, backend: Backend | None = None,
              repair: bool | None = None, label: str = "the call") -> Call:
         """A call of `backend` (default: the session's) for `ask`, under this plan's policy and
         limits, with its cache key when the session has a cache and the backend says what it sends."""
-        repair = (not self.options.strict) if repair is None else repair
+        repair = (not self.settings.strict) if repair is None else repair
         key = self.key(ask, prompt, repair) if backend is None else None
         # The budget meters the session backend's requests; the local fallback's calls cost nothing.
-        spending = self.spending if backend is None and makes_requests(self.backend) else None
-        return Call(backend or self.backend, ask, prompt, self.options.policy, self.limits, repair, label,
+        spending = self.spending if backend is None and capabilities(self.backend).makes_requests else None
+        return Call(backend or self.backend, ask, prompt, self.settings.policy, self.limits, repair, label,
                     self.setup.cache if key is not None else None, key, spending)
 
     def key(self, ask: RerankRequest, prompt: str, repair: bool | None = None) -> str | None:
         """The response cache's key of the session backend's call for `ask` (None without a cache)."""
-        identity = getattr(self.backend, "cache_identity", None)
-        if self.setup.cache is None or not callable(identity):
+        if self.setup.cache is None or not capabilities(self.backend).cacheable:
             return None
-        repair = (not self.options.strict) if repair is None else repair
-        max_tokens = (self.options.policy or RetryPolicy()).output_budget(ask, ask.top_k)
-        return call_key(identity(prompt, ask, max_tokens), ask.top_k, self.limits, repair)
+        repair = (not self.settings.strict) if repair is None else repair
+        max_tokens = self.settings.policy.output_budget(ask, ask.top_k)
+        identity = cast(Cacheable, self.backend).cache_identity(prompt, ask, max_tokens)
+        return call_key(identity, ask.top_k, self.limits, repair)
 
 
 __all__ = ["Call", "Calls", "Flow", "Plan", "Progress", "Setup", "Step", "Work"]

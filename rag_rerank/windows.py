@@ -46,17 +46,17 @@ in `fallback.py`, as for every call.
 from __future__ import annotations
 
 import contextvars
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from .backends.factory import model_of
 from .errors import BackendError, EmbedderError
 from .fallback import Answer, answers, postpass_step
 from .guard.limits import Limits
 from .meta import cache_meta, run_meta, scores_of, scoring_notes
 from .models import CallRecord, Dropped, RerankRequest, RerankResult, add_usage
-from .reasons import BELOW_MIN_SCORE, NOT_IN_FINAL, REDUNDANT_WITH
+from .reasons import BELOW_MIN_SCORE, NOT_IN_FINAL, redundant_target
 from .redaction import failure_summary, redacted
 from .render import render
 from .retry import Outcome
@@ -64,7 +64,6 @@ from .steps import Flow, Plan, Progress
 from .wording import counted, scorer_words
 
 BELOW_MIN = BELOW_MIN_SCORE
-REDUNDANT = REDUNDANT_WITH + ":"
 _REASON_CHARS = 120  # a window model's own reason quoted in a loser's detail is cut to this
 
 # Called as `progress(calls_done, calls_total)` after each window call and after the final pass, in
@@ -193,7 +192,7 @@ def select_survivors(request: RerankRequest, limits: Limits, windows: Sequence[W
 def loser_reason(window: Window, own: str, ranked_ids: set[str]) -> str:
     """A chunk its window dropped: the window's `redundant_with:` if it names a ranked chunk,
     otherwise `below_min_score` / `not_in_final` with the model's own words as the detail."""
-    if own.startswith(REDUNDANT) and own[len(REDUNDANT):] in ranked_ids:
+    if redundant_target(own) in ranked_ids:
         return own
     token = BELOW_MIN if own.startswith(BELOW_MIN) else NOT_IN_FINAL
     said = f" ({_quoted(own)})" if own else ""
@@ -228,16 +227,17 @@ class Scored:
     records: tuple[CallRecord, ...] = ()  # the calls made for it (fallback.Answer.records)
 
 
-def _scored(outcome: Outcome, started: float, records: tuple[CallRecord, ...],
-            fallback: str | None = None, note: str | None = None, failed: BackendError | None = None,
+def _scored(outcome: Outcome, records: tuple[CallRecord, ...], fallback: str | None = None,
+            note: str | None = None, failed: BackendError | None = None,
             offline: Plan | None = None) -> Scored:
-    """A call's answer; after a fallback, `failed` is the backend's failure, whose attempts and
+    """A call's answer, with the time the call that gave it took (the driver's measure) and the
+    calls made for it; after a fallback, `failed` is the backend's failure, whose attempts and
     tokens count too."""
     attempts, usage = len(outcome.attempts), dict(outcome.usage)
     if failed is not None:
         attempts, usage = attempts + len(failed.attempts), add_usage(failed.usage, usage)
     return Scored(outcome.obj, attempts, tuple(outcome.repairs), usage, outcome.model,
-                  (time.perf_counter() - started) * 1000.0, tuple(outcome.notes), fallback, note, offline,
+                  outcome.latency_ms, tuple(outcome.notes), fallback, note, offline,
                   outcome.cached and failed is None, records)
 
 
@@ -245,7 +245,7 @@ def windowed_flow(plan: Plan) -> Flow:
     """Windows scored concurrently, one final pass over the survivors, the post-pass over them."""
     assert plan.window_size is not None
     windows = split(plan.view, plan.window_size)
-    concurrency = int(plan.options.concurrency)
+    concurrency = plan.settings.concurrency
     # Threads for the synchronous driver: the local backend is CPU-bound (the GIL would only add
     # switching), a remote one waits on the network.
     workers = 1 if plan.backend_name == "local" else max(1, min(concurrency, len(windows)))
@@ -267,23 +267,22 @@ def windowed_flow(plan: Plan) -> Flow:
 
 def _window_answer(plan: Plan, window: Window, answer: Answer) -> Scored:
     """A window's (or the final pass's) answer, or its failure raised with the window named."""
-    started = time.perf_counter()
     if answer.outcome is None:
         error = answer.error
         if isinstance(error, BackendError):
             raise _named(plan, window, error)
         raise error  # type: ignore[misc]
     if answer.error is None:
-        return _scored(answer.outcome, started, answer.records)
+        return _scored(answer.outcome, answer.records)
     error, used = answer.error, answer.used
     assert isinstance(error, BackendError) and used is not None
     offline = used if used.embedder_note is not None else None
     if isinstance(error, EmbedderError) and plan.backend_name == "local":
-        return _scored(answer.outcome, started, answer.records, failed=error, offline=offline)
+        return _scored(answer.outcome, answer.records, failed=error, offline=offline)
     summary = failure_summary(error, plan.setup.api_key)
     note = (f"{window.name}: {plan.backend_name} failed after {counted(len(error.attempts), 'attempt')}, "
             f"ranked by {scorer_words(answer.step)}: {summary}")
-    return _scored(answer.outcome, started, answer.records, answer.step, note, error, offline)
+    return _scored(answer.outcome, answer.records, answer.step, note, error, offline)
 
 
 def _named(plan: Plan, window: Window, error: BackendError) -> BackendError:
@@ -340,7 +339,7 @@ def _assemble(plan: Plan, windows: Sequence[Window], scored: Sequence[Scored], s
     model = next((a.model for w, a in reversed(calls) if a.fallback is None and a.model), None)
     cache = cache_meta(plan, [(a.cached, a.usage) for _, a in calls])
     steps = [a.fallback for _, a in calls if a.fallback]
-    meta = run_meta(plan, model=model or getattr(plan.backend, "model", None),
+    meta = run_meta(plan, model=model or model_of(plan.backend),
                     attempts=sum(a.attempts for _, a in calls), repairs=repairs, usage=usage,
                     fallback=", ".join(dict.fromkeys(steps)) or None, notes=notes,
                     calls=len(calls),

@@ -12,6 +12,12 @@ def counted(n: int, noun: str, plural: str | None = None) -> str:
     return f"{n} {noun if n == 1 else (plural or noun + 's')}"
 
 
+def either(names: Iterable[str]) -> str:
+    """Names as a message lists alternatives: "a", "a or b", "a, b or c"."""
+    items = list(names)
+    return items[0] if len(items) == 1 else f"{', '.join(items[:-1])} or {items[-1]}"
+
+
 def near_miss(key: str, known: Iterable[str]) -> str:
     """`; did you mean 'top_k'?` for a name close to a known one (`topk`), else nothing: the one
     wording of every misspelt-key message (batch lines, backend_options)."""

@@ -1,4 +1,4 @@
-"""The console entry (rag_rerank/cli.py) for render, check and golden, and the shared exit codes.
+"""The console entry (rag_rerank/cli/) for render, check and golden, and the shared exit codes.
 
 Bad input must give exit 2 and one line per problem on stderr naming the line / id / field, never a
 traceback.

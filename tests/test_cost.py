@@ -5,6 +5,7 @@ any request, and a re-ask that would cross the budget is not sent."""
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ from rag_rerank import (
     BackendError,
     Budget,
     BudgetError,
+    ConfigError,
     InputError,
     Prices,
     Reranker,
@@ -255,3 +257,48 @@ def test_cli_batch_dry_run_and_budget(srv: FakeLLM, tmp_path: Path, capsys: pyte
     assert "the batch would exceed its budget" in capsys.readouterr().err and _calls(srv) == 0
     assert main([*base, "-o", str(tmp_path / "out2.jsonl"), "--budget-calls", "5"]) == 0
     assert _calls(srv) == 5
+
+
+# --- a plan needs no credentials ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("backend", "env"), [("openai", "OPENAI"), ("anthropic", "ANTHROPIC")])
+def test_a_plan_needs_no_api_key(backend: str, env: str, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """`plan(..., backend="openai")`, `rerank --dry-run` and `batch --dry-run` refused with "no API
+    key" (exit 2), though a plan sends nothing; a real rerank still refuses before any request."""
+    for name in (f"{env}_API_KEY", f"{env}_BASE_URL", "RAG_RERANK_BASE_URL"):
+        monkeypatch.delenv(name, raising=False)
+    planned = plan(QUERY, graded_chunks(30), 5, backend=backend, window_size=10, prices=PRICES)
+    assert planned.calls == 4 and planned.requests == 4 and planned.cost is not None and planned.cost > 0
+    chunks = _write(tmp_path, "c.jsonl", graded_chunks(12))
+    assert main(["rerank", "-q", QUERY, "-c", str(chunks), "--backend", backend, "--dry-run"]) == 0
+    assert json.loads(capsys.readouterr().out)["calls"] == 1
+    src = _write(tmp_path, "in.jsonl", [{"query": QUERY, "chunks": graded_chunks(5)}] * 3)
+    assert main(["batch", "-i", str(src), "--backend", backend, "--dry-run", "--no-progress"]) == 0
+    assert json.loads(capsys.readouterr().out)["calls"] == 3
+    with pytest.raises(ConfigError, match="no API key"):
+        rerank(QUERY, graded_chunks(5), backend=backend)
+    assert main(["rerank", "-q", QUERY, "-c", str(chunks), "--backend", backend]) == 2
+    assert "no API key" in capsys.readouterr().err
+
+
+def test_one_estimator_counts_the_plan_and_the_output_budget() -> None:
+    """The plan's completion estimate and the first attempt's max_tokens came from two formulas
+    (cost.py and retry.py) that disagreed; both are tokens.py's now, the budget the estimate with
+    room to spare, and a tokenizer hooked in counts for both."""
+    from rag_rerank.guard import validate_request
+    from rag_rerank.tokens import BUDGET_FACTOR, answer_budget, answer_tokens
+
+    for n, k in ((5, 3), (20, 5), (50, 10), (50, 50)):
+        request = validate_request(QUERY, graded_chunks(n), k, 0.7)
+        expected = estimate_answer_tokens(n, k, request.ids)
+        assert expected == answer_tokens(n, k, request.ids)
+        budget = RetryPolicy().output_budget(request, k)
+        assert budget == answer_budget(n, k, request.ids, RetryPolicy.max_tokens_cap)
+        assert budget == max(512, math.ceil(BUDGET_FACTOR * expected))
+
+    def by_characters(text: str) -> int:  # a tokenizer of one's own, hooked in
+        return len(text)
+
+    assert answer_tokens(1, 1, ["abcdef"], by_characters) == answer_tokens(1, 1, ["x"]) + 5

@@ -96,7 +96,7 @@ def test_the_scan_sees_the_whole_package_and_resolves_relative_imports() -> None
 def test_library_module_does_not_import_the_cli(path: Path) -> None:
     offending = {name for name in _imported_modules(path)
                  if name == "rag_rerank.cli" or name.startswith("rag_rerank.cli.")}
-    assert not offending, f"{path.relative_to(ROOT)} imports {sorted(offending)}; move it below cli.py"
+    assert not offending, f"{path.relative_to(ROOT)} imports {sorted(offending)}; move it below cli/"
 
 
 def test_importing_the_library_does_not_load_the_cli() -> None:

@@ -104,3 +104,28 @@ def test_every_token_is_documented_and_every_documented_token_exists() -> None:
     page = (ROOT / "docs" / "dropped-reasons.md").read_text(encoding="utf-8")
     documented = set(re.findall(r"^\| `([a-z_]+)` \|", page, flags=re.MULTILINE))
     assert documented == set(reasons.TOKENS)
+
+
+def _code_strings(path: Path) -> list[tuple[int, str]]:
+    """The string constants of `path`'s code (docstrings left out: they may show a reason)."""
+    import ast
+
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    docs = {id(node.body[0].value) for node in ast.walk(tree)
+            if isinstance(node, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+            and node.body and isinstance(node.body[0], ast.Expr)
+            and isinstance(node.body[0].value, ast.Constant)}
+    return [(node.lineno, node.value) for node in ast.walk(tree)
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docs]
+
+
+def test_the_grammar_of_a_reason_is_spelt_in_reasons_py_only() -> None:
+    """`redundant_with:` was spelt in windows.py, postpass.py and guard/output.py: each now asks
+    `reasons.redundant_with` / `reasons.redundant_target`, so the grammar has one owner."""
+    spelt = [f"{path.relative_to(ROOT)}:{line}" for path in sorted((ROOT / "rag_rerank").rglob("*.py"))
+             if path.name != "reasons.py" for line, text in _code_strings(path)
+             if any(text.startswith(f"{token}:") or text == f"{token}:" for token in reasons.TOKENS)]
+    assert not spelt, spelt
+    assert reasons.redundant_with("c1") == "redundant_with:c1" == reasons.reason(reasons.REDUNDANT_WITH, "c1")
+    assert reasons.redundant_target("redundant_with:c1") == "c1"
+    assert reasons.redundant_target("not_selected: 0.400") is None

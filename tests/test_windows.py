@@ -465,3 +465,17 @@ def test_window_threads_run_in_the_callers_context() -> None:
     window_records = [rid for thread, rid in seen if thread.startswith("rag-rerank-window")]
     assert len(window_records) >= 3 and set(window_records) == {"req-42"}
     assert {rid for _, rid in seen} == {"req-42"}
+
+
+def test_each_window_reports_the_time_its_call_took() -> None:
+    """`meta.windows[].latency_ms` was 0.001-0.005 ms for calls that took hundreds: the timer started
+    after the answer had arrived. Every answer here takes at least 0.2 s on the server."""
+    chunks = make_chunks(25)
+    with FakeLLM(handler=quoting_ranker(), latency=0.2) as srv:
+        options = {"backend": "openai", "model": "fake-gpt", "base_url": srv.openai_url,
+                   "api_key": "sk-x-0123", "window_size": 10}
+        for result in (rerank(QUERY, chunks, 3, **options),
+                       asyncio.run(arerank(QUERY, chunks, 3, **options))):
+            entries = result.meta.windows
+            assert [e["stage"] for e in entries] == ["window"] * 3 + ["final"]
+            assert all(200.0 <= e["latency_ms"] <= result.meta.latency_ms for e in entries), entries

@@ -24,7 +24,7 @@ from ..errors import (
 )
 from ..models import RerankRequest
 from ..redaction import display_url, scrub, secrets_of
-from .base import Completion
+from .base import Capabilities, Completion
 from .common import (
     DATA_NOTICE,
     ClosableBackend,
@@ -109,6 +109,8 @@ class AnthropicBackend(ClosableBackend):
     """Messages API with a forced tool. Construct once, call many times."""
 
     name = "anthropic"
+    # An LLM server: listwise, cacheable (it says what it sends), a timeout, clients to close, a key.
+    capabilities = Capabilities(cacheable=True, timeout=True, closes=True, needs_key=True)
 
     def __init__(
         self,

@@ -8,6 +8,8 @@ agree on which HTTP statuses are worth another try.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import contextvars
 import copy
 import email.utils
 import errno
@@ -22,7 +24,7 @@ import ssl
 import threading
 import time
 import weakref
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 from urllib.parse import urlparse, urlsplit
 
@@ -36,7 +38,7 @@ from ..errors import (
     Violation,
 )
 from ..guard.limits import load_schema
-from ..lifecycle import Closing
+from ..lifecycle import Closing, aclose
 from ..models import RerankRequest
 from ..redaction import display_url, scrub
 
@@ -179,18 +181,34 @@ def is_local_url(url: str | None) -> bool:
     return ip.is_loopback or ip.is_private or ip.is_link_local
 
 
+# Set while a session is built only to plan (`rag_rerank.plan`, `--dry-run`): a plan sends no
+# request, so it needs no API key (`resolve_credentials`); such a session is closed unused.
+PLANNING: contextvars.ContextVar[bool] = contextvars.ContextVar("PLANNING", default=False)
+
+
+@contextlib.contextmanager
+def planning() -> Iterator[None]:
+    """Build backends, within the block, that need no API key: for a session that only plans."""
+    token = PLANNING.set(True)
+    try:
+        yield
+    finally:
+        PLANNING.reset(token)
+
+
 def resolve_credentials(
     provider: str, base_url: str | None, api_key: str | None, *, url_env: str, key_env: str
 ) -> tuple[str | None, str]:
     """(base_url, api_key) from arguments, then the environment; a dummy key for local servers.
 
     Raises ConfigError (no attempt was made: CLI exit 2) when a remote service would be called without a key,
-    so the user learns it before any network traffic rather than from a 401.
+    so the user learns it before any network traffic rather than from a 401; not while a session is
+    built only to plan (`planning()`), which calls nothing.
     """
     url = base_url or os.environ.get(url_env) or None
     key = api_key or os.environ.get(key_env) or None
     if key is None:
-        if is_local_url(url):
+        if is_local_url(url) or PLANNING.get():
             key = LOCAL_DUMMY_KEY
         else:
             where = display_url(url) or f"the {provider} API"
@@ -520,8 +538,7 @@ class SDKClients:
         with self._lock:
             client = self._async.pop(asyncio.get_running_loop(), None)
         if client is not None:
-            closing = getattr(client, "aclose", None) or client.close  # httpx / the SDKs
-            await closing()
+            await aclose(client)  # httpx's aclose(), the SDKs' async close()
 
     async def aclose(self) -> None:
         """Close the running loop's async client, then the sync client (`close`)."""

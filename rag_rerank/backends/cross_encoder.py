@@ -32,7 +32,7 @@ import numpy as np
 from ..embed.sentence_transformers import model_folder_problem, quiet_loading
 from ..errors import InputError, MissingDependencyError, Violation
 from ..models import RerankRequest
-from .base import Completion
+from .base import Capabilities, Completion
 from .scored import SCORE_DECIMALS, answer, labelled
 
 CROSS_ENCODER_REASON = labelled("cross-encoder")
@@ -110,7 +110,8 @@ class CrossEncoderBackend:
     """Scores with a cross-encoder and answers in the card's format (see the module docstring)."""
 
     name = "cross-encoder"
-    scored = True  # answers built by backends/scored.py: guard-valid by construction, never re-asked
+    # Answers built by backends/scored.py: guard-valid by construction, never re-asked; no server.
+    capabilities = Capabilities(scored=True)
 
     def __init__(self, model: str | None = None, *, batch_size: int = 32, device: str | None = "cpu",
                  max_length: int | None = None, calibration_factor: float = 1.0) -> None:

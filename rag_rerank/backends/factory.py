@@ -1,6 +1,12 @@
-"""Backends by name: `make_backend("openai", model=..., base_url=...)` and the checks that make a
-misnamed option an error naming it instead of a TypeError deep inside a constructor, or an option
-a backend would silently ignore (`model=` with the local scorer).
+"""The registry of backends: each named backend's class, the options it takes, the connection
+options it reads and its declared `Capabilities`; `make_backend("openai", model=..., base_url=...)`
+and the checks that make a misnamed option an error naming it instead of a TypeError deep inside a
+constructor, or an option a backend would silently ignore (`model=` with the local scorer).
+
+What a backend can do is read here only (`capabilities`, `model_of`, `name_of`): a backend instance
+declares it; one written before capabilities were declared (a caller's own class) is read here,
+once per class, from what it has (`scored`, `cache_identity`, `close`, a `timeout` parameter).
+No other module probes a backend (tests/test_factory.py checks the source).
 
 Its own module because every surface builds backends the same way: `rerank()`, batch, eval, the
 framework components, Ray, the MCP server and the CLI. Backends are imported when first named, so
@@ -9,24 +15,92 @@ framework components, Ray, the MCP server and the CLI. Backends are imported whe
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import importlib
+import inspect
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 from ..errors import InputError, Violation
 from ..redaction import display_url
-from ..wording import near_miss
-from .base import Backend
+from ..wording import either, near_miss
+from .base import Backend, Capabilities
 from .common import base_url_problem
 
-BACKENDS = ("local", "openai", "anthropic", "cross-encoder", "rerank-api")
+
+@dataclass(frozen=True)
+class BackendSpec:
+    """One named backend: where its class is (imported when first named, so `import rag_rerank`
+    loads no SDK and no model), its own options (`backend_options`) and the connection options it
+    reads. Its capabilities are its class's `capabilities` (openai's `scored` follows its `scoring`)."""
+
+    name: str
+    module: str
+    cls: str
+    options: tuple[str, ...]
+    connection: tuple[str, ...]
+
+    def load(self) -> Callable[..., Backend]:
+        return getattr(importlib.import_module(self.module, __package__), self.cls)  # type: ignore[no-any-return]
+
+
+_SERVER = ("model", "base_url", "api_key")
+REGISTRY: dict[str, BackendSpec] = {spec.name: spec for spec in (
+    BackendSpec("local", ".local", "LocalBackend", ("fusion", "bm25"), ()),
+    BackendSpec("openai", ".openai", "OpenAIBackend",
+                ("timeout", "temperature", "response_format", "seed", "scoring", "http"), _SERVER),
+    BackendSpec("anthropic", ".anthropic", "AnthropicBackend", ("timeout", "temperature", "http"), _SERVER),
+    BackendSpec("cross-encoder", ".cross_encoder", "CrossEncoderBackend",
+                ("batch_size", "device", "max_length", "calibration_factor"), ("model",)),
+    BackendSpec("rerank-api", ".rerank_api", "RerankAPIBackend", ("timeout", "max_chars", "score_mapping"),
+                _SERVER),
+)}
+BACKENDS = tuple(REGISTRY)
 # Keyword options each named backend takes besides model / base_url / api_key (`backend_options`).
-BACKEND_OPTIONS: dict[str, tuple[str, ...]] = {
-    "local": ("fusion", "bm25"),
-    "openai": ("timeout", "temperature", "response_format", "seed", "scoring", "http"),
-    "anthropic": ("timeout", "temperature", "http"),
-    "cross-encoder": ("batch_size", "device", "max_length", "calibration_factor"),
-    "rerank-api": ("timeout", "max_chars", "score_mapping"),
-}
+BACKEND_OPTIONS: dict[str, tuple[str, ...]] = {name: spec.options for name, spec in REGISTRY.items()}
+
+
+def capabilities(backend: Any) -> Capabilities:
+    """What `backend` can do: as it declares it, else as read once from its class (module docstring)."""
+    declared = getattr(backend, "capabilities", None)
+    if isinstance(declared, Capabilities):
+        return declared
+    return _inferred(type(backend), bool(getattr(backend, "scored", False)))
+
+
+@lru_cache(maxsize=256)
+def _inferred(cls: type, scored: bool) -> Capabilities:
+    """The capabilities of a backend class that does not declare them, from what it has."""
+    return Capabilities(scored=scored, cacheable=callable(getattr(cls, "cache_identity", None)),
+                        timeout=_takes_timeout(getattr(cls, "complete", None)),
+                        closes=callable(getattr(cls, "close", None)))
+
+
+def _takes_timeout(complete: Any) -> bool:
+    """Whether `complete` takes a `timeout` keyword (a backend written before it existed is called
+    without one: it cannot be cut in a synchronous call)."""
+    try:
+        params = inspect.signature(complete).parameters
+    except (TypeError, ValueError):
+        return False
+    return "timeout" in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+
+
+def model_of(backend: Any, default: Any = None) -> Any:
+    """The model `backend` calls (None for one that names none)."""
+    return getattr(backend, "model", default)
+
+
+def is_backend(value: Any) -> bool:
+    """Whether `value` can serve as a backend: it has the protocol's two calls (`complete`,
+    `acomplete`); for a caller's own object given where a backend is taken (a fallback step)."""
+    return callable(getattr(value, "complete", None)) and callable(getattr(value, "acomplete", None))
+
+
+def name_of(backend: Any) -> str:
+    """`backend`'s name: its `name`, else its class's."""
+    return str(getattr(backend, "name", type(backend).__name__))
 
 
 def make_backend(
@@ -49,36 +123,17 @@ def make_backend(
         msg = (f"backend must be a name ({', '.join(BACKENDS)}) or a Backend instance, "
                f"got {type(name).__name__}")
         raise InputError([Violation(path="backend", message=msg, value=name)])
-    if name in BACKEND_OPTIONS:
+    spec = REGISTRY.get(name)
+    if spec is not None:
         unused = unused_option_violations(name, model=model, base_url=base_url, api_key=api_key)
         if unused:
             raise InputError(unused)
-    if name in ("openai", "anthropic", "rerank-api") and base_url is not None and (
-        problem := base_url_problem(base_url)
-    ):
-        raise InputError([Violation(path="base_url", message=problem, value=display_url(base_url))])
-    if name in BACKEND_OPTIONS:
+        if "base_url" in spec.connection and base_url is not None and (problem := base_url_problem(base_url)):
+            raise InputError([Violation(path="base_url", message=problem, value=display_url(base_url))])
         check_backend_options(name, kw)
-    if name == "local":
-        from .local import LocalBackend
-
-        return LocalBackend(embedder=embedder, **kw)
-    if name == "openai":
-        from .openai import OpenAIBackend
-
-        return OpenAIBackend(model=model, base_url=base_url, api_key=api_key, **kw)
-    if name == "anthropic":
-        from .anthropic import AnthropicBackend
-
-        return AnthropicBackend(model=model, base_url=base_url, api_key=api_key, **kw)
-    if name == "cross-encoder":
-        from .cross_encoder import CrossEncoderBackend
-
-        return CrossEncoderBackend(model=model, **kw)
-    if name == "rerank-api":
-        from .rerank_api import RerankAPIBackend
-
-        return RerankAPIBackend(model=model, base_url=base_url, api_key=api_key, **kw)
+        given = {"model": model, "base_url": base_url, "api_key": api_key}
+        connection = {key: given[key] for key in spec.connection}
+        return spec.load()(**connection, **({"embedder": embedder} if name == "local" else {}), **kw)
     raise InputError(
         [
             Violation(
@@ -90,30 +145,22 @@ def make_backend(
     )
 
 
-# Which of rerank()'s connection options each named backend reads; the others would be ignored.
-_CONNECTION_OPTIONS: dict[str, tuple[str, ...]] = {
-    "local": (),
-    "cross-encoder": ("model",),
-    "openai": ("model", "base_url", "api_key"),
-    "anthropic": ("model", "base_url", "api_key"),
-    "rerank-api": ("model", "base_url", "api_key"),
-}
-
-
 def unused_option_violations(name: str, *, model: Any = None, base_url: Any = None,
-                             api_key: Any = None) -> list[Violation]:
+                             api_key: Any = None, hints: Mapping[str, str] | None = None) -> list[Violation]:
     """One violation per connection option (`model`, `base_url`, `api_key`) given to a named backend
     that does not read it: `rerank(q, chunks, model="gpt-4o-mini")` without `backend="openai"`
-    would otherwise rank with the local scorer, silently (the CLI refuses `-m` the same way)."""
-    takes = _CONNECTION_OPTIONS.get(name)
-    if takes is None:
+    would otherwise rank with the local scorer, silently (the CLI refuses `-m` with this same check).
+    `hints` replace the advice a message ends with, per option (the CLI names its flags)."""
+    spec = REGISTRY.get(name)
+    if spec is None:
         return []
+    takes = spec.connection
     given = {"model": model, "base_url": base_url, "api_key": api_key}
-    readers = {"model": "openai, anthropic, rerank-api or cross-encoder",
-               "base_url": "openai, anthropic or rerank-api", "api_key": "openai, anthropic or rerank-api"}
+    readers = {key: either([n for n, s in REGISTRY.items() if key in s.connection]) for key in given}
     why = {"model": "its scorer follows the embedder", "base_url": "it calls no server",
            "api_key": "it calls no server"}
-    tail = {"base_url": " (an openai embedder's server: embedder=get_embedder('openai', base_url=...))"}
+    tail = {"base_url": " (an openai embedder's server: embedder=get_embedder('openai', base_url=...))",
+            **(hints or {})}
     shown = {"api_key": "***", "base_url": display_url(base_url) if isinstance(base_url, str) else base_url}
     return [Violation(path=key, value=shown.get(key, value),
                       message=f"the {name} backend takes no {key} ({why[key]}); {key} is for backend "

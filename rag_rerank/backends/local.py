@@ -52,7 +52,7 @@ from ..embed import CallerVectors, get_embedder
 from ..embed.static import StaticEmbedder, embed_and_match
 from ..errors import Violation
 from ..models import RerankRequest
-from .base import Completion
+from .base import Capabilities, Completion
 from .scored import answer, worded
 from .terms import DEFAULT_BM25, Bm25, lexical_scores, stem
 
@@ -188,7 +188,8 @@ class LocalBackend:
     """Deterministic offline scorer behind the Backend protocol (see the module docstring)."""
 
     name = "local"
-    scored = True  # answers built by backends/scored.py: guard-valid by construction, never re-asked
+    # Answers built by backends/scored.py: guard-valid by construction, never re-asked; no server.
+    capabilities = Capabilities(scored=True)
 
     def __init__(self, embedder: Any = "lexical", *, fusion: Fusion | None = None,
                  bm25: Bm25 = DEFAULT_BM25) -> None:

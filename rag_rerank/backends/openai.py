@@ -42,6 +42,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any
 
+from .. import reasons
 from ..errors import (
     BackendFailure,
     FatalFailure,
@@ -53,7 +54,7 @@ from ..errors import (
 from ..models import Chunk, RerankRequest, add_usage
 from ..redaction import display_url, scrub, secrets_of
 from ..render import render_relevance
-from .base import Completion
+from .base import Capabilities, Completion
 from .common import (
     DATA_NOTICE,
     ClosableBackend,
@@ -90,7 +91,8 @@ SCORINGS = ("listwise", "logprobs", "auto")
 LOGPROB_CONCURRENCY = 8  # yes/no questions in flight at once for one call
 TOP_LOGPROBS = 5
 LOGPROB_REASON = labelled("p(yes)")
-NOT_SCORED = "not_selected: not scored (neither yes nor no among the model's most likely first tokens)"
+NOT_SCORED = reasons.reason(reasons.NOT_SELECTED,
+                            "not scored (neither yes nor no among the model's most likely first tokens)")
 _SCORING_MEMORY: dict[str, str] = {}
 _TOKEN_EDGES = " \t\n\u2581\u0120.,;:!?\"'`"  # spaces, SentencePiece / BPE space marks, punctuation
 
@@ -328,6 +330,11 @@ class OpenAIBackend(ClosableBackend):
 
     def __repr__(self) -> str:  # never show the key
         return f"OpenAIBackend(model={self.model!r}, base_url={display_url(self.base_url)!r})"
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """An LLM server's (cacheable, timeout, clients to close, a key), scored while `scored`."""
+        return Capabilities(scored=self.scored, cacheable=True, timeout=True, closes=True, needs_key=True)
 
     @property
     def scored(self) -> bool:

@@ -32,11 +32,12 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from .. import reasons
 from ..errors import FatalFailure, InputError, TransientFailure, UnreachableFailure, Violation
 from ..models import RerankRequest
 from ..redaction import display_url, scrub, secrets_of
 from ..wording import counted
-from .base import Completion
+from .base import Capabilities, Completion
 from .common import (
     ClosableBackend,
     SDKClients,
@@ -103,7 +104,10 @@ class RerankAPIBackend(ClosableBackend):
     """A `/v1/rerank` client behind the Backend protocol (see the module docstring)."""
 
     name = "rerank-api"
-    scored = True  # answers built by backends/scored.py: guard-valid by construction, never re-asked
+    # Answers built by backends/scored.py: guard-valid by construction, never re-asked; a server
+    # that bills each request and says what it sends (the response cache may answer it); its
+    # client's own timeout bounds a call (`complete` takes none).
+    capabilities = Capabilities(scored=True, cacheable=True, closes=True, needs_key=True)
 
     def __init__(self, model: str | None = None, base_url: str | None = None, api_key: str | None = None, *,
                  timeout: float = 60.0, max_chars: int | None = DEFAULT_MAX_CHARS,
@@ -203,7 +207,7 @@ class RerankAPIBackend(ClosableBackend):
         scores = self._scores(body, n)
         notes = (f"rerank-api: {counted(cut, 'document')} cut to max_chars={self.max_chars}",) if cut else ()
         obj = answer(request, scores, RERANK_API_REASON, decimals=SCORE_DECIMALS,
-                     unscored_reason="not_selected: not returned by the rerank API")
+                     unscored_reason=reasons.reason(reasons.NOT_SELECTED, "not returned by the rerank API"))
         model = body.get("model") if isinstance(body.get("model"), str) else self.model
         return Completion(text=json.dumps(obj, ensure_ascii=False), model=model, usage=_usage(body),
                           notes=notes)

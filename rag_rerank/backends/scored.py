@@ -184,7 +184,7 @@ def minimum_score(request: RerankRequest) -> float:
 
 
 def answer(request: RerankRequest, scores: Sequence[float | None], describe: Describe, *,
-           decimals: int = 3, unscored_reason: str = "not_selected: not scored",
+           decimals: int = 3, unscored_reason: str = reasons.reason(reasons.NOT_SELECTED, "not scored"),
            weight_of: dict[str, float] | None = None) -> dict[str, Any]:
     """The card's output object for `request` from per-chunk `scores` in [0, 1] (input order).
 

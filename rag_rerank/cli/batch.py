@@ -24,6 +24,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
+from ..backends.common import planning
 from ..batchfile import (
     EXIT_BAD_INPUT,
     Line,
@@ -50,6 +51,7 @@ from ..textio import read_text
 from .common import (
     add_backend_args,
     add_cost_args,
+    add_flags,
     add_meta_args,
     add_pipeline_args,
     add_window_args,
@@ -58,7 +60,6 @@ from .common import (
     pipeline_options,
     print_plan,
     run_options,
-    whole_number,
 )
 
 
@@ -67,8 +68,7 @@ def register(command: Callable[..., argparse.ArgumentParser]) -> None:
     p.add_argument("--input", "-i", required=True, metavar="FILE",
                    help="JSONL: {query, chunks, top_k?, lambda?, query_id?}")
     p.add_argument("--output", "-o", default="-", metavar="FILE|-", help="JSONL results (default stdout)")
-    p.add_argument("--concurrency", type=whole_number, default=4,
-                   help="requests in flight at most (default 4)")
+    add_flags(p, "batch", "concurrency")
     p.add_argument("--resume", action="store_true",
                    help="continue --output: skip the lines already in it (written with the same settings)")
     p.add_argument("--overwrite", action="store_true",
@@ -85,11 +85,11 @@ def register(command: Callable[..., argparse.ArgumentParser]) -> None:
                    help="worker processes (local engine, default 1: this process) or Ray actors (default: "
                         "the CPUs), each with --concurrency requests in flight; more than 1 spreads the "
                         "CPU work of a large batch over cores")
-    add_backend_args(p)
-    add_pipeline_args(p)
-    add_meta_args(p)
-    add_window_args(p)
-    add_cost_args(p, batch=True)
+    add_backend_args(p, "batch")
+    add_pipeline_args(p, "batch")
+    add_meta_args(p, "batch")
+    add_window_args(p, "batch")
+    add_cost_args(p, "batch", batch=True)
     p.set_defaults(func=run)
 
 
@@ -114,8 +114,6 @@ def run(args: argparse.Namespace) -> int:
     return run_batch(args, backend_options=options)
 
 
-
-
 EXIT_INTERRUPTED = 130  # as the CLI answers Ctrl-C anywhere (cli/__init__.py)
 
 
@@ -128,7 +126,9 @@ def _dry_run(todo: Sequence[Line], concurrency: int, options: Mapping[str, Any],
     budget = options.pop("budget", None)
     session, request = split_options(options)
     invalid: list[tuple[int, Exception]] = []
-    with Reranker(**session, **request) as reranker:
+    with planning():  # a plan sends nothing: no API key needed
+        reranker = Reranker(**session, **request)
+    with reranker:
         planned = reranker.plan_many([ln.item for ln in todo], concurrency=concurrency, budget=budget,
                                      on_invalid=lambda i, exc: invalid.append((todo[i].number, exc)))
     for number, exc in invalid:

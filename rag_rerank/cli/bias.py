@@ -18,6 +18,7 @@ from ..options import split_options
 from ..wording import counted
 from .common import (
     add_backend_args,
+    add_flags,
     add_html_arg,
     check_concurrency_flag,
     check_input_files,
@@ -35,15 +36,13 @@ def register(command: Callable[..., argparse.ArgumentParser]) -> None:
                    help="JSONL {qid, query, chunks:[{id,text}]} (rag-rerank eval's format)")
     p.add_argument("--depth", type=whole_number, default=None,
                    help="the first N candidates of each query (default: all, at most 50)")
-    p.add_argument("--top-k", "-k", type=whole_number, default=None,
-                   help="how many the backend is asked to rank (default: all of them)")
+    add_flags(p, "bias", "top_k")
     p.add_argument("--seed", type=whole_number, default=0, help="seed of the shuffled order (default 0)")
-    p.add_argument("--concurrency", type=whole_number, default=4,
-                   help="reranks in flight at most (default 4)")
+    add_flags(p, "bias", "concurrency")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     add_html_arg(p, "the rank-by-input-position curve with its confidence band")
     p.add_argument("--no-progress", action="store_true", help="never show a progress bar")
-    add_backend_args(p)
+    add_backend_args(p, "bias")
     p.set_defaults(func=run)
 
 

@@ -18,6 +18,7 @@ from ..errors import InputError, Violation
 from ..options import split_options
 from .common import (
     add_backend_args,
+    add_flags,
     add_html_arg,
     check_concurrency_flag,
     check_input_files,
@@ -49,14 +50,12 @@ def register(command: Callable[..., argparse.ArgumentParser]) -> None:
                    "queries (default)")
     p.add_argument("--depth", type=whole_number, default=None,
                    help="the first N candidates of each query (default: all, at most 50)")
-    p.add_argument("--top-k", "-k", type=whole_number, default=None,
-                   help="how many the backend is asked to rank (default: all of them)")
-    p.add_argument("--concurrency", type=whole_number, default=4,
-                   help="reranks in flight at most (default 4)")
+    add_flags(p, "calibrate", "top_k")
+    add_flags(p, "calibrate", "concurrency")
     p.add_argument("--json", action="store_true", help="print the file's figures as JSON instead of a table")
     add_html_arg(p, "the reliability diagram before and after, on the held-out queries")
     p.add_argument("--no-progress", action="store_true", help="never show a progress bar")
-    add_backend_args(p)
+    add_backend_args(p, "calibrate")
     p.set_defaults(func=run)
 
 

@@ -15,15 +15,14 @@ from ..guard import parse_chunks
 from ..guard.output import judge
 from ..guard.repair import repair_output
 from ..textio import read_text
-from .common import EXIT_INVALID_OUTPUT, EXIT_OK, UsageError, err, one_prompt, print_violations, whole_number
+from .common import EXIT_INVALID_OUTPUT, EXIT_OK, UsageError, add_flags, err, one_prompt, print_violations
 
 
 def register(command: Callable[..., argparse.ArgumentParser]) -> None:
     p = command("check", "judge a raw LLM output against the contract (exit 1 if invalid)")
     p.add_argument("--chunks", "-c", required=True, metavar="FILE|-",
                    help="the JSONL chunks the output refers to")
-    p.add_argument("--top-k", "-k", type=whole_number, required=True,
-                   help="the top_k the output was asked for")
+    add_flags(p, "check", "top_k", required=("--top-k",))
     p.add_argument("--repair", action="store_true", help="first strip fences / prose / <think> (reported)")
     p.add_argument("--query", "-q", default=None,
                    help="the query the output answers: a reason may quote it as well as its chunk")

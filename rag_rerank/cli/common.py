@@ -1,5 +1,6 @@
 """What the commands share: one-line errors on stderr, argument types, the option groups several
-commands take, and the library options those flags become.
+commands take (each flag built from the options' table, `options.OPTIONS`: `add_flags`), and the
+library options those flags become.
 
 Exit codes: 0 ok · 1 invalid LLM output (`check`) · 2 bad input or usage · 3 backend failure ·
 4 internal error. Errors go to stderr, one line each, naming the line / id / field / limit at fault;
@@ -19,16 +20,22 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..backends.common import base_url_problem
+from ..backends.factory import BACKEND_OPTIONS, unused_option_violations
 from ..cache import ResponseCache
 from ..embed import get_embedder, parse_embedder_spec
 from ..errors import InputError, UsageError, Violation
 from ..fallback_chain import as_chain, parse_steps
 from ..guard.input import MAX_CHUNKS_ADVICE
+from ..options import OPTION, OPTIONS, SCORING_OPTIONS, Flag
 from ..retry import RetryPolicy
 from ..textio import violation_lines
 
 if TYPE_CHECKING:
     from ..guard.limits import Limits
+
+# How a flag's `kind` in the options' table is read.
+FLAG_TYPES: dict[str, Callable[[str], Any]] = {"str": str, "int": lambda text: whole_number(text),
+                                               "float": float, "steps": lambda text: fallback_steps(text)}
 
 EXIT_OK, EXIT_INVALID_OUTPUT, EXIT_BAD_INPUT, EXIT_BACKEND, EXIT_INTERNAL = 0, 1, 2, 3, 4
 
@@ -99,83 +106,62 @@ def add_html_arg(p: argparse.ArgumentParser, shows: str) -> None:
                    f"({shows}; needs rag-rerank[report])")
 
 
-def add_request_args(p: argparse.ArgumentParser, top_k_required: bool = False) -> None:
+def add_flags(p: argparse.ArgumentParser | argparse._ArgumentGroup, command: str, *names: str,
+              required: Sequence[str] = (), what: str = "the rerank") -> None:
+    """The flags of these options (`layout`) or single flags (`--embedder`), as the options' table
+    (`options.OPTIONS`) declares them: names, kind, choices, default and help (the command's own
+    wording where the table gives one). `required` names flags the command cannot do without."""
+    for name in names:
+        option = OPTION.get(name)
+        flags = (option.flags if option is not None
+                 else tuple(f for o in OPTIONS for f in o.flags if f.name == name))
+        if not flags:
+            raise ValueError(f"no option or flag {name!r} in the options' table")
+        for flag in flags:
+            _add_flag(p, flag, command, flag.name in required, what)
+
+
+def _add_flag(p: argparse.ArgumentParser | argparse._ArgumentGroup, flag: Flag, command: str, required: bool,
+              what: str) -> None:
+    kwargs: dict[str, Any] = {"help": flag.help_for(command).replace("{what}", what)}
+    if flag.kind == "switch":
+        kwargs["action"] = "store_true"
+    elif flag.kind == "append":
+        kwargs.update(action="append", default=None)
+    elif flag.kind == "optional":
+        kwargs.update(nargs="?", const=True, default=flag.default)
+    else:
+        kwargs.update(type=FLAG_TYPES[flag.kind], default=flag.default)
+    if required:
+        kwargs["required"] = True
+    if flag.metavar is not None:
+        kwargs["metavar"] = flag.metavar
+    if flag.choices is not None:
+        kwargs["choices"] = list(flag.choices)
+    if flag.dest is not None:
+        kwargs["dest"] = flag.dest
+    p.add_argument(*flag.names, **kwargs)
+
+
+def add_request_args(p: argparse.ArgumentParser, command: str, top_k_required: bool = False) -> None:
     p.add_argument("--query", "-q", required=True, help="the query to rank against")
     p.add_argument("--chunks", "-c", required=True, metavar="FILE|-",
                    help="JSONL chunks file, or - for stdin")
-    p.add_argument("--top-k", "-k", type=whole_number, default=None, required=top_k_required,
-                   help="how many to keep (5)")
-    p.add_argument("--lambda", dest="lambda_", type=float, default=None,
-                   help="MMR trade-off in [0, 1] (0.7)")
+    add_flags(p, command, "top_k", "lambda_", required=("--top-k",) if top_k_required else ())
 
 
-def add_backend_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--backend", "-b", default="local",
-                   choices=["local", "openai", "anthropic", "cross-encoder", "rerank-api"],
-                   help="who scores the chunks (default: local, offline and deterministic; cross-encoder "
-                   "needs rag-rerank[cross-encoder])")
-    p.add_argument("--model", "-m", default=None,
-                   help="model name (openai, anthropic, rerank-api) or folder / hub name (cross-encoder)")
-    p.add_argument("--base-url", default=None,
-                   help="backend server URL, e.g. http://127.0.0.1:8000/v1 (with --backend openai, also "
-                   "the openai embedder's; see --embed-base-url); rerank-api posts to URL/rerank")
-    p.add_argument("--device", default=None, help="cross-encoder: torch device (default cpu)")
-    p.add_argument("--batch-size", type=int, default=None, help="cross-encoder: pairs per forward pass (32)")
-    p.add_argument("--max-length", type=int, default=None,
-                   help="cross-encoder: tokens per (query, chunk) pair, longer ones are truncated")
-    p.add_argument("--calibration-factor", type=float, default=None,
-                   help="cross-encoder: score = sigmoid(logit * factor) (1.0)")
-    p.add_argument("--scoring", choices=["listwise", "logprobs", "auto"], default=None,
-                   help="openai: listwise (default: the card's task in one prompt), logprobs (one yes/no "
-                   "question per chunk, score = p(yes); needs a server returning token logprobs: llama.cpp, "
-                   "vLLM) or auto (logprobs when the server returns them)")
-    p.add_argument("--http", choices=["httpx", "aiohttp"], default=None,
-                   help="openai / anthropic: the async client's HTTP transport: httpx (default) or aiohttp "
-                   "(less CPU a call with many in flight, as in batch; needs rag-rerank[aiohttp])")
-    p.add_argument("--embedder", "-e", default="lexical",
-                   help="post-pass embedder: lexical (default), sentence-transformers[:MODEL] (needs "
-                   "rag-rerank[st]), openai[:MODEL]")
-    p.add_argument("--embed-base-url", default=None, metavar="URL",
-                   help="OpenAI-compatible embeddings server for --embedder openai[:MODEL] (default: "
-                   "--base-url when --backend is openai, otherwise OPENAI_BASE_URL or api.openai.com)")
-    p.add_argument("--fallback", type=fallback_steps, default=None, metavar="STEP[,STEP...]",
-                   help="if the backend fails after all attempts, the scorers to try in order, per window: "
-                   "local, cross-encoder:MODEL, input (the first-stage order; last); meta.status says so")
-    p.add_argument("--deadline", type=float, default=None, metavar="SECONDS",
-                   help="wall-clock bound on one rerank's backend calls and retries, a call still "
-                   "running is cut (default 120)")
-    p.add_argument("--max-tokens", type=whole_number, default=None, metavar="N",
-                   help="the LLM's output budget for the first attempt (default: estimated from the "
-                   "request, at least 512); a reasoning model needs room to think before it answers")
+def add_backend_args(p: argparse.ArgumentParser, command: str) -> None:
+    add_flags(p, command, "backend", "model", "base_url", "backend_options", "embedder", "fallback", "policy")
 
 
-def add_window_args(p: argparse.ArgumentParser, concurrency: bool = False) -> None:
-    p.add_argument("--window-size", type=int, default=None, metavar="N",
-                   help="more candidates than one prompt takes (up to 1000): score windows of N chunks "
-                   "concurrently, then one final pass over the best N (N at most 50)")
-    if concurrency:
-        p.add_argument("--concurrency", type=int, default=4,
-                       help="with --window-size: window calls in flight at most (default 4)")
+def add_window_args(p: argparse.ArgumentParser, command: str, concurrency: bool = False) -> None:
+    add_flags(p, command, "window_size", *(("concurrency",) if concurrency else ()))
 
 
-def add_pipeline_args(p: argparse.ArgumentParser) -> None:
+def add_pipeline_args(p: argparse.ArgumentParser, command: str) -> None:
     """Options of `rerank` / `batch` only: the post-pass layout, strict parsing, the duplicate
-    threshold and the minimum score."""
-    p.add_argument("--layout", default="mmr", choices=["mmr", "diversity", "lost_in_the_middle"],
-                   help="order of the kept chunks (default: mmr)")
-    p.add_argument("--strict", action="store_true",
-                   help="no formatting repair: a fenced or prose-wrapped answer is re-asked, not salvaged")
-    p.add_argument("--duplicate-threshold", type=float, default=None, metavar="COSINE",
-                   help="near-duplicate similarity in [0, 1] at or above which two chunks may be redundant "
-                   "(default: the embedder's own; 1.0 keeps all but identical ones)")
-    p.add_argument("--min-score", type=float, default=None, metavar="SCORE",
-                   help="a chunk scored at or below it is dropped as below_min_score (default 0.2)")
-    p.add_argument("--calibration", default=None, metavar="FILE",
-                   help="map the backend's scores to probabilities with a file from rag-rerank calibrate "
-                   "(before --min-score and MMR; meta.calibration names it)")
-    p.add_argument("--consistency", type=whole_number, default=None, metavar="K",
-                   help="rank K times over seeded shuffles of the chunks and combine the scores (K times "
-                   "the calls; meta.consistency reports the passes' agreement)")
+    threshold and the minimum score, the calibration and consistency."""
+    add_flags(p, command, "layout", "strict", "duplicate_threshold", "limits", "calibration", "consistency")
 
 
 def pipeline_options(args: argparse.Namespace) -> dict[str, Any]:
@@ -195,30 +181,13 @@ def pipeline_options(args: argparse.Namespace) -> dict[str, Any]:
     return opts
 
 
-def add_cost_args(p: argparse.ArgumentParser, batch: bool = False) -> None:
+def add_cost_args(p: argparse.ArgumentParser, command: str, batch: bool = False) -> None:
     """The response cache, the dry run, prices and the budget (`rerank`, `batch`; docs/cost.md)."""
     g = p.add_argument_group("cost", "cache answers, plan before spending, and cap the spend")
-    g.add_argument("--cache", nargs="?", const=True, default=None, metavar="DIR",
-                   help="keep the backend's valid answers and answer identical calls from them (default "
-                   "folder: ~/.cache/rag-rerank; also RAG_RERANK_CACHE=1 or =DIR)")
-    g.add_argument("--no-cache", action="store_true",
-                   help="no response cache, whatever RAG_RERANK_CACHE says")
-    g.add_argument("--replay", action="store_true",
-                   help="answer only from the cache (--cache DIR), failing on a call it does not hold "
-                   "(exit 3)")
+    add_flags(g, command, "cache")
     g.add_argument("--dry-run", action="store_true",
                    help="print the plan (calls, round trips, estimated tokens and cost) and make no request")
-    g.add_argument("--price-input", type=float, default=None, metavar="PRICE",
-                   help="price per million input tokens, for the plan's cost and --budget-cost")
-    g.add_argument("--price-output", type=float, default=None, metavar="PRICE",
-                   help="price per million output tokens")
-    what = "the whole batch" if batch else "the rerank"
-    g.add_argument("--budget-calls", type=whole_number, default=None, metavar="N",
-                   help=f"most backend requests {what} may make (retries and re-asks included)")
-    g.add_argument("--budget-tokens", type=whole_number, default=None, metavar="N",
-                   help=f"most tokens (prompt + completion) {what} may use")
-    g.add_argument("--budget-cost", type=float, default=None, metavar="AMOUNT",
-                   help=f"most {what} may cost (needs --price-input and --price-output)")
+    add_flags(g, command, "prices", "budget", what="the whole batch" if batch else "the rerank")
 
 
 def cost_options(args: argparse.Namespace) -> dict[str, Any]:
@@ -254,22 +223,9 @@ def print_plan(planned: dict[str, Any], indent: int | None) -> int:
     return EXIT_OK
 
 
-def add_meta_args(p: argparse.ArgumentParser) -> None:
+def add_meta_args(p: argparse.ArgumentParser, command: str) -> None:
     """Metadata options of `rerank` / `batch` (see rag_rerank.fusion)."""
-    p.add_argument("--meta-field", default=None, metavar="KEY",
-                   help="fuse the scorer's order with this meta field (a date, a rating) before MMR")
-    p.add_argument("--meta-weight", type=float, default=None, help="0 off ... 1 metadata order only (1.0)")
-    p.add_argument("--meta-ranking-mode", choices=["reciprocal_rank_fusion", "linear_score"], default=None,
-                   help="how the two orders are fused (reciprocal_rank_fusion)")
-    p.add_argument("--meta-sort-order", choices=["descending", "ascending"], default=None,
-                   help="descending (default): the largest / newest value is best")
-    p.add_argument("--missing-meta", choices=["bottom", "top", "drop"], default=None,
-                   help="where chunks without the field go (bottom); drop lists them in dropped")
-    p.add_argument("--meta-value-type", choices=["float", "int", "date"], default=None,
-                   help="how values are read (float); date is ISO 8601")
-    p.add_argument("--embed-meta-field", action="append", default=None, metavar="KEY",
-                   dest="embed_meta_fields",
-                   help="put this meta field's value before each chunk's text for the scorers (repeatable)")
+    add_flags(p, command, *SCORING_OPTIONS)
 
 
 META_FLAGS = ("meta_weight", "meta_ranking_mode", "meta_sort_order", "missing_meta", "meta_value_type")
@@ -324,35 +280,32 @@ def embedder_option(args: argparse.Namespace) -> Any:
 def run_options(args: argparse.Namespace) -> dict[str, Any]:
     if args.base_url is not None and (problem := base_url_problem(args.base_url)):
         raise UsageError(f"--base-url: {problem}")
-    if args.base_url is not None and args.backend in ("local", "cross-encoder"):
-        # These backends call no server; a URL given to them would be silently ignored.
-        raise UsageError(f"--base-url names the server of --backend openai, anthropic or rerank-api; the "
-                         f"{args.backend} backend calls none (for an openai embedder's server, use "
-                         "--embed-base-url)")
-    if args.model is not None and args.backend == "local":
-        # `-m gpt-4o-mini` without `--backend openai` would rank with the local scorer, silently.
-        raise UsageError(f"--model {args.model} names the model of --backend openai, anthropic, rerank-api "
-                         "or cross-encoder; the local backend takes none (its scorer follows --embedder)")
-    knobs = {key: getattr(args, key, None) for key in CE_FLAGS}
+    # A connection option the backend would ignore (`-m gpt-4o-mini` without `--backend openai`
+    # would rank with the local scorer, silently): the factory's check, worded with the flags.
+    unused = unused_option_violations(args.backend, model=args.model, base_url=args.base_url,
+                                      hints={"base_url": " (an openai embedder's server: --embed-base-url)"})
+    if unused:
+        raise with_flags(InputError(unused), {"model": "--model", "base_url": "--base-url"})
+    knobs = {key: getattr(args, key, None) for key in BACKEND_FLAGS}
     knobs = {key: value for key, value in knobs.items() if value is not None}
-    if knobs and args.backend != "cross-encoder":
-        flags = ", ".join(f"--{key.replace('_', '-')}" for key in knobs)
-        verb = "applies" if len(knobs) == 1 else "apply"
-        raise UsageError(f"{flags} {verb} to --backend cross-encoder only")
-    if getattr(args, "scoring", None) is not None:
-        if args.backend != "openai":
-            raise UsageError(f"--scoring applies to --backend openai only, not {args.backend}")
-        knobs["scoring"] = args.scoring
-    if getattr(args, "http", None) is not None:
-        if args.backend not in ("openai", "anthropic"):
-            raise UsageError(f"--http applies to --backend openai or anthropic only, not {args.backend}")
-        knobs["http"] = args.http
+    # A backend's own knob given to another backend, from what each backend takes (the factory's).
+    foreign = [key for key in knobs if key not in BACKEND_OPTIONS.get(args.backend, ())]
+    if foreign:
+        by_takers: dict[str, list[str]] = {}
+        for key in foreign:
+            takers = " or ".join(b for b, takes in BACKEND_OPTIONS.items() if key in takes)
+            by_takers.setdefault(takers, []).append(f"--{key.replace('_', '-')}")
+        raise UsageError("; ".join(f"{', '.join(flags)} {'applies' if len(flags) == 1 else 'apply'} to "
+                                   f"--backend {takers} only, not {args.backend}"
+                                   for takers, flags in by_takers.items()))
     return {"backend": args.backend, "model": args.model, "base_url": args.base_url,
             "embedder": embedder_option(args), "fallback": args.fallback, "policy": retry_policy(args),
             "backend_options": knobs or None, "window_size": getattr(args, "window_size", None)}
 
 
-CE_FLAGS = ("device", "batch_size", "max_length", "calibration_factor")
+# The flags of `backend_options`: each a knob of the backends that take it (`BACKEND_OPTIONS`).
+BACKEND_FLAGS = tuple((f.dest or f.name.removeprefix("--").replace("-", "_"))
+                      for f in OPTION["backend_options"].flags)
 
 
 def fallback_steps(text: str) -> str | list[str]:

@@ -20,6 +20,8 @@ from ..significance import METHODS
 from ..wording import counted
 from .common import (
     add_backend_args,
+    add_flags,
+    add_html_arg,
     check_concurrency_flag,
     check_input_files,
     progress_bar,
@@ -106,34 +108,13 @@ def register(command: Callable[..., argparse.ArgumentParser]) -> None:
     )
     p.add_argument("--seed", type=whole_number, default=0, help="seed of the resamples (default 0)")
     p.add_argument("--top", type=whole_number, default=5, help="queries listed as moved most (default 5)")
-    p.add_argument(
-        "--price-input",
-        type=float,
-        default=None,
-        metavar="PRICE",
-        help="price per million prompt tokens, for the cost per query of runs with usage",
-    )
-    p.add_argument(
-        "--price-output",
-        type=float,
-        default=None,
-        metavar="PRICE",
-        help="price per million completion tokens",
-    )
-    p.add_argument(
-        "--concurrency", type=whole_number, default=4, help="reranks in flight at most (default 4)"
-    )
+    add_flags(p, "compare", "prices", "concurrency")
     p.add_argument(
         "--json", action="store_true", help="print one JSON object (every figure) instead of a table"
     )
-    p.add_argument(
-        "--html",
-        default=None,
-        metavar="FILE",
-        help="also write a self-contained HTML report (needs rag-rerank[report])",
-    )
+    add_html_arg(p, "the per-query difference chart and the cost per query when usage is known")
     p.add_argument("--no-progress", action="store_true", help="never show a progress bar")
-    add_backend_args(p)
+    add_backend_args(p, "compare")
     p.set_defaults(func=run)
 
 

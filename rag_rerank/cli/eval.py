@@ -18,6 +18,7 @@ from ..guard.limits import load_limits
 from ..wording import counted
 from .common import (
     add_backend_args,
+    add_flags,
     add_html_arg,
     add_meta_args,
     add_window_args,
@@ -44,21 +45,16 @@ def register(command: Callable[..., argparse.ArgumentParser]) -> None:
     p.add_argument("--rel-level", type=int, default=1,
                    help="lowest qrels grade that counts as relevant for Recall and MRR (default 1; DL19 "
                    "convention: 2)")
-    p.add_argument("--duplicate-threshold", type=float, default=None,
-                   help="post-pass near-duplicate cosine in [0, 1] (default: the embedder's own; 1.0 keeps "
-                   "all but identical vectors)")
-    p.add_argument("--lambda", dest="lambda_", type=float, default=None,
-                   help="MMR trade-off in [0, 1] (0.7)")
+    add_flags(p, "eval", "duplicate_threshold", "lambda_")
     p.add_argument("--subtopics", default=None, metavar="FILE", help="subtopic judgments for alpha-nDCG")
-    p.add_argument("--concurrency", type=whole_number, default=4,
-                   help="queries reranked at once at most (default 4)")
+    add_flags(p, "eval", "concurrency")
     p.add_argument("--resume", default=None, metavar="FILE", help="cache of per-query results to resume from")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     add_html_arg(p, "the per-query difference of each metric, reranked against input order")
     p.add_argument("--no-progress", action="store_true", help="never show a progress bar")
-    add_backend_args(p)
-    add_window_args(p)
-    add_meta_args(p)
+    add_backend_args(p, "eval")
+    add_window_args(p, "eval")
+    add_meta_args(p, "eval")
     p.set_defaults(func=run)
 
 

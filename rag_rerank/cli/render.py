@@ -14,7 +14,7 @@ from .common import EXIT_OK, add_request_args, one_prompt
 
 def register(command: Callable[..., argparse.ArgumentParser]) -> None:
     p = command("render", "print the XML prompt that would be sent to an LLM")
-    add_request_args(p)
+    add_request_args(p, "render")
     p.set_defaults(func=run)
 
 

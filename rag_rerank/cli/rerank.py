@@ -32,8 +32,8 @@ from .common import (
 
 def register(command: Callable[..., argparse.ArgumentParser]) -> None:
     p = command("rerank", "rerank chunks for a query and print the result object")
-    add_request_args(p)
-    add_backend_args(p)
+    add_request_args(p, "rerank")
+    add_backend_args(p, "rerank")
     p.add_argument("--scores", action="store_true",
                    help="add a \"scores\" object beside ranked and dropped: every input id with its "
                    "score, or why it has none")
@@ -41,10 +41,10 @@ def register(command: Callable[..., argparse.ArgumentParser]) -> None:
                    help="print run metadata (attempts, usage, latency) to stderr")
     p.add_argument("--indent", type=indent_width, default=None,
                    help="pretty-print the JSON (N spaces, N >= 0)")
-    add_pipeline_args(p)
-    add_meta_args(p)
-    add_window_args(p, concurrency=True)
-    add_cost_args(p)
+    add_pipeline_args(p, "rerank")
+    add_meta_args(p, "rerank")
+    add_window_args(p, "rerank", concurrency=True)
+    add_cost_args(p, "rerank")
     p.set_defaults(func=run)
 
 

@@ -7,15 +7,14 @@ import json
 from collections.abc import Callable
 
 from ..router import route
-from .common import EXIT_OK, whole_number
+from .common import EXIT_OK, add_flags, whole_number
 
 
 def register(command: Callable[..., argparse.ArgumentParser]) -> None:
     p = command("route", "decide whether an utterance should route to a skill")
     p.add_argument("utterance", help="what the user or agent said, e.g. \"rerank these chunks for my query\"")
     p.add_argument("--n-chunks", type=whole_number, default=None, help="how many chunks the agent holds")
-    p.add_argument("--embedder", default="lexical",
-                   help="lexical (default) or sentence-transformers[:MODEL] (needs rag-rerank[st])")
+    add_flags(p, "route", "--embedder")
     p.set_defaults(func=run)
 
 

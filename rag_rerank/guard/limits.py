@@ -12,6 +12,7 @@ from typing import Any
 
 from ..errors import InputError, Violation
 from ..paths import guard_dir
+from ..tokens import tokens_in_chars
 
 
 @dataclass(frozen=True)
@@ -26,8 +27,8 @@ class Limits:
     default_lambda: float = 0.7
 
     def estimate_tokens(self, n_chars: int) -> int:
-        """A cheap, offline token estimate; a real tokenizer would need a download."""
-        return -(-n_chars // self.chars_per_token)
+        """The guard's token bound from a length (`tokens.tokens_in_chars`, the one estimator's)."""
+        return tokens_in_chars(n_chars, self.chars_per_token)
 
     def with_overrides(self, **changes: Any) -> Limits:
         return replace(self, **{k: v for k, v in changes.items() if v is not None})

@@ -26,8 +26,6 @@ from ..text import NEGATIONS, STOPWORDS, comparable, inflection_key
 from .input import ChunkSource, normal_top_k, parse_chunks, top_k_violations
 from .limits import Limits, as_limits, load_schema
 
-REDUNDANT_PREFIX = "redundant_with:"
-
 _WORD = re.compile(r"\w+", re.UNICODE)
 # Words that say a chunk is relevant without saying why; they do not count as a citation.
 _GENERIC = frozenset(
@@ -432,8 +430,8 @@ def _item_violations(
             msg = (f"reason quotes {shown!r}, which is {quotable.where}; quote the chunk exactly "
                    "or do not quote")
             out.append(Violation(path=f"{path}.reason", message=msg, value=reason, id=cid))
-    elif isinstance(reason, str) and reason.startswith(REDUNDANT_PREFIX):
-        if reason[len(REDUNDANT_PREFIX):] not in ranked_ids:
+    elif isinstance(reason, str) and (target := reasons.redundant_target(reason)) is not None:
+        if target not in ranked_ids:
             msg = f"{reason!r} must name a ranked id"
             out.append(Violation(path=f"{path}.reason", message=msg, value=reason, id=cid))
     elif isinstance(reason, str) and (bad := reasons.problem(reason)) is not None:

@@ -25,7 +25,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from ..backends.factory import unused_option_violations
+from ..backends.factory import name_of, unused_option_violations
 from ..errors import InputError, Violation
 from ..guard.input import validate_params
 from ..models import Dropped, Ranked, RerankResult, RunMeta
@@ -199,7 +199,7 @@ def _plain(value: Any) -> Any:
 def _empty(query: Any, top_k: Any, options: Mapping[str, Any]) -> RerankResult:
     validate_params(query, top_k, options.get("lambda_"), limits=options.get("limits"))
     backend = options.get("backend", "local")
-    name = backend if isinstance(backend, str) else str(getattr(backend, "name", type(backend).__name__))
+    name = backend if isinstance(backend, str) else name_of(backend)
     return RerankResult(ranked=(), dropped=(), meta=RunMeta(backend=name, attempts=0,
                                                             notes=("no candidates: nothing to rerank",)))
 

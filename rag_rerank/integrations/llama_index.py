@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from typing import Any
 
+from ..backends.factory import name_of
 from ..errors import InputError, MissingDependencyError, Violation
 from ..models import RerankResult
 from ..session import SessionCache
@@ -87,7 +88,7 @@ class RagRerankPostprocessor(ComponentValidators, BaseNodePostprocessor):
         return self._last
 
     def _model_name(self) -> str:
-        name = self.backend if isinstance(self.backend, str) else getattr(self.backend, "name", "backend")
+        name = self.backend if isinstance(self.backend, str) else name_of(self.backend)
         return f"rag-rerank:{name}" + (f":{self.model}" if self.model else "")
 
     @staticmethod

@@ -27,7 +27,8 @@ from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
 
-from ..cost import as_prices, makes_requests
+from ..backends.factory import capabilities
+from ..cost import as_prices
 from ..errors import BackendError, BudgetError, CacheMissError, InputError, MissingDependencyError, Violation
 from ..models import RerankResult
 from ..paths import default_cache_dir
@@ -139,7 +140,7 @@ class Service:
         the first request, for the sessions whose backend sends no request: an upstream is never
         called to warm up. Then the service is ready."""
         for session in self.sessions.values():
-            if not makes_requests(session.backend):
+            if not capabilities(session.backend).makes_requests:
                 session.rerank("warm up", [{"id": "0", "text": "warm up the scorer"}], 1)
         self.ready = True
 
@@ -201,7 +202,7 @@ class Service:
         return Usage(calls=plan.requests, tokens=plan.total_tokens, cost=plan.cost or 0.0)
 
     def used(self, session: Reranker, result: RerankResult) -> Usage:
-        units = protocol.billed(result, makes_requests(session.backend))
+        units = protocol.billed(result, capabilities(session.backend).makes_requests)
         prices = as_prices(session.defaults.prices)
         cost = prices.cost(units["input_tokens"], units["output_tokens"]) if prices is not None else 0.0
         return Usage(
@@ -232,7 +233,7 @@ class Service:
             deadline = self.config.limits.deadline_s
             with self.metrics.in_flight.track_inprogress():
                 result = await asyncio.wait_for(self.admitted(key, session, call, options), deadline)
-            sends = makes_requests(session.backend)
+            sends = capabilities(session.backend).makes_requests
             self.metrics.observe(model, result, sends)
             status = 200
             return JSONResponse(protocol.response(call, result, notes))

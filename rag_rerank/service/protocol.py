@@ -236,7 +236,7 @@ def call_options(
 
 def billed(result: RerankResult, sends_requests: bool = True) -> dict[str, int]:
     """What the result cost: backend requests made (not cache hits; none for a backend that sends
-    none, `cost.makes_requests`), input and output tokens."""
+    none, `Capabilities.makes_requests`), input and output tokens."""
     prompt, completion = usage_tokens(result.meta.usage)
     hits = (result.meta.cache or {}).get("hits", 0)
     requests = max(0, result.meta.attempts - hits) if sends_requests else 0
