@@ -46,7 +46,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 from quality import build_dl19_top  # noqa: E402
 from simjudge import Knobs, SimJudge  # noqa: E402
 
-from rag_rerank import Reranker, engine  # noqa: E402
+from rag_rerank import Reranker, consistency  # noqa: E402
 from rag_rerank.backends.openai import forget_modes  # noqa: E402
 from rag_rerank.bias import BiasReport, measure_bias  # noqa: E402
 from rag_rerank.calibration import calibrate, raw_scores  # noqa: E402
@@ -187,10 +187,10 @@ def consistency_part(depth: int) -> str:
             ("judge, primacy 1.0, consistency=5", strongest, 5),
             (f"judge, recency {PRIMACY_STRONG}", recent, 1),
             (f"judge, recency {PRIMACY_STRONG}, consistency=5", recent, 5))
-    chosen = engine.AGGREGATE
+    chosen = consistency.AGGREGATE
     for label, knobs, k in runs:
-        for how in ([chosen] if k == 1 else engine.AGGREGATES):
-            engine.AGGREGATE = how  # the engine's aggregation, switched here only to compare the two
+        for how in ([chosen] if k == 1 else consistency.AGGREGATES):
+            consistency.AGGREGATE = how  # the passes' aggregation, switched here only to compare the two
             forget_modes()
             with SimJudge.from_files(cands, qrels, knobs) as judge:
                 started = time.perf_counter()
@@ -201,7 +201,7 @@ def consistency_part(depth: int) -> str:
             name = label if k == 1 else f"{label}, {how}"
             out.append(f"{name:<60}{_f(rep.reranked['nDCG@10']):>9}{_f(rep.reranked['MRR@10']):>9}"
                        f"{calls:>10}{wall:>7.1f}")
-    engine.AGGREGATE = chosen
+    consistency.AGGREGATE = chosen
     out.append("")
     out.append(f"{'meta.consistency agreement (k=5)':<44}{'mean tau':>9}")
     for primacy in (0.0, 0.1, 0.2, 0.3, 0.5, 0.8):

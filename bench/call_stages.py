@@ -35,6 +35,8 @@ import peers  # noqa: E402
 
 import rag_rerank.backends.openai as openai_backend  # noqa: E402
 import rag_rerank.engine as engine  # noqa: E402
+import rag_rerank.fallback as fallback  # noqa: E402
+import rag_rerank.options as options  # noqa: E402
 import rag_rerank.postpass as postpass  # noqa: E402
 import rag_rerank.retry as retry  # noqa: E402
 from rag_rerank import Reranker  # noqa: E402
@@ -44,12 +46,12 @@ SPENT: dict[str, float] = collections.defaultdict(float)
 # (module or class, attribute, label); nested stages are listed under their parent with "  ".
 STAGES: list[tuple[Any, str, str]] = [
     (openai_backend.OpenAIBackend, "complete", "backend call (SDK send and parse)"),
-    (engine, "postpass", "post-pass"),
+    (fallback, "postpass", "post-pass"),
     (postpass, "_redundancy", "  redundancy judgement"),
     (postpass, "select", "  MMR selection"),
     (postpass, "_resolve_vectors", "  vectors"),
     (retry, "judge", "output guard (judge)"),
-    (engine, "_validated", "input guard (_validated)"),
+    (options, "check_request_options", "input guard (check_request_options)"),
     (engine, "render", "render"),
 ]
 

@@ -1,7 +1,9 @@
 """The calibration map itself, without the machinery that fits it on judged queries
 (`calibration.py`): the `Calibration` value, `apply`, the figures (ECE, Brier), the fitting
 functions (PAV, Platt) and the versioned file (`save`, `load`, `as_calibration`). The engine
-applies a map (`calibration=`) from here; `calibration.py` re-exports every name.
+applies a map (`calibration=`) from here: `resolve` reads the option (a file is read once and again
+only when it changes), `calibrate_answer` maps a backend's answer, `describe` is `meta.calibration`.
+`calibration.py` re-exports the names of the map and its file.
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from .errors import InputError, Violation
+from . import reasons
+from .errors import ConfigError, InputError, Violation
 
 FORMAT = "rag-rerank-calibration"
 VERSION = 1
@@ -320,6 +323,78 @@ def as_calibration(value: Any) -> Calibration:
                                 f"file or its JSON object, got {type(value).__name__}")])
 
 
+# --------------------------------------------------------------------------- the calibration= option
+
+# Calibration files read so far: path -> ((modification time, size), the calibration). A service
+# reads its file once, and again only when it changes (one entry per file, however often it does).
+_FILES: dict[str, tuple[tuple[int, int], Calibration]] = {}
+
+
+def resolve(value: Any) -> tuple[Calibration | None, str | None]:
+    """(the Calibration, the file it came from) for a `calibration=` option, (None, None) without
+    one; a file that cannot be used is a `ConfigError` naming it and what is wrong."""
+    if value is None:
+        return None, None
+    if isinstance(value, (str, os.PathLike)):
+        path = os.fspath(value)
+        where = os.path.abspath(path)
+        try:
+            st = os.stat(path)
+            version: tuple[int, int] | None = (st.st_mtime_ns, st.st_size)
+        except OSError:
+            version = None
+        seen = _FILES.get(where)
+        if version is not None and seen is not None and seen[0] == version:
+            return seen[1], path
+        try:
+            loaded = load(path)
+        except InputError as exc:
+            raise ConfigError(f"calibration file {path}: {'; '.join(v.message for v in exc.violations)}"
+                              ) from None
+        if version is not None:
+            _FILES[where] = (version, loaded)
+        return loaded, path
+    try:
+        return as_calibration(value), None
+    except InputError as exc:
+        raise ConfigError(f"calibration: {'; '.join(v.message for v in exc.violations)}") from None
+
+
+def calibrate_answer(calibration: Calibration, answer: Mapping[str, Any]) -> dict[str, Any]:
+    """A backend's answer with every score it gave mapped: the ranked chunks' scores and the ones
+    dropped reasons carry (`not_selected: 0.410`). The map is monotone, so the order the backend
+    gave stands; the minimum score and MMR then see probabilities."""
+    obj = dict(answer)
+    ranked = [dict(item) for item in obj.get("ranked", ())]
+    dropped = [dict(item) for item in obj.get("dropped", ()) or ()]
+    raw = [float(item["score"]) for item in ranked]
+    carried = [(i, reasons.score_in(item["reason"])) for i, item in enumerate(dropped)]
+    carried = [(i, v) for i, v in carried if v is not None]
+    mapped = apply(calibration, raw + [v for _, v in carried]) if raw or carried else []
+    for item, value in zip(ranked, mapped[:len(raw)], strict=True):
+        item["score"] = round(float(value), 4)
+    for (i, _), value in zip(carried, mapped[len(raw):], strict=True):
+        token = reasons.split(dropped[i]["reason"])[0]  # type: ignore[index]
+        dropped[i]["reason"] = reasons.reason(token, reasons.score_detail(float(value)))
+    obj["ranked"] = ranked
+    if "dropped" in answer:
+        obj["dropped"] = dropped
+    return obj
+
+
+def describe(calibration: Calibration | None, file: str | None, *, backend: str, model: str | None
+             ) -> dict[str, Any] | None:
+    """`meta.calibration`: which map was applied (its method, file and the file format's version),
+    and why it may not suit this backend when it was fitted for another one."""
+    if calibration is None:
+        return None
+    out: dict[str, Any] = {"method": calibration.method, "file": file, "version": VERSION}
+    warning = mismatch(calibration, backend=backend, model=model)
+    if warning:
+        out["warning"] = warning
+    return out
+
+
 def _json_safe(value: Any) -> Any:
     """NaN (a figure over nothing) as null: JSON has no NaN."""
     if isinstance(value, float):
@@ -332,4 +407,5 @@ def _json_safe(value: Any) -> Any:
 
 
 __all__ = ["BINS", "FORMAT", "METHODS", "PLATT_STEPS", "VERSION", "Calibration", "apply", "as_calibration",
-           "brier", "ece", "figures", "fit", "fit_platt", "from_dict", "load", "mismatch", "pav", "save"]
+           "brier", "calibrate_answer", "describe", "ece", "figures", "fit", "fit_platt", "from_dict", "load",
+           "mismatch", "pav", "resolve", "save"]

@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 import re
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -273,6 +273,52 @@ def over_budget(budget: Budget | None, calls: int, tokens: int, cost: float | No
     return tuple(out)
 
 
+@dataclass(frozen=True)
+class PlannedCall:
+    """One call a rerank will make, as the engine lists it: its stage ("call", "window" or
+    "final"), what it asks, the prompt, and whether the response cache holds its answer now."""
+
+    stage: str
+    ask: RerankRequest
+    prompt: str
+    cached: bool = False
+
+
+def estimate_plan(passes: Sequence[Sequence[PlannedCall]], *, backend: Any, backend_name: str,
+                  concurrency: int, max_attempts: int, max_reasks: int,
+                  output_budget: Callable[[RerankRequest, int], int], prices: Prices | None,
+                  budget: Budget | None) -> CostPlan:
+    """The `CostPlan` of the calls of each pass (one pass, or k with `consistency=k`), run one pass
+    after another: a pass's windows go in waves of `concurrency`, then its final pass. A scored
+    backend is never re-asked and writes no answer of its own; a local scorer sends nothing."""
+    scored = bool(getattr(backend, "scored", False))
+    remote = makes_requests(backend)
+    estimates: list[CallEstimate] = []
+    round_trips = 0
+    for calls in passes:
+        for call in calls:
+            tokens = request_tokens(backend, call.prompt, call.ask) if remote else (0, 0)
+            max_tokens = output_budget(call.ask, call.ask.top_k) if remote and not scored else 0
+            estimates.append(CallEstimate(call.stage, len(call.ask.chunks), tokens[0], tokens[1], max_tokens,
+                                          call.cached))
+        windows = sum(1 for call in calls if call.stage == "window")
+        round_trips += (-(-windows // concurrency) + 1) if windows else 1
+    billed = [e for e in estimates if remote and not e.cached]
+    prompt_tokens = sum(e.prompt_tokens for e in billed)
+    completion_tokens = sum(e.completion_tokens for e in billed)
+    cost = prices.cost(prompt_tokens, completion_tokens) if prices is not None else None
+    requests = len(billed)
+    return CostPlan(
+        backend=backend_name, model=getattr(backend, "model", None), calls=len(estimates),
+        requests=requests, round_trips=round_trips if remote else 0,
+        max_reasks=0 if scored else requests * max_reasks,
+        max_requests=requests * (1 if scored else max_attempts), prompt_tokens=prompt_tokens,
+        completion_tokens=completion_tokens, max_completion_tokens=sum(e.max_tokens for e in billed),
+        cost=cost, prices=prices, budget=budget,
+        exceeded=over_budget(budget, requests, prompt_tokens + completion_tokens, cost),
+        estimates=tuple(estimates))
+
+
 def summed(plans: Sequence[CostPlan], budget: Budget | None, backend: str = "",
            model: str | None = None) -> CostPlan:
     """Many requests' plans as one (a batch): counts and tokens added, the budget judged on the sum;
@@ -363,6 +409,6 @@ def usage_tokens(usage: Mapping[str, int]) -> tuple[int, int]:
     return prompt, completion
 
 
-__all__ = ["Budget", "CallEstimate", "CostPlan", "Prices", "Spending", "as_budget", "as_prices",
-           "estimate_answer_tokens", "estimate_tokens", "makes_requests", "over_budget", "refuse",
-           "request_tokens", "summed", "usage_tokens"]
+__all__ = ["Budget", "CallEstimate", "CostPlan", "PlannedCall", "Prices", "Spending", "as_budget",
+           "as_prices", "estimate_answer_tokens", "estimate_plan", "estimate_tokens", "makes_requests",
+           "over_budget", "refuse", "request_tokens", "summed", "usage_tokens"]

@@ -25,14 +25,19 @@ from typing import TYPE_CHECKING, Any, TypedDict
 if TYPE_CHECKING:
     from .backends.base import Backend
     from .cache import ResponseCache
-    from .cost import Budget, Prices
-    from .guard.limits import Limits
-    from .retry import RetryPolicy
 
+from .concurrency import DEFAULT_CONCURRENCY, check_concurrency
+from .cost import Budget, Prices, as_budget, as_prices
 from .errors import InputError, Violation
+from .fusion import MetaFusion, check_embed_meta_fields, meta_fusion
+from .guard import validate_request
+from .guard.input import ChunkSource, duplicate_threshold_violations
+from .guard.limits import Limits, as_limits
+from .models import RerankRequest
+from .retry import RetryPolicy
 from .wording import near_miss
 
-DEFAULT_CONCURRENCY = 4
+MAX_CONSISTENCY = 20
 
 # Built once per session: the backend (and its HTTP clients), the embedder (and its model) and the
 # response cache (its SQLite connections).
@@ -185,6 +190,82 @@ def _check_extra(extra: Mapping[str, Any], run_sets: frozenset[str]) -> None:
         raise InputError(bad)
 
 
+# --------------------------------------------------------------------------- checks
+
+
+def check_options(options: Options) -> None:
+    """The options that are wrong whatever the request: each an `InputError` of its own, before
+    the request is read (as `rerank()` always reported them)."""
+    if options.fallback not in (None, "local"):
+        raise InputError([Violation(path="fallback", value=options.fallback,
+                                    message=f"fallback must be None or 'local', got {options.fallback!r}")])
+    if options.policy is not None and not isinstance(options.policy, RetryPolicy):
+        msg = f"policy must be None or a RetryPolicy, got {type(options.policy).__name__}"
+        raise InputError([Violation(path="policy", message=msg)])
+    check_concurrency(options.concurrency)
+    k = options.consistency
+    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_CONSISTENCY:
+        raise InputError([Violation(path="consistency", value=repr(k),
+                                    message=f"consistency must be a whole number from 1 to {MAX_CONSISTENCY} "
+                                    f"(passes over shuffled orders), got {k!r}")])
+
+
+@dataclass(frozen=True)
+class Checked:
+    """A request and the options that need it read, as typed values: the guarded request, the
+    fields embedded into each text (`embed_meta_fields`), the metadata fusion, prices and budget."""
+
+    request: RerankRequest
+    embed_fields: tuple[str, ...]
+    fusion: MetaFusion | None
+    prices: Prices | None
+    budget: Budget | None
+
+
+def check_request_options(query: Any, chunks: ChunkSource, options: Options, limits: Limits) -> Checked:
+    """The request and the options (embedded meta fields, metadata fusion, prices, budget), every
+    problem with any of them in one `InputError`."""
+    opts = options.scoring()
+    problems: list[Violation] = duplicate_threshold_violations(options.duplicate_threshold)
+    prices: Prices | None = None
+    budget: Budget | None = None
+    try:
+        prices = as_prices(options.prices)
+    except InputError as exc:
+        problems.extend(exc.violations)
+        prices = Prices(0.0, 0.0)  # given, if wrong: a cost limit is not also reported as without prices
+    try:
+        budget = as_budget(options.budget, prices)
+    except InputError as exc:
+        problems.extend(exc.violations)
+    fields: tuple[str, ...] = ()
+    fusion: MetaFusion | None = None
+    try:
+        fields = check_embed_meta_fields(opts.pop("embed_meta_fields", None))
+    except InputError as exc:
+        problems.extend(exc.violations)
+    try:
+        fusion = meta_fusion(**opts)
+    except InputError as exc:
+        problems.extend(exc.violations)
+    try:
+        request = validate_request(query, chunks, options.top_k, options.lambda_, limits=limits,
+                                   window_size=options.window_size)
+    except InputError as exc:
+        problems.extend(exc.violations)
+    if problems:
+        raise InputError(problems)
+    return Checked(request, fields, fusion, prices, budget)
+
+
+def check_request(query: Any, chunks: ChunkSource, options: Options) -> RerankRequest:
+    """The request as `engine.plan` would accept it, or the `InputError` it would raise: for a
+    caller that must judge a request before anything is built (the tool call judges the calling
+    model's arguments before the operator's settings)."""
+    check_options(options)
+    return check_request_options(query, chunks, options, as_limits(options.limits)).request
+
+
 def split_options(options: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """`options` as (session options, request options); an unknown name is an `InputError`."""
     check_names(options, ALL_OPTIONS)
@@ -193,5 +274,6 @@ def split_options(options: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str,
     return session, request
 
 
-__all__ = ["ALL_OPTIONS", "DEFAULT_CONCURRENCY", "REQUEST_OPTIONS", "SCORING_OPTIONS", "SESSION_OPTIONS",
-           "UNKNOWN_KEY_HINT", "Options", "RerankOptions", "check_names", "request_call", "split_options"]
+__all__ = ["ALL_OPTIONS", "DEFAULT_CONCURRENCY", "MAX_CONSISTENCY", "REQUEST_OPTIONS", "SCORING_OPTIONS",
+           "SESSION_OPTIONS", "UNKNOWN_KEY_HINT", "Checked", "Options", "RerankOptions", "check_names",
+           "check_options", "check_request", "check_request_options", "request_call", "split_options"]

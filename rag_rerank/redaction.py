@@ -15,7 +15,10 @@ import base64
 import os
 import re
 from collections.abc import Iterable, Sequence
+from dataclasses import replace
 from urllib.parse import parse_qsl, quote, unquote, urlsplit, urlunsplit
+
+from .errors import BackendError
 
 MASK = "***"
 # Environment variables that hold an API key or a URL that may carry credentials.
@@ -93,3 +96,19 @@ def display_url(url: str | None) -> str | None:
             for p in pairs
         )
     return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+
+
+def failure_summary(error: BaseException, api_key: str | None) -> str:
+    """A failure as `meta.notes` and the log show it: its text with every secret of the call masked."""
+    return scrub(str(error), secrets_of(api_key))
+
+
+def redacted(error: BackendError, api_key: str | None) -> BackendError:
+    """The same failure with any API key removed from its text (attempt details come from SDKs)."""
+    secrets = secrets_of(api_key)
+    text = str(error)
+    if scrub(text, secrets) == text:
+        return error
+    attempts = [replace(a, detail=scrub(a.detail, secrets)) for a in error.attempts]
+    head = scrub(text.split(" [#", 1)[0], secrets)
+    return type(error)(head, attempts, usage=error.usage)  # an EmbedderError stays one

@@ -27,26 +27,14 @@ from .backends.factory import backend_kwargs, make_backend, resolve_embedder
 from .cache import ResponseCache, recall, remember, resolve_cache
 from .concurrency import CALL_LIMIT, call_slot, check_concurrency, run_coroutine
 from .cost import CostPlan, Spending, as_budget, as_prices, refuse, summed
-from .engine import (
-    BATCH_SPENDING,
-    Call,
-    Calls,
-    Flow,
-    Progress,
-    Setup,
-    Step,
-    Work,
-    check_options,
-    cost_plan,
-    flow,
-    plan,
-)
+from .engine import BATCH_SPENDING, cost_plan, flow, plan
 from .errors import RerankError
 from .guard.input import ChunkSource
 from .lifecycle import Closing
 from .models import RerankResult
-from .options import REQUEST_OPTIONS, Options, check_names, request_call, split_options
+from .options import REQUEST_OPTIONS, Options, check_names, check_options, request_call, split_options
 from .retry import Outcome, acall_with_retries, call_with_retries
+from .steps import Call, Calls, Flow, Progress, Setup, Step, Work
 from .windows import WINDOW_PROGRESS
 
 if TYPE_CHECKING:

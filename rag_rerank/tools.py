@@ -30,7 +30,6 @@ from pathlib import Path
 from typing import Any
 
 from .api import rerank
-from .engine import check_request
 from .errors import (
     BackendError,
     InputError,
@@ -42,7 +41,7 @@ from .errors import (
 from .guard.input import MAX_CHUNKS_ADVICE, PATH_HINT, loads_line, window_advice
 from .guard.limits import Limits, as_limits
 from .models import RunMeta
-from .options import Options, split_options
+from .options import Options, check_request, split_options
 from .paths import guard_dir
 from .session import SessionCache
 from .skill import SkillCard, load_skill

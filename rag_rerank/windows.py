@@ -35,22 +35,32 @@ Failure: a window whose call fails after its retries is ranked by the local back
 `meta.notes` carries the error); otherwise the request fails with a `BackendError` that names the
 window (`window 2 of 5 (chunks[40:80]): ...`). The final pass fails or falls back the same way.
 
-This module is arithmetic on requests, with no I/O: what each call is asked (`asked`: a request
-with top_k = candidate_k), how a request is cut into windows, which chunks survive them, and the
-reason of each that did not. The engine (`engine.py`) makes the calls and decides the fallbacks.
+This module holds the arithmetic on requests: what each call is asked (`asked`: a request with
+top_k = candidate_k), how a request is cut into windows, which chunks survive them, and the reason
+of each that did not; and the windowed request's flow (`windowed_flow`), which yields its calls as
+the engine's other flows do (no I/O here either): the windows, the final pass, then the assembly of
+their answers into one result and its `meta.windows`. The fallback of a failed window is decided
+in `fallback.py`, as for every call.
 """
 
 from __future__ import annotations
 
 import contextvars
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from .errors import BackendError, EmbedderError
+from .fallback import Answer, answers, postpass_step
 from .guard.limits import Limits
-from .models import RerankRequest
+from .meta import cache_meta, run_meta, scores_of, scoring_notes
+from .models import Dropped, RerankRequest, RerankResult, add_usage
 from .reasons import BELOW_MIN_SCORE, NOT_IN_FINAL, REDUNDANT_WITH
+from .redaction import failure_summary, redacted
 from .render import render
+from .retry import Outcome
+from .steps import Flow, Plan, Progress
 from .wording import counted
 
 BELOW_MIN = BELOW_MIN_SCORE
@@ -197,5 +207,147 @@ def final_window(request: RerankRequest, survivors: Survivors, total: int) -> Wi
     return Window(total + 1, total, 0, len(chunks), ask, render(ask), final=True)
 
 
-__all__ = ["NOT_IN_FINAL", "WINDOW_PROGRESS", "Survivors", "Window", "asked", "candidate_k", "final_window",
-           "loser_reason", "select_survivors", "split", "windowed"]
+# --------------------------------------------------------------------------- the windowed flow
+
+
+@dataclass(frozen=True)
+class Scored:
+    """One window's (or the final pass's) guard-valid answer and how it came."""
+
+    obj: Mapping[str, Any]
+    attempts: int
+    repairs: tuple[str, ...]
+    usage: Mapping[str, int]
+    model: str | None
+    latency_ms: float
+    notes: tuple[str, ...] = ()
+    fallback: str | None = None
+    note: str | None = None  # why the fallback answered
+    offline: Plan | None = None  # the plan with the lexical embedder, when the embedder failed here
+    cached: bool = False  # the response cache answered it
+
+
+def _scored(outcome: Outcome, started: float, fallback: str | None = None, note: str | None = None,
+            failed: BackendError | None = None, offline: Plan | None = None) -> Scored:
+    """A call's answer; after a fallback, `failed` is the backend's failure, whose attempts and
+    tokens count too."""
+    attempts, usage = len(outcome.attempts), dict(outcome.usage)
+    if failed is not None:
+        attempts, usage = attempts + len(failed.attempts), add_usage(failed.usage, usage)
+    return Scored(outcome.obj, attempts, tuple(outcome.repairs), usage, outcome.model,
+                  (time.perf_counter() - started) * 1000.0, tuple(outcome.notes), fallback, note, offline,
+                  outcome.cached and failed is None)
+
+
+def windowed_flow(plan: Plan) -> Flow:
+    """Windows scored concurrently, one final pass over the survivors, the post-pass over them."""
+    assert plan.window_size is not None
+    windows = split(plan.view, plan.window_size)
+    concurrency = int(plan.options.concurrency)
+    # Threads for the synchronous driver: the local backend is CPU-bound (the GIL would only add
+    # switching), a remote one waits on the network.
+    workers = 1 if plan.backend_name == "local" else max(1, min(concurrency, len(windows)))
+    total = len(windows) + 1
+    got = yield from answers(plan, [(w.ask, w.prompt, w.label) for w in windows], workers=workers,
+                             limit=concurrency, progress=(0, total))
+    scored = [_window_answer(plan, w, a) for w, a in zip(windows, got, strict=True)]
+    survivors = select_survivors(plan.view, plan.limits, windows, [s.obj for s in scored], plan.window_size)
+    final = None
+    if survivors.indices:
+        window = final_window(plan.view, survivors, len(windows))
+        (answer,) = yield from answers(plan, [(window.ask, window.prompt, window.label)], workers=1,
+                                       limit=concurrency)
+        final = (window, _window_answer(plan, window, answer))
+    yield Progress(total, total)
+    return (yield from _assemble(plan, windows, scored, survivors, final))
+
+
+def _window_answer(plan: Plan, window: Window, answer: Answer) -> Scored:
+    """A window's (or the final pass's) answer, or its failure raised with the window named."""
+    started = time.perf_counter()
+    if answer.outcome is None:
+        error = answer.error
+        if isinstance(error, BackendError):
+            raise _named(plan, window, error)
+        raise error  # type: ignore[misc]
+    if answer.error is None:
+        return _scored(answer.outcome, started)
+    error, used = answer.error, answer.used
+    assert isinstance(error, BackendError) and used is not None
+    offline = used if used.embedder_note is not None else None
+    if isinstance(error, EmbedderError) and plan.backend_name == "local":
+        return _scored(answer.outcome, started, failed=error, offline=offline)
+    summary = failure_summary(error, plan.setup.api_key)
+    note = (f"{window.name}: {plan.backend_name} failed after {counted(len(error.attempts), 'attempt')}, "
+            f"ranked by the local backend: {summary}")
+    return _scored(answer.outcome, started, "local", note, error, offline)
+
+
+def _named(plan: Plan, window: Window, error: BackendError) -> BackendError:
+    """The failure with the window it happened in at the front, API keys removed."""
+    clean = redacted(error, plan.setup.api_key)
+    head = str(clean).split(" [#", 1)[0]
+    return BackendError(f"{window.label}: {head}", clean.attempts, usage=clean.usage)
+
+
+def _entry(window: Window, answer: Scored, survivors: Survivors | None, cache: bool) -> dict[str, Any]:
+    entry: dict[str, Any] = {"stage": "final" if window.final else "window", "index": window.index,
+                             "size": len(window.ask.chunks)}
+    if not window.final:
+        entry["chunks"] = [window.first, window.end]
+        if survivors is not None:
+            entry["survivors"] = sum(1 for i in survivors.indices if window.first <= i < window.end)
+    entry.update({"attempts": answer.attempts, "usage": dict(answer.usage), "fallback": answer.fallback,
+                  "latency_ms": round(answer.latency_ms, 3)})
+    if cache:
+        entry["cached"] = answer.cached
+    return entry
+
+
+def _assemble(plan: Plan, windows: Sequence[Window], scored: Sequence[Scored], survivors: Survivors,
+              final: tuple[Window, Scored] | None) -> Flow:
+    """The post-pass over the survivors, the losers' reasons, and the meta of every call."""
+    request = plan.request
+    # Once the embedder failed in a window, the rest of the request compares lexical vectors too.
+    plan = next((a.offline for a in (*scored, *([final[1]] if final else [])) if a.offline), plan)
+    if final is not None:
+        window, answer = final
+        kept = survivors.indices
+        sub = replace(plan, request=replace(request, chunks=tuple(request.chunks[i] for i in kept)))
+        result, sub = yield from postpass_step(sub, answer.obj, replace(plan.view, chunks=window.ask.chunks),
+                                               plan.fallback)
+        plan = replace(plan, embedder=sub.embedder, embedder_note=sub.embedder_note)
+    else:  # no chunk scored above the minimum in any window: nothing to rank
+        result = RerankResult(ranked=())
+    ranked_ids = {r.id for r in result.ranked}
+    reason_of = {d.id: d.reason for d in result.dropped}
+    for i, why in survivors.reasons.items():
+        reason_of[request.chunks[i].id] = why
+    for i, (window, own) in survivors.window_dropped.items():
+        reason_of[request.chunks[i].id] = loser_reason(window, own, ranked_ids)
+    dropped = tuple(Dropped(c.id, reason_of[c.id]) for c in request.chunks if c.id not in ranked_ids)
+
+    calls = [*zip(windows, scored, strict=True), *([final] if final is not None else [])]
+    usage = add_usage(*(answer.usage for _, answer in calls))
+    repairs = [f"{w.name}: {r}" for w, a in calls for r in a.repairs]
+    notes = [a.note for _, a in calls if a.note] + scoring_notes(plan)
+    notes.append(f"windows: {len(windows)} of at most {counted(windows[0].end - windows[0].first, 'chunk')}, "
+                 f"{counted(len(survivors.indices), 'survivor')}"
+                 + (", final pass skipped (no chunk above the minimum score)" if final is None else ""))
+    model = next((a.model for w, a in reversed(calls) if a.fallback is None and a.model), None)
+    cache = cache_meta(plan, [(a.cached, a.usage) for _, a in calls])
+    meta = run_meta(plan, model=model or getattr(plan.backend, "model", None),
+                    attempts=sum(a.attempts for _, a in calls), repairs=repairs, usage=usage,
+                    fallback="local" if any(a.fallback for _, a in calls) else None, notes=notes,
+                    calls=len(calls),
+                    windows=tuple(_entry(w, a, survivors, cache is not None) for w, a in calls),
+                    cache=cache)
+    meta = replace(meta, embedder=result.meta.embedder or meta.embedder,
+                   notes=(*meta.notes, *result.meta.notes))
+    objs = [a.obj for a in scored] + ([final[1].obj] if final is not None else [])
+    return RerankResult(ranked=result.ranked, dropped=dropped, meta=meta,
+                        scores=scores_of(request, objs, result.ranked))
+
+
+__all__ = ["NOT_IN_FINAL", "WINDOW_PROGRESS", "Scored", "Survivors", "Window", "asked", "candidate_k",
+           "final_window", "loser_reason", "select_survivors", "split", "windowed", "windowed_flow"]
