@@ -16,6 +16,7 @@ from . import reasons
 from .calibration_map import describe
 from .cost import usage_tokens
 from .models import Ranked, RerankRequest, RunMeta
+from .shortening import evidence_meta
 from .steps import Plan
 
 UNSCORED = "not scored: the model neither ranked nor dropped it"
@@ -72,6 +73,7 @@ def run_meta(plan: Plan, *, model: str | None, attempts: int, repairs: Sequence[
         cache=cache,
         calibration=describe(plan.calibration, plan.calibration_file, backend=plan.backend_name,
                              model=getattr(plan.backend, "model", None)),
+        evidence=evidence_meta(plan.evidence),
     )
 
 

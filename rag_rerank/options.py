@@ -19,7 +19,7 @@ import contextvars
 import dataclasses
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, TypedDict
 
 if TYPE_CHECKING:
@@ -35,6 +35,7 @@ from .guard.input import ChunkSource, duplicate_threshold_violations
 from .guard.limits import Limits, as_limits
 from .models import RerankRequest
 from .retry import RetryPolicy
+from .shortening import check_max_tokens_per_chunk, token_counter
 from .wording import near_miss
 
 MAX_CONSISTENCY = 20
@@ -76,6 +77,8 @@ class Options:
     prices: Any = None  # a cost.Prices, {"input": X, "output": Y} per million tokens, or None
     consistency: Any = 1  # passes over seeded shuffled orders, scores combined (engine.aggregate)
     calibration: Any = None  # a calibration.Calibration, its file's path, or None
+    max_tokens_per_chunk: Any = None  # None, or a chunk over it is shown as its evidence (shortening.py)
+    tokenizer: Any = None  # None (the offline estimate), a callable text -> count, or an object with encode
 
     def merged(self, overrides: Mapping[str, Any]) -> Options:
         """These options with `overrides` (request option names) in place; an unknown name is an
@@ -119,6 +122,8 @@ class RerankOptions(TypedDict, total=False):
     prices: Prices | Mapping[str, float] | None
     consistency: int
     calibration: Any
+    max_tokens_per_chunk: int | None
+    tokenizer: Any
 
 
 REQUEST_OPTIONS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(Options))
@@ -248,14 +253,31 @@ def check_request_options(query: Any, chunks: ChunkSource, options: Options, lim
         fusion = meta_fusion(**opts)
     except InputError as exc:
         problems.extend(exc.violations)
+    problems.extend(check_max_tokens_per_chunk(options.max_tokens_per_chunk))
     try:
-        request = validate_request(query, chunks, options.top_k, options.lambda_, limits=limits,
+        token_counter(options.tokenizer)
+    except InputError as exc:
+        problems.extend(exc.violations)
+    # Over the context budget is not refused here when the chunks may be shortened to fit
+    # (`shortening.shorten`, after the request is read): it checks the budget itself.
+    guarded = replace(limits, max_context_tokens=UNBOUNDED) if shortens(options) else limits
+    try:
+        request = validate_request(query, chunks, options.top_k, options.lambda_, limits=guarded,
                                    window_size=options.window_size)
     except InputError as exc:
         problems.extend(exc.violations)
     if problems:
         raise InputError(problems)
     return Checked(request, fields, fusion, prices, budget)
+
+
+UNBOUNDED = 2**62
+
+
+def shortens(options: Options) -> bool:
+    """Whether long chunks may be shown as their evidence: with `max_tokens_per_chunk`, or to meet
+    the context budget unless `strict` (which refuses an over-budget request as it always did)."""
+    return options.max_tokens_per_chunk is not None or not options.strict
 
 
 def check_request(query: Any, chunks: ChunkSource, options: Options) -> RerankRequest:
@@ -276,4 +298,4 @@ def split_options(options: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str,
 
 __all__ = ["ALL_OPTIONS", "DEFAULT_CONCURRENCY", "MAX_CONSISTENCY", "REQUEST_OPTIONS", "SCORING_OPTIONS",
            "SESSION_OPTIONS", "UNKNOWN_KEY_HINT", "Checked", "Options", "RerankOptions", "check_names",
-           "check_options", "check_request", "check_request_options", "request_call", "split_options"]
+           "check_options", "check_request", "check_request_options", "request_call", "shortens", "split_options"]

@@ -130,6 +130,8 @@ class Plan:
     spending: Spending | None = None  # the budget's meter (a batch's, shared, when it sets one)
     calibration: Any = None  # the calibration.Calibration applied to the backend's scores, or None
     calibration_file: str | None = None  # the file it was read from
+    # The chunks shown as their evidence (`shortening.py`), by id: what meta.evidence reports.
+    evidence: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def backend(self) -> Backend:

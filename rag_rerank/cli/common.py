@@ -168,6 +168,10 @@ def add_pipeline_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--consistency", type=whole_number, default=None, metavar="K",
                    help="rank K times over seeded shuffles of the chunks and combine the scores (K times "
                    "the calls; meta.consistency reports the passes' agreement)")
+    p.add_argument("--max-tokens-per-chunk", type=whole_number, default=None, metavar="N",
+                   help="show a chunk over N tokens as its most query-relevant passages (in document order, "
+                   "cut text marked [...]; meta.evidence has the kept offsets); without it only chunks that "
+                   "would overflow the context budget are shortened (none with --strict)")
 
 
 def pipeline_options(args: argparse.Namespace) -> dict[str, Any]:
@@ -184,6 +188,8 @@ def pipeline_options(args: argparse.Namespace) -> dict[str, Any]:
         opts["calibration"] = args.calibration
     if getattr(args, "consistency", None) is not None:
         opts["consistency"] = args.consistency
+    if getattr(args, "max_tokens_per_chunk", None) is not None:
+        opts["max_tokens_per_chunk"] = args.max_tokens_per_chunk
     return opts
 
 
