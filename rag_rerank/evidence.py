@@ -394,6 +394,29 @@ def quote_in_passages(quote: str, evidence: Evidence, original: str, contains: C
     return any(contains(quote, original[p.start:p.end]) for p in evidence.passages)
 
 
+def passages_of(texts: Sequence[str]) -> tuple[list[str], np.ndarray]:
+    """Shown texts cut at their elision marks: the passages, and which text each came from. A scored
+    backend scores a shortened chunk by its best passage (`best_of`): scored as one text, the
+    passages' unrelated neighbours dilute a match that scored alone would stand out."""
+    pieces: list[str] = []
+    owner: list[int] = []
+    for i, text in enumerate(texts):
+        parts = [p for p in text.split(ELISION) if p.strip()] or [text]
+        pieces.extend(parts)
+        owner.extend([i] * len(parts))
+    return pieces, np.asarray(owner, dtype=np.int64)
+
+
+def best_of(values: np.ndarray, owner: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per text, the maximum of its passages' `values` and the index of the passage that gave it."""
+    best = np.full(n, -np.inf)
+    which = np.zeros(n, dtype=np.int64)
+    for k, (i, v) in enumerate(zip(owner.tolist(), np.asarray(values, dtype=np.float64).tolist(), strict=True)):
+        if v > best[i]:
+            best[i], which[i] = v, k
+    return best, which
+
+
 __all__ = ["DEFAULT_WEIGHTS", "ELISION", "MIN_TOKENS_PER_CHUNK", "Evidence", "Passage", "Scorer", "TokenCounter",
-           "Weights", "chars_per_token", "clear_cache", "has_prose", "lines", "quote_in_passages",
+           "Weights", "best_of", "chars_per_token", "clear_cache", "has_prose", "lines", "passages_of", "quote_in_passages",
            "select", "sentences"]

@@ -149,3 +149,15 @@ def test_another_embedder_is_read_through_its_own_vectors() -> None:
     text = "Plain words here. " * 20 + "Xx xx xx zebra xx. " + "Plain words here. " * 20
     ev = select("xxx", text, 16, scorer=Scorer(Letters()))
     assert any("Xx xx" in k for k in ev.passage_texts(text))
+
+
+def test_a_shown_text_is_scored_by_its_best_passage() -> None:
+    import numpy as np
+
+    from rag_rerank.evidence import best_of, passages_of
+
+    pieces, owner = passages_of(["plain text", f"first part{ELISION}second part{ELISION}third", ELISION])
+    assert pieces == ["plain text", "first part", "second part", "third", ELISION]
+    assert owner.tolist() == [0, 1, 1, 1, 2]
+    best, which = best_of(np.array([0.1, 0.3, 0.9, 0.2, 0.5]), owner, 3)
+    assert best.tolist() == pytest.approx([0.1, 0.9, 0.5]) and which.tolist() == [0, 2, 4]
