@@ -151,11 +151,104 @@ def tune(pairs: list[dict[str, Any]]) -> None:
         print(f"{total:.3f} {w} " + " ".join(f"{b}:{r[b]:.3f}" for b in BUDGETS))
 
 
+# --------------------------------------------------------------------------- TREC DL19, padded
+
+
+def dl19_ndcg(order: list[str], grades: dict[str, int], k: int = 10) -> float:
+    """nDCG@k, trec_eval style: linear gain, log2 discount, the ideal from every judged passage."""
+    dcg = sum(grades.get(d, 0) / math.log2(r + 2) for r, d in enumerate(order[:k]))
+    ideal = sorted(grades.values(), reverse=True)[:k]
+    best = sum(g / math.log2(r + 2) for r, g in enumerate(ideal))
+    return dcg / best if best > 0 else 0.0
+
+
+def padded(queries: list[dict[str, Any]], depth: int, tokens: int, seed: int = 19) -> list[list[dict[str, str]]]:
+    """Each query's top-`depth` candidates, each placed at a random position inside unrelated text
+    (passages of other queries' candidates) until the chunk holds about `tokens` tokens."""
+    import random
+
+    rng = random.Random(seed)
+    out = []
+    for qi, q in enumerate(queries):
+        others = [h["content"] for qj, o in enumerate(queries) if qj != qi for h in o["hits"]]
+        chunks = []
+        for h in q["hits"][:depth]:
+            filler: list[str] = []
+            while chars_per_token(" ".join(filler)) + chars_per_token(h["content"]) < tokens:
+                filler.append(rng.choice(others))
+            filler.insert(rng.randrange(len(filler) + 1), h["content"])
+            chunks.append({"id": h["docid"], "text": " ".join(filler)})
+        out.append(chunks)
+    return out
+
+
+def head_cut(chunks: list[dict[str, str]], budget: int) -> list[dict[str, str]]:
+    """Each chunk cut to its first `budget` tokens (the package's estimate), at a word boundary."""
+    from rag_rerank.cost import estimate_tokens
+
+    out = []
+    for c in chunks:
+        words = c["text"].split(" ")
+        lo, hi = 0, len(words)
+        while lo < hi:  # the most words whose estimate fits
+            mid = (lo + hi + 1) // 2
+            if estimate_tokens(" ".join(words[:mid])) <= budget:
+                lo = mid
+            else:
+                hi = mid - 1
+        out.append({"id": c["id"], "text": " ".join(words[:lo])})
+    return out
+
+
+def bench_dl19(depth: int = 50, tokens: int = 1000, budgets: tuple[int, ...] = (128, 256)) -> None:
+    from rag_rerank import rerank
+    from rag_rerank.cost import estimate_tokens
+
+    queries = json.loads((DATA / "trec-dl19" / "bm25-top100.json").read_text(encoding="utf-8"))
+    grades: dict[str, dict[str, int]] = {}
+    for line in (DATA / "trec-dl19" / "qrels.txt").read_text(encoding="utf-8").splitlines():
+        qid, _, doc, grade = line.split()
+        grades.setdefault(qid, {})[doc] = int(grade)
+    long = padded(queries, depth, tokens)
+
+    def ndcg_of(chunks_of: Any, **options: Any) -> tuple[float, float]:
+        scores, shown = [], []
+        for q, chunks in zip(queries, chunks_of, strict=True):
+            result = rerank(q["query"], chunks, top_k=10, lambda_=1.0, **options)
+            order = [r.id for r in result.ranked]
+            rest = sorted((c["id"] for c in chunks if c["id"] not in order),
+                          key=lambda i: -(result.scores[i] if isinstance(result.scores[i], float) else -1.0))
+            scores.append(dl19_ndcg(order + rest, grades[str(q["hits"][0]["qid"])]))
+            ev = result.meta.evidence or {}
+            shown.append(sum(ev[c["id"]]["tokens_after"] if c["id"] in ev else estimate_tokens(c["text"])
+                             for c in chunks))
+        return statistics.mean(scores), statistics.mean(shown)
+
+    unpadded = [[{"id": h["docid"], "text": h["content"]} for h in q["hits"][:depth]] for q in queries]
+    full = statistics.mean(sum(estimate_tokens(c["text"]) for c in chunks) for chunks in long)
+    print(f"TREC DL19, {len(queries)} queries, BM25 top {depth}, local backend (offline default), nDCG@10;"
+          f" padded chunks ~{tokens} tokens ({full:,.0f} chunk tokens per query)")
+    base, base_tokens = ndcg_of(unpadded)
+    print(f"  unpadded passages                          {base:.4f}  chunk tokens shown {base_tokens:,.0f}")
+    fit, fit_tokens = ndcg_of(long)
+    print(f"  padded, evidence to fit max_context_tokens {fit:.4f}  chunk tokens shown {fit_tokens:,.0f}")
+    for b in budgets:
+        ours_, ours_tokens = ndcg_of(long, max_tokens_per_chunk=b)
+        head_, head_tokens = ndcg_of([head_cut(chunks, b) for chunks in long])
+        print(f"  padded, evidence, {b} tokens per chunk      {ours_:.4f}  chunk tokens shown {ours_tokens:,.0f}"
+              f" (saved {full - ours_tokens:,.0f})")
+        print(f"  padded, head truncation, {b} tokens         {head_:.4f}  chunk tokens shown {head_tokens:,.0f}")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--minilm", action="store_true", help="also the sentence-transformers (MiniLM) profile")
     ap.add_argument("--tune", action="store_true", help="sweep the weights on the tuning half")
+    ap.add_argument("--dl19", action="store_true", help="only TREC DL19 with padded candidates")
     args = ap.parse_args()
+    if args.dl19:
+        bench_dl19()
+        return 0
     pairs = load_pairs()
     tune_part, held = halves(pairs)
     if args.tune:
