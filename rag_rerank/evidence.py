@@ -115,17 +115,17 @@ _ABBREVIATIONS = frozenset("""
 al e.g i.e etc vs fig figs eq eqs ref refs no nos vol approx ca cf dr mr mrs ms prof st jr sr inc ltd co
 resp sec chap ed eds pp p ph.d dept univ jan feb mar apr jun jul aug sep sept oct nov dec
 """.split())  # noqa: SIM905 (a word list reads better as text)
-_LAST_WORD = re.compile(r"(\S+)\.\s*$")
 _SENTENCE_LINE = re.compile(r"""[.!?…。！？:]["'”’)\]]*\s*$""")
 _WORD_RUN = re.compile(r"\S+")
 
 
-def _is_break(before: str) -> bool:
-    """Whether a sentence may end after `before` (which ends with its terminal punctuation)."""
-    m = _LAST_WORD.search(before)
-    if m is None:
+def _is_break(text: str, start: int, dot: int) -> bool:
+    """Whether the full stop at `dot` ends the sentence begun at `start`: not after a common
+    abbreviation or a lone letter (an initial). Only the last word is read (a few characters)."""
+    words = text[max(start, dot - 24):dot].split()
+    if not words:
         return True
-    word = m.group(1).lstrip("([\"'“‘").lower()
+    word = words[-1].lstrip("([\"'“‘").lower()
     return not (word in _ABBREVIATIONS or (len(word) == 1 and word.isalpha()))
 
 
@@ -137,7 +137,7 @@ def sentences(text: str) -> list[tuple[int, int]]:
         if m.start() <= start:
             start = max(start, m.end())
             continue
-        if "\n" not in m.group() and text[m.start() - 1] == "." and not _is_break(text[start:m.start()]):
+        if "\n" not in m.group() and text[m.start() - 1] == "." and not _is_break(text, start, m.start() - 1):
             continue
         spans.append((start, m.start()))
         start = m.end()
@@ -241,9 +241,9 @@ class Scorer:
         w = self.weights
         lexical = lexical_scores(query, units)[0] if w.lexical else np.zeros(len(units))
         if self.static:
-            from .embed.static import embed_and_match
+            from .embed.static import vectors_and_match
 
-            vectors, match, _ = embed_and_match(query, units)
+            vectors, match = vectors_and_match(query, units)
             cosine = vectors[1:] @ vectors[0]
         else:
             assert self.embedder is not None
