@@ -39,11 +39,12 @@ sys.path.insert(0, str(ROOT))
 
 from rag_rerank import evidence  # noqa: E402
 from rag_rerank.evidence import Scorer, Weights, chars_per_token, select  # noqa: E402
+from rag_rerank.text import STOPWORDS as _STOP  # noqa: E402
 
 DATA = ROOT.parent / "shared" / "data"
 BUDGETS = (64, 96, 128, 192)
 _WORD = re.compile(r"\w+")
-_STOP = frozenset("a an the of in on for to and or is are was were be by with as at from that this it its".split())
+
 
 
 def load_pairs() -> list[dict[str, Any]]:
@@ -162,7 +163,8 @@ def dl19_ndcg(order: list[str], grades: dict[str, int], k: int = 10) -> float:
     return dcg / best if best > 0 else 0.0
 
 
-def padded(queries: list[dict[str, Any]], depth: int, tokens: int, seed: int = 19) -> list[list[dict[str, str]]]:
+def padded(queries: list[dict[str, Any]], depth: int, tokens: int,
+           seed: int = 19) -> list[list[dict[str, str]]]:
     """Each query's top-`depth` candidates, each placed at a random position inside unrelated text
     (passages of other queries' candidates) until the chunk holds about `tokens` tokens."""
     import random
@@ -235,9 +237,11 @@ def bench_dl19(depth: int = 50, tokens: int = 1000, budgets: tuple[int, ...] = (
     for b in budgets:
         ours_, ours_tokens = ndcg_of(long, max_tokens_per_chunk=b)
         head_, head_tokens = ndcg_of([head_cut(chunks, b) for chunks in long])
-        print(f"  padded, evidence, {b} tokens per chunk      {ours_:.4f}  chunk tokens shown {ours_tokens:,.0f}"
+        print(f"  padded, evidence, {b} tokens per chunk      {ours_:.4f}  chunk tokens shown "
+              f"{ours_tokens:,.0f}"
               f" (saved {full - ours_tokens:,.0f})")
-        print(f"  padded, head truncation, {b} tokens         {head_:.4f}  chunk tokens shown {head_tokens:,.0f}")
+        print(f"  padded, head truncation, {b} tokens         {head_:.4f}  chunk tokens shown "
+              f"{head_tokens:,.0f}")
 
 
 def main() -> int:
@@ -254,7 +258,8 @@ def main() -> int:
     if args.tune:
         tune(tune_part)
         return 0
-    methods: dict[str, Any] = {"head": head, "naive idf pick": naive, "ours (offline default)": ours(Scorer())}
+    methods: dict[str, Any] = {"head": head, "naive idf pick": naive,
+                               "ours (offline default)": ours(Scorer())}
     if args.minilm:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         from rag_rerank.embed import get_embedder

@@ -231,7 +231,8 @@ class Scorer:
 
     def __init__(self, embedder: Any = None, weights: Weights = DEFAULT_WEIGHTS) -> None:
         name = getattr(embedder, "name", embedder if isinstance(embedder, str) else None)
-        self.static = embedder is None or (isinstance(name, str) and name.split(":")[0] in {"lexical", "static"})
+        family = name.split(":")[0] if isinstance(name, str) else None
+        self.static = embedder is None or family in {"lexical", "static"}
         self.embedder = None if self.static else embedder
         self.weights = weights
         self.identity = ("static" if self.static else str(name or type(embedder).__name__), weights)
@@ -324,7 +325,8 @@ def _choose(query: str, text: str, budget: int, count: TokenCounter, scorer: Sco
     before = count(text)
     if before <= budget:
         whole = Passage(0, len(text), 1.0)
-        return Evidence(text, (whole,) if text else (), before, before, budget, "whole", whole if text else None)
+        kept = (whole,) if text else ()
+        return Evidence(text, kept, before, before, budget, "whole", whole if text else None)
     spans = sentences(text)
     mode = "sentences" if has_prose(text, spans) else "windows"
     if mode == "windows":
@@ -388,12 +390,6 @@ def clear_cache() -> None:
         _cache.clear()
 
 
-def quote_in_passages(quote: str, evidence: Evidence, original: str, contains: Callable[[str, str], bool]) -> bool:
-    """Whether `quote` lies inside one kept passage (by the guard's own test `contains(quote, source)`);
-    a quotation spanning an elision mark joins text that is not contiguous in the original."""
-    return any(contains(quote, original[p.start:p.end]) for p in evidence.passages)
-
-
 def passages_of(texts: Sequence[str]) -> tuple[list[str], np.ndarray]:
     """Shown texts cut at their elision marks: the passages, and which text each came from. A scored
     backend scores a shortened chunk by its best passage (`best_of`): scored as one text, the
@@ -411,12 +407,13 @@ def best_of(values: np.ndarray, owner: np.ndarray, n: int) -> tuple[np.ndarray, 
     """Per text, the maximum of its passages' `values` and the index of the passage that gave it."""
     best = np.full(n, -np.inf)
     which = np.zeros(n, dtype=np.int64)
-    for k, (i, v) in enumerate(zip(owner.tolist(), np.asarray(values, dtype=np.float64).tolist(), strict=True)):
+    scores = np.asarray(values, dtype=np.float64).tolist()
+    for k, (i, v) in enumerate(zip(owner.tolist(), scores, strict=True)):
         if v > best[i]:
             best[i], which[i] = v, k
     return best, which
 
 
-__all__ = ["DEFAULT_WEIGHTS", "ELISION", "MIN_TOKENS_PER_CHUNK", "Evidence", "Passage", "Scorer", "TokenCounter",
-           "Weights", "best_of", "chars_per_token", "clear_cache", "has_prose", "lines", "passages_of", "quote_in_passages",
-           "select", "sentences"]
+__all__ = ["DEFAULT_WEIGHTS", "ELISION", "MIN_TOKENS_PER_CHUNK", "Evidence", "Passage", "Scorer",
+           "TokenCounter", "Weights", "best_of", "chars_per_token", "clear_cache", "has_prose", "lines",
+           "passages_of", "select", "sentences"]

@@ -298,4 +298,5 @@ def split_options(options: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str,
 
 __all__ = ["ALL_OPTIONS", "DEFAULT_CONCURRENCY", "MAX_CONSISTENCY", "REQUEST_OPTIONS", "SCORING_OPTIONS",
            "SESSION_OPTIONS", "UNKNOWN_KEY_HINT", "Checked", "Options", "RerankOptions", "check_names",
-           "check_options", "check_request", "check_request_options", "request_call", "shortens", "split_options"]
+           "check_options", "check_request", "check_request_options", "request_call", "shortens",
+           "split_options"]

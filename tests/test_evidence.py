@@ -14,8 +14,8 @@ from rag_rerank.cost import estimate_tokens
 from rag_rerank.evidence import ELISION, Evidence, Scorer, chars_per_token, select, sentences
 
 _PIECES = st.one_of(
-    st.sampled_from(["The cat sat.", " ", ". ", "\n", "\n\n", "Dr. Smith", "e.g. this", "def f(x):", "| a | b |",
-                     "- item", "café", "中文。", "\u0301", "\u200b", "\x00", "…", "?!", "ﬁle"]),
+    st.sampled_from(["The cat sat.", " ", ". ", "\n", "\n\n", "Dr. Smith", "e.g. this", "def f(x):",
+                     "| a | b |", "- item", "café", "中文。", "\u0301", "\u200b", "\x00", "…", "?!", "ﬁle"]),
     st.text(max_size=12),
 )
 TEXT = st.one_of(st.text(max_size=200), st.lists(_PIECES, max_size=60).map("".join),
@@ -100,7 +100,8 @@ def test_code_falls_back_to_a_contiguous_window_around_the_match() -> None:
 
 
 TABLE = "| country | capital | population |\n|---|---|---|\n" + "".join(
-    f"| country{i} | city{i} | {i * 1000} |\n" for i in range(60)) + "| Norway | Oslo | 5400000 |\n" + "".join(
+    f"| country{i} | city{i} | {i * 1000} |\n" for i in range(60)) + "| Norway | Oslo | 5400000 |\n" + (
+    "").join(
     f"| land{i} | town{i} | {i * 7} |\n" for i in range(60))
 
 
@@ -119,8 +120,8 @@ def test_the_choice_is_made_once_and_remembered() -> None:
 
 @pytest.mark.parametrize(("text", "expected"), [
     ("One. Two! Three? Four", ["One.", "Two!", "Three?", "Four"]),
-    ("Fig. 2 shows it. Smith et al. found it. J. Smith agreed.", ["Fig. 2 shows it.", "Smith et al. found it.",
-                                                                  "J. Smith agreed."]),
+    ("Fig. 2 shows it. Smith et al. found it. J. Smith agreed.",
+     ["Fig. 2 shows it.", "Smith et al. found it.", "J. Smith agreed."]),
     ("It rose 3.5 percent. Then fell.", ["It rose 3.5 percent.", "Then fell."]),
     ("A heading\nA line of text. 中文。下一句", ["A heading", "A line of text.", "中文。", "下一句"]),
 ])
@@ -140,7 +141,7 @@ def test_another_embedder_is_read_through_its_own_vectors() -> None:
         name = "letters"
         duplicate_threshold = 0.9
 
-        def embed(self, texts: list[str]):  # noqa: ANN202 (numpy array)
+        def embed(self, texts: list[str]):
             import numpy as np
 
             rows = np.array([[t.count(c) for c in "xyz"] for t in texts], dtype=np.float32) + 1e-3

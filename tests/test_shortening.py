@@ -79,7 +79,8 @@ def test_refused_only_when_even_the_minimum_budget_cannot_fit() -> None:
     with pytest.raises(InputError) as info:
         rerank(QUERY, chunks, limits={"max_context_tokens": 100})
     (v,) = info.value.violations
-    assert f"even at {MIN_TOKENS_PER_CHUNK} tokens per chunk" in v.message and "max_context_tokens" in v.message
+    assert f"even at {MIN_TOKENS_PER_CHUNK} tokens per chunk" in v.message
+    assert "max_context_tokens" in v.message
 
 
 def test_max_tokens_per_chunk_caps_each_chunk_and_is_checked() -> None:

@@ -31,9 +31,9 @@ import numpy as np
 
 from ..embed.sentence_transformers import model_folder_problem, quiet_loading
 from ..errors import InputError, MissingDependencyError, Violation
+from ..evidence import best_of, passages_of
 from ..models import RerankRequest
 from .base import Completion
-from ..evidence import best_of, passages_of
 from .scored import SCORE_DECIMALS, answer, labelled
 
 CROSS_ENCODER_REASON = labelled("cross-encoder")
