@@ -40,8 +40,9 @@ sys.path.insert(0, str(ROOT))
 from rag_rerank import evidence  # noqa: E402
 from rag_rerank.evidence import Scorer, Weights, chars_per_token, select  # noqa: E402
 from rag_rerank.text import STOPWORDS as _STOP  # noqa: E402
+from tests.support.shared_data import data_dir  # noqa: E402
 
-DATA = ROOT.parent / "shared" / "data"
+DATA = data_dir()
 BUDGETS = (64, 96, 128, 192)
 _WORD = re.compile(r"\w+")
 

@@ -16,11 +16,11 @@ How passages are chosen (`select`), computed once per (query, text, budget, scor
   windows, so a budget is always met.
 * **Relevance.** Each unit is scored by the lexical scorer the local backend uses (BM25 over the
   chunk's units, `backends.terms.lexical_scores`: idf within the chunk, so words present
-  everywhere in it do not tell units apart) plus the session embedder's view (`Scorer`): for the
-  numpy embedders (`lexical`, `static`) the static MiniLM table's token match (each query token's
-  best match in the unit, weighted by rarity) and mean-vector cosine, as the local backend's
-  profile does; for any other embedder, its own cosine of query and unit. A unit's score also
-  takes a share of its neighbours' (a finding often spans two sentences).
+  everywhere in it do not tell units apart) plus the static MiniLM table's token match (each query
+  token's best match in the unit, weighted by rarity, as the local backend's default profile
+  reads text), plus, when the session embeds with a model (sentence-transformers), that model's
+  cosine of query and unit (`Scorer`, `Weights`). A unit also takes a share of its best
+  neighbour's score (a finding often spans two sentences).
 * **Choice.** Units are taken best first while they fit, each gap between kept passages paying
   for its elision mark; a unit adjacent to a kept one costs no mark. What is kept is shown in
   document order. The count of tokens is the caller's (`count`: the package's one estimator, or
@@ -209,48 +209,55 @@ def _split_long(text: str, span: tuple[int, int], limit: int, count: TokenCounte
 
 @dataclass(frozen=True)
 class Weights:
-    """How the signals of a unit add up, and how much of its neighbours' score it takes.
+    """How the signals of a unit add up, and how much of its best neighbour's score it takes.
 
-    Set on the tuning half of the SciFact training pairs (`bench/evidence.py --tune`); the other
-    half is only reported (docs/long-chunks.md)."""
+    Chosen on the tuning half of the SciFact training pairs (even claim ids; `python bench/evidence.py
+    --tune` prints the sweep), the other half only reported (docs/long-chunks.md): the static token
+    match carries most of it (rarity-weighted, and "folate" finds "folic"), BM25 within the chunk
+    adds exact words that tell its sentences apart, and the static mean-vector cosine added nothing
+    (0 by default). `model` is the weight of a session model's own cosine (sentence-transformers);
+    on the tuning half it neither helped nor hurt, so it counts half."""
 
-    lexical: float = 1.0
-    tokens: float = 1.0
-    semantic: float = 1.0
+    lexical: float = 0.5
+    tokens: float = 2.0
+    semantic: float = 0.0
     neighbours: float = 0.25
+    model: float = 0.5
 
 
 DEFAULT_WEIGHTS = Weights()
 
 
 class Scorer:
-    """Scores units of a chunk for a query with the lexical scorer and an embedder.
+    """Scores units of a chunk for a query with the lexical scorer and the static table, plus a
+    session model's own cosine when the session has one.
 
-    `embedder` is the session's (`None`, `lexical` or `static`: the static MiniLM table, as the local
-    backend's default profile reads text; any other object with `embed(texts)`: its cosine)."""
+    `embedder` is the session's: `None`, `lexical` or `static` read text through the static MiniLM
+    table only (as the local backend's default profile does); any other object with
+    `embed(texts)` (a sentence-transformers model) adds its cosine of query and unit."""
 
     def __init__(self, embedder: Any = None, weights: Weights = DEFAULT_WEIGHTS) -> None:
         name = getattr(embedder, "name", embedder if isinstance(embedder, str) else None)
         family = name.split(":")[0] if isinstance(name, str) else None
-        self.static = embedder is None or family in {"lexical", "static"}
-        self.embedder = None if self.static else embedder
+        static = embedder is None or family in {"lexical", "static"}
+        self.embedder = None if static else embedder
         self.weights = weights
-        self.identity = ("static" if self.static else str(name or type(embedder).__name__), weights)
+        self.identity = ("static" if static else str(name or type(embedder).__name__), weights)
 
     def __call__(self, query: str, units: list[str]) -> np.ndarray:
         """Relevance of each unit to `query` (larger is better; comparable within one chunk only)."""
-        w = self.weights
-        lexical = lexical_scores(query, units)[0] if w.lexical else np.zeros(len(units))
-        if self.static:
-            from .embed.static import vectors_and_match
+        from .embed.static import vectors_and_match
 
-            vectors, match = vectors_and_match(query, units)
-            cosine = vectors[1:] @ vectors[0]
-        else:
-            assert self.embedder is not None
-            vectors = np.asarray(self.embedder.embed([query, *units]), dtype=np.float32)
-            cosine, match = vectors[1:] @ vectors[0], np.zeros(len(units))
-        return w.lexical * lexical + w.tokens * np.asarray(match) + w.semantic * np.asarray(cosine)
+        w = self.weights
+        score = w.lexical * lexical_scores(query, units)[0]
+        vectors, match = vectors_and_match(query, units)
+        score = score + w.tokens * np.asarray(match)
+        if w.semantic:
+            score = score + w.semantic * (vectors[1:] @ vectors[0])
+        if self.embedder is not None and w.model:
+            own = np.asarray(self.embedder.embed([query, *units]), dtype=np.float32)
+            score = score + w.model * (own[1:] @ own[0])
+        return np.asarray(score, dtype=np.float64)
 
 
 def _smooth(scores: np.ndarray, share: float) -> np.ndarray:
