@@ -104,6 +104,30 @@ def _overhead(chunk: Chunk, count: TokenCounter) -> int:
     return n
 
 
+def _most_tokens(text: str) -> int:
+    """An upper bound of `estimate_tokens(text)`: a piece of ASCII text is never more tokens than
+    characters, a non-ASCII character never more than its four UTF-8 bytes."""
+    return len(text) if text.isascii() else 4 * len(text)
+
+
+def _surely_fits(request: RerankRequest, max_context_tokens: int, cap: int | None) -> bool:
+    """Whether every chunk is within `cap` and the prompt within the budget by the upper bound alone."""
+    total = _most_tokens(request.query)
+    for chunk in request.chunks:
+        n = _most_tokens(chunk.text)
+        if cap is not None and n > cap:
+            return False
+        try:
+            meta = json.dumps(chunk.meta, ensure_ascii=False, default=str) if chunk.meta else ""
+        except (TypeError, ValueError, RecursionError):
+            return False  # counted the long way (`_overhead`)
+        total += n + _most_tokens(chunk.id) + _most_tokens(meta)
+        total += 0 if chunk.score is None else 32
+        if total > max_context_tokens:
+            return False
+    return True
+
+
 def scorer_for(embedder: Any) -> Scorer:
     """The evidence scorer of a session's embedder: a sentence-transformers model reads passages
     itself; every other embedder (lexical, static, an HTTP endpoint, the caller's vectors) through the
@@ -125,6 +149,8 @@ def shorten(request: RerankRequest, *, max_context_tokens: int, max_tokens_per_c
     """Fit `request` to its budgets (module docstring); an `InputError` naming the limit when it cannot."""
     count = token_counter(tokenizer)
     chunks = request.chunks
+    if count is estimate_tokens and _surely_fits(request, max_context_tokens, max_tokens_per_chunk):
+        return Shortened(request, {})  # the common case, without counting every chunk's tokens
     size = window_size or max(len(chunks), 1)
     query = count(request.query)
     sizes = [count(c.text) for c in chunks]

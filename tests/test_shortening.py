@@ -8,6 +8,8 @@ import json
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from rag_rerank import InputError, plan, rerank
 from rag_rerank.cli import main
@@ -147,3 +149,9 @@ def test_the_cli_and_the_tool_take_the_budget(tmp_path: Path, capsys: pytest.Cap
     assert "error" not in out and {r["id"] for r in out["ranked"]} <= {"doc-0", "short"}
     bad = call_tool({"query": QUERY, "chunks": chunks, "max_tokens_per_chunk": 3})
     assert bad["error"]["type"] == "invalid_input"
+
+
+@given(st.text(max_size=300))
+def test_the_fast_path_bound_is_never_below_the_estimate(text: str) -> None:
+    """A request is passed through uncounted when this bound fits; it must never be an underestimate."""
+    assert estimate_tokens(text) <= (len(text) if text.isascii() else 4 * len(text))
