@@ -80,7 +80,7 @@ def naive(pair: dict[str, Any], budget: int) -> list[tuple[int, int]]:
     df = Counter(w for bag in bags for w in bag)
     q = {w for w in _WORD.findall(pair["claim"].lower()) if w not in _STOP}
     n = len(sents)
-    score = [sum(math.log(1 + n / df[w]) for w in q & bag) for bag in bags]
+    score = [sum(math.log(1 + n / df[w]) for w in sorted(q & bag)) for bag in bags]
     mark = chars_per_token(evidence.ELISION)
     kept: list[int] = []
     used = 0
