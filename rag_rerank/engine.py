@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import contextvars
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
 from .backends.factory import model_of
@@ -39,16 +39,18 @@ from .calibration_map import resolve as resolve_calibration
 from .consistency import aggregate, consistent_flow, pass_plans
 from .cost import CostPlan, PlannedCall, Spending, estimate_plan, refuse
 from .errors import BackendError
+from .evidence import Evidence
 from .fallback import answers, fallback_result, postpass_step
 from .fusion import meta_values, with_embedded_meta
 from .guard.input import ChunkSource
 from .guard.limits import as_limits
 from .meta import cache_meta, run_meta, scores_of, scoring_notes
 from .models import CallRecord
-from .options import Options, check_request_options
+from .options import Options, check_request_options, shortens
 from .redaction import redacted
 from .render import render
 from .retry import Outcome
+from .shortening import shorten
 from .steps import Flow, Plan, Setup
 from .windows import asked, split, windowed, windowed_flow
 
@@ -70,7 +72,14 @@ def plan(setup: Setup, query: object, chunks: ChunkSource, options: Options, *, 
     checked = check_request_options(query, chunks, options, lim)
     request, fusion, prices, budget = checked.request, checked.fusion, checked.prices, checked.budget
     values = meta_values(request, fusion) if fusion is not None else None
-    view = with_embedded_meta(request, checked.embed_fields)
+    shown = request
+    evidence: Mapping[str, Evidence] = {}
+    if shortens(options):
+        short = shorten(request, max_context_tokens=lim.max_context_tokens,
+                        max_tokens_per_chunk=options.max_tokens_per_chunk, strict=bool(options.strict),
+                        window_size=options.window_size, embedder=setup.embedder, tokenizer=options.tokenizer)
+        shown, evidence = short.request, short.evidence
+    view = with_embedded_meta(shown, checked.embed_fields)
     spending = BATCH_SPENDING.get() or (Spending(budget, prices) if budget else None)
     calibration, calibration_file = resolve_calibration(options.calibration)
     window_size = options.window_size
@@ -78,12 +87,13 @@ def plan(setup: Setup, query: object, chunks: ChunkSource, options: Options, *, 
         # Each window and the final pass render their own prompt (windows.py).
         out = Plan(request, view, "", setup, options, lim, started, view, setup.embedder, fusion, values,
                    window_size=int(window_size), prices=prices, budget=budget, spending=spending,
-                   calibration=calibration, calibration_file=calibration_file, settings=checked.settings)
+                   calibration=calibration, calibration_file=calibration_file, settings=checked.settings,
+                   evidence=evidence)
     else:
         ask = asked(view)
         out = Plan(request, ask, render(ask), setup, options, lim, started, view, setup.embedder, fusion,
                    values, prices=prices, budget=budget, spending=spending, calibration=calibration,
-                   calibration_file=calibration_file, settings=checked.settings)
+                   calibration_file=calibration_file, settings=checked.settings, evidence=evidence)
     if budget and enforce:
         refuse(cost_plan(out))
     return out

@@ -17,6 +17,7 @@ from .backends.factory import capabilities, model_of
 from .calibration_map import describe
 from .cost import usage_tokens
 from .models import CallRecord, Ranked, RerankRequest, RunMeta
+from .shortening import evidence_meta
 from .steps import Plan
 
 UNSCORED = "not scored: the model neither ranked nor dropped it"
@@ -76,6 +77,7 @@ def run_meta(plan: Plan, *, model: str | None, attempts: int, repairs: Sequence[
         calibration=describe(plan.calibration, plan.calibration_file, backend=plan.backend_name,
                              model=model_of(plan.backend)),
         records=tuple(records),
+        evidence=evidence_meta(plan.evidence),
     )
 
 

@@ -170,6 +170,11 @@ class RunMeta:
     # With `consistency=k` (k > 1): {"passes", "aggregate", "agreement", "taus"}; agreement is the
     # mean Kendall tau between the passes' scores.
     consistency: Mapping[str, Any] | None = None
+    # With chunks shown as their evidence (`max_tokens_per_chunk`, or to meet the context budget):
+    # per shortened chunk id {"tokens_before", "tokens_after", "budget", "mode", "passages": [[start,
+    # end], ...] (character offsets into the caller's text), "best": [start, end]}. None when none was.
+    evidence: Mapping[str, Mapping[str, Any]] | None = None
+
     # Every scorer call the engine made for this result, in order (`CallRecord`): what `status`,
     # `fallback_reason`, `fallback_steps`, the spans and the logs are derived from. Not serialised
     # itself (`windows` and the derived fields say it in short).
@@ -269,6 +274,8 @@ class RunMeta:
 
     def to_dict(self) -> dict[str, Any]:
         out = self._base_dict()
+        if self.evidence is not None:
+            out["evidence"] = {k: dict(v) for k, v in self.evidence.items()}
         # Only when used, so a result without them serialises as it always did.
         if self.calibration is not None:
             out["calibration"] = dict(self.calibration)

@@ -19,7 +19,7 @@ import contextvars
 import dataclasses
 import os
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, TypedDict
 
 if TYPE_CHECKING:
@@ -46,6 +46,7 @@ from .guard.limits import Limits, as_limits
 from .models import RerankRequest
 from .postpass import LAYOUTS, layout_violations
 from .retry import RetryPolicy
+from .shortening import check_max_tokens_per_chunk, token_counter
 from .wording import near_miss
 
 # --------------------------------------------------------------------------- the table
@@ -141,6 +142,15 @@ def _fallback(value: Any) -> list[Violation]:
     """The fallback chain's problems (`fallback_chain.as_chain`, which every surface shares)."""
     try:
         as_chain(value)
+    except InputError as exc:
+        return list(exc.violations)
+    return []
+
+
+def _tokenizer(value: Any) -> list[Violation]:
+    """A tokenizer the counter can use (`shortening.token_counter`)."""
+    try:
+        token_counter(value)
     except InputError as exc:
         return list(exc.violations)
     return []
@@ -298,7 +308,9 @@ OPTIONS: tuple[Option, ...] = (
                        "identical ones)",
                        "float", metavar="COSINE"),)),
     Option("strict", "bool", False, "request",
-           "`True` turns off the formatting-only repair, so a fenced or prose-wrapped answer is re-asked",
+           "`True` turns off the formatting-only repair, so a fenced or prose-wrapped answer is re-asked, "
+           "and refuses a request over `max_context_tokens` instead of shortening its longest chunks "
+           "([Long chunks](long-chunks.md))",
            check=_bool("strict"),
            flags=(Flag(("--strict",), "no formatting repair: a fenced or prose-wrapped answer is "
                                       "re-asked, not "
@@ -386,6 +398,21 @@ OPTIONS: tuple[Option, ...] = (
            flags=(Flag(("--calibration",), "map the backend's scores to probabilities with a file from "
                        "rag-rerank calibrate (before --min-score and MMR; meta.calibration names it)",
                        metavar="FILE"),)),
+    Option("max_tokens_per_chunk", "int | None", None, "request",
+           "a whole number >= 16: a chunk over it is shown to the model as its most query-relevant "
+           "passages, in document order, cut text marked `[…]`; `meta.evidence` lists each shortened chunk "
+           "(tokens before / after, the kept passages as character offsets into your text). Without it, "
+           "only chunks that would overflow `max_context_tokens` are shortened, the longest first; with "
+           "`strict=True` such a request is refused as before ([Long chunks](long-chunks.md))",
+           check=check_max_tokens_per_chunk,
+           flags=(Flag(("--max-tokens-per-chunk",), "show a chunk over N tokens as its most query-relevant "
+                       "passages (in document order, cut text marked [...]; meta.evidence has the kept "
+                       "offsets); without it only chunks that would overflow the context budget are "
+                       "shortened (none with --strict)", "int", metavar="N"),)),
+    Option("tokenizer", "Any", None, "request",
+           "how chunk tokens are counted for `max_tokens_per_chunk` and the context budget: a callable "
+           "text -> count or an object with `encode` (a Hugging Face or tiktoken tokenizer); unset, the "
+           "package's estimate", "the estimate (`tokens.estimate_tokens`)", check=_tokenizer),
 )
 OPTION = {o.name: o for o in OPTIONS}
 
@@ -432,6 +459,8 @@ class Options:
     prices: Any = None  # a cost.Prices, {"input": X, "output": Y} per million tokens, or None
     consistency: Any = 1  # passes over seeded shuffled orders, scores combined (consistency.aggregate)
     calibration: Any = None  # a calibration.Calibration, its file's path, or None
+    max_tokens_per_chunk: Any = None  # None, or a chunk over it is shown as its evidence (shortening.py)
+    tokenizer: Any = None  # None (the offline estimate), a callable text -> count, or an object with encode
 
     def merged(self, overrides: Mapping[str, Any]) -> Options:
         """These options with `overrides` (request option names) in place; an unknown name is an
@@ -475,6 +504,8 @@ class RerankOptions(TypedDict, total=False):
     prices: Prices | Mapping[str, float] | None
     consistency: int
     calibration: Any
+    max_tokens_per_chunk: int | None
+    tokenizer: Any
 
 
 REQUEST_OPTIONS: tuple[str, ...] = tuple(o.name for o in OPTIONS if o.scope == "request")
@@ -636,14 +667,26 @@ def check_request_options(query: Any, chunks: ChunkSource, options: Options, lim
         fusion = meta_fusion(**opts)
     except InputError as exc:
         problems.extend(exc.violations)
+    # Over the context budget is not refused here when the chunks may be shortened to fit
+    # (`shortening.shorten`, after the request is read): it checks the budget itself.
+    guarded = replace(limits, max_context_tokens=UNBOUNDED) if shortens(options) else limits
     try:
-        request = validate_request(query, chunks, options.top_k, options.lambda_, limits=limits,
+        request = validate_request(query, chunks, options.top_k, options.lambda_, limits=guarded,
                                    window_size=options.window_size)
     except InputError as exc:
         problems.extend(exc.violations)
     if problems:
         raise InputError(problems)
     return Checked(request, fields, fusion, prices, budget, settings_of(options))
+
+
+UNBOUNDED = 2**62
+
+
+def shortens(options: Options) -> bool:
+    """Whether long chunks may be shown as their evidence: with `max_tokens_per_chunk`, or to meet
+    the context budget unless `strict` (which refuses an over-budget request as it always did)."""
+    return options.max_tokens_per_chunk is not None or not options.strict
 
 
 def check_request(query: Any, chunks: ChunkSource, options: Options) -> RerankRequest:
@@ -685,5 +728,6 @@ __all__ = [
     "request_call",
     "request_options",
     "settings_of",
+    "shortens",
     "split_options",
 ]

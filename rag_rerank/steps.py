@@ -136,6 +136,8 @@ class Plan:
     calibration: Any = None  # the calibration.Calibration applied to the backend's scores, or None
     calibration_file: str | None = None  # the file it was read from
     settings: Settings = field(default_factory=Settings)  # the options as typed values (`options.Settings`)
+    # The chunks shown as their evidence (`shortening.py`), by id: what meta.evidence reports.
+    evidence: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def backend(self) -> Backend:

@@ -38,6 +38,7 @@ from .errors import (
     Violation,
     whole_argument_first,
 )
+from .evidence import MIN_TOKENS_PER_CHUNK
 from .guard.input import MAX_CHUNKS_ADVICE, PATH_HINT, loads_line, window_advice
 from .guard.limits import Limits, as_limits
 from .models import RunMeta
@@ -129,6 +130,8 @@ def parameters_schema(
                     prop["minimum"], prop["maximum"] = 0, 1
                 elif spec.name == "window_size":
                     prop["minimum"], prop["maximum"] = 1, lim.max_chunks
+                elif spec.name == "max_tokens_per_chunk":
+                    prop["minimum"] = MIN_TOKENS_PER_CHUNK
                 elif spec.name == "query":
                     prop["minLength"] = 1
                     prop["maxLength"] = lim.max_query_chars

@@ -494,10 +494,14 @@ def invalid_requests(draw: st.DrawFn) -> Invalid:
         kwargs["window_size"] = 50
         kwargs["top_k"] = min(req.top_k, 50)
     elif kind == "over the token budget":
-        chunks[pos]["text"] = "word " * 26_000  # 130,000 characters: over 32,000 tokens of 4 characters
+        # 130,000 characters: over 32,000 tokens of 4 characters. Refused with strict only: otherwise
+        # the chunk is shown as its evidence (tests/test_shortening.py).
+        chunks[pos]["text"] = "word " * 26_000
+        kwargs["strict"] = True
     elif kind == "over a small budget":
         chunks[pos]["text"] = chunks[pos]["text"] + "x" * 400
         kwargs["limits"] = {"max_context_tokens": 50}
+        kwargs["strict"] = True
     elif kind == "duplicate id":
         chunks.append({"id": chunks[pos]["id"], "text": draw(TEXT)})
     elif kind == "empty id":
@@ -535,7 +539,7 @@ def test_refused_input_raises_input_error_and_nothing_else(case: Invalid) -> Non
         rerank(query, chunks, **kwargs)
     assert isinstance(caught.value, InputError), f"{kind}: {type(caught.value).__name__}: {caught.value}"
     assert caught.value.violations, kind
-    if "limits" in kwargs:
+    if "limits" in kwargs or "strict" in kwargs:
         return  # an operator's option, not a tool argument
     args = {"query": query, "chunks": chunks, "top_k": kwargs["top_k"], "lambda": kwargs["lambda_"],
             "window_size": kwargs.get("window_size")}

@@ -60,6 +60,7 @@ def test_inputs_and_defaults(card: SkillCard) -> None:
         ("meta_value_type", False, "float"),
         ("embed_meta_fields", False, None),
         ("window_size", False, None),
+        ("max_tokens_per_chunk", False, None),
     ]
     # The card's defaults are the library's: a tool call that omits an option gets what rerank() does.
     from rag_rerank.options import Options

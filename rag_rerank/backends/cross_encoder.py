@@ -31,6 +31,7 @@ import numpy as np
 
 from ..embed.sentence_transformers import model_folder_problem, quiet_loading
 from ..errors import InputError, MissingDependencyError, Violation
+from ..evidence import best_of, passages_of
 from ..models import RerankRequest
 from .base import Capabilities, Completion
 from .scored import SCORE_DECIMALS, answer, labelled
@@ -164,7 +165,11 @@ class CrossEncoderBackend:
 
     def complete(self, prompt: str, request: RerankRequest, *, max_tokens: int,
                  feedback: Sequence[Violation] = (), previous: str | None = None) -> Completion:
-        sc = self.scores(request.query, [c.text for c in request.chunks])
+        texts = [c.text for c in request.chunks]
+        pieces, owner = passages_of(texts)  # a chunk shown as its evidence: scored by its best passage
+        sc = self.scores(request.query, pieces)
+        if len(pieces) != len(texts):
+            sc = best_of(sc, owner, len(texts))[0]
         obj = answer(request, [float(s) for s in sc], CROSS_ENCODER_REASON, decimals=SCORE_DECIMALS)
         return Completion(text=json.dumps(obj, ensure_ascii=False), model=self.model, usage={})
 

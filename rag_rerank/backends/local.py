@@ -51,6 +51,7 @@ import numpy as np
 from ..embed import CallerVectors, get_embedder
 from ..embed.static import StaticEmbedder, embed_and_match
 from ..errors import Violation
+from ..evidence import best_of, passages_of
 from ..models import RerankRequest
 from .base import Capabilities, Completion
 from .scored import answer, worded
@@ -232,16 +233,24 @@ class LocalBackend:
         """The card's output object for `request`: at most `request.top_k` ranked, the rest dropped
         (`scored.answer`: guard-valid by construction, the minimum score in force honoured)."""
         texts = [c.text for c in request.chunks]
-        lexical = lexical_scores(request.query, texts, self.bm25)
+        # A chunk shown as its evidence (passages joined by elision marks) is scored by its best
+        # passage; a text without marks is one passage, scored exactly as before.
+        pieces, owner = passages_of(texts)
+        ranks = None if request.ranks is None and len(pieces) == len(texts) else \
+            [(request.ranks or range(len(texts)))[i] for i in owner.tolist()]
+        lexical = lexical_scores(request.query, pieces, self.bm25)
         _, terms, term_w, _ = lexical
-        sig = self.signals(request.query, texts, lexical, request.ranks)
+        sig = self.signals(request.query, pieces, lexical, ranks)
         weight_of = {t: float(x) for t, x in zip(terms, term_w, strict=True) if x > 0}
+        per_piece = self.fusion(sig) if pieces else np.zeros(0)
+        best, which = best_of(per_piece, owner, len(texts)) if len(pieces) != len(texts) else \
+            (per_piece, np.arange(len(texts)))
         # Rounded before ordering: chunks that read alike at three decimals keep the input order,
         # as they did before the score was written out (the default's outputs are pinned).
-        rounded = np.round(self.fusion(sig), 3) if texts else np.zeros(0)
+        rounded = np.round(best, 3) if texts else np.zeros(0)
 
         def describe(i: int, score: float, phrase: str | None, matched: list[str]) -> str:
-            semantic = float(sig.semantic[i])
+            semantic = float(sig.semantic[which[i]])
             return worded(phrase, matched,
                           lambda quoted: f"closest in meaning: {quoted} (semantic {semantic:.2f})")
 

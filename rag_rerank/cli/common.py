@@ -160,8 +160,10 @@ def add_window_args(p: argparse.ArgumentParser, command: str, concurrency: bool 
 
 def add_pipeline_args(p: argparse.ArgumentParser, command: str) -> None:
     """Options of `rerank` / `batch` only: the post-pass layout, strict parsing, the duplicate
-    threshold and the minimum score, the calibration and consistency."""
-    add_flags(p, command, "layout", "strict", "duplicate_threshold", "limits", "calibration", "consistency")
+    threshold and the minimum score, the calibration and consistency,
+    the shortening of long chunks."""
+    add_flags(p, command, "layout", "strict", "duplicate_threshold", "limits", "calibration", "consistency",
+              "max_tokens_per_chunk")
 
 
 def pipeline_options(args: argparse.Namespace) -> dict[str, Any]:
@@ -178,6 +180,8 @@ def pipeline_options(args: argparse.Namespace) -> dict[str, Any]:
         opts["calibration"] = args.calibration
     if getattr(args, "consistency", None) is not None:
         opts["consistency"] = args.consistency
+    if getattr(args, "max_tokens_per_chunk", None) is not None:
+        opts["max_tokens_per_chunk"] = args.max_tokens_per_chunk
     return opts
 
 

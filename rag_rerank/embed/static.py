@@ -368,6 +368,32 @@ def embed_and_match(query: str, texts: list[str]) -> tuple[np.ndarray, np.ndarra
     return vectors, _match_unique(query_ids, [_unique_ids(t) for t in texts]), _context_ids(query_ids, ids)
 
 
+def vectors_and_match(query: str, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """`embed_and_match` without the context vectors: what choosing a long chunk's evidence needs
+    for each of its sentences (`evidence.Scorer`), at about half the cost."""
+    query_ids = token_ids(query)
+    vectors = np.vstack([_mean_vectors([query_ids]), StaticEmbedder().embed(texts)])
+    return vectors, _match_segments(query_ids, [_unique_ids(t) for t in texts])
+
+
+def _match_segments(query_ids: Sequence[int], unique_per_text: Sequence[np.ndarray]) -> np.ndarray:
+    """`_match_unique` with one matrix product for all texts (many short texts: a chunk's sentences)."""
+    q_ids = sorted(set(query_ids))
+    out = np.zeros(len(unique_per_text))
+    lengths = np.array([len(ids) for ids in unique_per_text])
+    if not q_ids or not lengths.any():
+        return out
+    q_raw = _rows(q_ids)
+    q_norm = np.linalg.norm(q_raw, axis=1)
+    q_unit = q_raw / np.maximum(q_norm, 1e-12)[:, None]
+    weights = q_norm / q_norm.sum()
+    sims = q_unit @ _rows(np.concatenate([ids for ids in unique_per_text if len(ids)]), unit=True).T
+    starts = np.concatenate([[0], np.cumsum(lengths[lengths > 0])[:-1]])
+    best = np.maximum.reduceat(sims, starts, axis=1)  # (query tokens, non-empty texts)
+    out[lengths > 0] = weights @ best
+    return out
+
+
 @lru_cache(maxsize=4096)
 def _unique_ids(text: str) -> np.ndarray:
     """A text's distinct token ids, sorted (read-only): what its token match compares."""

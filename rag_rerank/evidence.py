@@ -1,0 +1,426 @@
+"""Evidence for long chunks: the passages of a chunk that answer the query, within a token budget.
+
+Why not the first N tokens. Rerankers that cut every document to its head (Cohere's and vLLM's
+`max_tokens_per_doc`) lose the answer whenever it sits in the middle: on SciFact, where each
+claim's rationale sentences are marked in the abstract, the first 128 tokens hold a complete
+rationale for a fifth of the pairs. A chunk over its budget is shown instead as its most
+query-relevant passages, in document order, joined by a visible elision mark (`ELISION`), so the
+model sees where text was left out and never reads two passages as one sentence.
+
+How passages are chosen (`select`), computed once per (query, text, budget, scorer) and memoised:
+
+* **Units.** Prose is cut into sentences (`sentences`). Text without sentence structure (code,
+  tables, lists: most of its characters are not in lines ending a sentence) is cut into lines,
+  and chosen as contiguous *windows* of lines (a function with its body, a table row with its
+  neighbours) rather than as scattered lines. A unit longer than the budget is cut into word
+  windows, so a budget is always met.
+* **Relevance.** Each unit is scored by the lexical scorer the local backend uses (BM25 over the
+  chunk's units, `backends.terms.lexical_scores`: idf within the chunk, so words present
+  everywhere in it do not tell units apart) plus the static MiniLM table's token match (each query
+  token's best match in the unit, weighted by rarity, as the local backend's default profile
+  reads text), plus, when the session embeds with a model (sentence-transformers), that model's
+  cosine of query and unit (`Scorer`, `Weights`). A unit also takes a share of its best
+  neighbour's score (a finding often spans two sentences).
+* **Choice.** Units are taken best first while they fit, each gap between kept passages paying
+  for its elision mark; a unit adjacent to a kept one costs no mark. What is kept is shown in
+  document order. The count of tokens is the caller's (`count`: the package's one estimator, or
+  the model's tokenizer), and the shown text is counted again as a whole before it is returned.
+
+Guarantees (property-tested on arbitrary Unicode): every passage is `text[start:end]` with
+0 <= start < end <= len(text), passages are in order and do not overlap, the shown text is the
+passages joined by `ELISION` (exactly the text when nothing was cut), and it is never longer than
+the original in characters or tokens.
+
+This module imports only leaves (text words, the lexical scorer, the static table); the engine,
+the guard and the scored backends read its `Evidence`.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .backends.terms import lexical_scores
+
+ELISION = " […] "
+"""What stands between two kept passages: visible to a reader and to the model, and never inside
+a quotation the guard accepts (a quote is checked passage by passage)."""
+
+MIN_TOKENS_PER_CHUNK = 16
+"""The smallest budget a chunk may be given: below it no sentence of ordinary prose fits."""
+
+TokenCounter = Callable[[str], int]
+
+
+def chars_per_token(text: str) -> int:
+    """The simplest estimate (characters / 4, rounded up): what the benchmarks' figures use."""
+    return -(-len(text) // 4)
+
+
+@dataclass(frozen=True)
+class Passage:
+    """A kept stretch of the original text, `text[start:end]`, with its relevance score."""
+
+    start: int
+    end: int
+    score: float
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """What the model is shown of one chunk.
+
+    `text` is the chunk itself when it fits its budget (`shortened` False, one passage spanning
+    it); otherwise the kept `passages` joined by `ELISION`. `best` is the passage holding the
+    highest-scoring unit (what a scored backend's score is read from). `mode` is `whole`,
+    `sentences` or `windows`."""
+
+    text: str
+    passages: tuple[Passage, ...]
+    tokens_before: int
+    tokens_after: int
+    budget: int
+    mode: str
+    best: Passage | None
+
+    @property
+    def shortened(self) -> bool:
+        return self.mode != "whole"
+
+    def passage_texts(self, original: str) -> list[str]:
+        """The kept passages as text (a quotation must lie inside one of them)."""
+        return [original[p.start:p.end] for p in self.passages]
+
+    def to_dict(self) -> dict[str, Any]:
+        """For `meta.evidence`: tokens before and after and the kept spans of the original."""
+        return {"tokens_before": self.tokens_before, "tokens_after": self.tokens_after, "budget": self.budget,
+                "mode": self.mode, "passages": [[p.start, p.end] for p in self.passages],
+                "best": None if self.best is None else [self.best.start, self.best.end]}
+
+
+# --------------------------------------------------------------------------- units
+
+# A sentence ends at . ! ? … (and their full-width forms), possibly followed by closing quotes or
+# brackets, then white space; or at a CJK full stop with or without space; or at a blank line / line
+# break (a heading, a list item). Not after a lone capital initial ("J. Smith"), a common
+# abbreviation or a number's dot ("Fig. 2", "et al.", "e.g.").
+_END = re.compile(r"""(?:(?<=[.!?…])|(?<=[.!?…]["'”’)\]]))\s+|(?<=[。！？])\s*|\s*\n\s*""")
+_ABBREVIATIONS = frozenset("""
+al e.g i.e etc vs fig figs eq eqs ref refs no nos vol approx ca cf dr mr mrs ms prof st jr sr inc ltd co
+resp sec chap ed eds pp p ph.d dept univ jan feb mar apr jun jul aug sep sept oct nov dec
+""".split())  # noqa: SIM905 (a word list reads better as text)
+_SENTENCE_LINE = re.compile(r"""[.!?…。！？:]["'”’)\]]*\s*$""")
+_WORD_RUN = re.compile(r"\S+")
+
+
+def _is_break(text: str, start: int, dot: int) -> bool:
+    """Whether the full stop at `dot` ends the sentence begun at `start`: not after a common
+    abbreviation or a lone letter (an initial). Only the last word is read (a few characters)."""
+    words = text[max(start, dot - 24):dot].split()
+    if not words:
+        return True
+    word = words[-1].lstrip("([\"'“‘").lower()
+    return not (word in _ABBREVIATIONS or (len(word) == 1 and word.isalpha()))
+
+
+def sentences(text: str) -> list[tuple[int, int]]:
+    """Spans of the sentences of `text` (white space between them left out), in order."""
+    spans: list[tuple[int, int]] = []
+    start = 0
+    for m in _END.finditer(text):
+        if m.start() <= start:
+            start = max(start, m.end())
+            continue
+        if "\n" not in m.group() and text[m.start() - 1] == "." and not _is_break(text, start, m.start() - 1):
+            continue
+        spans.append((start, m.start()))
+        start = m.end()
+    if start < len(text):
+        spans.append((start, len(text)))
+    return [(a, b) for a, b in spans if text[a:b].strip()]
+
+
+def lines(text: str) -> list[tuple[int, int]]:
+    """Spans of the non-blank lines of `text`, without their line breaks."""
+    spans: list[tuple[int, int]] = []
+    start = 0
+    for line in text.splitlines(keepends=True):
+        body = line.rstrip("\r\n\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029")
+        if body.strip():
+            spans.append((start, start + len(body)))
+        start += len(line)
+    return spans
+
+
+def has_prose(text: str, spans: Sequence[tuple[int, int]]) -> bool:
+    """Whether `text` reads as prose: most of its characters are in lines that end a sentence
+    (code, tables and lists end their lines with anything else, or hold no sentence at all)."""
+    line_spans = lines(text)
+    if len(line_spans) <= 1:  # one paragraph: prose if it has sentence ends at all
+        return len(spans) > 1 or bool(_SENTENCE_LINE.search(text))
+    total = sum(b - a for a, b in line_spans)
+    ended = sum(b - a for a, b in line_spans if _SENTENCE_LINE.search(text[a:b]))
+    return ended * 2 >= total
+
+
+def _split_long(text: str, span: tuple[int, int], limit: int, count: TokenCounter) -> list[tuple[int, int]]:
+    """`span` cut into consecutive word windows of at most `limit` tokens each (a word longer than
+    that is cut by characters)."""
+    a, b = span
+    if count(text[a:b]) <= limit:
+        return [span]
+    out: list[tuple[int, int]] = []
+    cur: tuple[int, int] | None = None
+    for m in _WORD_RUN.finditer(text, a, b):
+        ws, we = m.span()
+        if cur is not None and count(text[cur[0]:we]) <= limit:
+            cur = (cur[0], we)
+            continue
+        if cur is not None:
+            out.append(cur)
+        if count(text[ws:we]) <= limit:
+            cur = (ws, we)
+            continue
+        cur = None
+        lo = ws
+        while lo < we:  # one very long "word": the longest prefixes that fit
+            hi = lo + 1
+            step = max(1, (we - lo) // 2)
+            while step:
+                if hi + step <= we and count(text[lo:hi + step]) <= limit:
+                    hi += step
+                else:
+                    step //= 2
+            out.append((lo, hi))
+            lo = hi
+    if cur is not None:
+        out.append(cur)
+    return out
+
+
+# --------------------------------------------------------------------------- relevance
+
+
+@dataclass(frozen=True)
+class Weights:
+    """How the signals of a unit add up, and how much of its best neighbour's score it takes.
+
+    Chosen on the tuning half of the SciFact training pairs (even claim ids; `python bench/evidence.py
+    --tune` prints the sweep), the other half only reported (docs/long-chunks.md): the static token
+    match carries most of it (rarity-weighted, and "folate" finds "folic"), BM25 within the chunk
+    adds exact words that tell its sentences apart, and the static mean-vector cosine added nothing
+    (0 by default). `model` is the weight of a session model's own cosine (sentence-transformers);
+    on the tuning half it neither helped nor hurt, so it counts half."""
+
+    lexical: float = 0.5
+    tokens: float = 2.0
+    semantic: float = 0.0
+    neighbours: float = 0.25
+    model: float = 0.5
+
+
+DEFAULT_WEIGHTS = Weights()
+
+
+class Scorer:
+    """Scores units of a chunk for a query with the lexical scorer and the static table, plus a
+    session model's own cosine when the session has one.
+
+    `embedder` is the session's: `None`, `lexical` or `static` read text through the static MiniLM
+    table only (as the local backend's default profile does); any other object with
+    `embed(texts)` (a sentence-transformers model) adds its cosine of query and unit."""
+
+    def __init__(self, embedder: Any = None, weights: Weights = DEFAULT_WEIGHTS) -> None:
+        name = getattr(embedder, "name", embedder if isinstance(embedder, str) else None)
+        family = name.split(":")[0] if isinstance(name, str) else None
+        static = embedder is None or family in {"lexical", "static"}
+        self.embedder = None if static else embedder
+        self.weights = weights
+        self.identity = ("static" if static else str(name or type(embedder).__name__), weights)
+
+    def __call__(self, query: str, units: list[str]) -> np.ndarray:
+        """Relevance of each unit to `query` (larger is better; comparable within one chunk only)."""
+        from .embed.static import vectors_and_match
+
+        w = self.weights
+        score = w.lexical * lexical_scores(query, units)[0]
+        vectors, match = vectors_and_match(query, units)
+        score = score + w.tokens * np.asarray(match)
+        if w.semantic:
+            score = score + w.semantic * (vectors[1:] @ vectors[0])
+        if self.embedder is not None and w.model:
+            own = np.asarray(self.embedder.embed([query, *units]), dtype=np.float32)
+            score = score + w.model * (own[1:] @ own[0])
+        return np.asarray(score, dtype=np.float64)
+
+
+def _smooth(scores: np.ndarray, share: float) -> np.ndarray:
+    if share <= 0 or len(scores) < 2:
+        return scores
+    padded = np.pad(scores, 1)
+    return scores + share * np.maximum(padded[:-2], padded[2:])
+
+
+# --------------------------------------------------------------------------- choosing
+
+
+def _pick_units(scores: np.ndarray, costs: np.ndarray, budget: int, mark: int) -> list[int]:
+    """Best first while they fit; a unit next to a kept one saves the elision mark it would need."""
+    kept: set[int] = set()
+    used = 0
+    for i in np.argsort(-scores, kind="stable").tolist():
+        if scores[i] == -np.inf or (scores[i] <= 0 and kept):
+            break
+        # Marks the kept set needs: one per gap between runs of kept units. A unit joining no run
+        # adds one, next to one run none, between two runs it removes one. (An estimate: the
+        # whole shown text is counted again afterwards.)
+        marks = 0 if not kept else 1 - (i - 1 in kept) - (i + 1 in kept)
+        cost = int(costs[i]) + mark * marks
+        if used + cost <= budget:
+            kept.add(i)
+            used += cost
+    return sorted(kept)
+
+
+def _pick_windows(scores: np.ndarray, costs: np.ndarray, budget: int, mark: int) -> list[int]:
+    """Contiguous runs of units around the strong matches: the units standing out of the chunk
+    (at least halfway from its median score to its best) are taken best first while they fit, then
+    the kept runs grow line by line into their surroundings (a function's signature and body, a
+    table's neighbouring rows) while the budget allows. Scattered lines of code or rows without
+    their neighbours read as noise; a window reads as the text it came from."""
+    n = len(scores)
+    middle = float(np.median(scores))
+    strong = scores >= middle + 0.5 * (float(scores.max()) - middle)
+    seeds = _pick_units(np.where(strong, scores, -np.inf), costs, budget, mark)
+    kept = np.zeros(n, dtype=bool)
+    kept[seeds] = True
+    runs = sum(1 for i in seeds if i - 1 not in seeds)
+    left = budget - int(costs[seeds].sum()) - mark * max(runs - 1, 0)
+    grew = True
+    while grew:  # surroundings: the unit after each run, then the one before
+        grew = False
+        for edge in (np.flatnonzero(kept[:-1] & ~kept[1:]) + 1, np.flatnonzero(~kept[:-1] & kept[1:])):
+            for u in edge.tolist():
+                joins = (u > 0 and kept[u - 1]) and (u + 1 < n and kept[u + 1])
+                cost = int(costs[u]) - (mark if joins else 0)
+                if not kept[u] and cost <= left:
+                    kept[u] = True
+                    left -= cost
+                    grew = True
+    return np.flatnonzero(kept).tolist()
+
+
+def _runs(kept: list[int], spans: Sequence[tuple[int, int]]) -> list[tuple[int, int, list[int]]]:
+    """Kept units merged into passages: adjacent units become one span of the original."""
+    out: list[tuple[int, int, list[int]]] = []
+    for i in kept:
+        if out and out[-1][2][-1] == i - 1:
+            a, _, members = out[-1]
+            out[-1] = (a, spans[i][1], [*members, i])
+        else:
+            out.append((spans[i][0], spans[i][1], [i]))
+    return out
+
+
+def _choose(query: str, text: str, budget: int, count: TokenCounter, scorer: Scorer) -> Evidence:
+    before = count(text)
+    if before <= budget:
+        whole = Passage(0, len(text), 1.0)
+        kept = (whole,) if text else ()
+        return Evidence(text, kept, before, before, budget, "whole", whole if text else None)
+    spans = sentences(text)
+    mode = "sentences" if has_prose(text, spans) else "windows"
+    if mode == "windows":
+        spans = lines(text) if len(lines(text)) > 1 else spans
+    mark = count(ELISION)
+    unit_limit = max(1, budget - 2 * mark) if mode == "sentences" else max(1, budget // 4)
+    units = [piece for span in spans for piece in _split_long(text, span, unit_limit, count)]
+    if not units:
+        return Evidence("", (), before, 0, budget, mode, None)
+    texts = [text[a:b] for a, b in units]
+    raw = scorer(query, texts)
+    scores = _smooth(raw, scorer.weights.neighbours)
+    costs = np.array([count(t) for t in texts], dtype=np.int64)
+    pick = _pick_windows if mode == "windows" else _pick_units
+    kept = pick(scores, costs, budget, mark)
+    while True:
+        runs = _runs(kept, units)
+        shown = ELISION.join(text[a:b] for a, b, _ in runs)
+        after = count(shown)
+        if (after <= budget and len(shown) < len(text)) or not kept:
+            break
+        kept.remove(min(kept, key=lambda i: (scores[i], -i)))  # the estimate was short: drop the weakest
+    passages = tuple(Passage(a, b, float(max(raw[i] for i in members))) for a, b, members in runs)
+    best = max(passages, key=lambda p: p.score) if passages else None
+    return Evidence(shown, passages, before, after, budget, mode, best)
+
+
+# --------------------------------------------------------------------------- memo
+
+_CACHE_SIZE = 4096
+_cache: OrderedDict[tuple[Any, ...], Evidence] = OrderedDict()
+_lock = threading.Lock()
+
+
+def select(query: str, text: str, budget: int, *, count: TokenCounter = chars_per_token,
+           scorer: Scorer | None = None) -> Evidence:
+    """The evidence of `text` for `query` within `budget` tokens (module docstring), memoised per
+    (query, text, budget, counter, scorer): the prompt, the guard, `plan()` and `meta.evidence`
+    read one choice. `budget` must be at least 1; the engine refuses budgets below
+    `MIN_TOKENS_PER_CHUNK`."""
+    if budget < 1:
+        raise ValueError(f"budget must be at least 1 token, got {budget}")
+    scorer = scorer or Scorer()
+    key = (query, text, budget, count, scorer.identity)
+    with _lock:
+        hit = _cache.get(key)
+        if hit is not None:
+            _cache.move_to_end(key)
+            return hit
+    found = _choose(query, text, budget, count, scorer)
+    with _lock:
+        _cache[key] = found
+        while len(_cache) > _CACHE_SIZE:
+            _cache.popitem(last=False)
+    return found
+
+
+def clear_cache() -> None:
+    """Forget every memoised choice (tests and benchmarks time the first one)."""
+    with _lock:
+        _cache.clear()
+
+
+def passages_of(texts: Sequence[str]) -> tuple[list[str], np.ndarray]:
+    """Shown texts cut at their elision marks: the passages, and which text each came from. A scored
+    backend scores a shortened chunk by its best passage (`best_of`): scored as one text, the
+    passages' unrelated neighbours dilute a match that scored alone would stand out."""
+    pieces: list[str] = []
+    owner: list[int] = []
+    for i, text in enumerate(texts):
+        parts = [p for p in text.split(ELISION) if p.strip()] or [text]
+        pieces.extend(parts)
+        owner.extend([i] * len(parts))
+    return pieces, np.asarray(owner, dtype=np.int64)
+
+
+def best_of(values: np.ndarray, owner: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per text, the maximum of its passages' `values` and the index of the passage that gave it."""
+    best = np.full(n, -np.inf)
+    which = np.zeros(n, dtype=np.int64)
+    scores = np.asarray(values, dtype=np.float64).tolist()
+    for k, (i, v) in enumerate(zip(owner.tolist(), scores, strict=True)):
+        if v > best[i]:
+            best[i], which[i] = v, k
+    return best, which
+
+
+__all__ = ["DEFAULT_WEIGHTS", "ELISION", "MIN_TOKENS_PER_CHUNK", "Evidence", "Passage", "Scorer",
+           "TokenCounter", "Weights", "best_of", "chars_per_token", "clear_cache", "has_prose", "lines",
+           "passages_of", "select", "sentences"]

@@ -1,0 +1,199 @@
+"""Long chunks in a prompt: each chunk's token budget, and the request as the model is shown it.
+
+Two options decide it. `max_tokens_per_chunk=N` caps every chunk: one over N tokens is shown as its
+evidence (`evidence.select`: its most query-relevant passages, in document order, joined by a
+visible elision mark). And the context budget (`limits.max_context_tokens`) is met instead of
+refused: when the chunks together (with the query, their ids and metadata) exceed it, **the longest
+chunks' budgets shrink first**: every chunk gets the same cap, the largest that makes the prompt
+fit, so a chunk shorter than the cap is never touched and the long ones lose the least they can
+(water-filling). The request is refused (`InputError` naming `max_context_tokens`) only when even
+`evidence.MIN_TOKENS_PER_CHUNK` tokens per chunk cannot fit, or, with `strict=True`, whenever the
+chunks do not fit as they are (after the explicit cap).
+
+With `window_size`, each window of consecutive chunks is one prompt and is fitted on its own.
+
+Tokens are counted by one counter: the caller's tokenizer when one is given (`tokenizer=`: a
+callable returning a count, or an object with `encode`, as Hugging Face and tiktoken tokenizers
+have), else `cost.estimate_tokens`, the package's offline estimate. The choice is made once, here,
+before rendering; the prompt, `plan()`'s token estimate, the output guard's quotation check (it
+reads the text the model was shown) and `meta.evidence` all read it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import numbers
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from .cost import estimate_tokens
+from .errors import InputError, Violation
+from .evidence import MIN_TOKENS_PER_CHUNK, Evidence, Scorer, TokenCounter, select
+from .models import Chunk, RerankRequest
+
+
+def token_counter(tokenizer: Any) -> TokenCounter:
+    """The one counter: `tokenizer` (a callable returning an int, or an object with `encode`) or the
+    package's estimate when it is None. Anything else is an `InputError` naming `tokenizer`."""
+    if tokenizer is None:
+        return estimate_tokens
+    encode = getattr(tokenizer, "encode", None)
+    if callable(encode):
+        return _Encoded(encode)
+    if callable(tokenizer):
+        return _Counted(tokenizer)
+    raise InputError([Violation(path="tokenizer", value=repr(tokenizer)[:80],
+                                message="tokenizer must be None, a callable text -> token count, or an "
+                                "object with encode(text) (a Hugging Face or tiktoken tokenizer)")])
+
+
+@dataclass(frozen=True)
+class _Encoded:
+    encode: Callable[[str], Sequence[Any]]
+
+    def __call__(self, text: str) -> int:
+        return len(self.encode(text))
+
+
+@dataclass(frozen=True)
+class _Counted:
+    count: Callable[[str], Any]
+
+    def __call__(self, text: str) -> int:
+        return int(self.count(text))
+
+
+def check_max_tokens_per_chunk(value: Any) -> list[Violation]:
+    """None, or a whole number of at least `MIN_TOKENS_PER_CHUNK`."""
+    if value is None:
+        return []
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < MIN_TOKENS_PER_CHUNK:
+        return [Violation(path="max_tokens_per_chunk", value=repr(value)[:80],
+                          message=f"max_tokens_per_chunk must be None or a whole number of at least "
+                          f"{MIN_TOKENS_PER_CHUNK} tokens, got {value!r}")]
+    return []
+
+
+def fit(sizes: Sequence[int], available: int, cap: int | None, *, shrink: bool) -> list[int] | None:
+    """Each chunk's budget: its size, at most `cap`; then, with `shrink`, the largest common cap that
+    makes the sum fit `available` (the longest chunks shrink first). None when it cannot fit (even at
+    `MIN_TOKENS_PER_CHUNK` each, or at all without `shrink`)."""
+    capped = [s if cap is None else min(s, cap) for s in sizes]
+    if sum(capped) <= available:
+        return capped
+    if not shrink or sum(min(s, MIN_TOKENS_PER_CHUNK) for s in capped) > available:
+        return None
+    lo, hi = MIN_TOKENS_PER_CHUNK, max(capped)
+    while lo < hi:  # the largest common cap c with sum(min(s, c)) <= available
+        mid = (lo + hi + 1) // 2
+        if sum(min(s, mid) for s in capped) <= available:
+            lo = mid
+        else:
+            hi = mid - 1
+    return [min(s, lo) for s in capped]
+
+
+def _overhead(chunk: Chunk, count: TokenCounter) -> int:
+    """What a chunk puts in the prompt besides its text: its id and its metadata."""
+    n = count(chunk.id) + (count(str(chunk.score)) if chunk.score is not None else 0)
+    if chunk.meta:
+        with contextlib.suppress(TypeError, ValueError, RecursionError):
+            n += count(json.dumps(chunk.meta, ensure_ascii=False, default=str))
+    return n
+
+
+def _most_tokens(text: str) -> int:
+    """An upper bound of `estimate_tokens(text)`: a piece of ASCII text is never more tokens than
+    characters, a non-ASCII character never more than its four UTF-8 bytes."""
+    return len(text) if text.isascii() else 4 * len(text)
+
+
+def _surely_fits(request: RerankRequest, max_context_tokens: int, cap: int | None) -> bool:
+    """Whether every chunk is within `cap` and the prompt within the budget by the upper bound alone."""
+    total = _most_tokens(request.query)
+    for chunk in request.chunks:
+        n = _most_tokens(chunk.text)
+        if cap is not None and n > cap:
+            return False
+        try:
+            meta = json.dumps(chunk.meta, ensure_ascii=False, default=str) if chunk.meta else ""
+        except (TypeError, ValueError, RecursionError):
+            return False  # counted the long way (`_overhead`)
+        total += n + _most_tokens(chunk.id) + _most_tokens(meta)
+        total += 0 if chunk.score is None else 32
+        if total > max_context_tokens:
+            return False
+    return True
+
+
+def scorer_for(embedder: Any) -> Scorer:
+    """The evidence scorer of a session's embedder: a sentence-transformers model reads passages
+    itself; every other embedder (lexical, static, an HTTP endpoint, the caller's vectors) through the
+    static table, so choosing evidence never makes a request."""
+    name = str(getattr(embedder, "name", embedder or ""))
+    return Scorer(embedder if name.startswith("sentence-transformers") else None)
+
+
+@dataclass(frozen=True)
+class Shortened:
+    """The request as the model is shown it, and the evidence of each chunk that was shortened."""
+
+    request: RerankRequest
+    evidence: Mapping[str, Evidence]
+
+
+def shorten(request: RerankRequest, *, max_context_tokens: int, max_tokens_per_chunk: int | None,
+            strict: bool, window_size: int | None, embedder: Any = None, tokenizer: Any = None) -> Shortened:
+    """Fit `request` to its budgets (module docstring); an `InputError` naming the limit when it cannot."""
+    count = token_counter(tokenizer)
+    chunks = request.chunks
+    if count is estimate_tokens and _surely_fits(request, max_context_tokens, max_tokens_per_chunk):
+        return Shortened(request, {})  # the common case, without counting every chunk's tokens
+    size = window_size or max(len(chunks), 1)
+    query = count(request.query)
+    sizes = [count(c.text) for c in chunks]
+    budgets: list[int] = []
+    problems: list[Violation] = []
+    for first in range(0, len(chunks), size):
+        part = range(first, min(first + size, len(chunks)))
+        available = max_context_tokens - query - sum(_overhead(chunks[i], count) for i in part)
+        got = fit([sizes[i] for i in part], available, max_tokens_per_chunk, shrink=not strict)
+        if got is None:
+            where = "the chunks" if window_size is None else f"chunks[{part.start}:{part.stop}]"
+            need = sum(sizes[i] if strict else min(sizes[i], MIN_TOKENS_PER_CHUNK) for i in part)
+            how = ("as they are (strict)" if strict else
+                   f"even at {MIN_TOKENS_PER_CHUNK} tokens per chunk")
+            problems.append(Violation(
+                path="chunks", value=need,
+                message=f"{where} need about {need + max_context_tokens - available} tokens {how}, over the "
+                f"budget of {max_context_tokens} (max_context_tokens); send fewer chunks, use window_size or "
+                "raise the budget"))
+            got = list(sizes[i] for i in part)
+        budgets.extend(got)
+    if problems:
+        raise InputError(problems)
+    scorer = scorer_for(embedder)
+    shown: list[Chunk] = []
+    evidence: dict[str, Evidence] = {}
+    for chunk, n, budget in zip(chunks, sizes, budgets, strict=True):
+        if n <= budget:
+            shown.append(chunk)
+            continue
+        ev = select(request.query, chunk.text, budget, count=count, scorer=scorer)
+        evidence[chunk.id] = ev
+        shown.append(replace(chunk, text=ev.text))
+    if not evidence:
+        return Shortened(request, {})
+    return Shortened(replace(request, chunks=tuple(shown)), evidence)
+
+
+def evidence_meta(evidence: Mapping[str, Evidence]) -> dict[str, dict[str, Any]] | None:
+    """`meta.evidence`: per shortened chunk id, tokens before and after and the kept passages as
+    [start, end) character offsets into the caller's text (None when no chunk was shortened)."""
+    return {cid: ev.to_dict() for cid, ev in evidence.items()} or None
+
+
+__all__ = ["Shortened", "check_max_tokens_per_chunk", "evidence_meta", "fit", "scorer_for", "shorten",
+           "token_counter"]

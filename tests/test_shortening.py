@@ -1,0 +1,157 @@
+"""Long chunks in a request: the budget met by showing evidence (the longest chunks shrink first),
+refused only with `strict` or when even the minimum cannot fit; the guard judges quotes against
+what the model was shown; every surface takes `max_tokens_per_chunk`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from rag_rerank import InputError, plan, rerank
+from rag_rerank.cli import main
+from rag_rerank.cost import estimate_tokens
+from rag_rerank.evidence import ELISION, MIN_TOKENS_PER_CHUNK
+from rag_rerank.shortening import fit, token_counter
+from rag_rerank.tools import call_tool
+from tests.support.fake_llm import FakeLLM, Reply
+
+TOPICS = ["The harbour froze in the winter of {i}, and ships waited at anchor for weeks.",
+          "Bakers in the old town rose at four to fire the ovens, street {i}.",
+          "A surveyor measured the river's width at bridge {i} with a chain.",
+          "The choir rehearsed the new hymn on Thursday {i} in the cold nave."]
+
+
+def _long_chunk(i: int, answer: str | None = None, tokens: int = 2000) -> dict[str, str]:
+    """A chunk of about `tokens` tokens of unrelated prose, with `answer` in its middle."""
+    sentences = [TOPICS[(i + k) % 4].format(i=1000 * i + k) for k in range(tokens // 14)]
+    if answer:
+        sentences.insert(len(sentences) // 2, answer)
+    return {"id": f"doc-{i}", "text": " ".join(sentences)}
+
+
+QUERY = "how much did the vaccine trial reduce infections"
+ANSWER = "The vaccine trial reduced infections by 40 percent among the enrolled nurses."
+
+
+def test_the_longest_chunks_shrink_first() -> None:
+    assert fit([10, 50, 300], 400, None, shrink=True) == [10, 50, 300]  # fits: untouched
+    assert fit([10, 50, 300], 200, None, shrink=True) == [10, 50, 140]  # only the longest is cut
+    assert fit([10, 300, 300], 200, None, shrink=True) == [10, 95, 95]
+    assert fit([10, 50, 300], 400, 100, shrink=True) == [10, 50, 100]  # the explicit cap
+    assert fit([10, 50, 300], 200, None, shrink=False) is None  # strict
+    assert fit([100] * 10, 10 * MIN_TOKENS_PER_CHUNK - 1, None, shrink=True) is None
+
+
+def test_fifty_chunks_of_2000_tokens_rerank_in_one_call_within_the_default_budget() -> None:
+    chunks = [_long_chunk(i, ANSWER if i == 17 else None) for i in range(50)]
+    assert sum(estimate_tokens(c["text"]) for c in chunks) > 90_000
+    cost = plan(QUERY, chunks, top_k=5)
+    assert cost.calls == 1 and cost.prompt_tokens <= 32_000
+    result = rerank(QUERY, chunks, top_k=5)
+    ids = [r.id for r in result.ranked] + [d.id for d in result.dropped]
+    assert sorted(ids) == sorted(c["id"] for c in chunks) and len(ids) == len(set(ids))
+    assert result.ranked[0].id == "doc-17"
+    evidence = result.meta.evidence
+    assert evidence is not None and set(evidence) == {c["id"] for c in chunks}
+    doc = chunks[17]["text"]
+    entry = evidence["doc-17"]
+    assert entry["tokens_before"] > entry["tokens_after"] and entry["tokens_after"] <= entry["budget"]
+    assert any(doc[a:b].find(ANSWER) >= 0 for a, b in entry["passages"])
+    assert "evidence" in result.meta.to_dict()
+
+
+def test_without_long_chunks_nothing_changes() -> None:
+    chunks = [{"id": f"c{i}", "text": TOPICS[i % 4].format(i=i)} for i in range(6)]
+    result = rerank(QUERY, chunks, top_k=3)
+    assert result.meta.evidence is None and "evidence" not in result.meta.to_dict()
+
+
+def test_strict_refuses_an_over_budget_request_as_before() -> None:
+    chunks = [_long_chunk(i) for i in range(50)]
+    with pytest.raises(InputError, match=r"max_context_tokens"):
+        rerank(QUERY, chunks, strict=True)
+
+
+def test_refused_only_when_even_the_minimum_budget_cannot_fit() -> None:
+    chunks = [_long_chunk(i, tokens=300) for i in range(10)]
+    with pytest.raises(InputError) as info:
+        rerank(QUERY, chunks, limits={"max_context_tokens": 100})
+    (v,) = info.value.violations
+    assert f"even at {MIN_TOKENS_PER_CHUNK} tokens per chunk" in v.message
+    assert "max_context_tokens" in v.message
+
+
+def test_max_tokens_per_chunk_caps_each_chunk_and_is_checked() -> None:
+    chunks = [_long_chunk(0, ANSWER, tokens=600), {"id": "short", "text": "A short note on vaccines."}]
+    result = rerank(QUERY, chunks, top_k=2, max_tokens_per_chunk=64)
+    assert set(result.meta.evidence or {}) == {"doc-0"}
+    assert result.meta.evidence["doc-0"]["tokens_after"] <= 64
+    for bad in (0, 15, 1.5, "64", True):
+        with pytest.raises(InputError, match="max_tokens_per_chunk"):
+            rerank(QUERY, chunks, max_tokens_per_chunk=bad)
+
+
+def test_a_tokenizer_hook_counts_the_budget() -> None:
+    class Words:
+        """A caller's tokenizer: one token per word."""
+
+        def encode(self, text: str) -> list[str]:
+            return text.split()
+
+    chunks = [_long_chunk(0, ANSWER, tokens=600)]
+    by_words = rerank(QUERY, chunks, max_tokens_per_chunk=40, tokenizer=Words())
+    entry = (by_words.meta.evidence or {})["doc-0"]
+    assert entry["tokens_before"] == len(chunks[0]["text"].split())
+    by_callable = rerank(QUERY, chunks, max_tokens_per_chunk=40, tokenizer=lambda t: len(t.split()))
+    assert (by_callable.meta.evidence or {})["doc-0"] == entry
+    assert token_counter(None) is estimate_tokens
+    with pytest.raises(InputError, match="tokenizer"):
+        rerank(QUERY, chunks, tokenizer=42)
+
+
+def _answer(quote: str) -> str:
+    return json.dumps({"ranked": [{"id": "doc-0", "score": 0.9, "reason": f'quotes "{quote}"'}],
+                       "dropped": [{"id": "short", "reason": "off_topic"}]})
+
+
+def test_the_guard_judges_a_quote_against_the_text_the_model_was_shown() -> None:
+    doc = _long_chunk(0, ANSWER, tokens=600)
+    doc["text"] = "The oldest map in the museum was drawn by a monk named Anselm. " + doc["text"]
+    chunks = [doc, {"id": "short", "text": "The bakery opened at dawn."}]
+    cut = "drawn by a monk named Anselm"  # in the chunk, but not in what the model is shown
+    kept = "reduced infections by 40 percent"
+    options = {"backend": "openai", "model": "m", "api_key": "x", "max_tokens_per_chunk": 64, "top_k": 1}
+    with FakeLLM([Reply.openai_text(_answer(kept))]) as srv:
+        result = rerank(QUERY, chunks, base_url=srv.openai_url, **options)
+    (req,) = srv.requests
+    assert ELISION.strip() in req.prompt or ANSWER in req.prompt
+    assert cut not in req.prompt and ANSWER in req.prompt
+    assert result.ranked[0].id == "doc-0" and result.meta.attempts == 1
+    with FakeLLM([Reply.openai_text(_answer(cut)), Reply.openai_text(_answer(kept))]) as srv:
+        result = rerank(QUERY, chunks, base_url=srv.openai_url, **options)
+    assert len(srv.requests) == 2 and result.meta.attempts == 2  # refused, re-asked with the guard's error
+    assert cut in srv.requests[1].prompt or "quotes" in json.dumps(srv.requests[1].body)
+
+
+def test_the_cli_and_the_tool_take_the_budget(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    chunks = [_long_chunk(0, ANSWER, tokens=600), {"id": "short", "text": "A short note on vaccines."}]
+    path = tmp_path / "chunks.jsonl"
+    path.write_text("".join(json.dumps(c) + "\n" for c in chunks), encoding="utf-8")
+    assert main(["rerank", "-q", QUERY, "-c", str(path), "--max-tokens-per-chunk", "64", "--meta"]) == 0
+    meta = json.loads(capsys.readouterr().err)
+    assert meta["evidence"]["doc-0"]["tokens_after"] <= 64
+    assert main(["rerank", "-q", QUERY, "-c", str(path), "--max-tokens-per-chunk", "x"]) == 2
+    out = call_tool({"query": QUERY, "chunks": chunks, "max_tokens_per_chunk": 64})
+    assert "error" not in out and {r["id"] for r in out["ranked"]} <= {"doc-0", "short"}
+    bad = call_tool({"query": QUERY, "chunks": chunks, "max_tokens_per_chunk": 3})
+    assert bad["error"]["type"] == "invalid_input"
+
+
+@given(st.text(max_size=300))
+def test_the_fast_path_bound_is_never_below_the_estimate(text: str) -> None:
+    """A request is passed through uncounted when this bound fits; it must never be an underestimate."""
+    assert estimate_tokens(text) <= (len(text) if text.isascii() else 4 * len(text))
