@@ -75,14 +75,8 @@ _ORDINAL_SUFFIX = re.compile(r"\A(\d+)(?:st|nd|rd|th)\Z")
 SHORT_WORDS = 30
 # The lexical embedder's near-copy cosine (embed/lexical.py, measured on clough-stevenson).
 LEXICAL_COPY = 0.49
-# The share of a text's words that must be English function words for its meaning to be compared
-# through the sentence vectors (see the module docstring; measured on the multilingual judged set:
-# German, French and Spanish chunks hold at most 6%, English development texts stating a claim in a
-# sentence 14% and more, and none of those under 10% is a restatement).
-ENGLISH_SHARE = 0.1
 # "No," / "No." answering a question: it denies nothing of the claim that follows.
 _INTERJECTION = re.compile(r"(?<!\w)no\s*[,.!;:]", re.IGNORECASE)
-_LETTERS = re.compile(r"[^\W\d_]+")
 # Initials written with dots ("U.S.", "u.n.") are one word, as their undotted spelling is.
 _INITIALS = re.compile(r"(?<!\w)(?:[^\W\d_]\.){2,}(?!\w)")
 # Function words that still carry a claim: an order in time or space, a quantity ("before" /
@@ -126,13 +120,12 @@ class Reading:
     numbers: Counter[str] = field(hash=False)
     negations: int
     sentences: tuple[str, ...]
-    english: float  # the share of its words that are English function words (`ENGLISH_SHARE`)
     folded: str  # the text as read, case-folded: what tells two texts without a word apart
     length: int  # characters, white space folded: what "more concise" compares
 
     @cached_property
     def keys(self) -> frozenset[str]:
-        """The distinct content-word keys (the prefilter's overlap test), made once per text."""
+        """The distinct content-word keys (the prefilter `_sharing`), made once per text."""
         return frozenset(self.content)
 
     @cached_property
@@ -283,14 +276,8 @@ def read(text: str) -> Reading:
         negations=sum(1 for w in words if w in NEGATIONS) - len(_INTERJECTION.findall(shown)),
         sentences=tuple(s for s in _SENTENCE_END.split(shown) if s.strip()),
         length=len(shown),
-        english=_english_share(shown),
         folded=shown.casefold(),
     )
-
-
-def _english_share(text: str) -> float:
-    letters = [w.casefold() for w in _LETTERS.findall(text)]
-    return sum(1 for w in letters if w in STOPWORDS) / len(letters) if letters else 0.0
 
 
 def _one_edit(a: str, b: str) -> bool:
@@ -549,6 +536,6 @@ def redundancy(texts: Sequence[str], semantic: np.ndarray | Callable[[], np.ndar
     return redundant, prefer
 
 
-__all__ = ["ENGLISH_SHARE", "FUNCTION_WORDS", "LEXICAL_COPY", "RULES", "SHORT_WORDS", "Reading",
+__all__ = ["FUNCTION_WORDS", "LEXICAL_COPY", "RULES", "SHORT_WORDS", "Reading",
            "Rules", "Verdict", "differences", "judge", "read", "redundancy", "rules_for", "surely_passage",
            "word_vectors"]

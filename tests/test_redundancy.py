@@ -22,7 +22,6 @@ from rag_rerank.guard import validate_request
 from rag_rerank.models import Ranked
 from rag_rerank.postpass import postpass
 from rag_rerank.redundancy import (
-    ENGLISH_SHARE,
     RULES,
     SHORT_WORDS,
     judge,
@@ -190,10 +189,9 @@ def test_a_contained_text_is_never_kept_over_its_container(a_words: list[str], e
      "Si quieres la yema cremosa, deja el huevo seis minutos en agua hirviendo."),
 ])
 def test_text_in_another_language_is_never_a_restatement_by_meaning(a: str, b: str) -> None:
-    """The sentence vectors are English: two unrelated French sentences had a cosine above tau."""
-    ra, rb = read(a), read(b)
-    assert min(ra.english, rb.english) < ENGLISH_SHARE
-    assert not judge(ra, rb, semantic=0.99, rules=RULES["static"]).redundant
+    """The sentence vectors are English: two unrelated French sentences had a cosine above tau.
+    Their words have no substitutes in an English vocabulary, so no cosine makes them redundant."""
+    assert not judge(read(a), read(b), semantic=0.99, rules=RULES["static"]).redundant
 
 
 def test_template_siblings_are_all_ranked_by_the_default() -> None:
