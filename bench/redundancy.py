@@ -21,6 +21,7 @@ the first 5 of a shuffled order (the mean of 20 seeded shuffles), with both embe
     python bench/redundancy.py              # corpora, golden pairs, clough-stevenson, top-5
                                             # claims on the sets, AMBIENT, DL19
     python bench/redundancy.py --skip-dl19  # without the (slow) DL19 part
+    python bench/redundancy.py --parts corpora ambient   # only those reports
 
 "Before" is the rule this replaced: lexical cosine at or above 0.49 (still what an explicit
 `duplicate_threshold=0.49` does). Exits 1, saying so on stdout, if any call failed.
@@ -378,22 +379,27 @@ def report_dl19(sample: int) -> None:
         print(f"- [{query}] {dropped[:160]!r} | {kept[:160]!r}")
 
 
+PARTS = {"corpora": report_corpora, "pairs": report_pairs, "clough": report_clough, "top5": report_top5,
+         "ambient": report_ambient, "dl19": None}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--fit", action="store_true", help="print the tau grid on the development data")
     ap.add_argument("--skip-dl19", action="store_true")
+    ap.add_argument("--parts", nargs="+", default=list(PARTS), choices=list(PARTS),
+                    help="which reports to print (default: all)")
     ap.add_argument("--sample", type=int, default=20, help="DL19 redundant_with pairs to print")
     args = ap.parse_args()
     if args.fit:
         fit()
         return 0
-    report_corpora()
-    report_pairs()
-    report_clough()
-    report_top5()
-    report_ambient()
-    if not args.skip_dl19:
-        report_dl19(args.sample)
+    for part in args.parts:
+        if part == "dl19":
+            if not args.skip_dl19:
+                report_dl19(args.sample)
+        else:
+            PARTS[part]()
     if FAILED:
         print(f"\nFAILED: {len(FAILED)} call(s) raised; first: {FAILED[0]}")
         return 1

@@ -22,7 +22,10 @@ final pass: a `BackendError` of another backend is answered by the local backend
 lexical vectors in its place for the rest of the request (`meta.embedder_fallback`).
 
 **candidate_k** (`windows.asked`): the scorer is asked for more than `top_k` candidates so that
-MMR and the removal of near-duplicates have room; the post-pass picks the final `top_k`.
+MMR and the removal of near-duplicates have room; the post-pass picks the final `top_k`. When the
+merges use them up while a scored backend (which scores every chunk) left chunks above the
+minimum outside them, it is asked again for all of them (`_refill`): a scored list is never short
+while a chunk waits.
 
 The caller's query, chunk list and dicts are only read: the input guard builds new frozen
 `Chunk`s and nothing downstream touches the originals.
