@@ -358,10 +358,10 @@ def postpass(
     value above 1 disables de-duplication. `min_score` defaults to the limits' 0.2. Bad
     arguments raise `InputError` naming each one; `meta` holds only the embedder and notes.
 
-    `duplicates_by="text"` (default) judges redundancy by what the texts say (`redundancy.py`:
-    never two facts written from one template; a fact restated in other words caught when the
-    embedder family's sentence vectors are close enough), with the static table's vectors for the
-    lexical embedder and any other, and the sentence-transformers model's own for that family.
+    `duplicates_by="text"` (default) judges redundancy by what the texts say (`redundancy.py`: a
+    copy, the same words, containment (the container kept), or a restatement whose every differing
+    word has a close substitute and whose sentence vectors are close: the static table's for the
+    lexical embedder and any other, the sentence-transformers model's own for that family).
     A `duplicate_threshold` given by the caller keeps its old meaning: near-duplicates are the
     pairs whose lexical vectors' cosine is at or above it. `"embedding"` uses the MMR vectors and
     the embedder's own threshold. Caller vectors always decide with themselves (cosine at or
