@@ -21,7 +21,10 @@ The decisions, and where each is written:
   secrets out of every message: `redaction.py`.
 
 **candidate_k** (`windows.asked`): the scorer is asked for more than `top_k` candidates so that
-MMR and the removal of near-duplicates have room; the post-pass picks the final `top_k`.
+MMR and the removal of near-duplicates have room; the post-pass picks the final `top_k`. When the
+merges use them up while a scored backend (which scores every chunk) left chunks above the
+minimum outside them, it is asked again for all of them (`fallback._refill`): a scored list is
+never short while a chunk waits.
 
 The caller's query, chunk list and dicts are only read: the input guard builds new frozen
 `Chunk`s and nothing downstream touches the originals.
@@ -161,8 +164,8 @@ def _single(plan: Plan) -> Flow:
 
 def _finish(plan: Plan, outcome: Outcome, records: Sequence[CallRecord] = ()) -> Flow:
     """The post-pass over the one call's answer, and the result's meta and scores."""
-    result, plan = yield from postpass_step(plan, outcome.obj, plan.view, plan.fallback)
-    notes = [*outcome.notes]
+    result, plan = yield from postpass_step(plan, outcome.obj, plan.view, plan.fallback, plan.ask)
+    notes = [*outcome.notes, *result.meta.notes]
     if plan.ask.top_k != plan.request.top_k:
         notes.append(f"candidate_k={plan.ask.top_k}")
     notes.extend(scoring_notes(plan))

@@ -317,7 +317,7 @@ def _assemble(plan: Plan, windows: Sequence[Window], scored: Sequence[Scored], s
         kept = survivors.indices
         sub = replace(plan, request=replace(request, chunks=tuple(request.chunks[i] for i in kept)))
         result, sub = yield from postpass_step(sub, answer.obj, replace(plan.view, chunks=window.ask.chunks),
-                                               plan.fallback)
+                                               plan.fallback, window.ask)
         plan = replace(plan, embedder=sub.embedder, embedder_note=sub.embedder_note)
     else:  # no chunk scored above the minimum in any window: nothing to rank
         result = RerankResult(ranked=())

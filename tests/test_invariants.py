@@ -209,6 +209,52 @@ def test_same_input_gives_the_identical_output(req: Req) -> None:
     assert rerank(req.query, req.chunks, **req.kwargs()).to_json() == first
 
 
+# Words of one subject, so that the local backend scores the chunks above the minimum.
+TOPIC = ("vector", "index", "memory", "latency", "recall", "cluster", "shard", "replica", "cache", "disk",
+         "graph", "quantised", "partition", "probe", "search")
+# Copies a crawler returns that are not byte-identical (so `candidate_k` does not count them).
+RESPELT: tuple[Callable[[str], str], ...] = (
+    nfd, str.upper, str.lower, lambda t: "  ".join(t.split()), lambda t: t + " \u200b", lambda t: t + "!!",
+    lambda t: "\n" + t.title(),
+)
+
+
+@st.composite
+def crowded_requests(draw: st.DrawFn) -> Req:
+    """A list where the merges exceed `candidate_k`: more respelt copies of a few chunks than the
+    candidates leave room for (none byte-identical, so `candidate_k` does not count them), then
+    other chunks on the query's subject waiting behind them."""
+    words = draw(st.lists(st.sampled_from(TOPIC), min_size=3, max_size=3, unique=True))
+    rest = [w for w in TOPIC if w not in words]
+
+    def sentence(extra: int) -> str:
+        more = draw(st.lists(st.sampled_from(rest), min_size=extra, max_size=extra, unique=True))
+        return " ".join(words + more).capitalize() + "."
+
+    heads = [sentence(1) for _ in range(draw(st.integers(1, 3)))]
+    texts = [draw(st.sampled_from(RESPELT))(head) + " " * k
+             for head in heads for k in range(draw(st.integers(2, 12)))]
+    texts += [sentence(2) for _ in range(draw(st.integers(2, 8)))]
+    order = draw(st.permutations(range(len(texts))))
+    chunks = [{"id": f"c{i}", "text": texts[j]} for i, j in enumerate(order)]
+    top_k = draw(st.integers(1, 6))
+    return Req(" ".join(words), chunks, top_k, draw(LAMBDA), draw(st.sampled_from([None, 0.0])))
+
+
+@settings(max_examples=40, deadline=None, derandomize=True)
+@given(crowded_requests())
+def test_no_short_list_while_a_scored_chunk_waits(req: Req) -> None:
+    """Issue 32: with the local (scored) backend, merges that use up the candidates never leave a
+    slot empty while a chunk scored above the minimum waits: len(ranked) == min(top_k, the chunks
+    above the minimum that are neither redundant with a ranked one nor unquotable)."""
+    result = rerank(req.query, req.chunks, **req.kwargs())
+    note(f"result: {result.to_json()}")
+    problems = violations(result, req.chunks, req.top_k, req.floor, scored=True)
+    assert not problems, problems
+    if len(result.ranked) < req.top_k:
+        assert any(n.startswith("short list:") for n in result.meta.notes), result.meta.notes
+
+
 @one_bug
 @given(windowed_requests())
 def test_windows_keep_the_contract(req: Req) -> None:

@@ -127,8 +127,9 @@ def test_a_duplicate_pair_split_across_windows_ends_redundant_with_the_other() -
     result = rerank(QUERY, chunks, top_k=5, window_size=40, lambda_=1.0)
     assert_accounted(result, chunks)
     reasons = {d.id: d.reason for d in result.dropped}
-    # both survive their windows (0-39 and 80-119); the post-pass keeps the more concise one
-    assert "d0095" in result.ids and reasons["d0010"] == "redundant_with:d0095"
+    # both survive their windows (0-39 and 80-119); d0010 says all d0095 says and more: the
+    # post-pass keeps the container (issue 32: containment keeps the chunk that says more)
+    assert "d0010" in result.ids and reasons["d0095"] == "redundant_with:d0010"
     assert result.meta.windows[0]["survivors"] >= 1 and result.meta.windows[2]["survivors"] >= 1
 
 
