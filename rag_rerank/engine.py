@@ -536,17 +536,59 @@ def _heavy(plan: Plan) -> bool:
     return not (name.startswith("lexical") or name == "caller")
 
 
-def _postpass_step(plan: Plan, obj: Mapping[str, Any], view: RerankRequest, fallback: str | None
-                   ) -> Generator[Step, Any, tuple[RerankResult, Plan]]:
+def _postpass_step(plan: Plan, obj: Mapping[str, Any], view: RerankRequest, fallback: str | None,
+                   ask: RerankRequest | None = None) -> Generator[Step, Any, tuple[RerankResult, Plan]]:
     """The post-pass; with `fallback="local"`, on lexical vectors when the embedder fails, keeping
-    the ranking the backend already gave (asking the LLM again would bill it twice)."""
+    the ranking the backend already gave (asking the LLM again would bill it twice). Given the
+    `ask` a scored backend answered, a list left short while chunks it scored above the minimum
+    wait outside its candidates is refilled (`_refill`)."""
     try:
-        return (yield Work(lambda: _postpass(plan, obj, view), _heavy(plan))), plan
+        result = yield Work(lambda: _postpass(plan, obj, view), _heavy(plan))
     except EmbedderError as exc:
         if fallback != "local":
             raise _redacted(exc, plan.setup.api_key) from None
         plan = _offline(plan, exc)
-        return (yield Work(lambda: _postpass(plan, obj, view), _heavy(plan))), plan
+        result = yield Work(lambda: _postpass(plan, obj, view), _heavy(plan))
+    if ask is not None and _waiting(plan, ask, result):
+        result = yield from _refill(plan, ask, view, result)
+    return result, plan
+
+
+def _waiting(plan: Plan, ask: RerankRequest, result: RerankResult) -> bool:
+    """Whether a scored backend's list is short while a chunk it scored above the minimum waits
+    outside the candidates it was asked for (its `not_selected` detail holds the score): the
+    post-pass's merges used the candidates up. A word budget's cut is not a short list."""
+    if not getattr(plan.backend, "scored", False) or ask.top_k >= len(ask.chunks) \
+            or len(result.ranked) >= _wanted(plan, ask):
+        return False
+    said = [reasons.split(d.reason) for d in result.dropped]
+    if any(p is not None and p[0] == reasons.OVER_WORD_BUDGET for p in said):
+        return False
+    floor = plan.limits.min_score
+    return any((s := reasons.score_in(d.reason)) is not None and s > floor and p is not None
+               and p[0] == reasons.NOT_SELECTED for d, p in zip(result.dropped, said, strict=True))
+
+
+def _wanted(plan: Plan, ask: RerankRequest) -> int:
+    """The caller's top_k, at most the chunks the ask holds."""
+    return min(plan.request.top_k, len(ask.chunks))
+
+
+def _refill(plan: Plan, ask: RerankRequest, view: RerankRequest, short: RerankResult
+            ) -> Generator[Step, Any, RerankResult]:
+    """The scored backend asked again for every chunk of `ask` (its scores are the same: it scores
+    each chunk on its own), and the post-pass over that answer; the short list stays, noted, if
+    that call fails."""
+    wider = replace(ask, top_k=len(ask.chunks))
+    (answer,) = yield from _answers(plan, [(wider, render(wider), "the refill")], workers=1, limit=None)
+    if answer.outcome is None or answer.error is not None:
+        why = failure_summary(answer.error, plan.setup.api_key) if answer.error else "no answer"
+        return replace(short, meta=replace(short.meta, notes=(*short.meta.notes, f"refill failed: {why}")))
+    obj = answer.outcome.obj
+    result = yield Work(lambda: _postpass(plan, obj, view), _heavy(plan))
+    note = (f"refill: merges used up the {ask.top_k} candidates; all {len(ask.chunks)} chunks' scores "
+            f"asked for again, {len(result.ranked)} ranked")
+    return replace(result, meta=replace(result.meta, notes=(*result.meta.notes, note)))
 
 
 def _postpass(plan: Plan, obj: Mapping[str, Any], view: RerankRequest) -> RerankResult:
@@ -581,8 +623,8 @@ def _single(plan: Plan) -> Flow:
 
 
 def _finish(plan: Plan, outcome: Outcome) -> Flow:
-    result, plan = yield from _postpass_step(plan, outcome.obj, plan.view, plan.fallback)
-    notes = [*outcome.notes]
+    result, plan = yield from _postpass_step(plan, outcome.obj, plan.view, plan.fallback, plan.ask)
+    notes = [*outcome.notes, *result.meta.notes]
     if plan.ask.top_k != plan.request.top_k:
         notes.append(f"candidate_k={plan.ask.top_k}")
     notes.extend(_scoring_notes(plan))
@@ -825,7 +867,7 @@ def _assemble(plan: Plan, windows: Sequence[Window], scored: Sequence[Scored], s
         kept = survivors.indices
         sub = replace(plan, request=replace(request, chunks=tuple(request.chunks[i] for i in kept)))
         result, sub = yield from _postpass_step(sub, answer.obj, replace(plan.view, chunks=window.ask.chunks),
-                                                plan.fallback)
+                                                plan.fallback, window.ask)
         plan = replace(plan, embedder=sub.embedder, embedder_note=sub.embedder_note)
     else:  # no chunk scored above the minimum in any window: nothing to rank
         result = RerankResult(ranked=())

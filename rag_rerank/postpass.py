@@ -9,27 +9,35 @@ stage recomputes the final selection from the (guarded) scores and real embeddin
    LLM's score, cosine similarity between chunk vectors, the most relevant chunk first and every
    tie broken by input order. One similarity matrix, then O(k·n) numpy work (a running max
    vector), no per-pair Python loops;
-3. near-duplicates: when a chunk is picked, every remaining candidate at or above the
-   embedder's duplicate threshold joins it; the most concise of that group takes the place
-   (the card: prefer the more concise) and the others go to `dropped` as
-   `redundant_with:<kept id>`. So no two ranked chunks are near-duplicates, and a
-   `redundant_with:` reason always names a ranked id;
+3. redundancy: when a chunk is picked, every remaining candidate redundant with it
+   (`redundancy.py` by default) joins it, one member of that group takes the place and the others
+   go to `dropped` as `redundant_with:<kept id>`. Which one: a member that contains another (says
+   all it says and more: dropping it would lose that) over the one it contains; among members
+   stating the same thing (copies, restatements), the more concise one, as the card asks; then the
+   more relevant. So no two ranked chunks are redundant, and a `redundant_with:` reason always
+   names a ranked id. The selection goes on until `top_k` are picked or no candidate is left: a
+   merge never leaves a slot empty while a candidate waits;
 4. accounting: every input id exactly once, in `ranked` or in `dropped` with a machine-readable
    reason in the grammar of `reasons.py` (`redundant_with:<id>`, `below_min_score: 0.150`,
    `not_selected: 0.410`, `over_word_budget`) or the LLM's own reason for a chunk it dropped
    itself (kept as is when it follows the grammar, else as `dropped_by_model: <its words>`; an
    LLM `redundant_with:` that no longer names a ranked id is re-pointed at the kept chunk of its
    group, or becomes `not_selected`);
-5. a `diversity_note` on each ranked chunk whose place differs from plain relevance order.
+5. a `diversity_note` on each ranked chunk whose place differs from plain relevance order;
+6. a note in `meta.notes` when fewer than `top_k` are ranked, counting why the other chunks are not
+   (`short_list_note`): the caller learns whether the list is short because few chunks are
+   relevant, because many say the same, or because the scorer returned few.
 
 Layouts: `mmr` (default), `diversity` (Haystack's greedy order: the chunk closest to the query
 first, then the one least similar on average to those already picked; lambda unused) and
 `lost_in_the_middle` (MMR selection laid out best-at-both-ends, `[1 3 5 7 9 10 8 6 4 2]`).
 `word_budget` keeps whole chunks in selection order up to and including the one that reaches or crosses it.
 
-The pipeline asks the model for `candidate_k = min(n, max(2*top_k, top_k+5))` scored chunks
-(`rerank.candidate_k`), so that MMR and de-duplication have something to promote; this module
-accepts any number of scored chunks and returns at most `request.top_k`.
+The pipeline asks the model for `candidate_k = min(n, max(2*top_k, top_k+5) + copies)` scored
+chunks (`windows.candidate_k`), so that MMR and de-duplication have something to promote; this
+module accepts any number of scored chunks and returns at most `request.top_k`. When merges use
+up the candidates of a scored backend (which scores every chunk) the engine asks it again for
+all of them (`engine`: the refill), so a scored list is short only when too few chunks are left.
 """
 
 from __future__ import annotations
@@ -85,9 +93,10 @@ class Selection:
 
     picked: tuple[int, ...]
     redundant: dict[int, int]  # candidate -> kept candidate it duplicates
-    replaced: dict[int, int]  # kept candidate -> the pick it stood in for (the more concise one)
+    replaced: dict[int, int]  # kept candidate -> the pick it stood in for (container, or more concise)
     # kept -> (more relevant skipped, its max_sim, to whom, the kept one's own max_sim, to whom)
     promoted_over: dict[int, tuple[int, float, int, float, int]]
+    containing: frozenset[int] = frozenset()  # kept candidates that stood in because they contain the pick
 
 
 def select(
@@ -124,6 +133,7 @@ def select(
     redundant: dict[int, int] = {}
     replaced: dict[int, int] = {}
     promoted: dict[int, tuple[int, float, int, float, int]] = {}
+    containing: set[int] = set()
     while len(picked) < k and available.any():
         if not picked:
             opener = query_sim if (layout == "diversity" and query_sim is not None) else rel
@@ -151,6 +161,8 @@ def select(
                                   float(max_sim[keep]), int(max_src[keep]))
         if keep != choice:
             replaced[keep] = choice
+            if prefer is not None and prefer[keep, choice]:
+                containing.add(keep)
         picked.append(keep)
         available[keep] = False
         dups = available & dup[keep]
@@ -163,7 +175,7 @@ def select(
         max_src[closer] = keep
         np.maximum(max_sim, row, out=max_sim)
         sum_sim += row
-    return Selection(tuple(picked), redundant, replaced, promoted)
+    return Selection(tuple(picked), redundant, replaced, promoted, frozenset(containing))
 
 
 # --------------------------------------------------------------------------- the post-pass
@@ -459,9 +471,35 @@ def postpass(
     dropped = tuple(
         Dropped(id=chunks[i].id, reason=why[i]) for i in range(len(chunks)) if i not in ranked_set
     )
+    short = short_list_note(request.top_k, len(ranked), [d.reason for d in dropped])
     return RerankResult(
-        ranked=tuple(ranked), dropped=dropped, meta=RunMeta(embedder=emb_name, notes=tuple(notes))
+        ranked=tuple(ranked), dropped=dropped,
+        meta=RunMeta(embedder=emb_name, notes=(*notes, *([short] if short else []))),
     )
+
+
+# How `short_list_note` names each reason token, in the order it lists them.
+_SHORT_WHY = ((reasons.REDUNDANT_WITH, "redundant with a ranked chunk"),
+              (reasons.BELOW_MIN_SCORE, "at or below the minimum score"),
+              (reasons.NOT_SELECTED, "not among the scored candidates"),
+              (reasons.NO_CITABLE_PHRASE, "without a phrase to quote"),
+              (reasons.OVER_WORD_BUDGET, "over the word budget"))
+
+
+def short_list_note(top_k: int, ranked: int, dropped_reasons: Sequence[str]) -> str | None:
+    """`meta.notes`' line for a list shorter than `top_k` (None when it is not, or when there was
+    nothing more to rank): how many are ranked and why each other chunk is not, by reason token
+    ("the scorer's own reasons" for a model's words)."""
+    if ranked >= top_k or not dropped_reasons:
+        return None
+    counts: dict[str, int] = {}
+    for text in dropped_reasons:
+        parts = reasons.split(text)
+        counts[parts[0] if parts else ""] = counts.get(parts[0] if parts else "", 0) + 1
+    named = [f"{counts.pop(token)} {words}" for token, words in _SHORT_WHY if token in counts]
+    if counts:
+        named.append(f"{sum(counts.values())} dropped by the scorer for reasons of its own")
+    return f"short list: {ranked} ranked of top_k={top_k}; the other chunks: " + ", ".join(named)
 
 
 def _ranked_item(
@@ -481,10 +519,9 @@ def _ranked_item(
     notes: list[str] = []
     if local in sel.replaced:
         other = sel.replaced[local]
-        notes.append(
-            f"kept as the more concise of near-duplicates; {chunks[cand[other]].id} "
-            f"(score {rel[other]:.2f}) dropped as redundant"
-        )
+        gone = f"{chunks[cand[other]].id} (score {rel[other]:.2f})"
+        notes.append(f"kept as it contains {gone}, dropped as redundant" if local in sel.containing
+                     else f"kept as the more concise of near-duplicates; {gone} dropped as redundant")
     if local in sel.promoted_over:
         # This chunk's own numbers first (its score, how close it is to what was already chosen),
         # then the more relevant chunk it went ahead of: several chunks may go ahead of the same

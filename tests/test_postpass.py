@@ -199,14 +199,29 @@ def test_identical_texts_keep_one_and_name_it():
     assert ("x", "redundant_with:y") in [(d.id, d.reason) for d in result.dropped]
 
 
-def test_more_concise_duplicate_is_kept_with_a_note():
+def test_the_container_is_kept_over_the_chunk_it_contains_with_a_note():
+    """Issue 32: the chunk that says more is kept, however relevant the contained one is (it says
+    nothing the container does not; dropping the container would lose its second sentence)."""
     short = "IVF is preferred when index memory is constrained or the corpus exceeds RAM."
     long = short + " Disk-resident indexes are then needed, as the FAISS wiki explains in detail."
     request = validate_request("ivf", [{"id": "long", "text": long}, {"id": "short", "text": short}], 2, 0.7)
-    result = postpass(request, [Ranked("long", 0.95, "FAISS wiki"), Ranked("short", 0.6, "RAM")])
+    result = postpass(request, [Ranked("long", 0.6, "FAISS wiki"), Ranked("short", 0.95, "RAM")])
+    assert [r.id for r in result.ranked] == ["long"]
+    assert "kept as it contains short" in (result.ranked[0].diversity_note or "")
+    assert [(d.id, d.reason) for d in result.dropped] == [("short", "redundant_with:long")]
+
+
+def test_more_concise_copy_is_kept_with_a_note():
+    """Two chunks that say the same (here a copy, spaced and punctuated differently): the more
+    concise is kept, as the card asks, even when the other scored higher."""
+    short = "IVF is preferred when index memory is constrained or the corpus exceeds RAM."
+    wordy = "IVF  is preferred  --  when index memory is constrained, or the corpus exceeds RAM !!!"
+    chunks = [{"id": "wordy", "text": wordy}, {"id": "short", "text": short}]
+    request = validate_request("ivf", chunks, 2, 0.7)
+    result = postpass(request, [Ranked("wordy", 0.95, "RAM"), Ranked("short", 0.6, "RAM")])
     assert [r.id for r in result.ranked] == ["short"]
-    assert "long" in (result.ranked[0].diversity_note or "")
-    assert [(d.id, d.reason) for d in result.dropped] == [("long", "redundant_with:short")]
+    assert "more concise" in (result.ranked[0].diversity_note or "")
+    assert [(d.id, d.reason) for d in result.dropped] == [("wordy", "redundant_with:short")]
 
 
 def test_zero_vectors_are_never_duplicates():
@@ -266,7 +281,7 @@ def test_llm_redundant_with_is_repointed_or_downgraded():
         "ivf",
         [
             {"id": "a", "text": text},
-            {"id": "b", "text": text + " Really."},
+            {"id": "b", "text": text[:-1] + " !!!"},  # a copy of a, less concise
             {"id": "c", "text": "Risotto needs stirring."},
             {"id": "d", "text": "HNSW is a graph index."},
         ],

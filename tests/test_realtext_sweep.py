@@ -92,7 +92,7 @@ class Sweep:
                 self.kinds[f"{type(exc).__name__}: {_gist(first)}"] += 1
                 self.failures.append(f"{call.where}: {type(exc).__name__}: {first[:400]}")
                 continue
-            for problem in violations(result, call.chunks, call.top_k, family=family):
+            for problem in violations(result, call.chunks, call.top_k, family=family, scored=True):
                 self.kinds[f"contract: {_gist(problem)}"] += 1
                 self.failures.append(f"{call.where}: contract: {problem}")
 

@@ -179,6 +179,13 @@ def _chunk_ids_uncached(chunk: str) -> tuple[int, ...]:
 _chunk_ids_cached = lru_cache(maxsize=131072)(_chunk_ids_uncached)
 
 
+@lru_cache(maxsize=65536)
+def in_vocabulary(word: str) -> bool:
+    """Whether `word` (lower case) is one whole token of the table's English vocabulary: a word
+    the model knew, not one it spells in pieces (a typo, a rare name)."""
+    return word in _table().index
+
+
 def tokenize(text: str) -> list[str]:
     """The WordPiece tokens of `text` (unknown words left out), for tests and for reading."""
     vocab = {i: t for t, i in _table().index.items()}

@@ -11,7 +11,11 @@ The promises (docs/contract.md, DESIGN.md "Contract"):
   once in ranked ∪ dropped;
 * len(ranked) <= top_k;
 * every ranked score is a finite number in [0, 1] and strictly above the minimum score in force;
-* no two ranked chunks are near-duplicates, and a dropped `redundant_with:<id>` names a ranked id.
+* no two ranked chunks are near-duplicates, and a dropped `redundant_with:<id>` names a ranked id;
+* with a scored backend (`scored=True`: the local one), no short list while a chunk waits: fewer
+  than top_k ranked only when no chunk is left `not_selected` (every other one is redundant with a
+  ranked one, at or below the minimum score, or has nothing to quote), i.e. len(ranked) ==
+  min(top_k, the chunks above the minimum score that are neither redundant nor unquotable).
 
 "Near-duplicate" is judged two ways. Independently of the library: two texts with the same words
 after NFKC and case folding are copies of one fact whatever their spacing, punctuation or Unicode
@@ -71,10 +75,11 @@ def _redundant_pairs(texts: Sequence[str], family: str) -> list[tuple[int, int]]
 
 
 def violations(result: RerankResult | Mapping[str, Any], chunks: Sequence[Chunk], top_k: int,
-               min_score: float = 0.2, family: str = "static") -> list[str]:
+               min_score: float = 0.2, family: str = "static", scored: bool = False) -> list[str]:
     """Every way `result` breaks the contract for these input `chunks` ({"id", "text"} records);
     `family` is the embedder family whose sentence vectors the redundancy judgement read ("static"
-    for the default lexical embedder, "sentence-transformers")."""
+    for the default lexical embedder, "sentence-transformers"); `scored` when a scored backend
+    answered (it scored every chunk: a short list must have nothing left to add)."""
     out: list[str] = []
     ranked, dropped = entries(result)
     inputs = [c["id"] for c in chunks]
@@ -106,6 +111,12 @@ def violations(result: RerankResult | Mapping[str, Any], chunks: Sequence[Chunk]
             out.append(f"dropped {cid!a}: reason {reason!r} is not a non-empty string")
         elif reason.startswith(REDUNDANT) and reason[len(REDUNDANT):] not in ranked_ids:
             out.append(f"dropped {cid!a}: {reason!a} does not name a ranked id")
+    if scored and len(ranked) < top_k:
+        waiting = [cid for cid, reason in dropped if isinstance(reason, str)
+                   and reason.split(":", 1)[0] in ("not_selected", "not_in_final")]
+        if waiting:
+            out.append(f"{len(ranked)} ranked of top_k={top_k} while {len(waiting)} scored chunk(s) wait "
+                       f"(not_selected), e.g. {waiting[:3]!a}")
     kept = [cid for cid, _ in ranked if cid in text_of]
     prints: dict[str, str] = {}
     for cid in kept:
