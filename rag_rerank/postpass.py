@@ -143,10 +143,10 @@ def select(
         else:
             score = weighted_rel - (1.0 - lambda_) * max_sim
         score[~available] = -np.inf
-        choice = int(np.argmax(score))
+        choice = int(score.argmax())
         group = available & dup[choice]
         group[choice] = True
-        members = np.flatnonzero(group)
+        members = group.nonzero()[0]
         if len(members) == 1:  # no duplicate of the choice left: it is kept (most picks)
             keep = choice
         else:
@@ -154,8 +154,7 @@ def select(
                         else np.zeros(len(members), dtype=np.int64))
             keep = int(members[np.lexsort((members, -rel[members], lengths[members], -contains))[0]])
         if picked:
-            rel_masked = np.where(available, rel, -np.inf)
-            best = int(np.argmax(rel_masked))
+            best = int(np.where(available, rel, -np.inf).argmax())
             if rel[best] > rel[choice] and best != keep and best not in members:
                 promoted[keep] = (best, float(max_sim[best]), int(max_src[best]),
                                   float(max_sim[keep]), int(max_src[keep]))
@@ -167,8 +166,8 @@ def select(
         available[keep] = False
         dups = available & dup[keep]
         dups[choice] = dups[choice] or choice != keep
-        for j in np.flatnonzero(dups):
-            redundant[int(j)] = keep
+        for j in dups.nonzero()[0].tolist():
+            redundant[j] = keep
         available &= ~dups
         row = sim[keep]
         closer = row > max_sim
@@ -309,7 +308,9 @@ def _similarity(vectors: np.ndarray) -> np.ndarray:
     v = vectors.astype(np.float64)
     if not len(v):
         return np.zeros((0, 0))
-    s = np.vstack([v @ row for row in v])
+    # One stacked product, row b = v @ v[b]: numpy makes it the same matrix-vector product per row
+    # (BLAS gemv), so the bits are those of the loop it replaced, without a Python call per row.
+    s = np.matmul(v, v[:, :, None])[:, :, 0]
     return (s + s.T) * 0.5
 
 
@@ -452,7 +453,14 @@ def postpass(
     for local, keep in sel.redundant.items():
         kept_of[int(cand[local])] = int(cand[keep])
 
-    ranked = [_ranked_item(chunks, score_of, cand, sel, picked, final, j, rel, layout) for j in final]
+    # Where each pick stands: in the selection, in the final layout, and by relevance alone (ties
+    # by input order), found once for all of them.
+    sel_at = {local: pos for pos, local in enumerate(picked)}
+    final_at = {local: pos for pos, local in enumerate(final)}
+    rel_rank = np.empty(len(rel), dtype=np.int64)
+    rel_rank[np.lexsort((np.arange(len(rel)), -rel))] = np.arange(len(rel))
+    ranked = [_ranked_item(chunks, score_of, cand, sel, sel_at[j], final_at[j], int(rel_rank[j]), j, rel,
+                           layout) for j in final]
 
     for i, chunk in enumerate(chunks):
         if i in ranked_set or i in why:
@@ -507,13 +515,15 @@ def _ranked_item(
     score_of: dict[str, Ranked],
     cand: np.ndarray,
     sel: Selection,
-    picked: list[int],
-    final: list[int],
+    sel_pos: int,
+    pos: int,
+    rel_pos: int,
     local: int,
     rel: np.ndarray,
     layout: str,
 ) -> Ranked:
-    """The model's score and reason verbatim, plus a note when this stage moved the chunk."""
+    """The model's score and reason verbatim, plus a note when this stage moved the chunk: it is
+    `sel_pos`-th in the selection, `pos`-th in the final layout and `rel_pos`-th by relevance."""
     chunk = chunks[cand[local]]
     src = score_of[chunk.id]
     notes: list[str] = []
@@ -533,14 +543,11 @@ def _ranked_item(
             closest = f"; closest chunk above it: {chunks[cand[own_src]].id}, cosine {own:.2f}"
         what = "MMR" if layout != "diversity" else "diversity order"
         notes.append(
-            f"{what} placed this at rank {picked.index(local) + 1} (score {rel[local]:.2f}{closest}) "
+            f"{what} placed this at rank {sel_pos + 1} (score {rel[local]:.2f}{closest}) "
             f"ahead of {chunks[cand[skipped]].id} (score {rel[skipped]:.2f}, cosine {s:.2f}{via})"
         )
-    sel_pos = picked.index(local)
-    rel_pos = int(np.sum((rel > rel[local]) | ((rel == rel[local]) & (np.arange(len(rel)) < local))))
     if not notes and sel_pos > rel_pos and layout != "lost_in_the_middle":
         notes.append(f"demoted from relevance rank {rel_pos + 1} to {sel_pos + 1} for diversity")
-    pos = final.index(local)
     if layout == "lost_in_the_middle" and pos != sel_pos:
         notes.append(f"lost-in-the-middle layout: selection rank {sel_pos + 1} placed at position {pos + 1}")
     note = "; ".join(notes) if notes else src.diversity_note
