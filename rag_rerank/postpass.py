@@ -129,33 +129,35 @@ def select(
     max_src = np.full(n, -1, dtype=np.int64)
     sum_sim = np.zeros(n)
     weighted_rel = lambda_ * rel
+    rel_of = rel.tolist()  # the same floats, compared one at a time without numpy scalars
     picked: list[int] = []
     redundant: dict[int, int] = {}
     replaced: dict[int, int] = {}
     promoted: dict[int, tuple[int, float, int, float, int]] = {}
     containing: set[int] = set()
-    while len(picked) < k and available.any():
+    left = n  # candidates still available (`available.sum()`, kept as a count)
+    while len(picked) < k and left:
         if not picked:
             opener = query_sim if (layout == "diversity" and query_sim is not None) else rel
-            score = opener.copy()
+            score = opener
         elif layout == "diversity":
             score = -sum_sim  # least similar on average to those picked (same divisor for all)
         else:
             score = weighted_rel - (1.0 - lambda_) * max_sim
-        score[~available] = -np.inf
-        choice = int(score.argmax())
+        choice = int(np.where(available, score, -np.inf).argmax())
         group = available & dup[choice]
         group[choice] = True
-        members = group.nonzero()[0]
+        members = group.nonzero()[0].tolist()
         if len(members) == 1:  # no duplicate of the choice left: it is kept (most picks)
             keep = choice
         else:
-            contains = (prefer[np.ix_(members, members)].sum(axis=1) if prefer is not None
-                        else np.zeros(len(members), dtype=np.int64))
-            keep = int(members[np.lexsort((members, -rel[members], lengths[members], -contains))[0]])
+            at = np.array(members, dtype=np.int64)
+            contains = (prefer[np.ix_(at, at)].sum(axis=1) if prefer is not None
+                        else np.zeros(len(at), dtype=np.int64))
+            keep = int(at[np.lexsort((at, -rel[at], lengths[at], -contains))[0]])
         if picked:
             best = int(np.where(available, rel, -np.inf).argmax())
-            if rel[best] > rel[choice] and best != keep and best not in members:
+            if rel_of[best] > rel_of[choice] and best != keep and best not in members:
                 promoted[keep] = (best, float(max_sim[best]), int(max_src[best]),
                                   float(max_sim[keep]), int(max_src[keep]))
         if keep != choice:
@@ -166,9 +168,12 @@ def select(
         available[keep] = False
         dups = available & dup[keep]
         dups[choice] = dups[choice] or choice != keep
-        for j in dups.nonzero()[0].tolist():
+        gone = dups.nonzero()[0].tolist()
+        for j in gone:
             redundant[j] = keep
-        available &= ~dups
+        if gone:
+            available[gone] = False
+        left -= 1 + len(gone)
         row = sim[keep]
         closer = row > max_sim
         max_src[closer] = keep
