@@ -1174,6 +1174,10 @@ TIMINGS = [
      "python bench/batch.py --offline --queries 172 --chunks 50"),
     ("docs/speed.md", "client-side ms per LLM call beside the peers' rerankers", "python bench/peers.py"),
     ("docs/speed.md", "where one LLM call's time goes, stage by stage", "python bench/call_stages.py"),
+    ("docs/speed.md", "instructions per LLM call, stage by stage (callgrind: steady, but this Python's "
+     "and this CPU's)", "python bench/instructions.py"),
+    ("docs/speed.md", "SHA-256 over the LLM path's results and the offline default's (before and after a "
+     "change: equal, or the change moved a result)", "python bench/identity.py; python bench/offline.py"),
     ("docs/speed.md", "the offline default rerank(query, chunks), first sight and repeated",
      "python bench/offline.py --sizes 20 and --sizes 50"),
     ("docs/ray.md", "local engine vs Ray Data", "python bench/batch.py --engines --queries 48"),

@@ -128,34 +128,35 @@ def select(
     max_src = np.full(n, -1, dtype=np.int64)
     sum_sim = np.zeros(n)
     weighted_rel = lambda_ * rel
+    rel_of = rel.tolist()  # the same floats, compared one at a time without numpy scalars
     picked: list[int] = []
     redundant: dict[int, int] = {}
     replaced: dict[int, int] = {}
     promoted: dict[int, tuple[int, float, int, float, int]] = {}
     containing: set[int] = set()
-    while len(picked) < k and available.any():
+    left = n  # candidates still available (`available.sum()`, kept as a count)
+    while len(picked) < k and left:
         if not picked:
             opener = query_sim if (layout == "diversity" and query_sim is not None) else rel
-            score = opener.copy()
+            score = opener
         elif layout == "diversity":
             score = -sum_sim  # least similar on average to those picked (same divisor for all)
         else:
             score = weighted_rel - (1.0 - lambda_) * max_sim
-        score[~available] = -np.inf
-        choice = int(np.argmax(score))
+        choice = int(np.where(available, score, -np.inf).argmax())
         group = available & dup[choice]
         group[choice] = True
-        members = np.flatnonzero(group)
+        members = group.nonzero()[0].tolist()
         if len(members) == 1:  # no duplicate of the choice left: it is kept (most picks)
             keep = choice
         else:
-            contains = (prefer[np.ix_(members, members)].sum(axis=1) if prefer is not None
-                        else np.zeros(len(members), dtype=np.int64))
-            keep = int(members[np.lexsort((members, -rel[members], lengths[members], -contains))[0]])
+            at = np.array(members, dtype=np.int64)
+            contains = (prefer[np.ix_(at, at)].sum(axis=1) if prefer is not None
+                        else np.zeros(len(at), dtype=np.int64))
+            keep = int(at[np.lexsort((at, -rel[at], lengths[at], -contains))[0]])
         if picked:
-            rel_masked = np.where(available, rel, -np.inf)
-            best = int(np.argmax(rel_masked))
-            if rel[best] > rel[choice] and best != keep and best not in members:
+            best = int(np.where(available, rel, -np.inf).argmax())
+            if rel_of[best] > rel_of[choice] and best != keep and best not in members:
                 promoted[keep] = (best, float(max_sim[best]), int(max_src[best]),
                                   float(max_sim[keep]), int(max_src[keep]))
         if keep != choice:
@@ -166,9 +167,12 @@ def select(
         available[keep] = False
         dups = available & dup[keep]
         dups[choice] = dups[choice] or choice != keep
-        for j in np.flatnonzero(dups):
-            redundant[int(j)] = keep
-        available &= ~dups
+        gone = dups.nonzero()[0].tolist()
+        for j in gone:
+            redundant[j] = keep
+        if gone:
+            available[gone] = False
+        left -= 1 + len(gone)
         row = sim[keep]
         closer = row > max_sim
         max_src[closer] = keep
@@ -308,7 +312,9 @@ def _similarity(vectors: np.ndarray) -> np.ndarray:
     v = vectors.astype(np.float64)
     if not len(v):
         return np.zeros((0, 0))
-    s = np.vstack([v @ row for row in v])
+    # One stacked product, row b = v @ v[b]: numpy makes it the same matrix-vector product per row
+    # (BLAS gemv), so the bits are those of the loop it replaced, without a Python call per row.
+    s = np.matmul(v, v[:, :, None])[:, :, 0]
     return (s + s.T) * 0.5
 
 
@@ -451,7 +457,14 @@ def postpass(
     for local, keep in sel.redundant.items():
         kept_of[int(cand[local])] = int(cand[keep])
 
-    ranked = [_ranked_item(chunks, score_of, cand, sel, picked, final, j, rel, layout) for j in final]
+    # Where each pick stands: in the selection, in the final layout, and by relevance alone (ties
+    # by input order), found once for all of them.
+    sel_at = {local: pos for pos, local in enumerate(picked)}
+    final_at = {local: pos for pos, local in enumerate(final)}
+    rel_rank = np.empty(len(rel), dtype=np.int64)
+    rel_rank[np.lexsort((np.arange(len(rel)), -rel))] = np.arange(len(rel))
+    ranked = [_ranked_item(chunks, score_of, cand, sel, sel_at[j], final_at[j], int(rel_rank[j]), j, rel,
+                           layout) for j in final]
 
     for i, chunk in enumerate(chunks):
         if i in ranked_set or i in why:
@@ -507,13 +520,15 @@ def _ranked_item(
     score_of: dict[str, Ranked],
     cand: np.ndarray,
     sel: Selection,
-    picked: list[int],
-    final: list[int],
+    sel_pos: int,
+    pos: int,
+    rel_pos: int,
     local: int,
     rel: np.ndarray,
     layout: str,
 ) -> Ranked:
-    """The model's score and reason verbatim, plus a note when this stage moved the chunk."""
+    """The model's score and reason verbatim, plus a note when this stage moved the chunk: it is
+    `sel_pos`-th in the selection, `pos`-th in the final layout and `rel_pos`-th by relevance."""
     chunk = chunks[cand[local]]
     src = score_of[chunk.id]
     notes: list[str] = []
@@ -533,14 +548,11 @@ def _ranked_item(
             closest = f"; closest chunk above it: {chunks[cand[own_src]].id}, cosine {own:.2f}"
         what = "MMR" if layout != "diversity" else "diversity order"
         notes.append(
-            f"{what} placed this at rank {picked.index(local) + 1} (score {rel[local]:.2f}{closest}) "
+            f"{what} placed this at rank {sel_pos + 1} (score {rel[local]:.2f}{closest}) "
             f"ahead of {chunks[cand[skipped]].id} (score {rel[skipped]:.2f}, cosine {s:.2f}{via})"
         )
-    sel_pos = picked.index(local)
-    rel_pos = int(np.sum((rel > rel[local]) | ((rel == rel[local]) & (np.arange(len(rel)) < local))))
     if not notes and sel_pos > rel_pos and layout != "lost_in_the_middle":
         notes.append(f"demoted from relevance rank {rel_pos + 1} to {sel_pos + 1} for diversity")
-    pos = final.index(local)
     if layout == "lost_in_the_middle" and pos != sel_pos:
         notes.append(f"lost-in-the-middle layout: selection rank {sel_pos + 1} placed at position {pos + 1}")
     note = "; ".join(notes) if notes else src.diversity_note

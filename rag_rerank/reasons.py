@@ -43,6 +43,7 @@ TOKENS: Mapping[str, str] = {
 }
 
 _SHAPE = re.compile(r"\A([a-z][a-z0-9_]*)(?::(.*))?\Z", re.DOTALL)
+_HEAD = re.compile(r"[a-z][a-z0-9_]*")
 
 
 def reason(token: str, detail: object = None) -> str:
@@ -108,7 +109,7 @@ def problem(text: str) -> str | None:
     here (a model may explain in its own words; `normalise` files that under `dropped_by_model`)."""
     if not isinstance(text, str):
         return None
-    head = re.match(r"[a-z][a-z0-9_]*", text)
+    head = _HEAD.match(text)
     if head is None or head.group(0) not in TOKENS or split(text) is not None:
         return None
     token = head.group(0)

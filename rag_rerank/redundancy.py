@@ -49,6 +49,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
+from itertools import chain
 
 import numpy as np
 
@@ -477,14 +478,15 @@ def _sharing(texts: Sequence[str]) -> np.ndarray:
     """Pairs of which the text with fewer distinct content words shares at least half of them with
     the other (it may be inside it, or a copy): one incidence matrix product, no loop over pairs."""
     keys = [read(t).keys for t in texts]
-    vocabulary: dict[str, int] = {}
-    rows = [[vocabulary.setdefault(k, len(vocabulary)) for k in ks] for ks in keys]
+    # A column per distinct key, in order of first sight, and every (text, key) cell set at once.
+    distinct = dict.fromkeys(chain.from_iterable(keys))
+    vocabulary = dict(zip(distinct, range(len(distinct)), strict=True))
     incidence = np.zeros((len(texts), max(len(vocabulary), 1)), dtype=np.float64)
-    for i, cols in enumerate(rows):
-        incidence[i, cols] = 1.0
+    cols = np.fromiter(map(vocabulary.__getitem__, chain.from_iterable(keys)), dtype=np.int64)
+    incidence[np.repeat(np.arange(len(texts)), [len(ks) for ks in keys]), cols] = 1.0
     sizes = incidence.sum(axis=1)
     smaller = np.minimum(sizes[:, None], sizes[None, :])
-    shared = np.vstack([incidence @ row for row in incidence])  # row by row: see postpass._similarity
+    shared = np.matmul(incidence, incidence[:, :, None])[:, :, 0]  # row by row: see postpass._similarity
     return (smaller > 0) & (2 * shared >= smaller)
 
 

@@ -70,6 +70,7 @@ def _environment() -> jinja2.Environment:
         undefined=jinja2.StrictUndefined,
         autoescape=False,
         keep_trailing_newline=True,  # the task ends with a newline, byte for byte as in the card
+        auto_reload=False,  # the templates ship with the package: no file check on every render
     )
 
 

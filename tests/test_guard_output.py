@@ -407,6 +407,38 @@ def test_property_fast_schema_path_matches_on_near_valid_objects(
     assert _plainly_conformant(obj) == (not list(_output_validator().iter_errors(obj)))
 
 
+_IDS = st.sampled_from(["c1", "c2", "c3", "c4", "c5", "C1", "c\uff11", "zz"])
+_REASONS = st.sampled_from([
+    "builds a hierarchical proximity graph", 'quotes "IVF partitions vectors"',
+    'quotes "IVF partitions trees"', 'says "memory is \\"constrained\\""', "relevant", "redundant_with:c1",
+    "redundant_with:zz", "below_min_score (0.1)", "not_selected: 0.400", "off topic", "Cooking risotto",
+    "\u201cFAISS supports\u201d",
+]) | st.text(max_size=12).filter(str.strip)
+
+
+@hypothesis.example(ranked=[{"id": "c2", "score": 0.9, "reason": 'quotes "IVF partitions trees"'},
+                            {"id": "c2", "score": 0.1, "reason": "relevant"}],
+                    dropped=[{"id": "C1", "reason": "redundant_with:zz"}, {"id": "c2", "reason": "x"}])
+@hypothesis.given(
+    ranked=st.lists(st.fixed_dictionaries(
+        {"id": _IDS, "score": st.sampled_from([0, 0.1, 0.2, 0.21, 0.5, 1]), "reason": _REASONS},
+        optional={"diversity_note": st.text(max_size=3)}), max_size=6),
+    dropped=st.lists(st.fixed_dictionaries({"id": _IDS, "reason": _REASONS}), max_size=4),
+)
+def test_property_one_pass_path_equals_the_general_path(ranked: list[Any], dropped: list[Any]) -> None:
+    """A plainly conformant answer is judged in one pass over its items (`_plain_violations`): the
+    same violations, in the same order, as the general path every other answer takes."""
+    from rag_rerank.guard.limits import as_limits
+    from rag_rerank.guard.output import _general_violations, _plain_violations
+
+    obj = {"ranked": ranked, "dropped": dropped}
+    lim = as_limits(None)
+    for query in (None, "when is IVF preferred"):
+        fast = _plain_violations(obj, HAPPY, 3, lim, query)
+        assert fast is not None
+        assert fast == _general_violations(obj, HAPPY, 3, lim, query)
+
+
 # --- issue 15: check_output takes rerank()'s chunk forms; messages read as sentences -------------------
 
 

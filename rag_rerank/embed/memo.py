@@ -122,5 +122,7 @@ class TextRows:
         if not self.sparse:
             out[at] = np.stack([row for _, row in found])
             return
-        flat = np.concatenate([idx.astype(np.int64) + k * dim for k, (idx, _) in found])
+        idx = [row[0] for _, row in found]
+        starts = np.repeat(np.array(at, dtype=np.int64) * dim, [len(i) for i in idx])
+        flat = np.concatenate(idx).astype(np.int64) + starts  # one conversion, not one per row
         out.reshape(-1)[flat] = np.concatenate([vals for _, (_, vals) in found])

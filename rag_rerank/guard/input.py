@@ -18,6 +18,8 @@ import os
 import re
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping
+from functools import lru_cache
+from operator import attrgetter
 from pathlib import Path
 from typing import Any
 
@@ -441,8 +443,15 @@ def parse_chunks(
     lim = as_limits(limits)
     records, violations, n_records = _records_from(source)
     chunks: list[Chunk] = []
-    where: list[str] = []
-    for item, line, index in records:
+    where: list[tuple[Any, int | None, int]] = []  # each chunk's record entry: its place, named on error
+    others: list[Any] = []  # the items that were not plain records (the framework hint reads them)
+    for entry in records:
+        item, line, index = entry
+        if line is None and type(item) is dict and (chunk := _known_plain(item)) is not None:
+            chunks.append(chunk)
+            where.append(entry)
+            continue
+        others.append(item)
         rec = _as_record(item)
         if line is None:
             rec = _without_nones(rec)
@@ -462,9 +471,9 @@ def parse_chunks(
                 embedding=tuple(float(x) for x in emb) if emb is not None else None,
             )
         )
-        where.append(f"line {line}" if line is not None else f"chunks[{index}]")
+        where.append(entry)
     violations.sort(key=lambda v: v.line if v.line is not None else 0)  # in the caller's line order
-    violations.extend(_framework_hint(item for item, _, _ in records))
+    violations.extend(_framework_hint(others))
     if not n_records:
         msg = 'no chunks: give at least one {"id", "text"} record'
         violations.append(Violation(path="chunks", message=msg))
@@ -472,6 +481,48 @@ def parse_chunks(
     if violations:
         raise InputError(violations, headline="invalid chunks")
     return chunks
+
+
+def _known_plain(item: dict[str, Any]) -> Chunk | None:
+    """The `Chunk` of a Python caller's plain record (`{"id", "text"}` and maybe a number `score`,
+    exact types) from `_plain_chunk`'s memo, or None for any other record (the full checks then
+    explain or accept it). A zero score is left to the full path: 0.0 and -0.0 share a memo key."""
+    cid, text = item.get("id"), item.get("text")
+    if type(cid) is not str or type(text) is not str:
+        return None
+    size = len(item)
+    if size == 2:
+        score = None
+    elif size == 3 and "score" in item:
+        score = item["score"]
+    else:
+        return None
+    kind = type(score)
+    if kind is float or kind is int:
+        if not score:
+            return None
+        return _plain_chunk(cid, text, score)
+    return _plain_chunk(cid, text, None) if score is None else None
+
+
+@lru_cache(maxsize=4096, typed=True)
+def _plain_chunk(cid: str, text: str, score: float | None) -> Chunk | None:
+    """A plain record's `Chunk` when it passes every check of `parse_chunks` (its id non-empty, no
+    lone surrogate, a finite score), else None. Memoised per (id, text, score), typed, as a chunk's
+    prompt line and vectors are: a service sees the same passages again, and a chunk's checks
+    depend on nothing but the record."""
+    rec: dict[str, Any] = {"id": cid, "text": text}
+    if score is not None:
+        rec["score"] = score
+    if not cid or _value_violations(rec, 0, None):
+        return None
+    return Chunk(id=cid, text=text, score=float(score) if score is not None else None)
+
+
+def _place(entry: tuple[Any, int | None, int]) -> str:
+    """Where a record is, as a violation names it: its line in a file, else its index."""
+    _, line, index = entry
+    return f"line {line}" if line is not None else f"chunks[{index}]"
 
 
 # A framework's document objects handed to rerank() itself: the component that takes them.
@@ -506,21 +557,24 @@ def _first(items: list[str], what: str) -> str:
     return shown + (f" and {len(items) - _SHOWN} {what}" if len(items) > _SHOWN else "")
 
 
+Places = list[tuple[Any, int | None, int]]  # each chunk's record entry (`_records_from`), for `_place`
+
+
 def _collection_violations(
-    chunks: list[Chunk], where: list[str], n_records: int, lim: Limits, query: str, window_size: int | None
+    chunks: list[Chunk], where: Places, n_records: int, lim: Limits, query: str, window_size: int | None
 ) -> list[Violation]:
     out: list[Violation] = []
-    places: dict[str, list[str]] = defaultdict(list)
-    for chunk, place in zip(chunks, where, strict=True):
-        places[chunk.id].append(place)
-    dupes = {cid: at for cid, at in places.items() if len(at) > 1}
-    if dupes:
+    if len(set(map(_ID, chunks))) < len(chunks):
+        places: dict[str, list[str]] = defaultdict(list)
+        for chunk, entry in zip(chunks, where, strict=True):
+            places[chunk.id].append(_place(entry))
+        dupes = {cid: at for cid, at in places.items() if len(at) > 1}
         named = "; ".join(f"{cid!r} at {_first(at, 'more')}" for cid, at in list(dupes.items())[:_SHOWN])
         more = f"; and {counted(len(dupes) - _SHOWN, 'more duplicated id')}" if len(dupes) > _SHOWN else ""
         out.append(Violation(path="chunks", message=f"duplicate ids (ids must be unique): {named}{more}",
                              value=list(dupes)))
     out.extend(_size_violations(chunks, where, n_records, lim, query, window_size))
-    dims = {len(c.embedding) for c in chunks if c.embedding is not None}
+    dims = {len(e) for e in map(_EMBEDDING, chunks) if e is not None}
     if len(dims) > 1:
         out.append(Violation(path="chunks[*].embedding", message=f"embeddings have different dimensions: "
                              f"{sorted(dims)}", value=sorted(dims)))
@@ -539,18 +593,30 @@ def _prompt_chars(chunk: Chunk) -> int:
     return n
 
 
-def _longest(chunks: list[Chunk], where: list[str], lim: Limits) -> str:
+_ID, _TEXT, _META, _EMBEDDING = (attrgetter(name) for name in ("id", "text", "meta", "embedding"))
+
+
+def _chars(chunks: list[Chunk]) -> int:
+    """`_prompt_chars` summed over `chunks` (the texts and ids counted in C, a meta's JSON only
+    for a chunk that has one)."""
+    n = sum(map(len, map(_TEXT, chunks))) + sum(map(len, map(_ID, chunks)))
+    if any(map(_META, chunks)):
+        n += sum(_prompt_chars(c) - len(c.text) - len(c.id) for c in chunks if c.meta)
+    return n
+
+
+def _longest(chunks: list[Chunk], where: Places, lim: Limits) -> str:
     """The (at most 3) longest chunks that each take a tenth of the budget or more, with their place
     and estimated tokens: an over-budget error must say which chunk to shorten, not only the total
     (one 200,000-character document among fifty short ones is the usual cause)."""
     size = {i: lim.estimate_tokens(_prompt_chars(c)) for i, c in enumerate(chunks)}
     big = sorted((i for i in size if size[i] * 10 >= lim.max_context_tokens), key=lambda i: -size[i])[:3]
-    named = ", ".join(f"id {_short(chunks[i].id)} ({where[i]}) about {size[i]} tokens" for i in big)
+    named = ", ".join(f"id {_short(chunks[i].id)} ({_place(where[i])}) about {size[i]} tokens" for i in big)
     return f"; the longest: {named}" if named else ""
 
 
 def _size_violations(
-    chunks: list[Chunk], where: list[str], n_records: int, lim: Limits, query: str, window_size: int | None
+    chunks: list[Chunk], where: Places, n_records: int, lim: Limits, query: str, window_size: int | None
 ) -> list[Violation]:
     """The count limit and the token budget: for the whole set in one prompt, or per window."""
     out: list[Violation] = []
@@ -576,7 +642,7 @@ def _size_violations(
     over: list[tuple[int, int, int]] = []  # (first, end, estimated tokens) of each prompt over budget
     for first in range(0, max(len(chunks), 1), max(size, 1)):
         part = chunks[first : first + size]
-        est = lim.estimate_tokens(sum(_prompt_chars(c) for c in part) + len(query))
+        est = lim.estimate_tokens(_chars(part) + len(query))
         if est > lim.max_context_tokens:
             over.append((first, first + len(part), est))
     if over and window_size is None:

@@ -96,7 +96,7 @@ def _quotations(reason: str) -> list[str]:
             pos = line_break + 1
             continue
         quoted = reason[m.end():end]
-        if opening == '"':
+        if opening == '"' and "\\" in quoted:  # without a backslash there is no escape to read
             with contextlib.suppress(ValueError):  # not valid JSON escapes: compare as written
                 quoted = json.loads(f'"{quoted}"')
         out.append(quoted)
@@ -291,12 +291,14 @@ class _DuplicateKeys:
         self.found: list[str] = []
 
     def __call__(self, pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-        seen: dict[str, Any] = {}
-        for key, value in pairs:
-            if key in seen:
-                self.found.append(key)
-            seen[key] = value
-        return seen
+        out = dict(pairs)  # the last value of a key wins, as json's own objects have it
+        if len(out) != len(pairs):
+            seen: set[str] = set()
+            for key, _ in pairs:
+                if key in seen:
+                    self.found.append(key)
+                seen.add(key)
+        return out
 
 
 def _reject_constant(name: str) -> Any:
@@ -450,23 +452,32 @@ _DROPPED_KEYS = frozenset({"id", "reason"})
 def _plainly_conformant(obj: Any) -> bool:
     """The schema checked by hand for the common, valid case; False sends the object through
     jsonschema, which explains what is wrong. Saves most of the guard's time on a good answer."""
+    sections = _sections(obj)
+    return sections is not None and all(map(_plain_ranked, sections[0])) and all(
+        map(_plain_dropped, sections[1]))
+
+
+def _sections(obj: Any) -> tuple[list[Any], list[Any]] | None:
+    """(ranked, dropped) of an object whose top level is plainly conformant, else None."""
     if type(obj) is not dict or not obj.keys() <= {"ranked", "dropped"}:
-        return False
+        return None
     ranked, dropped = obj.get("ranked"), obj.get("dropped", [])
     if type(ranked) is not list or type(dropped) is not list:
+        return None
+    return ranked, dropped
+
+
+def _plain_ranked(item: Any) -> bool:
+    if type(item) is not dict or not _RANKED_REQUIRED <= item.keys() <= _RANKED_KEYS:
         return False
-    for item in ranked:
-        if type(item) is not dict or not _RANKED_REQUIRED <= item.keys() <= _RANKED_KEYS:
-            return False
-        score, note = item.get("score"), item.get("diversity_note", "")
-        if not _good_id_and_reason(item) or type(note) is not str:
-            return False
-        if type(score) not in (int, float) or not 0 <= score <= 1:
-            return False
-    for item in dropped:
-        if type(item) is not dict or item.keys() != _DROPPED_KEYS or not _good_id_and_reason(item):
-            return False
-    return True
+    score, note = item.get("score"), item.get("diversity_note", "")
+    if not _good_id_and_reason(item) or type(note) is not str:
+        return False
+    return not (type(score) not in (int, float) or not 0 <= score <= 1)
+
+
+def _plain_dropped(item: Any) -> bool:
+    return type(item) is dict and item.keys() == _DROPPED_KEYS and _good_id_and_reason(item)
 
 
 def _good_id_and_reason(item: Mapping[str, Any]) -> bool:
@@ -485,7 +496,14 @@ def output_violations(
     """Every way a parsed output object breaks the contract for these chunks (`query`: what a reason
     may quote besides its chunk)."""
     lim = as_limits(limits)
-    out = [] if _plainly_conformant(obj) else [
+    plain = _plain_violations(obj, chunks, top_k, lim, query)
+    return plain if plain is not None else _general_violations(obj, chunks, top_k, lim, query)
+
+
+def _general_violations(obj: Any, chunks: Sequence[Chunk], top_k: int, lim: Limits, query: str | None
+                        ) -> list[Violation]:
+    """`output_violations` of any object: the schema's errors, then each item's."""
+    out = [
         Violation(path=_json_path(err.absolute_path), message=_schema_message(err), value=err.instance)
         for err in _output_validator().iter_errors(obj)
     ]
@@ -520,6 +538,90 @@ def output_violations(
         msg = f"{len(ranked)} ranked items is more than top_k={top_k}"
         out.append(Violation(path="$.ranked", message=msg, value=len(ranked)))
     return _unique(out)
+
+
+def _plain_violations(obj: Any, chunks: Sequence[Chunk], top_k: int, lim: Limits, query: str | None
+                      ) -> list[Violation] | None:
+    """`output_violations` of a plainly conformant object (`_plainly_conformant`) in one pass over
+    its items, whose types that check already settles (no schema errors, every item a dict with a
+    string id and reason); None for any other object, which takes the general path. The same
+    violations in the same order: an item's unknown id, its repeated id, then its own rules."""
+    sections = _sections(obj)
+    if sections is None:
+        return None
+    ranked, dropped = sections
+    out: list[Violation] = []
+    texts = {c.id: c.text for c in chunks}
+    quotable: _Quotable | None = None
+    folded: dict[str, str] | None = None
+    seen: dict[str, int] = {}  # id -> where it was first: its index, dropped ones after the ranked
+    floor = lim.min_score
+    for i, item in enumerate(ranked):
+        if not _plain_ranked(item):
+            return None
+        cid = item["id"]
+        if cid not in texts or cid in seen:
+            folded = _id_violations(out, "ranked", i, cid, texts, seen, len(ranked), folded)
+        else:
+            seen[cid] = i
+        score, reason = item["score"], item["reason"]
+        if score <= floor:
+            msg = f"score {score} is not above the minimum {floor}; such a chunk belongs in dropped"
+            out.append(Violation(path=f"$.ranked[{i}].score", message=msg, value=score, id=cid))
+        if cid in texts and not cites_chunk(reason, texts[cid]):
+            msg = (f"reason {reason[:60]!r} cites nothing concrete from the chunk's text "
+                   "(name a phrase, entity or claim)")
+            out.append(Violation(path=f"$.ranked[{i}].reason", message=msg, value=reason, id=cid))
+            continue
+        quotable = quotable or _Quotable(chunks, query)
+        if bad := quotable.misquoted(cid, reason):
+            shown = bad if len(bad) <= 60 else bad[:57] + "..."
+            msg = (f"reason quotes {shown!r}, which is {quotable.where}; quote the chunk exactly "
+                   "or do not quote")
+            out.append(Violation(path=f"$.ranked[{i}].reason", message=msg, value=reason, id=cid))
+    ranked_ids = {it["id"] for it in ranked}
+    for i, item in enumerate(dropped):
+        if not _plain_dropped(item):
+            return None
+        cid, reason = item["id"], item["reason"]
+        if cid not in texts or cid in seen:
+            folded = _id_violations(out, "dropped", i, cid, texts, seen, len(ranked), folded)
+        else:
+            seen[cid] = len(ranked) + i
+        if reason.startswith(REDUNDANT_PREFIX):
+            if reason[len(REDUNDANT_PREFIX):] not in ranked_ids:
+                msg = f"{reason!r} must name a ranked id"
+                out.append(Violation(path=f"$.dropped[{i}].reason", message=msg, value=reason, id=cid))
+        elif (bad := reasons.problem(reason)) is not None:
+            out.append(Violation(path=f"$.dropped[{i}].reason", message=bad, value=reason, id=cid))
+    if len(ranked) > top_k:
+        msg = f"{len(ranked)} ranked items is more than top_k={top_k}"
+        out.append(Violation(path="$.ranked", message=msg, value=len(ranked)))
+    return _unique(out) if out else out
+
+
+def _id_violations(out: list[Violation], section: str, i: int, cid: str, texts: Mapping[str, str],
+                   seen: dict[str, int], n_ranked: int, folded: dict[str, str] | None
+                   ) -> dict[str, str] | None:
+    """An item's unknown id (with the hint of the input id it may have meant) and its repeated id,
+    for `_plain_violations`; returns the folded ids, made on the first unknown one."""
+    path = f"$.{section}[{i}]"
+    if cid not in texts:
+        if folded is None:
+            folded = {}
+            for known in texts:
+                folded.setdefault(_fold(known), known)
+        hint = _near_hint(cid, folded.get(_fold(cid)))
+        out.append(Violation(path=f"{path}.id", message=f"{cid!r} is not an input id{hint}",
+                             value=cid, id=cid))
+    if cid in seen:
+        first = seen[cid]
+        where = f"$.ranked[{first}]" if first < n_ranked else f"$.dropped[{first - n_ranked}]"
+        msg = f"id {cid!r} appears twice (first at {where})"
+        out.append(Violation(path=f"{path}.id", message=msg, value=cid, id=cid))
+    else:
+        seen[cid] = i if section == "ranked" else n_ranked + i
+    return folded
 
 
 def _unique(violations: list[Violation]) -> list[Violation]:
