@@ -588,8 +588,8 @@ def _plain_violations(obj: Any, chunks: Sequence[Chunk], top_k: int, lim: Limits
             folded = _id_violations(out, "dropped", i, cid, texts, seen, len(ranked), folded)
         else:
             seen[cid] = len(ranked) + i
-        if reason.startswith(REDUNDANT_PREFIX):
-            if reason[len(REDUNDANT_PREFIX):] not in ranked_ids:
+        if (target := reasons.redundant_target(reason)) is not None:
+            if target not in ranked_ids:
                 msg = f"{reason!r} must name a ranked id"
                 out.append(Violation(path=f"$.dropped[{i}].reason", message=msg, value=reason, id=cid))
         elif (bad := reasons.problem(reason)) is not None:
