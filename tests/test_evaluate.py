@@ -307,12 +307,14 @@ def test_a_query_with_no_candidates_is_bad_input_not_a_backend_failure(tmp_path,
 
 
 def test_a_query_failing_only_on_bad_input_exits_2_and_the_rest_is_measured(tmp_path, capsys):
-    """Regression: a per-query input error (here one chunk over the token budget) made eval exit 3,
-    the code for a backend failure; now the exit code follows the worst failure, as in `batch`."""
+    """Regression: a per-query input error (here a score that is no number; an over-budget chunk is now
+    shortened to fit, issue 34) made eval exit 3, the code for a backend failure; now the exit code
+    follows the worst failure, as in `batch`."""
     argv = _tiny(tmp_path)
-    huge = {"qid": "2", "query": "ivf", "chunks": [{"id": "x", "text": "word " * 40_000}]}
+    bad = {"qid": "2", "query": "ivf", "chunks": [{"id": "x", "text": "one text", "score": "high"},
+                                                    {"id": "y", "text": "another text"}]}
     with open(argv[2], "a", encoding="utf-8") as fh:
-        fh.write(json.dumps(huge) + "\n")
+        fh.write(json.dumps(bad) + "\n")
     assert main([*argv, "--json"]) == 2
     captured = capsys.readouterr()
     report = json.loads(captured.out)
