@@ -139,7 +139,10 @@ def fake_server(latency: float, server: str = "fake_llm") -> Iterator[str]:
     finally:
         if proc.stdin is not None:
             proc.stdin.close()
-        proc.wait(timeout=10)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
 
 
 def _start_local_ray() -> float:

@@ -42,6 +42,9 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))  # the bench scripts import each other by name
+
+from batch import fake_server  # noqa: E402
 
 QUERY = "How do I keep a vector index fresh when documents change every hour?"
 TOPICS = [
@@ -98,24 +101,9 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-@contextlib.contextmanager
-def upstream(latency: float) -> Iterator[str]:
-    proc = subprocess.Popen(
-        [sys.executable, str(ROOT / "bench" / "fast_llm.py"), "--latency", str(latency)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert proc.stdout is not None
-        yield proc.stdout.readline().strip()
-    finally:
-        if proc.stdin is not None:
-            proc.stdin.close()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+def upstream(latency: float) -> contextlib.AbstractContextManager[str]:
+    """bench/fast_llm.py in its own process (`batch.fake_server`), answering after `latency` s."""
+    return fake_server(latency, server="fast_llm")
 
 
 def config_file(folder: Path, url: str, limits: dict[str, Any] | None = None) -> Path:
