@@ -5,8 +5,8 @@ On TREC DL19 (BM25 top 100 with passage text, 43 judged queries, grade >= 2 rele
 and MRR), with the local backend (offline, deterministic), the CLI writes four pages into
 bench/out/report/:
 
-* `compare.html`: `compare input rerank:lambda=0.7 --fail-if-worse nDCG@10:0` (the known
-  regression of the local backend against BM25 on DL19, docs/quality.md);
+* `compare.html`: `compare input rerank:lambda=0.3 --fail-if-worse nDCG@10:0` (the known
+  regression of the local backend at lambda 0.3 against BM25 on DL19, docs/compare.md);
 * `eval.html`, `bias.html` (depth 20) and `calibrate.html` (half the queries fit, half measure).
 
 Each page is opened in Debian's Chromium (headless, fresh profile, background networking off)

@@ -31,7 +31,7 @@ def write_candidates(path: Path, qids: Collection[str] | None = None, depth: int
     return path
 
 
-def page_commands(candidates: Path, out: Path, *, compare_b: str = "rerank:lambda=0.7",
+def page_commands(candidates: Path, out: Path, *, compare_b: str = "rerank:lambda=0.3",
                   bias_depth: int | None = None, resamples: int | None = None) -> dict[str, list[str]]:
     """The CLI arguments that write each page into `out` (grade >= 2 relevant, DL19's convention;
     the local backend; compare's gate on nDCG@10 at margin 0)."""
