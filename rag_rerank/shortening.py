@@ -104,24 +104,26 @@ def _overhead(chunk: Chunk, count: TokenCounter) -> int:
     return n
 
 
-def _most_tokens(text: str) -> int:
-    """An upper bound of `estimate_tokens(text)`: a piece of ASCII text is never more tokens than
-    characters, a non-ASCII character never more than its four UTF-8 bytes."""
-    return len(text) if text.isascii() else 4 * len(text)
+def most_tokens(text: str) -> int:
+    """An upper bound of `estimate_tokens(text)`: its UTF-8 bytes. An ASCII character (one byte) is
+    never more than a token, a non-ASCII one never more than its bytes; counting bytes rather than
+    four per character keeps a mostly-English text with one curly quote (most of TREC DL19's
+    candidate lists) on the fast path."""
+    return len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
 
 
 def _surely_fits(request: RerankRequest, max_context_tokens: int, cap: int | None) -> bool:
     """Whether every chunk is within `cap` and the prompt within the budget by the upper bound alone."""
-    total = _most_tokens(request.query)
+    total = most_tokens(request.query)
     for chunk in request.chunks:
-        n = _most_tokens(chunk.text)
+        n = most_tokens(chunk.text)
         if cap is not None and n > cap:
             return False
         try:
             meta = json.dumps(chunk.meta, ensure_ascii=False, default=str) if chunk.meta else ""
         except (TypeError, ValueError, RecursionError):
             return False  # counted the long way (`_overhead`)
-        total += n + _most_tokens(chunk.id) + _most_tokens(meta)
+        total += n + most_tokens(chunk.id) + most_tokens(meta)
         total += 0 if chunk.score is None else 32
         if total > max_context_tokens:
             return False
@@ -195,5 +197,5 @@ def evidence_meta(evidence: Mapping[str, Evidence]) -> dict[str, dict[str, Any]]
     return {cid: ev.to_dict() for cid, ev in evidence.items()} or None
 
 
-__all__ = ["Shortened", "check_max_tokens_per_chunk", "evidence_meta", "fit", "scorer_for", "shorten",
-           "token_counter"]
+__all__ = ["Shortened", "check_max_tokens_per_chunk", "evidence_meta", "fit", "most_tokens", "scorer_for",
+           "shorten", "token_counter"]

@@ -8,14 +8,14 @@ import json
 from pathlib import Path
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from rag_rerank import InputError, plan, rerank
 from rag_rerank.cli import main
 from rag_rerank.cost import estimate_tokens
 from rag_rerank.evidence import ELISION, MIN_TOKENS_PER_CHUNK
-from rag_rerank.shortening import fit, token_counter
+from rag_rerank.shortening import fit, most_tokens, token_counter
 from rag_rerank.tools import call_tool
 from tests.support.fake_llm import FakeLLM, Reply
 
@@ -155,3 +155,14 @@ def test_the_cli_and_the_tool_take_the_budget(tmp_path: Path, capsys: pytest.Cap
 def test_the_fast_path_bound_is_never_below_the_estimate(text: str) -> None:
     """A request is passed through uncounted when this bound fits; it must never be an underestimate."""
     assert estimate_tokens(text) <= (len(text) if text.isascii() else 4 * len(text))
+
+
+@settings(derandomize=True, max_examples=300)
+@given(st.text(max_size=400))
+@example("It\u2019s a mostly English passage with one curly quote.")
+@example("e\u0301\u0301\u0301 \u00e2\u0080\u0099 \U0001f600\U0001f600 \u4e2d\u6587")
+@example("a b c d e f g ! ? . , ; 1 2 3")
+def test_the_fast_paths_bound_is_never_below_the_estimate(text: str) -> None:
+    """`shorten` skips counting when the UTF-8 byte bound already fits: the bound must hold for
+    any text, or a request over the budget would be sent whole."""
+    assert most_tokens(text) >= estimate_tokens(text)
