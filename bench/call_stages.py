@@ -36,7 +36,6 @@ import peers  # noqa: E402
 import rag_rerank.backends.openai as openai_backend  # noqa: E402
 import rag_rerank.engine as engine  # noqa: E402
 import rag_rerank.fallback as fallback  # noqa: E402
-import rag_rerank.options as options  # noqa: E402
 import rag_rerank.postpass as postpass  # noqa: E402
 import rag_rerank.retry as retry  # noqa: E402
 from rag_rerank import Reranker  # noqa: E402
@@ -51,7 +50,7 @@ STAGES: list[tuple[Any, str, str]] = [
     (postpass, "select", "  MMR selection"),
     (postpass, "_resolve_vectors", "  vectors"),
     (retry, "judge", "output guard (judge)"),
-    (options, "check_request_options", "input guard (check_request_options)"),
+    (engine, "check_request_options", "input guard (check_request_options)"),
     (engine, "render", "render"),
 ]
 
