@@ -52,6 +52,7 @@ def child(stage: str, n: int, rounds: int, helper: str) -> None:
     import peers
 
     import rag_rerank.engine as engine
+    import rag_rerank.fallback as fallback
     import rag_rerank.postpass as postpass
     from rag_rerank import Reranker
     from rag_rerank.guard.limits import as_limits
@@ -96,10 +97,10 @@ def child(stage: str, n: int, rounds: int, helper: str) -> None:
     objs = [json.loads(r) for r in raws]
     calls = {
         "plan": lambda i: engine.plan(session._setup, work[i][0], work[i][1], options),
-        "validated": lambda i: engine._validated(work[i][0], work[i][1], options, lim),
+        "validated": lambda i: engine.check_request_options(work[i][0], work[i][1], options, lim),
         "render": lambda i: render(plans[i].ask),
         "judge": lambda i: judge(raws[i], plans[i].ask.chunks, plans[i].ask.top_k, lim, plans[i].ask.query),
-        "postpass": lambda i: engine._postpass(plans[i], objs[i], plans[i].view),
+        "postpass": lambda i: fallback._postpass(plans[i], objs[i], plans[i].view),
     }
     if stage == "select":
         captured: list[tuple[Any, Any]] = []
