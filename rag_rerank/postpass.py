@@ -119,66 +119,100 @@ def select(
     when given, else `dup_sim` (default: `sim`, the MMR one) at or above `threshold`. Of a group of
     duplicates the one kept is a member that contains others (`prefer[i, j]`: i says all j says and
     more), else the most concise, then the most relevant.
+
+    The loop runs on Python floats taken from the arrays once (`tolist`): a few dozen candidates
+    and at most `k` steps, where a numpy call per step would cost more than the arithmetic it
+    does. The operations are numpy's elementwise ones on the same float64 values (the score
+    `lambda * rel - (1 - lambda) * max_sim`, a strict `>` for the running maximum, the first of
+    the largest scores), so the picks and every number reported are the same bits.
     """
     dsim = sim if dup_sim is None else dup_sim
     dup = dsim >= threshold if duplicate is None else duplicate
-    n = rel.shape[0]
-    available = np.ones(n, dtype=bool)
-    max_sim = np.full(n, -np.inf)
-    max_src = np.full(n, -1, dtype=np.int64)
-    sum_sim = np.zeros(n)
-    weighted_rel = lambda_ * rel
-    rel_of = rel.tolist()  # the same floats, compared one at a time without numpy scalars
+    n = int(rel.shape[0])
+    rel_of: list[float] = rel.tolist()
+    length_of = lengths.tolist()
+    dup_of: list[list[int]] = [[] for _ in range(n)]  # each candidate's duplicates, ascending
+    for i, j in zip(*(a.tolist() for a in np.nonzero(dup)), strict=True):
+        dup_of[i].append(j)
+    contained: dict[int, set[int]] = {}  # i -> the candidates i contains (`prefer`)
+    if prefer is not None:
+        for i, j in zip(*(a.tolist() for a in np.nonzero(prefer)), strict=True):
+            contained.setdefault(i, set()).add(j)
+    available = [True] * n
+    open_ = list(range(n))  # the available candidates, ascending
+    max_sim = [-math.inf] * n
+    max_src = [-1] * n
+    sum_sim = [0.0] * n
+    weighted_rel = [lambda_ * r for r in rel_of]
+    weight = 1.0 - lambda_
     picked: list[int] = []
     redundant: dict[int, int] = {}
     replaced: dict[int, int] = {}
     promoted: dict[int, tuple[int, float, int, float, int]] = {}
     containing: set[int] = set()
-    left = n  # candidates still available (`available.sum()`, kept as a count)
-    while len(picked) < k and left:
+    while len(picked) < k and open_:
         if not picked:
-            opener = query_sim if (layout == "diversity" and query_sim is not None) else rel
-            score = opener
-        elif layout == "diversity":
-            score = -sum_sim  # least similar on average to those picked (same divisor for all)
+            opener = query_sim.tolist() if layout == "diversity" and query_sim is not None else rel_of
+            choice = _first_max(open_, opener)
+        elif layout == "diversity":  # least similar on average to those picked (same divisor for all)
+            choice = _first_max(open_, [-s for s in sum_sim])
         else:
-            score = weighted_rel - (1.0 - lambda_) * max_sim
-        choice = int(np.where(available, score, -np.inf).argmax())
-        group = available & dup[choice]
-        group[choice] = True
-        members = group.nonzero()[0].tolist()
-        if len(members) == 1:  # no duplicate of the choice left: it is kept (most picks)
-            keep = choice
-        else:
-            at = np.array(members, dtype=np.int64)
-            contains = (prefer[np.ix_(at, at)].sum(axis=1) if prefer is not None
-                        else np.zeros(len(at), dtype=np.int64))
-            keep = int(at[np.lexsort((at, -rel[at], lengths[at], -contains))[0]])
+            choice = _first_mmr(open_, weighted_rel, weight, max_sim)
+        members = [j for j in dup_of[choice] if available[j] and j != choice]
+        if members:
+            members = sorted([*members, choice])
+            contains = {m: len(contained.get(m, set()).intersection(members)) for m in members}
+            keep = min(members, key=lambda m: (-contains[m], length_of[m], -rel_of[m], m))
+        else:  # no duplicate of the choice left: it is kept (most picks)
+            members, keep = [choice], choice
         if picked:
-            best = int(np.where(available, rel, -np.inf).argmax())
+            best = _first_max(open_, rel_of)
             if rel_of[best] > rel_of[choice] and best != keep and best not in members:
-                promoted[keep] = (best, float(max_sim[best]), int(max_src[best]),
-                                  float(max_sim[keep]), int(max_src[keep]))
+                promoted[keep] = (best, max_sim[best], max_src[best], max_sim[keep], max_src[keep])
         if keep != choice:
             replaced[keep] = choice
-            if prefer is not None and prefer[keep, choice]:
+            if choice in contained.get(keep, ()):
                 containing.add(keep)
         picked.append(keep)
         available[keep] = False
-        dups = available & dup[keep]
-        dups[choice] = dups[choice] or choice != keep
-        gone = dups.nonzero()[0].tolist()
+        gone = [j for j in dup_of[keep] if available[j]]
+        if keep != choice and choice not in gone:
+            gone = sorted([*gone, choice])
         for j in gone:
             redundant[j] = keep
-        if gone:
-            available[gone] = False
-        left -= 1 + len(gone)
-        row = sim[keep]
-        closer = row > max_sim
-        max_src[closer] = keep
-        np.maximum(max_sim, row, out=max_sim)
-        sum_sim += row
+            available[j] = False
+        open_ = [j for j in open_ if available[j]]
+        if len(picked) < k and open_:  # the next step reads the similarities to this pick
+            row = sim[keep].tolist()
+            for j in open_:  # only an available candidate's running figures are read again
+                s = row[j]
+                if s > max_sim[j]:
+                    max_sim[j] = s
+                    max_src[j] = keep
+                sum_sim[j] += s
     return Selection(tuple(picked), redundant, replaced, promoted, frozenset(containing))
+
+
+def _first_max(indices: list[int], values: list[float]) -> int:
+    """The first of `indices` (ascending) with the largest value: numpy's `argmax` over them."""
+    best = indices[0]
+    top = values[best]
+    for j in indices:
+        if values[j] > top:
+            best, top = j, values[j]
+    return best
+
+
+def _first_mmr(indices: list[int], weighted_rel: list[float], weight: float, max_sim: list[float]) -> int:
+    """`_first_max` of the MMR score `weighted_rel - weight * max_sim` over `indices`, computed as
+    numpy computes it elementwise (a product, then a difference)."""
+    best = indices[0]
+    top = weighted_rel[best] - weight * max_sim[best]
+    for j in indices:
+        score = weighted_rel[j] - weight * max_sim[j]
+        if score > top:
+            best, top = j, score
+    return best
 
 
 # --------------------------------------------------------------------------- the post-pass
