@@ -30,7 +30,7 @@ from .fallback_chain import CROSS_ENCODER, as_chain, build_step, step_name
 from .fusion import fuse
 from .meta import cache_meta, embedder_name, run_meta, scores_of, scoring_notes
 from .models import CallRecord, Dropped, Ranked, RerankRequest, RerankResult, add_usage
-from .postpass import postpass
+from .postpass import postpass, postpass_guarded
 from .redaction import failure_summary, redacted
 from .render import render
 from .retry import Outcome
@@ -235,12 +235,14 @@ def _refill(plan: Plan, ask: RerankRequest, view: RerankRequest, short: RerankRe
 
 
 def _postpass(plan: Plan, obj: Mapping[str, Any], view: RerankRequest) -> RerankResult:
-    ranked, dropped = _ranked_and_dropped(obj)
-    if plan.fusion is not None and plan.meta_values is not None:
-        ranked, dropped = fuse(ranked, dropped, plan.meta_values, plan.fusion, plan.limits.min_score)
-    return postpass(view, ranked, dropped, embedder=plan.embedder,
-                    duplicate_threshold=plan.settings.duplicate_threshold, layout=plan.settings.layout,
-                    min_score=plan.limits.min_score)
+    """The post-pass of a guarded answer: read as it is (`postpass_guarded`), or as value types
+    when metadata fusion re-scores it first."""
+    settings = {"embedder": plan.embedder, "duplicate_threshold": plan.settings.duplicate_threshold,
+                "layout": plan.settings.layout, "min_score": plan.limits.min_score}
+    if plan.fusion is None or plan.meta_values is None:
+        return postpass_guarded(view, obj, **settings)
+    ranked, dropped = fuse(*_ranked_and_dropped(obj), plan.meta_values, plan.fusion, plan.limits.min_score)
+    return postpass(view, ranked, dropped, **settings)
 
 
 def _ranked_and_dropped(obj: Mapping[str, Any]) -> tuple[list[Ranked], list[Dropped]]:

@@ -42,8 +42,9 @@ all of them (`engine`: the refill), so a scored list is short only when too few 
 
 from __future__ import annotations
 
+import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
@@ -297,38 +298,49 @@ def _per_text(embedder: Any) -> bool:
 # The unit rows (`embed_texts`) of the chunks the post-pass compared last, per numpy embedder
 # setting: the lexical embedder's are sparse (~2.5 KB a text), the static table's 1.5 KB.
 UNIT_ROWS = {"lexical": TextRows(4096, sparse=True), "static": TextRows(4096)}
+# A number per numpy embedder setting, the first part of its `UNIT_ROWS` keys: the setting is
+# hashed once per call instead of once per text (a frozen dataclass hashes all its fields). Numbers
+# are never reused, so forgetting the settings (past 64 of them) only costs their rows' cache hits.
+_SETTING: dict[Any, int] = {}
+_NUMBERS = itertools.count()
 
 
-def _embed_rows(embedder: Any, texts: Sequence[str], rows: np.ndarray) -> np.ndarray:
-    """The unit vectors of `texts[rows]` under `embedder` (`embed_texts`); a numpy embedder's
-    rows of texts compared recently come from `UNIT_ROWS` (a row is the same bits alone)."""
+def _embed_rows(embedder: Any, texts: Sequence[str], rows: Sequence[int]) -> np.ndarray:
+    """The unit vectors of `texts[rows]` under `embedder` (`embed_texts`), float64 (the same
+    values: what `_similarity` multiplies); a numpy embedder's rows of texts compared recently
+    come from `UNIT_ROWS` (a row is the same bits alone)."""
     if not _per_text(embedder):
-        return embed_texts(embedder, list(texts))[rows]
+        return embed_texts(embedder, list(texts))[list(rows)].astype(np.float64)
     sub = [texts[i] for i in rows]
     kind = "lexical" if isinstance(embedder, LexicalEmbedder) else "static"
-    return UNIT_ROWS[kind].rows([(embedder, t) for t in sub], sub, lambda fresh: embed_texts(embedder, fresh),
-                                embedder.dim)
+    setting = _SETTING.get(embedder)
+    if setting is None:
+        if len(_SETTING) >= 64:
+            _SETTING.clear()
+        setting = _SETTING.setdefault(embedder, next(_NUMBERS))
+    return UNIT_ROWS[kind].rows([(setting, t) for t in sub], sub, lambda fresh: embed_texts(embedder, fresh),
+                                embedder.dim, dtype=np.float64)
 
 
 def _resolve_vectors(
     request: RerankRequest, embedder: str | Embedder | None, need_query: bool, query_vec: Any,
-    rows: np.ndarray,
+    rows: list[int],
 ) -> tuple[np.ndarray, np.ndarray | None, str, float, list[str]]:
-    """(the vectors of the chunks at `rows`, query vector or None, embedder name, default
-    duplicate threshold, notes). Caller vectors are checked for every chunk."""
+    """(the vectors of the chunks at `rows`, float64, query vector or None, embedder name,
+    default duplicate threshold, notes). Caller vectors are checked for every chunk."""
     notes: list[str] = []
     vectors = chunk_vectors(request.chunks)
     if vectors is not None:
         q = query_vector(query_vec, vectors.shape[1])
         if need_query and q is None:
             notes.append("layout diversity without a query vector: opened with the most relevant chunk")
-        return vectors[rows], q, "caller", CALLER_DUPLICATE_THRESHOLD, notes
+        return vectors[rows].astype(np.float64), q, "caller", CALLER_DUPLICATE_THRESHOLD, notes
     emb = get_embedder(embedder)
     texts = [c.text for c in request.chunks]
     if need_query and not _per_text(emb):
         both = embed_texts(emb, [request.query, *texts])
         q_row: np.ndarray | None = both[:1]
-        vectors = both[1:][rows]
+        vectors = both[1:][rows].astype(np.float64)
     elif need_query:
         q_row, vectors = embed_texts(emb, [request.query]), _embed_rows(emb, texts, rows)
     else:
@@ -343,7 +355,7 @@ def _similarity(vectors: np.ndarray) -> np.ndarray:
     Row by row (matrix-vector products), not one matrix product: for a few dozen rows a threaded
     BLAS matrix product gains nothing, and on a busy machine its threads wait for cores: the
     post-pass's p95 at 50 chunks was 128 ms against a 2.6 ms median (`bench/overhead.py`)."""
-    v = vectors.astype(np.float64)
+    v = np.asarray(vectors, dtype=np.float64)  # float32 values are exact in float64
     if not len(v):
         return np.zeros((0, 0))
     # One stacked product, row b = v @ v[b]: numpy makes it the same matrix-vector product per row
@@ -353,7 +365,7 @@ def _similarity(vectors: np.ndarray) -> np.ndarray:
 
 
 def _redundancy(texts: list[str], emb_name: str, embedder: Any, vectors: np.ndarray | None,
-                lexical: np.ndarray | None, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+                lexical: np.ndarray | None, rows: list[int]) -> tuple[np.ndarray, np.ndarray]:
     """`redundancy.redundancy` over `texts[rows]` with the embedder family's sentence vectors: the
     sentence-transformers model's own (`vectors` when they are of these texts), the static
     table's for the lexical embedder and any other (its threshold is measured for those)."""
@@ -361,18 +373,27 @@ def _redundancy(texts: list[str], emb_name: str, embedder: Any, vectors: np.ndar
 
     def semantic() -> np.ndarray:  # made only when a short text is among them (`redundancy`)
         if family == "static" or vectors is None:
-            source = get_embedder("static") if family == "static" else get_embedder(embedder)
+            source = _STATIC if family == "static" else get_embedder(embedder)
             return _similarity(_embed_rows(source, texts, rows))
         return _similarity(vectors)
 
     if lexical is None:
-        lexical = _similarity(_embed_rows(get_embedder(LEXICAL_NAME), texts, rows))
+        lexical = _similarity(_embed_rows(_LEXICAL, texts, rows))
     return redundancy([texts[i] for i in rows], semantic, rules_for(family), lexical)
+
+
+# The embedders the redundancy judgement reads with, whatever the post-pass's own (stateless values).
+_STATIC = StaticEmbedder()
+_LEXICAL = LexicalEmbedder()
 
 
 @lru_cache(maxsize=4096)
 def _concise_length(text: str) -> int:
     return len(" ".join(text.split()))
+
+
+# What the post-pass reads of a scored chunk: (score, the model's reason, its diversity_note).
+Said = tuple[float, str, str | None]
 
 
 def postpass(
@@ -412,23 +433,63 @@ def postpass(
                                   message=f"duplicates_by must be one of {', '.join(DUPLICATES_BY)}"))
     if problems:
         raise InputError(problems, headline="invalid post-pass arguments")
+    return _postpass(request, {r.id: (r.score, r.reason, r.diversity_note) for r in scored},
+                     {d.id: d.reason for d in llm_dropped}, embedder=embedder,
+                     duplicate_threshold=duplicate_threshold, layout=layout, word_budget=word_budget,
+                     min_score=min_score, query_vector=query_vector, duplicates_by=duplicates_by)
+
+
+def postpass_guarded(
+    request: RerankRequest,
+    answer: Mapping[str, Any],
+    *,
+    embedder: str | Embedder | None = "lexical",
+    duplicate_threshold: float | None = None,
+    layout: str = "mmr",
+    min_score: float | None = None,
+) -> RerankResult:
+    """`postpass` of an answer object the output guard passed (`guard.output.judge`: every id an
+    input id of `request`, each once, every score a number in [0, 1]), with settings the options
+    table checked: the engine's call. Nothing is checked again, and the answer's items are read
+    as they are, without a `Ranked` / `Dropped` made for each. Anyone else calls `postpass`."""
+    scored = {r["id"]: (float(r["score"]), r["reason"], r.get("diversity_note"))
+              for r in answer.get("ranked", ())}
+    said = {d["id"]: d["reason"] for d in answer.get("dropped", ()) or ()}
+    return _postpass(request, scored, said, embedder=embedder, duplicate_threshold=duplicate_threshold,
+                     layout=layout, word_budget=None, min_score=min_score, query_vector=None,
+                     duplicates_by="text")
+
+
+def _postpass(
+    request: RerankRequest,
+    scored: dict[str, Said],
+    llm_reason: dict[str, str],
+    *,
+    embedder: str | Embedder | None,
+    duplicate_threshold: float | None,
+    layout: str,
+    word_budget: int | None,
+    min_score: float | None,
+    query_vector: Sequence[float] | np.ndarray | None,
+    duplicates_by: str,
+) -> RerankResult:
+    """The post-pass on checked arguments: `scored` maps a scored id to what the scorer said of it,
+    `llm_reason` a dropped id to the scorer's reason."""
     floor = load_limits().min_score if min_score is None else float(min_score)
     chunks = request.chunks
     if not chunks:
         return RerankResult(ranked=(), dropped=(), meta=RunMeta(embedder=None))
     index = {c.id: i for i, c in enumerate(chunks)}
-    score_of = {r.id: r for r in scored}
-    llm_reason = {d.id: d.reason for d in llm_dropped}
 
     # Only the candidates (scored above the floor) are selected, and only a chunk left without a
     # standing reason of its own is compared with the ranked ones (`_unscored_reason`): vectors,
     # similarities and the redundancy judgement are needed for those rows alone, and every pair's
     # answer is the same whichever other chunks are compared.
-    cand = np.array(sorted(index[r.id] for r in scored if r.score > floor), dtype=np.int64)
-    orphans = [i for i, c in enumerate(chunks) if c.id not in score_of
-               and (llm_reason.get(c.id) is None or reasons.redundant_target(llm_reason[c.id]) is not None)]
-    rows = np.array(sorted({*cand.tolist(), *orphans}), dtype=np.int64)
-    at = {int(g): k for k, g in enumerate(rows)}  # chunk index -> row of the matrices below
+    cand = sorted([index[cid] for cid, said in scored.items() if said[0] > floor])
+    orphans = [i for i, c in enumerate(chunks) if c.id not in scored
+               and ((why := llm_reason.get(c.id)) is None or reasons.redundant_target(why) is not None)]
+    rows = sorted({*cand, *orphans}) if orphans else cand
+    at = {g: k for k, g in enumerate(rows)}  # chunk index -> row of the matrices below
 
     vectors, q_row, emb_name, default_thr, notes = _resolve_vectors(
         request, embedder, layout == "diversity", query_vector, rows
@@ -437,90 +498,80 @@ def postpass(
     # Near-duplicates, conciseness and the word budget are about the chunks' own texts: with
     # `embed_meta_fields` the texts here carry the meta values too, and sibling chunks of one
     # document (one title) would otherwise be judged copies of each other and dropped as redundant.
-    own = [request.own_text(c) for c in chunks]
     embedded = request.own_texts is not None
+    own = [request.own_text(c) for c in chunks] if embedded else [c.text for c in chunks]
     threshold = default_thr if duplicate_threshold is None else float(duplicate_threshold)
     prefer_all: np.ndarray | None = None
     if emb_name == "caller" or duplicates_by == "embedding":
         dup_all = sim_all >= threshold
     elif duplicate_threshold is not None:  # the caller's cosine on lexical vectors, as it always meant
         lexical = sim_all if (emb_name == LEXICAL_NAME and not embedded) else \
-            _similarity(_embed_rows(get_embedder(LEXICAL_NAME), own, rows))
+            _similarity(_embed_rows(_LEXICAL, own, rows))
         dup_all = lexical >= threshold
     else:
         mine = emb_name == LEXICAL_NAME and not embedded  # the MMR vectors are these texts' lexical ones
         dup_all, prefer_all = _redundancy(own, emb_name, embedder, vectors if not embedded else None,
                                           sim_all if mine else None, rows)
 
-    local = np.array([at[int(g)] for g in cand], dtype=np.int64)
-    rel = np.array([score_of[chunks[i].id].score for i in cand], dtype=np.float64)
-    sim = sim_all[np.ix_(local, local)]
-    lengths = np.array([_concise_length(own[i]) for i in cand], dtype=np.int64)
+    rel_of = [scored[chunks[i].id][0] for i in cand]
+    rel = np.array(rel_of, dtype=np.float64)
+    if orphans:  # the candidates' rows of the matrices
+        local = np.array([at[g] for g in cand], dtype=np.int64)
+        pick = np.ix_(local, local)
+        sim, dup, prefer = sim_all[pick], dup_all[pick], None if prefer_all is None else prefer_all[pick]
+    else:  # the rows are the candidates
+        local = np.arange(len(cand))
+        sim, dup, prefer = sim_all, dup_all, prefer_all
     q_sim = None
     if q_row is not None:
-        q_sim = (vectors.astype(np.float64) @ q_row.astype(np.float64).ravel())[local]
-    sel = select(
-        rel,
-        sim,
-        request.top_k,
-        lambda_=request.lambda_,
-        lengths=lengths,
-        threshold=threshold,
-        layout=layout,
-        query_sim=q_sim,
-        duplicate=dup_all[np.ix_(local, local)],
-        prefer=None if prefer_all is None else prefer_all[np.ix_(local, local)],
-    )
+        q_sim = (vectors @ q_row.astype(np.float64).ravel())[local]
+    sel = select(rel, sim, request.top_k, lambda_=request.lambda_,
+                 lengths=np.array([_concise_length(own[i]) for i in cand], dtype=np.int64),
+                 threshold=threshold, layout=layout, query_sim=q_sim, duplicate=dup, prefer=prefer)
 
     picked = list(sel.picked)
-    why: dict[int, str] = {}  # global chunk index -> dropped reason (rag_rerank/reasons.py grammar)
+    why: dict[int, str] = {}  # chunk index -> dropped reason (rag_rerank/reasons.py grammar)
     if word_budget is not None:
         used, cut = 0, len(picked)
-        for pos, local in enumerate(picked):
-            used += len(own[cand[local]].split())
+        for pos, j in enumerate(picked):
+            used += len(own[cand[j]].split())
             if used >= word_budget:
                 cut = pos + 1
                 break
-        for local in picked[cut:]:
-            why[int(cand[local])] = OVER_BUDGET
+        for j in picked[cut:]:
+            why[cand[j]] = OVER_BUDGET
         picked = picked[:cut]
     final = lost_in_the_middle(picked) if layout == "lost_in_the_middle" else picked
-    ranked_global = [int(cand[j]) for j in final]
-    ranked_set = set(ranked_global)
-    kept_of: dict[int, int] = {}  # global -> global kept representative (duplicates)
-    for local, keep in sel.redundant.items():
-        kept_of[int(cand[local])] = int(cand[keep])
+    ranked_set = {cand[j] for j in final}
+    kept_of = {cand[j]: cand[keep] for j, keep in sel.redundant.items()}  # a duplicate -> its kept one
 
     # Where each pick stands: in the selection, in the final layout, and by relevance alone (ties
     # by input order), found once for all of them.
-    sel_at = {local: pos for pos, local in enumerate(picked)}
-    final_at = {local: pos for pos, local in enumerate(final)}
-    rel_rank = np.empty(len(rel), dtype=np.int64)
-    rel_rank[np.lexsort((np.arange(len(rel)), -rel))] = np.arange(len(rel))
-    ranked = [_ranked_item(chunks, score_of, cand, sel, sel_at[j], final_at[j], int(rel_rank[j]), j, rel,
-                           layout) for j in final]
+    sel_at = {j: pos for pos, j in enumerate(picked)}
+    rel_at = {j: pos for pos, j in enumerate(sorted(range(len(cand)), key=lambda j: (-rel_of[j], j)))}
+    ids = [chunks[i].id for i in cand]
+    ranked = tuple(_ranked_item(ids, scored[ids[j]], sel, sel_at[j], pos, rel_at[j], j, rel_of, layout)
+                   for pos, j in enumerate(final))
 
     for i, chunk in enumerate(chunks):
         if i in ranked_set or i in why:
             continue
-        score = score_of[chunk.id].score if chunk.id in score_of else None
-        if score is not None and score <= floor:
-            why[i] = reasons.reason(BELOW_MIN, reasons.score_detail(score))
+        said = scored.get(chunk.id)
+        if said is not None and said[0] <= floor:
+            why[i] = reasons.reason(BELOW_MIN, reasons.score_detail(said[0]))
         elif i in kept_of:
             why[i] = (reasons.redundant_with(chunks[kept_of[i]].id) if kept_of[i] in ranked_set
                       else NOT_SELECTED)
-        elif score is not None:
-            why[i] = reasons.reason(NOT_SELECTED, reasons.score_detail(score))
+        elif said is not None:
+            why[i] = reasons.reason(NOT_SELECTED, reasons.score_detail(said[0]))
         else:
             why[i] = _unscored_reason(
                 i, llm_reason.get(chunk.id), chunks, index, kept_of, ranked_set, dup_all, sim_all, at
             )
-    dropped = tuple(
-        Dropped(id=chunks[i].id, reason=why[i]) for i in range(len(chunks)) if i not in ranked_set
-    )
+    dropped = tuple(Dropped(id=c.id, reason=why[i]) for i, c in enumerate(chunks) if i not in ranked_set)
     short = short_list_note(request.top_k, len(ranked), [d.reason for d in dropped])
     return RerankResult(
-        ranked=tuple(ranked), dropped=dropped,
+        ranked=ranked, dropped=dropped,
         meta=RunMeta(embedder=emb_name, notes=(*notes, *([short] if short else []))),
     )
 
@@ -550,25 +601,23 @@ def short_list_note(top_k: int, ranked: int, dropped_reasons: Sequence[str]) -> 
 
 
 def _ranked_item(
-    chunks: Sequence[Any],
-    score_of: dict[str, Ranked],
-    cand: np.ndarray,
+    ids: Sequence[str],
+    said: Said,
     sel: Selection,
     sel_pos: int,
     pos: int,
     rel_pos: int,
     local: int,
-    rel: np.ndarray,
+    rel: Sequence[float],
     layout: str,
 ) -> Ranked:
     """The model's score and reason verbatim, plus a note when this stage moved the chunk: it is
-    `sel_pos`-th in the selection, `pos`-th in the final layout and `rel_pos`-th by relevance."""
-    chunk = chunks[cand[local]]
-    src = score_of[chunk.id]
+    `sel_pos`-th in the selection, `pos`-th in the final layout and `rel_pos`-th by relevance
+    (`ids` and `rel`: the candidates' ids and scores, `local` this one's place among them)."""
     notes: list[str] = []
     if local in sel.replaced:
         other = sel.replaced[local]
-        gone = f"{chunks[cand[other]].id} (score {rel[other]:.2f})"
+        gone = f"{ids[other]} (score {rel[other]:.2f})"
         notes.append(f"kept as it contains {gone}, dropped as redundant" if local in sel.containing
                      else f"kept as the more concise of near-duplicates; {gone} dropped as redundant")
     if local in sel.promoted_over:
@@ -576,21 +625,21 @@ def _ranked_item(
         # then the more relevant chunk it went ahead of: several chunks may go ahead of the same
         # one, and each note must still say why *this* chunk got its place.
         skipped, s, src_sel, own, own_src = sel.promoted_over[local]
-        via = f" with {chunks[cand[src_sel]].id}" if src_sel >= 0 else ""
+        via = f" with {ids[src_sel]}" if src_sel >= 0 else ""
         closest = ""
         if own_src >= 0:
-            closest = f"; closest chunk above it: {chunks[cand[own_src]].id}, cosine {own:.2f}"
+            closest = f"; closest chunk above it: {ids[own_src]}, cosine {own:.2f}"
         what = "MMR" if layout != "diversity" else "diversity order"
         notes.append(
             f"{what} placed this at rank {sel_pos + 1} (score {rel[local]:.2f}{closest}) "
-            f"ahead of {chunks[cand[skipped]].id} (score {rel[skipped]:.2f}, cosine {s:.2f}{via})"
+            f"ahead of {ids[skipped]} (score {rel[skipped]:.2f}, cosine {s:.2f}{via})"
         )
     if not notes and sel_pos > rel_pos and layout != "lost_in_the_middle":
         notes.append(f"demoted from relevance rank {rel_pos + 1} to {sel_pos + 1} for diversity")
     if layout == "lost_in_the_middle" and pos != sel_pos:
         notes.append(f"lost-in-the-middle layout: selection rank {sel_pos + 1} placed at position {pos + 1}")
-    note = "; ".join(notes) if notes else src.diversity_note
-    return Ranked(id=chunk.id, score=src.score, reason=src.reason, diversity_note=note)
+    score, reason, note = said
+    return Ranked(id=ids[local], score=score, reason=reason, diversity_note="; ".join(notes) or note)
 
 
 def _unscored_reason(

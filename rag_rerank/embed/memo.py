@@ -87,10 +87,12 @@ class TextRows:
         with self._lock:
             self._rows.clear()
 
-    def rows(self, keys: list[Any], texts: list[str], compute: Any, dim: int) -> np.ndarray:
+    def rows(self, keys: list[Any], texts: list[str], compute: Any, dim: int,
+             dtype: Any = np.float32) -> np.ndarray:
         """float32 rows for `texts` (cached under `keys`, one per text), `compute(missing texts)`
-        making those not cached in one call."""
-        out = np.zeros((len(texts), dim), dtype=np.float32)
+        making those not cached in one call; with `dtype=np.float64`, the same values in float64
+        (what a similarity product reads: no float32 copy made to be converted)."""
+        out = np.zeros((len(texts), dim), dtype=dtype)
         missing: dict[Any, list[int]] = {}
         found: list[tuple[int, Any]] = []
         with self._lock:
