@@ -49,7 +49,6 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
-from itertools import chain
 
 import numpy as np
 
@@ -474,20 +473,22 @@ def rules_for(family: str) -> Rules:
     return RULES["static"]
 
 
-def _sharing(texts: Sequence[str]) -> np.ndarray:
-    """Pairs of which the text with fewer distinct content words shares at least half of them with
-    the other (it may be inside it, or a copy): one incidence matrix product, no loop over pairs."""
+def _sharing(texts: Sequence[str], short: Sequence[bool]) -> list[tuple[int, int]]:
+    """The pairs (i < j) with a short text (`short[i]` or `short[j]`) of which the text with fewer
+    distinct content words shares at least half of them with the other (it may be inside it, or a
+    copy). Only such pairs are asked about (`redundancy`), so the sets are intersected for those
+    alone: a short text has a few dozen words, and a list holds a few short texts at most."""
     keys = [read(t).keys for t in texts]
-    # A column per distinct key, in order of first sight, and every (text, key) cell set at once.
-    distinct = dict.fromkeys(chain.from_iterable(keys))
-    vocabulary = dict(zip(distinct, range(len(distinct)), strict=True))
-    incidence = np.zeros((len(texts), max(len(vocabulary), 1)), dtype=np.float64)
-    cols = np.fromiter(map(vocabulary.__getitem__, chain.from_iterable(keys)), dtype=np.int64)
-    incidence[np.repeat(np.arange(len(texts)), [len(ks) for ks in keys]), cols] = 1.0
-    sizes = incidence.sum(axis=1)
-    smaller = np.minimum(sizes[:, None], sizes[None, :])
-    shared = np.matmul(incidence, incidence[:, :, None])[:, :, 0]  # row by row: see postpass._similarity
-    return (smaller > 0) & (2 * shared >= smaller)
+    found = []
+    for i in (i for i, s in enumerate(short) if s):
+        mine = keys[i]
+        for j, theirs in enumerate(keys):
+            if j == i or (j < i and short[j]):  # itself, or a pair already seen from the other side
+                continue
+            smaller = min(len(mine), len(theirs))
+            if smaller and 2 * len(mine & theirs) >= smaller:
+                found.append((i, j) if i < j else (j, i))
+    return found
 
 
 def redundancy(texts: Sequence[str], semantic: np.ndarray | Callable[[], np.ndarray], rules: Rules,
@@ -511,15 +512,18 @@ def redundancy(texts: Sequence[str], semantic: np.ndarray | Callable[[], np.ndar
     copy = lexical >= LEXICAL_COPY
     given = candidates
     if all(surely_passage(t) for t in texts):  # every pair is two passages: only near copies are candidates
-        judged = np.triu(copy if candidates is None else copy & candidates, 1)
+        judged = copy if candidates is None else copy & candidates
         semantic_of: np.ndarray | None = None
     else:
         semantic_of = semantic() if callable(semantic) else semantic
-        short = np.array([len(read(t).words) <= SHORT_WORDS for t in texts])
-        with_short = short[:, None] | short[None, :]
+        short = [len(read(t).words) <= SHORT_WORDS for t in texts]
         if candidates is None:
-            candidates = copy | (with_short & ((semantic_of >= rules.tau) | _sharing(texts)))
-        judged = np.triu(candidates, 1)
+            in_short = np.array(short)
+            with_short = in_short[:, None] | in_short[None, :]
+            candidates = copy | (with_short & (semantic_of >= rules.tau))
+            for i, j in _sharing(texts, short):
+                candidates[i, j] = True
+        judged = candidates.copy()
         groups: dict[tuple[str, ...], list[int]] = {}
         for i, t in enumerate(texts):  # copies are judged whatever their cosines (a zero vector has none)
             groups.setdefault(_copy_key(read(t)), []).append(i)
@@ -527,7 +531,10 @@ def redundancy(texts: Sequence[str], semantic: np.ndarray | Callable[[], np.ndar
             for x, i in enumerate(members):
                 for j in members[x + 1:]:
                     judged[i, j] |= given is None or bool(given[i, j])
-    for i, j in zip(*np.nonzero(judged), strict=True):
+    rows, cols = np.nonzero(judged)  # the pairs above the diagonal, row by row
+    for i, j in zip(rows.tolist(), cols.tolist(), strict=True):
+        if j <= i:
+            continue
         cosine = 0.0 if semantic_of is None else float(semantic_of[i, j])
         verdict = _judged(texts[i], texts[j], cosine, rules, float(lexical[i, j]))
         if verdict.redundant:
