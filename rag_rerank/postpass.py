@@ -133,11 +133,11 @@ def select(
     rel_of: list[float] = rel.tolist()
     length_of = lengths.tolist()
     dup_of: list[list[int]] = [[] for _ in range(n)]  # each candidate's duplicates, ascending
-    for i, j in zip(*(a.tolist() for a in np.nonzero(dup)), strict=True):
+    for i, j in zip(*(a.tolist() for a in dup.nonzero()), strict=True):
         dup_of[i].append(j)
     contained: dict[int, set[int]] = {}  # i -> the candidates i contains (`prefer`)
     if prefer is not None:
-        for i, j in zip(*(a.tolist() for a in np.nonzero(prefer)), strict=True):
+        for i, j in zip(*(a.tolist() for a in prefer.nonzero()), strict=True):
             contained.setdefault(i, set()).add(j)
     available = [True] * n
     open_ = list(range(n))  # the available candidates, ascending
@@ -145,6 +145,8 @@ def select(
     max_src = [-1] * n
     sum_sim = [0.0] * n
     weighted_rel = [lambda_ * r for r in rel_of]
+    by_rel = sorted(range(n), key=rel_of.__getitem__, reverse=True)  # most relevant first, ties in order
+    top = 0  # by_rel[top]: the most relevant candidate left (`_first_max` of rel; only moves on)
     weight = 1.0 - lambda_
     picked: list[int] = []
     redundant: dict[int, int] = {}
@@ -167,7 +169,9 @@ def select(
         else:  # no duplicate of the choice left: it is kept (most picks)
             members, keep = [choice], choice
         if picked:
-            best = _first_max(open_, rel_of)
+            while not available[by_rel[top]]:
+                top += 1
+            best = by_rel[top]
             if rel_of[best] > rel_of[choice] and best != keep and best not in members:
                 promoted[keep] = (best, max_sim[best], max_src[best], max_sim[keep], max_src[keep])
         if keep != choice:
@@ -179,18 +183,20 @@ def select(
         gone = [j for j in dup_of[keep] if available[j]]
         if keep != choice and choice not in gone:
             gone = sorted([*gone, choice])
+        open_.remove(keep)
         for j in gone:
             redundant[j] = keep
             available[j] = False
-        open_ = [j for j in open_ if available[j]]
+            open_.remove(j)
         if len(picked) < k and open_:  # the next step reads the similarities to this pick
             row = sim[keep].tolist()
             for j in open_:  # only an available candidate's running figures are read again
-                s = row[j]
-                if s > max_sim[j]:
-                    max_sim[j] = s
+                if row[j] > max_sim[j]:
+                    max_sim[j] = row[j]
                     max_src[j] = keep
-                sum_sim[j] += s
+            if layout == "diversity":
+                for j in open_:
+                    sum_sim[j] += row[j]
     return Selection(tuple(picked), redundant, replaced, promoted, frozenset(containing))
 
 

@@ -457,12 +457,13 @@ def judge(a: Reading, b: Reading, semantic: float, rules: Rules, lexical: float 
 
 
 @lru_cache(maxsize=16384)
-def _judged(a: str, b: str, semantic: float, rules: Rules, lexical: float) -> Verdict:
-    """`judge` of two texts, memoised on everything it reads (the texts, both cosines, the rules):
-    a pair compared before (a window's survivors again in the final pass, passages a service
-    retrieves again and again) costs a lookup. Judging a short text against a passage word by word
-    is the post-pass's dearest step (about 0.1 ms a pair)."""
-    return judge(read(a), read(b), semantic, rules, lexical)
+def _judged(a: str, b: str, semantic: float, tau: float, substitute: float, lexical: float) -> Verdict:
+    """`judge` of two texts, memoised on everything it reads (the texts, both cosines, the rules'
+    two numbers, cheaper to hash than the `Rules` value): a pair compared before (a window's
+    survivors again in the final pass, passages a service retrieves again and again) costs a
+    lookup. Judging a short text against a passage word by word is the post-pass's dearest step
+    (about 0.1 ms a pair)."""
+    return judge(read(a), read(b), semantic, Rules(tau, substitute), lexical)
 
 
 def rules_for(family: str) -> Rules:
@@ -531,12 +532,14 @@ def redundancy(texts: Sequence[str], semantic: np.ndarray | Callable[[], np.ndar
             for x, i in enumerate(members):
                 for j in members[x + 1:]:
                     judged[i, j] |= given is None or bool(given[i, j])
-    rows, cols = np.nonzero(judged)  # the pairs above the diagonal, row by row
-    for i, j in zip(rows.tolist(), cols.tolist(), strict=True):
-        if j <= i:
-            continue
-        cosine = 0.0 if semantic_of is None else float(semantic_of[i, j])
-        verdict = _judged(texts[i], texts[j], cosine, rules, float(lexical[i, j]))
+    rows, cols = np.nonzero(judged)
+    upper = rows < cols  # the pairs above the diagonal, row by row
+    rows, cols = rows[upper], cols[upper]
+    cosines = [0.0] * len(rows) if semantic_of is None else semantic_of[rows, cols].tolist()
+    lexicals = lexical[rows, cols].tolist()
+    tau, substitute = rules.tau, rules.substitute
+    for i, j, cosine, lex in zip(rows.tolist(), cols.tolist(), cosines, lexicals, strict=True):
+        verdict = _judged(texts[i], texts[j], cosine, tau, substitute, lex)
         if verdict.redundant:
             redundant[i, j] = redundant[j, i] = True
             if verdict.keep is not None:
