@@ -564,16 +564,16 @@ def _postpass(
             continue
         said = scored.get(chunk.id)
         if said is not None and said[0] <= floor:
-            why[i] = reasons.reason(BELOW_MIN, reasons.score_detail(said[0]))
+            why[i] = _score_reason(BELOW_MIN, said[0])
         elif i in kept_of:
             why[i] = (reasons.redundant_with(chunks[kept_of[i]].id) if kept_of[i] in ranked_set
                       else NOT_SELECTED)
         elif said is not None:
-            why[i] = reasons.reason(NOT_SELECTED, reasons.score_detail(said[0]))
+            why[i] = _score_reason(NOT_SELECTED, said[0])
+        elif (llm := llm_reason.get(chunk.id)) is not None and reasons.redundant_target(llm) is None:
+            why[i] = _normalised(llm)  # the model's own words, filed under a listed token if need be
         else:
-            why[i] = _unscored_reason(
-                i, llm_reason.get(chunk.id), chunks, index, kept_of, ranked_set, dup_all, sim_all, at
-            )
+            why[i] = _unscored_reason(i, llm, chunks, index, kept_of, ranked_set, dup_all, sim_all, at)
     dropped = tuple(Dropped(id=c.id, reason=why[i]) for i, c in enumerate(chunks) if i not in ranked_set)
     short = short_list_note(request.top_k, len(ranked), [d.reason for d in dropped])
     return RerankResult(
@@ -648,6 +648,25 @@ def _ranked_item(
     return Ranked(id=ids[local], score=score, reason=reason, diversity_note="; ".join(notes) or note)
 
 
+def _score_reason(token: str, score: float) -> str:
+    """`token: 0.410`: the same few thousand strings come back call after call (scores have three
+    decimals), so each is formatted once (`_score_reason_memo`); a zero is formatted each time, as
+    0.0 and -0.0 are one key to a memo but two texts."""
+    return _score_reason_memo(token, score) if score else reasons.reason(token, reasons.score_detail(score))
+
+
+@lru_cache(maxsize=4096)
+def _score_reason_memo(token: str, score: float) -> str:
+    return reasons.reason(token, reasons.score_detail(score))
+
+
+@lru_cache(maxsize=4096)
+def _normalised(reason: str) -> str:
+    """`reasons.normalise`, memoised: a scorer's reasons for what it dropped repeat (`not_selected:
+    0.410`), and parsing one is a regular expression and a few checks."""
+    return reasons.normalise(reason)
+
+
 def _unscored_reason(
     i: int,
     llm: str | None,
@@ -663,7 +682,7 @@ def _unscored_reason(
     selected. A chunk the model neither ranked nor dropped says so: a bare `not_selected` reads
     'relevant enough, but top_k and MMR chose others', which nobody judged."""
     if llm is not None and reasons.redundant_target(llm) is None:
-        return reasons.normalise(llm)  # the model's own words, filed under a listed token if need be
+        return _normalised(llm)  # the model's own words, filed under a listed token if need be
     if llm is not None:
         target = index.get(reasons.redundant_target(llm))
         if target in ranked_set:
