@@ -45,7 +45,7 @@ SPENT: dict[str, float] = collections.defaultdict(float)
 # (module or class, attribute, label); nested stages are listed under their parent with "  ".
 STAGES: list[tuple[Any, str, str]] = [
     (openai_backend.OpenAIBackend, "complete", "backend call (SDK send and parse)"),
-    (fallback, "postpass", "post-pass"),
+    (fallback, "_postpass", "post-pass"),
     (postpass, "_redundancy", "  redundancy judgement"),
     (postpass, "select", "  MMR selection"),
     (postpass, "_resolve_vectors", "  vectors"),
