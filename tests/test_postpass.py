@@ -13,7 +13,7 @@ from rag_rerank.embed import l2_normalise
 from rag_rerank.errors import InputError
 from rag_rerank.guard import validate_request
 from rag_rerank.models import Chunk, Dropped, Ranked, RerankRequest
-from rag_rerank.postpass import lost_in_the_middle, postpass, select
+from rag_rerank.postpass import lost_in_the_middle, postpass, postpass_guarded, select
 
 MIN_SCORE = 0.2
 
@@ -296,6 +296,46 @@ def test_llm_redundant_with_is_repointed_or_downgraded():
     assert reasons == {"b": "redundant_with:a", "c": "redundant_with:a", "d": "not_selected: 0.700"}
     dropped = [Dropped("c", "redundant_with:d")]
     assert {d.id: d.reason for d in postpass(request, scored, dropped).dropped}["c"] == "not_selected"
+
+
+_GUARDED_TEXTS = [
+    "IVF partitions vectors into Voronoi cells; only nprobe lists are scanned per query.",
+    "IVF partitions vectors into Voronoi cells; only nprobe lists are scanned per query !!!",
+    "Risotto needs stirring.",
+    "HNSW is a graph index.",
+    "HNSW is a graph index with layers of links, searched greedily from the top layer.",
+    "Product quantisation splits each vector into sub-vectors and codes each one.",
+]
+
+
+def _item(cid, score, reason, note=None):
+    return {"id": cid, "score": score, "reason": reason, **({"diversity_note": note} if note else {})}
+
+
+@pytest.mark.parametrize("layout", ["mmr", "diversity", "lost_in_the_middle"])
+@pytest.mark.parametrize("threshold", [None, 0.6])
+@pytest.mark.parametrize(
+    "answer",
+    [
+        {"ranked": [_item("1", 0.9, "Voronoi", "kept"), _item("0", 0.8, "Voronoi"), _item("3", 0.7, "graph"),
+                    _item("4", 0.6, "layers"), _item("5", 0.1, "codes")],
+         "dropped": [{"id": "2", "reason": "redundant_with:1"}]},
+        {"ranked": [_item("4", 1, "layers"), _item("3", 0.5, "graph")],
+         "dropped": [{"id": "2", "reason": "off topic"}, {"id": "0", "reason": "below_min_score: 0.100"}]},
+        {"ranked": [_item("5", 0.0, "codes")]},
+    ],
+)
+def test_guarded_entry_gives_the_checked_entrys_result(answer, threshold, layout):
+    # The engine's call reads the guarded answer as it is; any other caller's goes through the checks.
+    records = [{"id": str(i), "text": t} for i, t in enumerate(_GUARDED_TEXTS)]
+    request = validate_request("vector index", records, 2, 0.5)
+    scored = [Ranked(r["id"], float(r["score"]), r["reason"], r.get("diversity_note"))
+              for r in answer["ranked"]]
+    dropped = [Dropped(d["id"], d["reason"]) for d in answer.get("dropped", ())]
+    settings_ = {"duplicate_threshold": threshold, "layout": layout, "min_score": 0.2}
+    checked = postpass(request, scored, dropped, **settings_)
+    assert postpass_guarded(request, answer, **settings_) == checked
+    assert {r.id for r in checked.ranked} | {d.id for d in checked.dropped} == {str(i) for i in range(6)}
 
 
 def test_lost_in_the_middle_order():
