@@ -160,7 +160,7 @@ def select(
         elif layout == "diversity":  # least similar on average to those picked (same divisor for all)
             choice = _first_max(open_, [-s for s in sum_sim])
         else:
-            choice = _first_mmr(open_, weighted_rel, weight, max_sim)
+            choice = _best_trade_off(open_, weighted_rel, weight, max_sim)
         members = [j for j in dup_of[choice] if available[j] and j != choice]
         if members:
             members = sorted([*members, choice])
@@ -210,7 +210,8 @@ def _first_max(indices: list[int], values: list[float]) -> int:
     return best
 
 
-def _first_mmr(indices: list[int], weighted_rel: list[float], weight: float, max_sim: list[float]) -> int:
+def _best_trade_off(indices: list[int], weighted_rel: list[float], weight: float,
+                    max_sim: list[float]) -> int:
     """`_first_max` of the MMR score `weighted_rel - weight * max_sim` over `indices`, computed as
     numpy computes it elementwise (a product, then a difference)."""
     best = indices[0]
