@@ -137,6 +137,36 @@ def test_the_guard_judges_a_quote_against_the_text_the_model_was_shown() -> None
     assert cut in srv.requests[1].prompt or "quotes" in json.dumps(srv.requests[1].body)
 
 
+def _two_passages() -> tuple[list[dict[str, str]], str, str]:
+    """A long chunk whose evidence at 32 tokens is two passages far apart, and a short chunk."""
+    sentences = [TOPICS[k % 4].format(i=k) for k in range(60)]
+    first, second = "The vaccine trial enrolled nurses.", "Infections fell by 40 percent in the vaccine arm."
+    sentences[12], sentences[47] = first, second
+    return [{"id": "doc-0", "text": " ".join(sentences)}, {"id": "short", "text": "The bakery opened at dawn."}], \
+        first, second
+
+
+def test_a_quote_across_the_elision_mark_is_refused_and_re_asked() -> None:
+    """The model is shown the kept passages joined by the mark: a quotation inside one passage is
+    accepted; one that runs across the mark (copying it, or joining the words on either side as
+    one phrase) is not a phrase of the original: refused, and the model is re-asked."""
+    chunks, first, second = _two_passages()
+    options = {"backend": "openai", "model": "m", "api_key": "x", "max_tokens_per_chunk": 32, "top_k": 1}
+    across = [f"nurses.{ELISION}Infections fell", "trial enrolled nurses infections fell by 40 percent"]
+    for quote in ["Infections fell by 40 percent", *across]:
+        with FakeLLM([Reply.openai_text(_answer(quote)), Reply.openai_text(_answer("enrolled nurses"))]) as srv:
+            result = rerank(QUERY, chunks, base_url=srv.openai_url, **options)
+        shown = srv.requests[0].prompt
+        assert f"{first}{ELISION}{second}" in shown  # what the model was shown: two passages and the mark
+        assert result.ranked[0].id == "doc-0"
+        if quote in across:
+            assert len(srv.requests) == 2 and result.meta.attempts == 2, quote
+            feedback = srv.requests[1].last_user_text
+            assert "one passage" in feedback and quote[:20] in feedback
+        else:
+            assert len(srv.requests) == 1 and result.meta.attempts == 1
+
+
 def test_the_cli_and_the_tool_take_the_budget(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     chunks = [_long_chunk(0, ANSWER, tokens=600), {"id": "short", "text": "A short note on vaccines."}]
     path = tmp_path / "chunks.jsonl"
@@ -166,3 +196,4 @@ def test_the_fast_paths_bound_is_never_below_the_estimate(text: str) -> None:
     """`shorten` skips counting when the UTF-8 byte bound already fits: the bound must hold for
     any text, or a request over the budget would be sent whole."""
     assert most_tokens(text) >= estimate_tokens(text)
+
