@@ -171,7 +171,8 @@ def _finish(plan: Plan, outcome: Outcome, records: Sequence[CallRecord] = ()) ->
     notes.extend(scoring_notes(plan))
     meta = run_meta(plan, model=outcome.model or model_of(plan.backend),
                     attempts=len(outcome.attempts), repairs=outcome.repairs, usage=outcome.usage, notes=notes,
-                    cache=cache_meta(plan, [(outcome.cached, outcome.usage)]), records=records)
+                    cache=cache_meta(plan, [(outcome.cached, outcome.usage)]), records=records,
+                    decided=outcome.decided)
     return replace(result, meta=meta, scores=scores_of(plan.request, [outcome.obj], result.ranked))
 
 

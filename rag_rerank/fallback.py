@@ -267,7 +267,7 @@ def fallback_result(plan: Plan, answer: Answer) -> Flow:
     meta = run_meta(used, model=outcome.model, attempts=len(error.attempts) + len(outcome.attempts),
                     repairs=outcome.repairs, usage=add_usage(error.usage, outcome.usage),
                     fallback=answer.step if backend_failed else None, notes=(*notes, *scoring_notes(used)),
-                    cache=cache_meta(plan, [(False, {})]), records=answer.records)
+                    cache=cache_meta(plan, [(False, {})]), records=answer.records, decided=outcome.decided)
     return replace(result, meta=meta, scores=scores_of(used.request, [outcome.obj], result.ranked))
 
 

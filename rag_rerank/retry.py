@@ -135,6 +135,7 @@ class Outcome:
     # How long the call took, retries and their waits included (the cache's read for a hit), as the
     # driver that made it measured it (`session.py`); `meta.windows[].latency_ms` reports it.
     latency_ms: float = 0.0
+    decided: Mapping[str, tuple[int, int]] = field(default_factory=dict)  # `Completion.decided`
 
 
 # --- internal control flow -----------------------------------------------------------------
@@ -285,7 +286,7 @@ class _Run:
                 detail += f"; repaired: {'; '.join(repairs)}"
             self.record("ok", detail)
             self.outcome = Outcome(obj=obj, attempts=(), repairs=repairs, usage={}, model=self.model,
-                                   text=text)
+                                   text=text, decided=completion.decided)
             return
         if completion.finish_reason == "length":
             self.counts["truncated"] += 1

@@ -28,9 +28,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+import numpy as np
+
 from .cost import estimate_tokens
 from .errors import InputError, Violation
-from .evidence import MIN_TOKENS_PER_CHUNK, Evidence, Scorer, TokenCounter, select
+from .evidence import ELISION, MIN_TOKENS_PER_CHUNK, Evidence, Scorer, TokenCounter, select
 from .models import Chunk, RerankRequest
 
 
@@ -191,11 +193,64 @@ def shorten(request: RerankRequest, *, max_context_tokens: int, max_tokens_per_c
     return Shortened(replace(request, chunks=tuple(shown)), evidence)
 
 
-def evidence_meta(evidence: Mapping[str, Evidence]) -> dict[str, dict[str, Any]] | None:
-    """`meta.evidence`: per shortened chunk id, tokens before and after and the kept passages as
-    [start, end) character offsets into the caller's text (None when no chunk was shortened)."""
-    return {cid: ev.to_dict() for cid, ev in evidence.items()} or None
+def piece_spans(text: str) -> list[tuple[int, int]]:
+    """Where in `text` each passage `evidence.passages_of` cuts it into lies, as [start, end)
+    character offsets: the pieces between elision marks that are not blank, else the whole text.
+    A scored backend reports the piece that decided a chunk's score by its span (`decided_spans`)."""
+    if ELISION not in text:
+        return [(0, len(text))]
+    spans: list[tuple[int, int]] = []
+    pos = 0
+    for part in text.split(ELISION):
+        if part.strip():
+            spans.append((pos, pos + len(part)))
+        pos += len(part) + len(ELISION)
+    return spans or [(0, len(text))]
 
 
-__all__ = ["Shortened", "check_max_tokens_per_chunk", "evidence_meta", "fit", "most_tokens", "scorer_for",
-           "shorten", "token_counter"]
+def decided_spans(texts: Sequence[str], owner: np.ndarray, which: np.ndarray,
+                  own: Sequence[str] | None = None) -> list[tuple[int, int]]:
+    """Per text, the [start, end) span of the passage whose score is the text's (`which`: the index
+    among all texts' passages, as `evidence.best_of` gives it; `owner`: each passage's text). With
+    `own` (the caller's texts, when embedded meta values were put before them), the span is in the
+    caller's text: the prefix is taken off and a span inside it is clipped to the text's start."""
+    first = np.searchsorted(owner, np.arange(len(texts)), side="left").tolist()
+    out: list[tuple[int, int]] = []
+    for i, text in enumerate(texts):
+        a, b = piece_spans(text)[int(which[i]) - first[i]]
+        if own is not None:
+            cut = len(text) - len(own[i])
+            a, b = max(a - cut, 0), max(b - cut, 0)
+        out.append((a, b))
+    return out
+
+
+def original_span(ev: Evidence, span: tuple[int, int]) -> list[int] | None:
+    """`span`, [start, end) in the text the model was shown (`ev.text`), as offsets into the caller's
+    original text; None when it does not lie inside one kept passage."""
+    a, b = span
+    pos = 0
+    for p in ev.passages:
+        length = p.end - p.start
+        if pos <= a and b <= pos + length:
+            return [p.start + a - pos, p.start + b - pos]
+        pos += length + len(ELISION)
+    return None
+
+
+def evidence_meta(evidence: Mapping[str, Evidence],
+                  decided: Mapping[str, tuple[int, int]] | None = None) -> dict[str, dict[str, Any]] | None:
+    """`meta.evidence`: per shortened chunk id, tokens before and after, the kept passages and
+    `decided`, the passage a scored backend's score was read from (its best passage, `decided`:
+    spans in the shown text, mapped here to the original) or None when the ranker was an LLM, all
+    as [start, end) character offsets into the caller's text (None when no chunk was shortened)."""
+    decided = decided or {}
+    out: dict[str, dict[str, Any]] = {}
+    for cid, ev in evidence.items():
+        span = decided.get(cid)
+        out[cid] = {**ev.to_dict(), "decided": None if span is None else original_span(ev, span)}
+    return out or None
+
+
+__all__ = ["Shortened", "check_max_tokens_per_chunk", "decided_spans", "evidence_meta", "fit", "most_tokens",
+           "original_span", "piece_spans", "scorer_for", "shorten", "token_counter"]

@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 from rag_rerank import InputError, plan, rerank
 from rag_rerank.cli import main
 from rag_rerank.cost import estimate_tokens
-from rag_rerank.evidence import ELISION, MIN_TOKENS_PER_CHUNK
-from rag_rerank.shortening import fit, most_tokens, token_counter
+from rag_rerank.evidence import ELISION, MIN_TOKENS_PER_CHUNK, passages_of, select
+from rag_rerank.shortening import fit, most_tokens, original_span, piece_spans, token_counter
 from rag_rerank.tools import call_tool
 from tests.support.fake_llm import FakeLLM, Reply
 
@@ -142,8 +142,8 @@ def _two_passages() -> tuple[list[dict[str, str]], str, str]:
     sentences = [TOPICS[k % 4].format(i=k) for k in range(60)]
     first, second = "The vaccine trial enrolled nurses.", "Infections fell by 40 percent in the vaccine arm."
     sentences[12], sentences[47] = first, second
-    return [{"id": "doc-0", "text": " ".join(sentences)}, {"id": "short", "text": "The bakery opened at dawn."}], \
-        first, second
+    short = {"id": "short", "text": "The bakery opened at dawn."}
+    return [{"id": "doc-0", "text": " ".join(sentences)}, short], first, second
 
 
 def test_a_quote_across_the_elision_mark_is_refused_and_re_asked() -> None:
@@ -154,7 +154,8 @@ def test_a_quote_across_the_elision_mark_is_refused_and_re_asked() -> None:
     options = {"backend": "openai", "model": "m", "api_key": "x", "max_tokens_per_chunk": 32, "top_k": 1}
     across = [f"nurses.{ELISION}Infections fell", "trial enrolled nurses infections fell by 40 percent"]
     for quote in ["Infections fell by 40 percent", *across]:
-        with FakeLLM([Reply.openai_text(_answer(quote)), Reply.openai_text(_answer("enrolled nurses"))]) as srv:
+        replies = [Reply.openai_text(_answer(quote)), Reply.openai_text(_answer("enrolled nurses"))]
+        with FakeLLM(replies) as srv:
             result = rerank(QUERY, chunks, base_url=srv.openai_url, **options)
         shown = srv.requests[0].prompt
         assert f"{first}{ELISION}{second}" in shown  # what the model was shown: two passages and the mark
@@ -165,6 +166,7 @@ def test_a_quote_across_the_elision_mark_is_refused_and_re_asked() -> None:
             assert "one passage" in feedback and quote[:20] in feedback
         else:
             assert len(srv.requests) == 1 and result.meta.attempts == 1
+        assert (result.meta.evidence or {})["doc-0"]["decided"] is None  # an LLM reads no passage's score
 
 
 def test_the_cli_and_the_tool_take_the_budget(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -197,3 +199,45 @@ def test_the_fast_paths_bound_is_never_below_the_estimate(text: str) -> None:
     any text, or a request over the budget would be sent whole."""
     assert most_tokens(text) >= estimate_tokens(text)
 
+
+@settings(derandomize=True, max_examples=200)
+@given(st.lists(st.text(max_size=40), max_size=6))
+@example(["a", " ", "b"])
+@example(["", "x"])
+def test_piece_spans_locate_the_passages_a_scored_backend_scores(parts: list[str]) -> None:
+    """`piece_spans` is where `passages_of`' pieces lie: what a scored backend reports as the passage
+    that decided its score must be the text it scored."""
+    text = ELISION.join(parts)
+    pieces, _ = passages_of([text])
+    assert [text[a:b] for a, b in piece_spans(text)] == pieces
+
+
+@settings(derandomize=True, max_examples=100, deadline=None)
+@given(st.text(min_size=1, max_size=600), st.integers(MIN_TOKENS_PER_CHUNK, 80), st.data())
+@example("One. Two three. " * 30 + "Vaccine trial.", 16, None)
+def test_a_span_of_the_shown_text_maps_to_the_same_characters_of_the_original(
+        text: str, budget: int, data: st.DataObject | None) -> None:
+    ev = select(QUERY, text, budget, count=estimate_tokens)
+    for k, (a, b) in enumerate(piece_spans(ev.text) if ev.text else []):
+        lo = a if data is None else data.draw(st.integers(a, b), label=f"start {k}")
+        hi = b if data is None else data.draw(st.integers(lo, b), label=f"end {k}")
+        got = original_span(ev, (lo, hi))
+        if got is None:  # only a piece that is a kept passage's stretch holding the mark itself
+            assert ELISION in text
+            continue
+        assert text[got[0]:got[1]] == ev.text[lo:hi]
+
+
+@pytest.mark.parametrize("how", [{"window_size": 20}, {"consistency": 2}])
+def test_the_deciding_passage_is_reported_through_windows_and_passes(how: dict[str, int]) -> None:
+    """Windows (the final pass scores the survivors) and consistency passes carry the scored
+    backend's deciding passage into meta.evidence as a call does."""
+    chunks, _, second = _two_passages()
+    many = chunks + [{"id": f"c{i}", "text": TOPICS[i % 4].format(i=i)} for i in range(40)]
+    one = rerank(QUERY, chunks, top_k=1, max_tokens_per_chunk=32)
+    result = rerank(QUERY, many, top_k=1, max_tokens_per_chunk=32, **how)
+    assert result.meta.calls > 1  # windows and a final pass, or two passes
+    entry = (result.meta.evidence or {})["doc-0"]
+    assert entry["decided"] in entry["passages"]
+    assert entry["decided"] == (one.meta.evidence or {})["doc-0"]["decided"]
+    assert chunks[0]["text"][slice(*entry["decided"])] == second
