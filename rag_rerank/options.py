@@ -669,10 +669,13 @@ def check_request_options(query: Any, chunks: ChunkSource, options: Options, lim
         problems.extend(exc.violations)
     # Over the context budget is not refused here when the chunks may be shortened to fit
     # (`shortening.shorten`, after the request is read): it checks the budget itself.
-    guarded = replace(limits, max_context_tokens=UNBOUNDED) if shortens(options) else limits
+    # Otherwise (strict, no cap) the guard counts as `shorten` would, with the caller's tokenizer.
+    short = shortens(options)
+    guarded = replace(limits, max_context_tokens=UNBOUNDED) if short else limits
     try:
         request = validate_request(query, chunks, options.top_k, options.lambda_, limits=guarded,
-                                   window_size=options.window_size)
+                                   window_size=options.window_size,
+                                   tokenizer=None if short else options.tokenizer)
     except InputError as exc:
         problems.extend(exc.violations)
     if problems:

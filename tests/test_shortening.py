@@ -15,7 +15,17 @@ from rag_rerank import InputError, plan, rerank
 from rag_rerank.cli import main
 from rag_rerank.cost import estimate_tokens
 from rag_rerank.evidence import ELISION, MIN_TOKENS_PER_CHUNK, passages_of, select
-from rag_rerank.shortening import fit, most_tokens, original_span, piece_spans, token_counter
+from rag_rerank.models import Chunk, RerankRequest
+from rag_rerank.shortening import (
+    fit,
+    most_tokens,
+    original_span,
+    piece_spans,
+    prompt_tokens,
+    shorten,
+    token_counter,
+    tokens_over,
+)
 from rag_rerank.tools import call_tool
 from tests.support.fake_llm import FakeLLM, Reply
 
@@ -241,3 +251,31 @@ def test_the_deciding_passage_is_reported_through_windows_and_passes(how: dict[s
     assert entry["decided"] in entry["passages"]
     assert entry["decided"] == (one.meta.evidence or {})["doc-0"]["decided"]
     assert chunks[0]["text"][slice(*entry["decided"])] == second
+
+
+@settings(derandomize=True, max_examples=300, deadline=None)
+@given(query=st.text(max_size=40),
+       parts=st.lists(st.tuples(st.text(max_size=8), st.text(max_size=200),
+                                st.one_of(st.none(), st.floats(allow_nan=False)),
+                                st.one_of(st.none(), st.dictionaries(st.text(max_size=4), st.text(max_size=9),
+                                                                     max_size=2))),
+                      min_size=1, max_size=6, unique_by=lambda p: p[0]),
+       budget=st.integers(0, 600), cap=st.one_of(st.none(), st.integers(MIN_TOKENS_PER_CHUNK, 200)))
+@example(query="q", parts=[("a", "It\u2019s " + "x" * 150, None, None)], budget=160, cap=None)
+def test_the_fast_bounds_never_let_an_over_budget_prompt_through(
+        query: str, parts: list[tuple[str, str, float | None, dict[str, str] | None]], budget: int,
+        cap: int | None) -> None:
+    """`tokens_over` (the input guard's check) skips counting when a byte bound fits, and `shorten`
+    passes a request through uncut on the same bound: both must agree with the exact count."""
+    chunks = [Chunk(i, t, s, m) for i, t, s, m in parts]
+    need = prompt_tokens(query, chunks)
+    assert tokens_over(query, chunks, budget) == (need if need > budget else None)
+    request = RerankRequest(query=query, chunks=tuple(chunks), top_k=1, lambda_=0.7)
+    within_cap = all(cap is None or estimate_tokens(c.text) <= cap for c in chunks)
+    try:
+        out = shorten(request, max_context_tokens=budget, max_tokens_per_chunk=cap, strict=False,
+                      window_size=None)
+    except InputError:
+        assert need > budget  # refused only when over the budget as counted
+        return
+    assert (out.request == request and not out.evidence) == (need <= budget and within_cap)
