@@ -10,9 +10,10 @@ by another formula). Here each count is written once:
   length (docs/cost.md: the measured error, `bench/tokens.py`);
 * `answer_tokens(n, top_k, ids)`: what the card's answer costs, entry by entry;
 * `answer_budget(...)`: the first attempt's `max_tokens`, that answer with room to spare;
-* `tokens_in_chars(n_chars, chars_per_token)`: the input guard's bound when only a length is known
-  (the guard checks up to 1,000 chunks on every request, before anything else: it measures lengths,
-  with `chars_per_token` from `guard/limits.json`, rather than running the estimator over the text).
+* `tokens_in_chars(n_chars, chars_per_token)`: a bound from a length alone, with `chars_per_token`
+  from `guard/limits.json`, where only lengths are at hand (the windows' final-pass packing). The
+  input guard's context budget is not counted so any more: it counts with `estimate_tokens` (or
+  the tokenizer) exactly as the shortening does (`shortening.prompt_tokens`, a byte bound first).
 
 `tokenizer=` (a callable from text to a count, e.g. a real tokenizer's `len(encode(text))`) replaces
 the offline estimate wherever text is counted: the hook for a caller who has one.

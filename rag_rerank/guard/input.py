@@ -5,6 +5,11 @@ Everything that could later break rendering or a backend call is caught here, wh
 can still be told which line / id / field is at fault: text that cannot be encoded as UTF-8
 (lone surrogates), values JSON cannot carry (NaN, sets, numbers too large for a float), and
 nesting so deep that a JSON codec would recurse out of stack.
+
+The context budget (`max_context_tokens`) is counted as the shortening counts it
+(`shortening.prompt_tokens`: the query and each chunk's text, id, score and metadata, by the one
+estimator or the caller's `tokenizer`), a cheap byte bound first; so the guard and the shortening
+never disagree about whether a request fits (docs/long-chunks.md, "Counting tokens").
 """
 
 from __future__ import annotations
