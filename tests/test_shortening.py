@@ -279,3 +279,42 @@ def test_the_fast_bounds_never_let_an_over_budget_prompt_through(
         assert need > budget  # refused only when over the budget as counted
         return
     assert (out.request == request and not out.evidence) == (need <= budget and within_cap)
+
+
+def test_plan_counts_the_shortened_prompt() -> None:
+    """`plan()` prices the prompt the model will be sent: with a cap, the chunk's evidence, not its text."""
+    chunks = [_long_chunk(0, ANSWER, tokens=600), {"id": "short", "text": "A short note on vaccines."}]
+    llm = {"backend": "openai", "model": "gpt-4o-mini", "api_key": "sk-not-used"}  # plan() sends nothing
+    whole = plan(QUERY, chunks, top_k=2, **llm).prompt_tokens
+    capped = plan(QUERY, chunks, top_k=2, max_tokens_per_chunk=64, **llm).prompt_tokens
+    saved = estimate_tokens(chunks[0]["text"]) - 64
+    assert whole - capped >= saved * 0.9  # about the tokens cut (the elision marks and rounding aside)
+
+
+def test_the_service_takes_max_tokens_per_doc(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Cohere's `max_tokens_per_doc` on the service is the library's `max_tokens_per_chunk`: the
+    upstream LLM (the fake server) is sent the long document's evidence, not the document."""
+    pytest.importorskip("fastapi")
+    httpx = pytest.importorskip("httpx")
+    from rag_rerank.service.app import create_app
+    from rag_rerank.service.config import parse_config
+    from tests.support.fake_llm import auto_ranker
+    from tests.support.service import running
+
+    long = _long_chunk(0, ANSWER, tokens=600)["text"]
+    docs = [long, "A short note on vaccines."]
+    monkeypatch.setenv("W34_TEST_UPSTREAM_KEY", "sk-test")
+    with FakeLLM(handler=auto_ranker()) as llm:
+        upstream = {"backend": "openai", "model": "fake-gpt", "base_url": llm.openai_url,
+                    "api_key_env": "W34_TEST_UPSTREAM_KEY"}
+        config = parse_config({"models": {"llm": upstream}})
+        with running(create_app(config)) as url:
+            body = {"model": "llm", "query": QUERY, "documents": docs, "max_tokens_per_doc": 64}
+            r = httpx.post(f"{url}/v2/rerank", json=body, timeout=60)
+            whole = httpx.post(f"{url}/v2/rerank", json={**body, "max_tokens_per_doc": None}, timeout=60)
+    assert r.status_code == 200 and whole.status_code == 200, r.text
+    ours = r.json()["rag_rerank"]
+    assert ours["max_tokens_per_doc"] == {"value": 64, "applied": True, "option": "max_tokens_per_chunk"}
+    assert sorted(x["index"] for x in ours["ranked"] + ours["dropped"]) == [0, 1]
+    shortened, sent_whole = llm.requests[0].prompt, llm.requests[-1].prompt
+    assert ANSWER in shortened and long not in shortened and long in sent_whole
