@@ -829,12 +829,13 @@ def test_a_batch_line_may_set_its_own_max_tokens_per_chunk(tmp_path: Path, capsy
     """Regression (QA): docs/long-chunks.md says a batch line may set `max_tokens_per_chunk`; the
     line was refused as an unknown key. A line's own cap wins over the run's, as its window_size does."""
     long = " ".join(f"Sentence {i} talks about topic {i % 7} at some length." for i in range(60))
-    lines = [{"query_id": "own", "query": "topic 3", "chunks": [{"id": "a", "text": long}, {"id": "b", "text": "x"}],
-              "max_tokens_per_chunk": 32},
-             {"query_id": "run", "query": "topic 3", "chunks": [{"id": "a", "text": long}, {"id": "b", "text": "x"}]}]
+    chunks = [{"id": "a", "text": long}, {"id": "b", "text": "x"}]
+    lines = [{"query_id": "own", "query": "topic 3", "chunks": chunks, "max_tokens_per_chunk": 32},
+             {"query_id": "run", "query": "topic 3", "chunks": chunks}]
     inp, out = tmp_path / "q.jsonl", tmp_path / "out.jsonl"
     _write_input(inp, [json.dumps(q) for q in lines])
-    assert main(["batch", "-i", str(inp), "-o", str(out), "--no-progress", "--max-tokens-per-chunk", "64"]) == 0
+    argv = ["batch", "-i", str(inp), "-o", str(out), "--no-progress", "--max-tokens-per-chunk", "64"]
+    assert main(argv) == 0
     records = [json.loads(x) for x in out.read_text(encoding="utf-8").splitlines()]
     after = {r["query_id"]: r["meta"]["evidence"]["a"]["tokens_after"] for r in records}
     assert after["own"] <= 32 < after["run"] <= 64, after
