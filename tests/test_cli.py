@@ -83,6 +83,26 @@ def test_render_from_stdin_through_the_real_entry_point() -> None:
     assert proc.stdout == EXPECTED.read_bytes()
 
 
+def test_render_shows_long_chunks_as_rerank_would(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """Regression (QA): `render` refused a request over the context budget that `rerank` shortens,
+    and had no --max-tokens-per-chunk, so the prompt actually sent could not be seen."""
+    filler = " ".join(f"Filler sentence {i} says nothing about the subject." for i in range(400))
+    records = [json.dumps({"id": f"d{i}", "text": filler + " The capital of Peru is Lima. " + filler})
+               for i in range(12)]
+    f = write(tmp_path, "long.jsonl", "\n".join(records) + "\n")
+    code, out, err = run(capsys, "render", "-q", "capital of Peru", "-c", f, "-k", "3")
+    assert (code, err) == (0, []) and out.count("[…]") >= 12 and "capital of Peru is Lima" in out
+    code, capped, err = run(capsys, "render", "-q", "capital of Peru", "-c", f, "-k", "3",
+                            "--max-tokens-per-chunk", "32")
+    assert (code, err) == (0, []) and len(capped) < len(out) and capped.count("capital of Peru is Lima") == 12
+    from rag_rerank import Reranker
+
+    with Reranker() as session:
+        sent = session.prompt("capital of Peru", (tmp_path / "long.jsonl").read_text(encoding="utf-8"), 3,
+                              max_tokens_per_chunk=32)
+    assert sent == capped
+
+
 def test_render_bad_input_lists_every_problem(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     f = write(
         tmp_path, "c.jsonl", '{"id": "a", "text": "x"}\n{"id": "a", "text": "y"}\nnot json\n{"id": 3}\n'
