@@ -713,3 +713,13 @@ def test_check_reports_the_fence_and_every_violation_inside_it(capsys: pytest.Ca
         assert "removed a Markdown code fence" in line
     shown = "\n".join(err)
     assert "C3" in shown and "1.2" in shown and "ranked[2].reason" in shown
+
+
+def test_a_windowed_request_has_no_single_prompt() -> None:
+    from rag_rerank import InputError, Reranker
+
+    chunks = [{"id": f"c{i}", "text": f"text {i}"} for i in range(30)]
+    with Reranker() as session:
+        assert "text 29" in session.prompt("q", chunks, 3)
+        with pytest.raises(InputError, match="one prompt per window"):
+            session.prompt("q", chunks, 3, window_size=10)
