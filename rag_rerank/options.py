@@ -524,7 +524,7 @@ def check_names(options: Mapping[str, Any], allowed: Sequence[str], *, what: str
 # The keys of a request that are not options: its query and chunks, its count, its name.
 _REQUEST_KEYS = frozenset({"query", "chunks", "top_k", "lambda", "lambda_", "query_id", "qid"})
 # A request's own value of these wins over the run's (a batch line may set them whatever the run does).
-_OWN_KEYS = frozenset({*SCORING_OPTIONS, "window_size"})
+_OWN_KEYS = frozenset({*SCORING_OPTIONS, "window_size", "max_tokens_per_chunk"})
 # What a request may set besides its basics, unless the run sets it: every request option but the
 # two that are basics of the request itself.
 _PER_REQUEST = tuple(k for k in REQUEST_OPTIONS if k not in ("top_k", "lambda_"))

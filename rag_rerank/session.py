@@ -30,7 +30,7 @@ from .cache import ResponseCache, recall, remember, resolve_cache
 from .concurrency import CALL_LIMIT, call_slot, check_concurrency, run_coroutine
 from .cost import CostPlan, Spending, as_budget, as_prices, refuse, summed
 from .engine import BATCH_SPENDING, cost_plan, flow, plan
-from .errors import RerankError
+from .errors import InputError, RerankError, Violation
 from .guard.input import ChunkSource
 from .lifecycle import Closing
 from .models import RerankResult
@@ -165,6 +165,17 @@ class Reranker(Closing):
         limits of `budget=` it would cross (`exceeded`; `rerank` would refuse it)."""
         return cost_plan(plan(self._setup, query, chunks, self._call_options(top_k, lambda_, options),
                               enforce=False))
+
+    def prompt(self, query: str, chunks: ChunkSource, top_k: int | None = None, lambda_: float | None = None,
+               **options: Any) -> str:
+        """The prompt an LLM backend would be sent for this request, byte for byte: checked, long
+        chunks shown as their evidence, metadata embedded (what `rag-rerank render` prints). A request
+        split into windows (`window_size`) has a prompt per window, so it is an `InputError` here."""
+        planned = plan(self._setup, query, chunks, self._call_options(top_k, lambda_, options), enforce=False)
+        if planned.window_size is not None:
+            msg = "a request in windows has one prompt per window, not one prompt"
+            raise InputError([Violation(path="window_size", value=planned.window_size, message=msg)])
+        return planned.prompt
 
     # --- many requests -----------------------------------------------------------------------
 
