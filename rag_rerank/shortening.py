@@ -58,7 +58,10 @@ class _Encoded:
     encode: Callable[[str], Sequence[Any]]
 
     def __call__(self, text: str) -> int:
-        return len(self.encode(text))
+        try:
+            return len(self.encode(text))
+        except TypeError:
+            raise _bad_count(self.encode(text), text) from None
 
 
 @dataclass(frozen=True)
@@ -66,7 +69,18 @@ class _Counted:
     count: Callable[[str], Any]
 
     def __call__(self, text: str) -> int:
-        return int(self.count(text))
+        n = self.count(text)
+        # A count that is no whole number >= 0 would pass every budget (-5) or crash deep inside
+        # (None): it is the caller's tokenizer at fault, named as such.
+        if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 0:
+            raise _bad_count(n, text)
+        return int(n)
+
+
+def _bad_count(n: Any, text: str) -> InputError:
+    msg = (f"tokenizer must return a whole number of tokens >= 0 (or a sequence from encode), got {n!r} "
+           f"for a text of {len(text)} characters")
+    return InputError([Violation(path="tokenizer", value=repr(n)[:80], message=msg)])
 
 
 def check_max_tokens_per_chunk(value: Any) -> list[Violation]:

@@ -318,3 +318,16 @@ def test_the_service_takes_max_tokens_per_doc(monkeypatch: pytest.MonkeyPatch) -
     assert sorted(x["index"] for x in ours["ranked"] + ours["dropped"]) == [0, 1]
     shortened, sent_whole = llm.requests[0].prompt, llm.requests[-1].prompt
     assert ANSWER in shortened and long not in shortened and long in sent_whole
+
+
+@pytest.mark.parametrize("count", [None, -5, "12", 1.5, True])
+@pytest.mark.parametrize("strict", [False, True])
+def test_a_tokenizer_returning_no_count_is_named(count: object, strict: bool) -> None:
+    """Regression (QA): a tokenizer returning None raised a bare TypeError; one returning -5 made
+    every chunk fit, so ~110k tokens went to the model without a word."""
+    chunks = [{"id": f"c{i}", "text": "word " * 4000} for i in range(3)]
+    with pytest.raises(InputError) as caught:
+        rerank("word", chunks, max_tokens_per_chunk=None if strict else 64, strict=strict,
+               tokenizer=lambda text: count)
+    (violation,) = caught.value.violations
+    assert violation.path == "tokenizer" and repr(count) in violation.message
