@@ -292,6 +292,38 @@ def test_limits_413_and_400_name_the_index_and_the_limit() -> None:
             assert "Traceback" not in r.text and set(r.json()) >= {"id", "message"}
 
 
+def test_the_library_judges_the_query_and_options_with_the_service_limits() -> None:
+    """The query, `top_n` and `max_tokens_per_doc` are judged by the library's rules with the
+    service's configured limits, and refused in the client's words: a configured max_query_chars
+    over the library's default is the one applied, and a max_tokens_per_doc the library refuses
+    names max_tokens_per_doc (the field the client sent), not the library's max_tokens_per_chunk."""
+    config = parse_config({"limits": {"max_query_chars": 5000, "max_documents": 3}})
+    with running(create_app(config)) as url:
+        ask = {"model": "local", "documents": DOCS[:2]}
+        long_query = httpx.post(f"{url}/v2/rerank", json={**ask, "query": "q " * 2250})
+        assert long_query.status_code == 200, long_query.text
+        over = httpx.post(f"{url}/v2/rerank", json={**ask, "query": "q" * 5001})
+        assert over.status_code == 400
+        assert "over the limit of 5000 (max_query_chars)" in over.json()["message"]
+        small = httpx.post(f"{url}/v2/rerank", json={**ask, "query": "q", "max_tokens_per_doc": 8})
+        assert small.status_code == 400
+        [error] = small.json()["rag_rerank"]["errors"]
+        assert error["path"] == "max_tokens_per_doc" and "at least 16" in error["message"], error
+        assert "max_tokens_per_chunk" not in small.text
+        many = httpx.post(f"{url}/v2/rerank", json={"model": "local", "query": "q", "documents": DOCS[:4]})
+        assert many.status_code == 400
+        [error] = many.json()["rag_rerank"]["errors"]
+        assert error["path"] == "documents"
+        assert "4 documents is over the limit of 3 (max_documents)" in error["message"]
+        surrogate = httpx.post(
+            f"{url}/v2/rerank",
+            content=b'{"model": "local", "query": "q\\ud800", "top_n": 0, "documents": ["a"]}',
+            headers={"content-type": "application/json"},
+        )
+        assert surrogate.status_code == 400
+        assert [e["path"] for e in surrogate.json()["rag_rerank"]["errors"]] == ["query", "top_n"]
+
+
 def test_max_tokens_per_doc_is_reported_when_not_applied(local_url: str) -> None:
     from rag_rerank.options import REQUEST_OPTIONS
     from rag_rerank.service.protocol import TRUNCATION_OPTION

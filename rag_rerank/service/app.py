@@ -130,6 +130,11 @@ class Service:
             self.close()
             raise
         limits = config.limits
+        # What each session's input guard applies: the service's query and document limits.
+        self.limits = {
+            name: protocol.library_limits(limits, session.defaults.limits)
+            for name, session in self.sessions.items()
+        }
         self.admission = Admission(limits.max_in_flight, limits.max_queue, limits.queue_timeout_s)
         self.ledger = Ledger(ledger_path(config)) if any(k.budget for k in config.keys) else None
         self.metrics = Metrics()
@@ -229,7 +234,7 @@ class Service:
                         details={"models": list(self.sessions)},
                     )
                 )
-            options, notes = protocol.call_options(call)
+            options, notes = protocol.call_options(call, limits=self.limits[model])
             deadline = self.config.limits.deadline_s
             with self.metrics.in_flight.track_inprogress():
                 result = await asyncio.wait_for(self.admitted(key, session, call, options), deadline)
