@@ -2,7 +2,8 @@
 cache and the metrics, SIGTERM draining the requests in flight, a bad config refused at start-up.
 
 Every server here is a subprocess on 127.0.0.1 with a free port, waited for with a bound, and
-killed by its own pid when the test ends.
+stopped by its own pid when the test ends (`tests/support/service.serve_process`, which
+bench/serve.py starts its servers with too).
 """
 
 from __future__ import annotations
@@ -14,8 +15,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -25,6 +24,7 @@ pytest.importorskip("uvicorn")
 httpx = pytest.importorskip("httpx")
 
 from tests.support.fake_llm import FakeLLM, auto_ranker  # noqa: E402
+from tests.support.service import serve_process, workers_of  # noqa: E402
 from tests.support.sockets import closed_port  # noqa: E402
 
 pytestmark = pytest.mark.timeout(120)
@@ -34,49 +34,6 @@ DOCS = [
     "Washington, D.C. is the capital of the United States.",
     "Capital punishment existed in the United States.",
 ]
-
-
-@contextmanager
-def serve(
-    repo_root: Path, *args: str, env: dict[str, str] | None = None
-) -> Iterator[tuple[str, subprocess.Popen]]:
-    port = closed_port()
-    environ = {**os.environ, "PYTHONPATH": str(repo_root), **(env or {})}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "rag_rerank", "serve", "--port", str(port), "--log-level", "warning", *args],
-        env=environ,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(f"{url}/ready", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise AssertionError(f"serve did not start: {proc.communicate(timeout=5)[1][-2000:]}")
-            time.sleep(0.2)
-        yield url, proc
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=10)
-
-
-def _children(pid: int) -> list[int]:
-    out = subprocess.run(
-        ["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True, text=True, check=False
-    )
-    return [int(p) for p in out.stdout.split()]
 
 
 def test_two_workers_share_the_response_cache_and_the_metrics(repo_root: Path, tmp_path: Path) -> None:
@@ -98,11 +55,11 @@ def test_two_workers_share_the_response_cache_and_the_metrics(repo_root: Path, t
             ),
             encoding="utf-8",
         )
-        with serve(repo_root, "--workers", "2", "--config", str(config), env={"UPSTREAM_KEY": "k"}) as (
+        with serve_process("--config", str(config), root=repo_root, env={"UPSTREAM_KEY": "k"}, workers=2) as (
             url,
             proc,
         ):
-            assert len(_children(proc.pid)) >= 2  # the workers (and uvicorn's resource tracker)
+            assert len(workers_of(proc)) == 2
             body = {"model": "llm", "query": QUERY, "documents": DOCS}
             answers = []
             for _ in range(8):  # a new connection each time: either worker may take it
@@ -135,7 +92,7 @@ def test_sigterm_drains_the_request_in_flight_and_refuses_new_ones(repo_root: Pa
             ),
             encoding="utf-8",
         )
-        with serve(repo_root, "--config", str(config), env={"UPSTREAM_KEY": "k"}) as (url, proc):
+        with serve_process("--config", str(config), root=repo_root, env={"UPSTREAM_KEY": "k"}) as (url, proc):
             got: list[httpx.Response] = []
             body = {"model": "llm", "query": QUERY, "documents": DOCS}
             slow = threading.Thread(
@@ -190,7 +147,7 @@ def test_the_readmes_serve_and_curl_commands_work(repo_root: Path) -> None:
     curl_line = re.search(r"^curl [^\n]*", section, re.MULTILINE).group(0)  # type: ignore[union-attr]
     args = shlex.split(serve_line)
     port = args.index("--port")
-    with serve(repo_root, *(args[:port] + args[port + 2 :])) as (url, _):
+    with serve_process(*(args[:port] + args[port + 2 :]), root=repo_root) as (url, _):
         curl = shlex.split(curl_line)
         curl = [url + "/v2/rerank" if a.startswith("http://127.0.0.1:8080") else a for a in curl]
         if shutil.which("curl"):
