@@ -45,7 +45,12 @@ sys.path.insert(0, str(ROOT / "bench"))  # the bench scripts import each other b
 
 from batch import fake_server  # noqa: E402
 
-from tests.support.service import ServiceDidNotStart, serve_process, workers_of  # noqa: E402
+from tests.support.service import (  # noqa: E402
+    ServiceDidNotStart,
+    openai_model,
+    serve_process,
+    workers_of,
+)
 
 QUERY = "How do I keep a vector index fresh when documents change every hour?"
 TOPICS = [
@@ -103,22 +108,8 @@ def upstream(latency: float) -> contextlib.AbstractContextManager[str]:
 
 def config_file(folder: Path, url: str, limits: dict[str, Any] | None = None) -> Path:
     path = folder / f"serve-{abs(hash((url, json.dumps(limits))))}.json"
-    path.write_text(
-        json.dumps(
-            {
-                "models": {
-                    "llm": {
-                        "backend": "openai",
-                        "model": "fake",
-                        "base_url": url,
-                        "api_key_env": "BENCH_UPSTREAM_KEY",
-                    }
-                },
-                "limits": limits or {},
-            }
-        ),
-        encoding="utf-8",
-    )
+    models = {"llm": openai_model(url, "BENCH_UPSTREAM_KEY", "fake")}
+    path.write_text(json.dumps({"models": models, "limits": limits or {}}), encoding="utf-8")
     return path
 
 

@@ -32,7 +32,7 @@ from rag_rerank import Reranker  # noqa: E402
 from rag_rerank.service.app import create_app  # noqa: E402
 from rag_rerank.service.config import parse_config  # noqa: E402
 from tests.support.fake_llm import FakeLLM, Reply, auto_ranker  # noqa: E402
-from tests.support.service import running  # noqa: E402
+from tests.support.service import openai_model, running  # noqa: E402
 
 pytestmark = pytest.mark.timeout(120)
 # Haystack reports usage to its servers unless told not to (read when haystack is imported).
@@ -81,12 +81,7 @@ def llm_url(llm: FakeLLM) -> Iterator[str]:
         {
             "models": {
                 "local": {},
-                "llm": {
-                    "backend": "openai",
-                    "model": "fake-gpt",
-                    "base_url": llm.openai_url,
-                    "api_key_env": "SERVICE_TEST_UPSTREAM_KEY",
-                },
+                "llm": openai_model(llm.openai_url, "SERVICE_TEST_UPSTREAM_KEY"),
             },
             "keys": [{"key": KEY, "name": "tests"}],
         }
@@ -368,12 +363,7 @@ def test_per_key_daily_budget_is_429(tmp_path: Any, llm: FakeLLM) -> None:
         {
             "models": {
                 "local": {},
-                "llm": {
-                    "backend": "openai",
-                    "model": "fake-gpt",
-                    "base_url": llm.openai_url,
-                    "api_key_env": "SERVICE_TEST_UPSTREAM_KEY",
-                },
+                "llm": openai_model(llm.openai_url, "SERVICE_TEST_UPSTREAM_KEY"),
             },
             "keys": [
                 {"key": "small", "budget": {"max_requests": 2}},
@@ -405,12 +395,7 @@ def test_per_key_daily_budget_is_429(tmp_path: Any, llm: FakeLLM) -> None:
 def test_overload_is_429_with_retry_after_and_the_deadline_is_504() -> None:
     os.environ.setdefault("SERVICE_TEST_UPSTREAM_KEY", "x")
     with FakeLLM(handler=auto_ranker(latency=1.5)) as slow:
-        model = {
-            "backend": "openai",
-            "model": "m",
-            "base_url": slow.openai_url,
-            "api_key_env": "SERVICE_TEST_UPSTREAM_KEY",
-        }
+        model = openai_model(slow.openai_url, "SERVICE_TEST_UPSTREAM_KEY", "m")
         body = {"model": "llm", "query": QUERY, "documents": DOCS}
         config = parse_config(
             {"models": {"llm": model}, "limits": {"max_in_flight": 1, "max_queue": 0, "retry_after_s": 2}}
@@ -448,19 +433,9 @@ def test_overload_is_429_with_retry_after_and_the_deadline_is_504() -> None:
 def test_upstream_failures_are_gateway_statuses(reply: Reply, status: int, retry_after: str | None) -> None:
     with FakeLLM(handler=lambda req: reply) as upstream:
         where = f"127.0.0.1:{upstream.port}"
-        config = parse_config(
-            {
-                "models": {
-                    "llm": {
-                        "backend": "openai",
-                        "model": "m",
-                        "base_url": upstream.openai_url,
-                        "api_key_env": "SERVICE_TEST_UPSTREAM_KEY",
-                        "options": {"policy": {"max_attempts": 1}},
-                    }
-                }
-            }
-        )
+        once = {"policy": {"max_attempts": 1}}
+        model = openai_model(upstream.openai_url, "SERVICE_TEST_UPSTREAM_KEY", "m", options=once)
+        config = parse_config({"models": {"llm": model}})
         os.environ["SERVICE_TEST_UPSTREAM_KEY"] = "sk-upstream-secret-9876"
         with running(create_app(config)) as url:
             r = httpx.post(f"{url}/v2/rerank", json={"model": "llm", "query": QUERY, "documents": DOCS})

@@ -24,7 +24,7 @@ pytest.importorskip("uvicorn")
 httpx = pytest.importorskip("httpx")
 
 from tests.support.fake_llm import FakeLLM, auto_ranker  # noqa: E402
-from tests.support.service import serve_process, workers_of  # noqa: E402
+from tests.support.service import openai_model, serve_process, workers_of  # noqa: E402
 from tests.support.sockets import closed_port  # noqa: E402
 
 pytestmark = pytest.mark.timeout(120)
@@ -36,25 +36,19 @@ DOCS = [
 ]
 
 
+def python(repo_root: Path, *argv: str) -> subprocess.CompletedProcess[str]:
+    """`python ARGV` with this checkout's package, its output captured, within 60 s."""
+    env = {**os.environ, "PYTHONPATH": str(repo_root)}
+    return subprocess.run(
+        [sys.executable, *argv], env=env, capture_output=True, text=True, timeout=60, check=False
+    )
+
+
 def test_two_workers_share_the_response_cache_and_the_metrics(repo_root: Path, tmp_path: Path) -> None:
     with FakeLLM(handler=auto_ranker()) as llm:
         config = tmp_path / "serve.yaml"
-        config.write_text(
-            json.dumps(
-                {
-                    "models": {
-                        "llm": {
-                            "backend": "openai",
-                            "model": "fake-gpt",
-                            "base_url": llm.openai_url,
-                            "api_key_env": "UPSTREAM_KEY",
-                            "cache": str(tmp_path / "cache"),
-                        }
-                    }
-                }
-            ),
-            encoding="utf-8",
-        )
+        model = openai_model(llm.openai_url, "UPSTREAM_KEY", cache=str(tmp_path / "cache"))
+        config.write_text(json.dumps({"models": {"llm": model}}), encoding="utf-8")
         with serve_process("--config", str(config), root=repo_root, env={"UPSTREAM_KEY": "k"}, workers=2) as (
             url,
             proc,
@@ -77,21 +71,8 @@ def test_two_workers_share_the_response_cache_and_the_metrics(repo_root: Path, t
 def test_sigterm_drains_the_request_in_flight_and_refuses_new_ones(repo_root: Path, tmp_path: Path) -> None:
     with FakeLLM(handler=auto_ranker(latency=2.0)) as llm:
         config = tmp_path / "serve.json"
-        config.write_text(
-            json.dumps(
-                {
-                    "models": {
-                        "llm": {
-                            "backend": "openai",
-                            "model": "m",
-                            "base_url": llm.openai_url,
-                            "api_key_env": "UPSTREAM_KEY",
-                        }
-                    }
-                }
-            ),
-            encoding="utf-8",
-        )
+        model = openai_model(llm.openai_url, "UPSTREAM_KEY", "m")
+        config.write_text(json.dumps({"models": {"llm": model}}), encoding="utf-8")
         with serve_process("--config", str(config), root=repo_root, env={"UPSTREAM_KEY": "k"}) as (url, proc):
             got: list[httpx.Response] = []
             body = {"model": "llm", "query": QUERY, "documents": DOCS}
@@ -122,14 +103,8 @@ def test_a_bad_config_is_refused_at_start_up_naming_the_key(repo_root: Path, tmp
     config.write_text(
         "models:\n  m1: {backend: local, options: {topk: 3}}\nlimits: {max_in_flight: 0}\n", encoding="utf-8"
     )
-    out = subprocess.run(
-        [sys.executable, "-m", "rag_rerank", "serve", "--config", str(config), "--port", str(closed_port())],
-        env={**os.environ, "PYTHONPATH": str(repo_root)},
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    port = str(closed_port())
+    out = python(repo_root, "-m", "rag_rerank", "serve", "--config", str(config), "--port", port)
     assert out.returncode == 2 and "Traceback" not in out.stderr
     assert "models.m1.options.topk" in out.stderr and "top_k" in out.stderr
     assert "limits.max_in_flight" in out.stderr
@@ -183,13 +158,6 @@ def test_without_the_serve_extra_the_cli_names_it(repo_root: Path) -> None:
         "import sys; sys.modules['fastapi'] = None\n"  # as if the serve extra were not installed
         "from rag_rerank.cli import main; sys.exit(main(['serve', '--port', '1']))"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", code],
-        env={**os.environ, "PYTHONPATH": str(repo_root)},
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    out = python(repo_root, "-c", code)
     assert out.returncode == 2 and "Traceback" not in out.stderr
     assert "pip install 'rag-rerank[serve]'" in out.stderr

@@ -48,6 +48,13 @@ def running(app: Any, *, timeout: float = 20.0) -> Iterator[str]:
         thread.join(timeout=10)
 
 
+def openai_model(base_url: str, key_env: str, model: str = "fake-gpt", **extra: Any) -> dict[str, Any]:
+    """A service config's model entry (`models: {name: ...}`) for the openai backend at `base_url`
+    (a fake LLM server), its key read from the environment variable `key_env`; `extra` adds keys
+    (`cache`, `options`)."""
+    return {"backend": "openai", "model": model, "base_url": base_url, "api_key_env": key_env, **extra}
+
+
 class ServiceDidNotStart(RuntimeError):
     """`rag-rerank serve` exited, or was not ready in time; the message ends with its stderr."""
 
