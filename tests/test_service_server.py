@@ -98,6 +98,64 @@ def test_sigterm_drains_the_request_in_flight_and_refuses_new_ones(repo_root: Pa
     assert got and got[0].status_code == 200 and got[0].json()["results"]
 
 
+def heavy_documents(count: int, chars: int, seed: int = 7) -> list[str]:
+    """`count` documents of `chars` characters of made-up sentences: ranking them with a large
+    `max_tokens_per_doc` makes the library choose evidence in every one, about 0.1 s of CPU per
+    document at the time of writing (200 documents: about 20 s of CPU, load ~10)."""
+    import random
+
+    rng = random.Random(seed)
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    vocab = ["".join(rng.choice(letters) for _ in range(rng.randint(3, 10))) for _ in range(3000)]
+    docs = []
+    for _ in range(count):
+        parts: list[str] = []
+        while sum(len(p) + 1 for p in parts) < chars:
+            parts.append(" ".join(rng.choice(vocab) for _ in range(rng.randint(8, 30))).capitalize() + ".")
+        docs.append(" ".join(parts)[:chars])
+    return docs
+
+
+def test_a_heavy_request_leaves_the_server_answering_and_gets_its_504_on_time(
+    repo_root: Path, tmp_path: Path
+) -> None:
+    """The CPU work of a request (here, choosing evidence in 200 long documents) runs off the event
+    loop: while it runs, /health, /ready and another rerank are answered, and the request gets its
+    504 at its deadline while its work is still running (it keeps its in-flight slot until it ends).
+
+    No timing is asserted but generous client timeouts: every claim is an order of events. /ready
+    saw the work in flight before and after /health and a small rerank were answered; the 504 came
+    while /ready still showed the work in flight. With the work on the loop, nothing but that
+    request is answered until it ends (QA finding #1: /health took 90 s), so /ready never sees it."""
+    config = tmp_path / "serve.json"
+    limits = {"deadline_s": 0.5, "max_in_flight": 2, "max_body_bytes": 10_000_000}
+    config.write_text(json.dumps({"models": {"local": {"backend": "local"}}, "limits": limits}), "utf-8")
+    heavy = {"model": "local", "query": "memory graph index", "documents": heavy_documents(200, 39_000),
+             "max_tokens_per_doc": 4096}
+    small = {"model": "local", "query": QUERY, "documents": DOCS}
+    with serve_process("--config", str(config), root=repo_root) as (url, proc):
+        got: list[httpx.Response] = []
+        worker = threading.Thread(
+            target=lambda: got.append(httpx.post(f"{url}/v2/rerank", json=heavy, timeout=300))
+        )
+        worker.start()
+
+        def in_flight() -> int:
+            return httpx.get(f"{url}/ready", timeout=60).json()["in_flight"]
+
+        seen = False
+        while not seen and worker.is_alive():
+            seen = in_flight() == 1
+        assert seen, f"the heavy request's work was never seen in flight: {got and got[0].text[:200]}"
+        health = httpx.get(f"{url}/health", timeout=60)
+        other = httpx.post(f"{url}/v2/rerank", json=small, timeout=60)
+        assert health.status_code == 200 and other.status_code == 200 and other.json()["results"]
+        worker.join(timeout=120)
+        assert got and got[0].status_code == 504 and "deadline of 0.5s" in got[0].json()["message"]
+        assert in_flight() == 1  # the 504 came on time; the abandoned work still holds its slot
+        proc.kill()  # not to spend the rest of its CPU time
+
+
 def test_a_bad_config_is_refused_at_start_up_naming_the_key(repo_root: Path, tmp_path: Path) -> None:
     config = tmp_path / "bad.yaml"
     config.write_text(

@@ -23,7 +23,8 @@ import logging
 import os
 import time
 import uuid
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Coroutine, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -32,7 +33,7 @@ from ..cost import as_prices
 from ..errors import BackendError, BudgetError, CacheMissError, InputError, MissingDependencyError, Violation
 from ..models import RerankResult
 from ..paths import default_cache_dir
-from ..session import Reranker
+from ..session import Reranker, off_loop
 from . import protocol
 from .admission import Admission, Draining, Overloaded
 from .config import ApiKey, ServiceConfig, load_config, read_keys_file
@@ -237,7 +238,7 @@ class Service:
             options, notes = protocol.call_options(call, limits=self.limits[model])
             deadline = self.config.limits.deadline_s
             with self.metrics.in_flight.track_inprogress():
-                result = await asyncio.wait_for(self.admitted(key, session, call, options), deadline)
+                result = await self.within_deadline(self.admitted(key, session, call, options), deadline)
             sends = capabilities(session.backend).makes_requests
             self.metrics.observe(model, result, sends)
             status = 200
@@ -256,12 +257,26 @@ class Service:
             if status == 200:
                 self.metrics.latency.labels(route, model).observe(time.monotonic() - started)
 
+    async def within_deadline(self, work: Coroutine[Any, Any, RerankResult], deadline: float) -> RerankResult:
+        """`work`'s result, or `TimeoutError` (504) once `deadline` seconds have passed, on time: the
+        work runs as a task of its own, and at the deadline it is cancelled without waiting for it.
+        CPU work in a thread cannot be stopped (`session.off_loop`): the task ends when that work does,
+        and until then it keeps its in-flight slot (`admitted`), so `max_in_flight` bounds the work
+        really running, abandoned or not, and its result is discarded."""
+        task = asyncio.ensure_future(work)
+        try:
+            return await asyncio.wait_for(asyncio.shield(task), deadline)
+        except BaseException:  # the deadline, or this handler cancelled (shutdown)
+            task.cancel()
+            task.add_done_callback(_discard)
+            raise
+
     async def admitted(
         self, key: ApiKey | None, session: Reranker, call: protocol.RerankCall, options: Mapping[str, Any]
     ) -> RerankResult:
         """The rerank inside an in-flight slot, with the key's budget reserved and settled."""
         async with self.admission.slot():
-            planned = self.planned(key, session, call, options)
+            planned = await off_loop(self.planned, key, session, call, options)
             day = utc_day()
             if key is not None and self.ledger is not None and key.budget:
                 # SQLite may wait for another worker's transaction: off the event loop
@@ -334,6 +349,16 @@ def ledger_path(config: ServiceConfig) -> str:
     return str(folder / "service-ledger.sqlite3")
 
 
+def _discard(task: asyncio.Future[Any]) -> None:
+    """The end of a request's work after its deadline: its result or error is dropped (the client has
+    had its 504), and an unexpected error is logged rather than lost."""
+    if task.cancelled():
+        return
+    exc = task.exception()
+    if exc is not None and not isinstance(exc, (_Answer, InputError, BudgetError, BackendError)):
+        log.warning("a request's work failed after its deadline: %r", exc)
+
+
 class _Answer(Exception):
     """A failure decided in a handler's step, answered as it is."""
 
@@ -349,6 +374,13 @@ def create_app(config: ServiceConfig | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        # Each request's CPU work (planning, shortening long chunks, the post-pass) runs in a worker
+        # thread (`session.off_loop`), so /health and the other requests keep being answered. One
+        # thread per in-flight slot (and a few for the cache and the ledger): a small request never
+        # waits for a thread behind long ones; more work than slots waits for a slot instead (429).
+        workers = service.config.limits.max_in_flight + 8
+        executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="rag-rerank-work")
+        asyncio.get_running_loop().set_default_executor(executor)
         await asyncio.to_thread(service.warm_up)
         yield
         service.admission.draining = True
