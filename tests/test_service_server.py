@@ -168,6 +168,50 @@ def test_a_bad_config_is_refused_at_start_up_naming_the_key(repo_root: Path, tmp
     assert "limits.max_in_flight" in out.stderr
 
 
+def test_bad_option_values_and_every_models_build_problems_exit_2_with_their_paths(
+    repo_root: Path, tmp_path: Path
+) -> None:
+    """QA finding #16: `lambda: 2` crashed start-up with a traceback (exit 3), `top_k: 0` started
+    serving. Now the option values are judged with the file; what only building a model finds (a
+    base_url that is no URL, an unknown embedder) is reported for every model at once."""
+    values = tmp_path / "values.yaml"
+    values.write_text("models:\n  m: {backend: local, options: {lambda: 2, top_k: 0}}\n", encoding="utf-8")
+    built = tmp_path / "built.yaml"
+    built.write_text(
+        "models:\n  g: {backend: openai, model: m, base_url: 'ftp://x'}\n"
+        "  e: {backend: local, embedder: nope}\n",
+        encoding="utf-8",
+    )
+    for config, paths in ((values, ("models.m.options.lambda", "models.m.options.top_k")),
+                          (built, ("models.g.base_url", "models.e.embedder"))):
+        port = str(closed_port())
+        out = python(repo_root, "-m", "rag_rerank", "serve", "--config", str(config), "--port", port)
+        assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr[-2000:]
+        for path in paths:
+            assert f"{path}:" in out.stderr, out.stderr
+
+
+def test_upstream_failures_and_a_missing_key_reach_the_log(repo_root: Path, tmp_path: Path) -> None:
+    """QA finding #17: the operator sees, at WARNING in the server's log, that a model's api_key_env
+    is unset (at start-up) and why an upstream failed (connection refused), never a key; the client
+    gets 502 saying the upstream is unreachable."""
+    nothing = f"http://127.0.0.1:{closed_port()}/v1"
+    models = {"nokey": openai_model(nothing, "SERVICE_TEST_UNSET_KEY"),
+              "key": openai_model(nothing, "SERVICE_TEST_SET_KEY")}
+    config = tmp_path / "serve.json"
+    config.write_text(json.dumps({"models": models}), encoding="utf-8")
+    env = {"SERVICE_TEST_SET_KEY": "sk-upstream-secret-5555"}
+    with serve_process("--config", str(config), root=repo_root, env=env) as (url, proc):
+        body = {"query": QUERY, "documents": DOCS}
+        answers = [httpx.post(f"{url}/v2/rerank", json={"model": m, **body}, timeout=60) for m in models]
+    log = proc.stderr.read() if proc.stderr else ""
+    assert [a.status_code for a in answers] == [502, 502]
+    assert all("unreachable" in a.json()["message"] for a in answers)
+    assert "WARNING" in log and "SERVICE_TEST_UNSET_KEY" in log and "not set" in log, log
+    assert log.count("upstream failure") == 2 and "connection refused" in log, log
+    assert "sk-upstream-secret-5555" not in log and "Traceback" not in log
+
+
 def test_the_readmes_serve_and_curl_commands_work(repo_root: Path) -> None:
     """A fresh machine runs `rag-rerank serve` as the README shows and answers its curl of /v2/rerank."""
     import re

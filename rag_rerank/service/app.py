@@ -30,20 +30,31 @@ from typing import Any
 
 from ..backends.factory import capabilities
 from ..cost import as_prices
-from ..errors import BackendError, BudgetError, CacheMissError, InputError, MissingDependencyError, Violation
+from ..errors import (
+    BackendError,
+    BudgetError,
+    CacheMissError,
+    ConfigError,
+    InputError,
+    MissingDependencyError,
+    Violation,
+)
+from ..evidence import MIN_TOKENS_PER_CHUNK
 from ..models import RerankResult
 from ..paths import default_cache_dir
 from ..session import Reranker, off_loop
 from . import protocol
 from .admission import Admission, Draining, Overloaded
-from .config import ApiKey, ServiceConfig, load_config, read_keys_file
+from .config import ApiKey, ModelSpec, ServiceConfig, load_config, read_keys_file
 from .keys import Ledger, Usage, authenticate, bearer_token, utc_day
 from .metrics import Metrics
 
 try:
     from fastapi import FastAPI, Request
+    from fastapi.exceptions import RequestValidationError
     from fastapi.responses import JSONResponse, Response
     from pydantic import BaseModel, Field
+    from starlette.exceptions import HTTPException as StarletteHTTPException
 except ImportError:  # the serve extra is not installed
     raise MissingDependencyError("rag-rerank serve", "serve", "fastapi") from None
 
@@ -65,7 +76,9 @@ class V2RerankRequest(BaseModel):
     top_n: int | None = Field(
         None, ge=1, description="at most this many results (default: the model's top_k)"
     )
-    max_tokens_per_doc: int | None = Field(None, ge=1)
+    max_tokens_per_doc: int | None = Field(
+        None, ge=MIN_TOKENS_PER_CHUNK, description="a longer document is ranked by its evidence"
+    )
     return_documents: bool | None = None
 
 
@@ -79,7 +92,9 @@ class V1RerankRequest(BaseModel):
     rank_fields: list[str] | None = None
     return_documents: bool | None = None
     max_chunks_per_doc: int | None = None
-    max_tokens_per_doc: int | None = Field(None, ge=1)
+    max_tokens_per_doc: int | None = Field(
+        None, ge=MIN_TOKENS_PER_CHUNK, description="a longer document is ranked by its evidence"
+    )
 
 
 class RerankResultItem(BaseModel):
@@ -124,9 +139,21 @@ class Service:
     def __init__(self, config: ServiceConfig) -> None:
         self.config = config
         self.sessions: dict[str, Reranker] = {}
+        bad: list[Violation] = []
         try:
             for name, spec in config.models.items():
-                self.sessions[name] = Reranker(**spec.reranker_kwargs())
+                missing_key_warning(spec)
+                try:
+                    self.sessions[name] = Reranker(**spec.reranker_kwargs())
+                except InputError as exc:  # every model's problems at once, each under its path
+                    bad.extend(
+                        Violation(path=f"models.{name}.{v.path}", value=v.value, message=v.message)
+                        for v in exc.violations
+                    )
+                except ConfigError as exc:
+                    bad.append(Violation(path=f"models.{name}", message=str(exc)))
+            if bad:
+                raise InputError(bad, headline="invalid service config")
         except BaseException:
             self.close()
             raise
@@ -239,6 +266,8 @@ class Service:
             deadline = self.config.limits.deadline_s
             with self.metrics.in_flight.track_inprogress():
                 result = await self.within_deadline(self.admitted(key, session, call, options), deadline)
+            if result.meta.fallback_reason:  # answered, but not by the configured upstream
+                log.warning("model %r: answered by the fallback: %s", model, result.meta.fallback_reason)
             sends = capabilities(session.backend).makes_requests
             self.metrics.observe(model, result, sends)
             status = 200
@@ -249,7 +278,7 @@ class Service:
             response.headers.update(answer.headers)
             return response
         except Exception as exc:  # every failure answered with a status and a Cohere-style body
-            failure = self.classify(exc)
+            failure = self.classify(exc, model)
             status = failure.status
             return self.failure_response(failure)
         finally:
@@ -292,7 +321,17 @@ class Service:
                 if key is not None and self.ledger is not None and key.budget:
                     await asyncio.to_thread(self.ledger.settle, key, planned, used, day)
 
-    def classify(self, exc: Exception) -> protocol.Failure:
+    def secret_free(self, exc: Exception) -> str:
+        """`exc`'s text for the server log, with any configured upstream key in it masked (an
+        upstream's error body may echo the key it refused)."""
+        text = str(exc)
+        for spec in self.config.models.values():
+            key = os.environ.get(spec.api_key_env) if spec.api_key_env else None
+            if key and len(key) >= 4:
+                text = text.replace(key, "***")
+        return text
+
+    def classify(self, exc: Exception, model: str = "-") -> protocol.Failure:
         limits = self.config.limits
         if isinstance(exc, Overloaded):
             return self.refuse(
@@ -320,13 +359,26 @@ class Service:
         if isinstance(exc, BudgetError):
             return self.refuse("budget", protocol.budget_failure(exc))
         if isinstance(exc, BackendError):
-            log.warning("upstream failure: %s", exc)
-            return protocol.upstream_failure(exc)
+            failure = protocol.upstream_failure(exc)
+            text = self.secret_free(exc)
+            log.warning("model %r: upstream failure, answered %d: %s", model, failure.status, text)
+            return failure
         if isinstance(exc, CacheMissError):
             return protocol.Failure(502, "replay: the response cache holds no answer for this request")
         error_id = uuid.uuid4().hex[:12]
         log.exception("internal error %s", error_id)
         return protocol.Failure(500, f"internal error (id {error_id}; the server log has the details)")
+
+
+def missing_key_warning(spec: ModelSpec) -> None:
+    """Warn at start-up when a model names an `api_key_env` that is not set: the backend may still
+    start (a server on 127.0.0.1 needs no key), but an upstream that wants one refuses every request."""
+    if spec.api_key_env and not os.environ.get(spec.api_key_env):
+        log.warning(
+            "model %r: the environment variable %s (api_key_env) is not set; it is sent no API key",
+            spec.name,
+            spec.api_key_env,
+        )
 
 
 def ledger_path(config: ServiceConfig) -> str:
@@ -396,8 +448,28 @@ def create_app(config: ServiceConfig | None = None) -> FastAPI:
         version=__version__,
         lifespan=lifespan,
         description="Cohere-compatible rerank API backed by rag-rerank's guarded LLM reranker.",
+        # FastAPI's /docs and /redoc pages load their scripts from a CDN: blank on an offline host,
+        # and a third party learns of every visit. The schema itself is served (/openapi.json).
+        docs_url=None,
+        redoc_url=None,
     )
     app.state.service = service
+
+    @app.exception_handler(StarletteHTTPException)
+    async def framework_error(request: Request, exc: StarletteHTTPException) -> Response:
+        """The router's own answers (404 unknown path, 405 wrong method) in Cohere's error shape."""
+        return service.failure_response(
+            protocol.Failure(exc.status_code, framework_message(request, exc), headers=exc.headers)
+        )
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, exc: RequestValidationError) -> Response:
+        errors = [{"path": ".".join(map(str, e.get("loc", ()))), "message": str(e.get("msg", ""))}
+                  for e in exc.errors()]
+        shown = "; ".join(f"{e['path']}: {e['message']}" for e in errors[:3])
+        return service.failure_response(
+            protocol.Failure(422, f"invalid request: {shown}", details={"errors": errors})
+        )
     if service.config.cors_origins:
         from fastapi.middleware.cors import CORSMiddleware
 
@@ -466,6 +538,23 @@ def create_app(config: ServiceConfig | None = None) -> FastAPI:
         return Response(body, media_type=content_type)
 
     return app
+
+
+ENDPOINTS = (
+    "POST /v1/rerank, POST /v2/rerank, GET /v1/models, GET /health, GET /ready, GET /metrics, "
+    "GET /openapi.json"
+)
+
+
+def framework_message(request: Request, exc: StarletteHTTPException) -> str:
+    """What the router's refusal means, with what the service does answer."""
+    path = request.url.path[:200]
+    if exc.status_code == 404:
+        return f"no such path: {path} (this service answers {ENDPOINTS})"
+    if exc.status_code == 405:
+        allowed = (exc.headers or {}).get("allow") or (exc.headers or {}).get("Allow") or ""
+        return f"method {request.method} is not allowed on {path}" + (f"; use {allowed}" if allowed else "")
+    return str(exc.detail)
 
 
 def app_from_env() -> FastAPI:

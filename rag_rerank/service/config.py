@@ -40,8 +40,9 @@ import yaml
 
 from ..cost import Budget, as_budget, as_prices
 from ..errors import InputError, Violation
+from ..guard.input import lambda_violations, normal_top_k, top_k_violations
 from ..guard.limits import load_limits
-from ..options import REQUEST_OPTIONS, SESSION_OPTIONS, check_names, split_options
+from ..options import REQUEST_OPTIONS, SESSION_OPTIONS, Options, check_names, option_violations, split_options
 from ..retry import RetryPolicy
 
 DEFAULT_MODEL = "local"
@@ -319,10 +320,32 @@ def model_spec(
         if isinstance(defaults.get("calibration"), str) and base is not None:
             path = Path(defaults["calibration"])
             defaults["calibration"] = str(path if path.is_absolute() else base / path)
+        bad.extend(
+            Violation(path=f"{where}.options.{option_name(v.path)}", value=v.value, message=v.message)
+            for v in option_value_violations(defaults)
+        )
     # More documents than one prompt takes are ranked in windows, as the library does when asked:
     # the operator's window_size, else the largest one prompt takes (a request within it is one call).
     defaults.setdefault("window_size", load_limits().max_chunks)
     return ModelSpec(name=name, session=session, defaults=defaults, api_key_env=env)
+
+
+def option_value_violations(defaults: Mapping[str, Any]) -> list[Violation]:
+    """What is wrong with a model's request options on their own, by the library's rules: each
+    option's check in the options table (`options.option_violations`, what a session checks when
+    built) and `top_k` and `lambda` (the input guard's checks; the table leaves them to the request,
+    where a bad default would blame every client for the operator's file)."""
+    out = option_violations(Options(**defaults))
+    if "top_k" in defaults:
+        out.extend(top_k_violations(normal_top_k(defaults["top_k"])))
+    if "lambda_" in defaults:
+        out.extend(lambda_violations(defaults["lambda_"]))
+    return out
+
+
+def option_name(path: str) -> str:
+    """A library option's path as the config file spells it (`lambda_` is `lambda` there)."""
+    return re.sub(r"^lambda_?\b", "lambda", path)
 
 
 def key_digest(text: str) -> bytes:

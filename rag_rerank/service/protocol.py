@@ -194,11 +194,14 @@ _CLIENT_NAMES = {
 }
 _LIBRARY_NAME = re.compile(r"\b(" + "|".join(sorted(_CLIENT_NAMES, key=len, reverse=True)) + r")\b")
 _CHUNK_FIELD = re.compile(r"\bchunks\[(\d+)\]\.text\b")
+_PYTHON_NONE = re.compile(r"\bNone\b")
 
 
 def client_words(text: str) -> str:
-    """`text` (a library error's path or message) with the library's names as the client's."""
+    """`text` (a library error's path or message) with the library's names as the client's, and
+    Python's `None` as JSON's `null`."""
     text = _CHUNK_FIELD.sub(r"documents[\1]", text)
+    text = _PYTHON_NONE.sub("null", text)
     return _LIBRARY_NAME.sub(lambda m: _CLIENT_NAMES[m.group(1)], text)
 
 
@@ -324,6 +327,8 @@ def response(
         "fallback": result.meta.fallback,
         "notes": list(result.meta.notes),
         "latency_ms": round(result.meta.latency_ms, 3),
+        # the kept passages of each shortened document ([start, end) offsets into its text)
+        **({"evidence": body["meta"]["evidence"]} if "evidence" in body["meta"] else {}),
     }
     ours.update(extras or {})
     return {"id": body["id"], "results": results, "meta": meta, NAMESPACE: ours}
@@ -366,7 +371,9 @@ def budget_failure(exc: BudgetError | str) -> Failure:
 def upstream_failure(exc: BackendError) -> Failure:
     """A backend that failed after its retries, as the gateway statuses: 503 when the upstream said
     it was overloaded or down (429 / 5xx; its Retry-After passed on), 504 when it did not answer in
-    time, 502 for any other failure (an invalid answer, a refused key upstream). The message names
+    time (a timeout, a dropped connection), 502 for any other failure: unreachable (the connection
+    refused, the host unknown: nothing is there to wait for, as a proxy answers), an invalid answer,
+    a refused key upstream. The message names
     the kind and the upstream status, never the upstream's URL, key or body."""
     last = exc.attempts[-1] if exc.attempts else None
     status = getattr(last, "status", None)
@@ -389,6 +396,11 @@ def upstream_failure(exc: BackendError) -> Failure:
             )
         return Failure(
             504, f"the upstream model did not answer ({len(exc.attempts)} attempts)", headers, details
+        )
+    if last is not None and last.error_type == "UnreachableFailure":
+        return Failure(
+            502, "the upstream model is unreachable (connection refused, or its host name does not resolve)",
+            headers, details,
         )
     what = f"HTTP {status}" if status else (last.kind.replace("_", " ") if last else "no answer")
     return Failure(502, f"the upstream model failed ({what})", headers, details)
