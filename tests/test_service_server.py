@@ -168,27 +168,27 @@ def test_a_bad_config_is_refused_at_start_up_naming_the_key(repo_root: Path, tmp
     assert "limits.max_in_flight" in out.stderr
 
 
-def test_bad_option_values_and_every_models_build_problems_exit_2_with_their_paths(
+def test_bad_option_values_and_every_models_build_problems_exit_2_at_once(
     repo_root: Path, tmp_path: Path
 ) -> None:
     """QA finding #16: `lambda: 2` crashed start-up with a traceback (exit 3), `top_k: 0` started
-    serving. Now the option values are judged with the file; what only building a model finds (a
-    base_url that is no URL, an unknown embedder) is reported for every model at once."""
-    values = tmp_path / "values.yaml"
-    values.write_text("models:\n  m: {backend: local, options: {lambda: 2, top_k: 0}}\n", encoding="utf-8")
-    built = tmp_path / "built.yaml"
-    built.write_text(
-        "models:\n  g: {backend: openai, model: m, base_url: 'ftp://x'}\n"
+    serving, and of a file with several problems only the unknown key was named. Now one report names
+    them all with their paths: the option values (judged with the file) and what building each model
+    finds (a base_url that is no URL, an unknown embedder)."""
+    config = tmp_path / "bad.yaml"
+    config.write_text(
+        "models:\n  m: {backend: local, options: {topk: 3, lambda: 2, top_k: 0, max_tokens_per_chunk: 8}}\n"
+        "  g: {backend: openai, model: m, base_url: 'ftp://x'}\n"
         "  e: {backend: local, embedder: nope}\n",
         encoding="utf-8",
     )
-    for config, paths in ((values, ("models.m.options.lambda", "models.m.options.top_k")),
-                          (built, ("models.g.base_url", "models.e.embedder"))):
-        port = str(closed_port())
-        out = python(repo_root, "-m", "rag_rerank", "serve", "--config", str(config), "--port", port)
-        assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr[-2000:]
-        for path in paths:
-            assert f"{path}:" in out.stderr, out.stderr
+    port = str(closed_port())
+    out = python(repo_root, "-m", "rag_rerank", "serve", "--config", str(config), "--port", port)
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr[-2000:]
+    for path in ("models.m.options.topk", "models.m.options.lambda", "models.m.options.top_k",
+                 "models.m.options.max_tokens_per_chunk", "models.g.base_url", "models.e.embedder"):
+        assert f"{path}:" in out.stderr, out.stderr
+    assert "must be null or a whole number" in out.stderr  # the file's words, not Python's None
 
 
 def test_upstream_failures_and_a_missing_key_reach_the_log(repo_root: Path, tmp_path: Path) -> None:

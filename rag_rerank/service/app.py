@@ -34,7 +34,6 @@ from ..errors import (
     BackendError,
     BudgetError,
     CacheMissError,
-    ConfigError,
     InputError,
     MissingDependencyError,
     Violation,
@@ -45,7 +44,7 @@ from ..paths import default_cache_dir
 from ..session import Reranker, off_loop
 from . import protocol
 from .admission import Admission, Draining, Overloaded
-from .config import ApiKey, ModelSpec, ServiceConfig, load_config, read_keys_file
+from .config import ApiKey, ModelSpec, ServiceConfig, build_sessions, load_config, read_keys_file
 from .keys import Ledger, Usage, authenticate, bearer_token, utc_day
 from .metrics import Metrics
 
@@ -138,25 +137,12 @@ class Service:
 
     def __init__(self, config: ServiceConfig) -> None:
         self.config = config
-        self.sessions: dict[str, Reranker] = {}
-        bad: list[Violation] = []
-        try:
-            for name, spec in config.models.items():
-                missing_key_warning(spec)
-                try:
-                    self.sessions[name] = Reranker(**spec.reranker_kwargs())
-                except InputError as exc:  # every model's problems at once, each under its path
-                    bad.extend(
-                        Violation(path=f"models.{name}.{v.path}", value=v.value, message=v.message)
-                        for v in exc.violations
-                    )
-                except ConfigError as exc:
-                    bad.append(Violation(path=f"models.{name}", message=str(exc)))
-            if bad:
-                raise InputError(bad, headline="invalid service config")
-        except BaseException:
+        for spec in config.models.values():
+            missing_key_warning(spec)
+        self.sessions, bad = build_sessions(config.models)
+        if bad:
             self.close()
-            raise
+            raise InputError(bad, headline="invalid service config")
         limits = config.limits
         # What each session's input guard applies: the service's query and document limits.
         self.limits = {
