@@ -428,6 +428,8 @@ async def off_loop(work: Callable[..., Any], *args: Any) -> Any:
         return await asyncio.shield(done)
     except asyncio.CancelledError:
         await asyncio.wait([done])
+        if not done.cancelled():
+            done.exception()  # retrieved: the caller gave up on the work, its error is not news
         raise
 
 
