@@ -147,7 +147,9 @@ class Reranker(Closing):
                       lambda_: float | None = None, **options: Any) -> RerankResult:
         """`rerank` for asyncio: the backend calls are awaited, so many requests share one loop."""
         with observed(self.backend_name) as seen:
-            result = await _arun(self._observed_flow(seen, query, chunks, top_k, lambda_, options))
+            # Planning (the input guard, shortening long chunks) is CPU work: off the event loop.
+            steps = await off_loop(self._observed_flow, seen, query, chunks, top_k, lambda_, options)
+            result = await _arun(steps)
             seen.done(result)
             return result
 
@@ -426,6 +428,22 @@ async def _acall(call: Call, limit: asyncio.Semaphore | None) -> Outcome | Excep
         return exc
 
 
+async def off_loop(work: Callable[..., Any], *args: Any) -> Any:
+    """`work(*args)` in a worker thread of the loop's default executor (in the caller's context), so
+    CPU-bound work does not stop the event loop. A thread cannot be stopped: when the awaiting task is
+    cancelled, the cancellation waits for the work's end before it is raised, so whoever awaits the
+    task (a server holding an in-flight slot for it) knows when the work has really stopped."""
+    loop = asyncio.get_running_loop()
+    done = loop.run_in_executor(None, contextvars.copy_context().run, work, *args)
+    try:
+        return await asyncio.shield(done)
+    except asyncio.CancelledError:
+        await asyncio.wait([done])
+        if not done.cancelled():
+            done.exception()  # retrieved: the caller gave up on the work, its error is not news
+        raise
+
+
 async def _arun(steps: Flow) -> RerankResult:
     """Run a flow on the running event loop: calls awaited together, heavy work in a thread."""
     send: Any = None
@@ -439,10 +457,10 @@ async def _arun(steps: Flow) -> RerankResult:
             send = list(await asyncio.gather(*(_acall(c, limit if step.limit else None) for c in step.calls)))
         elif isinstance(step, Work):
             try:
-                send = await asyncio.to_thread(step.run) if step.heavy else step.run()
+                send = await off_loop(step.run) if step.heavy else step.run()
             except Exception as exc:
                 error = exc
     return step.result
 
 
-__all__ = ["Reranker", "Result", "SessionCache"]
+__all__ = ["Reranker", "Result", "SessionCache", "off_loop"]
