@@ -113,7 +113,12 @@ class Evidence:
 # brackets, then white space; or at a CJK full stop with or without space; or at a blank line / line
 # break (a heading, a list item). Not after a lone capital initial ("J. Smith"), a common
 # abbreviation or a number's dot ("Fig. 2", "et al.", "e.g.").
-_END = re.compile(r"""(?:(?<=[.!?…])|(?<=[.!?…]["'”’)\]]))\s+|(?<=[。！？])\s*|\s*\n\s*""")
+# A full stop with no space after it, between a lower-case word (or a number, a bracket) and a
+# capitalised one: text pasted from PDFs and abstracts ("...the DCIS phenotype.DCIS and IDC...").
+# Zero-width, so the stop stays with its sentence. Not in "U.S.A" (capital before the stop),
+# "3.5", "Node.js" or "example.com" (no capital after), nor in an abbreviation,
+# an initial, a URL, an address or a dotted name ("e.g.The", "www.Example.org": `_glued_break`).
+_GLUED = re.compile(r"(?<=[a-z0-9)\]%]\.)(?=[A-Z][A-Za-z])")
 _ABBREVIATIONS = frozenset("""
 al e.g i.e etc vs fig figs eq eqs ref refs no nos vol approx ca cf dr mr mrs ms prof st jr sr inc ltd co
 resp sec chap ed eds pp p ph.d dept univ jan feb mar apr jun jul aug sep sept oct nov dec
@@ -211,6 +216,8 @@ def _whole_clusters(text: str, spans: Sequence[tuple[int, int]]) -> list[tuple[i
     """`spans` with each end moved forward to a grapheme cluster boundary (a start inside a cluster
     leaves its first marks to the gap before, an end inside one takes the rest of it); consecutive
     spans stay in order without overlap, and a span left empty is dropped."""
+    if text.isascii():  # spans start and end next to a printing character: never inside CR LF
+        return list(spans)
     out: list[tuple[int, int]] = []
     for a, b in spans:
         a, b = _next_boundary(text, a), _next_boundary(text, b)
@@ -231,18 +238,57 @@ def _is_break(text: str, start: int, dot: int) -> bool:
     return not (word in _ABBREVIATIONS or (len(word) == 1 and word.isalpha()))
 
 
+def _glued_break(text: str, start: int, dot: int) -> bool:
+    """Whether a full stop with a capital right after it (`_GLUED`) ends a sentence: as `_is_break`,
+    and neither the word before it nor the one after is part of a URL, an address or a dotted name
+    ("www.Example.org", "user@Host.com", "Example.Com/path")."""
+    before = text[max(start, dot - 40):dot].split()
+    after = text[dot + 1:dot + 41].split()
+    word_before, word_after = (before[-1] if before else ""), (after[0] if after else "")
+    if (any(c in word_before + word_after for c in "/@\\") or word_before.lower().startswith("www")
+            or re.search(r"\.[a-z]", word_after)):
+        return False
+    return _is_break(text, start, dot)
+
+
+# Where a sentence may end: white space after an end mark (and at most one closing quote or
+# bracket), a CJK full stop (and the white space after it), or white space holding a line break.
+# Each alternative starts with a character class, so the scan skips ordinary text quickly.
+_CANDIDATE = re.compile(r"""(?P<stop>[.!?…]["'”’)\]]?)(?P<ws>\s+)|[。！？]\s*|[^\S\n]+\n\s*|\n\s*""")
+
+
+def _ends(text: str) -> list[tuple[int, int, bool]]:
+    """The places where a sentence may end, in order, as (end, next start, after a full stop):
+    `_CANDIDATE`, and a full stop glued to the next sentence (`_GLUED`). An end after a full stop
+    is confirmed by `_is_break` / `_glued_break` (abbreviations, initials)."""
+    found: list[tuple[int, int, bool]] = []
+    for m in _CANDIDATE.finditer(text):
+        stop = m.group("stop")
+        if stop is not None:
+            s = m.start("ws")
+            found.append((s, m.end(), stop == "." and "\n" not in m.group("ws")))
+        elif text[m.start()] in "。！？":
+            found.append((m.start() + 1, m.end(), False))
+        else:
+            found.append((m.start(), m.end(), False))
+    glued = [(m.start(), m.start(), True) for m in _GLUED.finditer(text)]
+    return sorted(found + glued) if glued else found
+
+
 def sentences(text: str) -> list[tuple[int, int]]:
     """Spans of the sentences of `text` (white space between them left out), in order."""
     spans: list[tuple[int, int]] = []
     start = 0
-    for m in _END.finditer(text):
-        if m.start() <= start:
-            start = max(start, m.end())
+    for end, after, full_stop in _ends(text):
+        if end <= start:
+            start = max(start, after)
             continue
-        if "\n" not in m.group() and text[m.start() - 1] == "." and not _is_break(text, start, m.start() - 1):
-            continue
-        spans.append((start, m.start()))
-        start = m.end()
+        if full_stop:
+            glued = end == after
+            if not (_glued_break(text, start, end - 1) if glued else _is_break(text, start, end - 1)):
+                continue
+        spans.append((start, end))
+        start = after
     if start < len(text):
         spans.append((start, len(text)))
     return _whole_clusters(text, [(a, b) for a, b in spans if text[a:b].strip()])

@@ -126,6 +126,14 @@ def test_the_choice_is_made_once_and_remembered() -> None:
      ["Fig. 2 shows it.", "Smith et al. found it.", "J. Smith agreed."]),
     ("It rose 3.5 percent. Then fell.", ["It rose 3.5 percent.", "Then fell."]),
     ("A heading\nA line of text. 中文。下一句", ["A heading", "A line of text.", "中文。", "下一句"]),
+    # A full stop glued to the next sentence (abstracts, PDF text) ends it, unless it is part of an
+    # abbreviation, an initial, a number, a name with a dot, a URL or an address.
+    ("The DCIS phenotype.DCIS and IDC differ.The end (n=5).Then",
+     ["The DCIS phenotype.", "DCIS and IDC differ.", "The end (n=5).", "Then"]),
+    ("See e.g.The book by J.Smith, the U.S.A and Node.js at example.com.", [
+        "See e.g.The book by J.Smith, the U.S.A and Node.js at example.com."]),
+    ("It rose 3.5 percent at www.Example.org and user@Host.Com today.", [
+        "It rose 3.5 percent at www.Example.org and user@Host.Com today."]),
 ])
 def test_sentences(text: str, expected: list[str]) -> None:
     assert [text[a:b] for a, b in sentences(text)] == expected
