@@ -79,8 +79,8 @@ def rationale_table(pairs: list[dict[str, Any]]) -> None:
 
 def run_on() -> None:
     random.seed(0)
-    words = ["alpha", "beta", "gamma", "delta", "vector", "index", "memory", "graph", "search", "query", "cluster",
-             "partition"]
+    words = ["alpha", "beta", "gamma", "delta", "vector", "index", "memory", "graph", "search", "query",
+             "cluster", "partition"]
     text = " ".join(random.choice(words) for _ in range(8000)) + ". End."
     evidence.select("x", "a. b. c.", 1, count=estimate_tokens)
     print(f"one run-on text of {estimate_tokens(text)} tokens (estimate_tokens), CPU seconds to choose:")
