@@ -129,10 +129,25 @@ _INDENTED = re.compile(r"^(?:\t| {2})")
 _WORD_RUN = re.compile(r"\S+")
 
 
-def _is_sentence_line(line: str) -> bool:
-    """Whether a line ends a sentence and reads as prose rather than code: it ends with a sentence
-    mark and is not indented (a docstring's last line ends with a full stop too)."""
-    return bool(_SENTENCE_LINE.search(line)) and not _INDENTED.match(line)
+_OPENER = re.compile(r"[:{\[(]\s*$")
+
+
+def _is_nested(text: str, line_spans: Sequence[tuple[int, int]]) -> bool:
+    """Whether the lines are laid out as nested blocks, as code and configuration are: a line ending
+    in `:`, `{`, `[` or `(` followed by a more indented one (a `def`, a YAML key, a JSON object), or
+    three or more levels of indentation. Uniformly indented prose (paragraphs with an indented first
+    line) is not."""
+    widths = [len(text[a:b]) - len(text[a:b].lstrip(" \t")) for a, b in line_spans]
+    if len(set(widths)) >= 3:
+        return True
+    return any(_OPENER.search(text[a:b]) and widths[k + 1] > widths[k]
+               for k, (a, b) in enumerate(line_spans[:-1]))
+
+
+def _is_sentence_line(line: str, nested: bool) -> bool:
+    """Whether a line ends a sentence and reads as prose: it ends with a sentence mark and, in text
+    laid out as nested blocks, is not indented (a docstring's last line ends with a full stop too)."""
+    return bool(_SENTENCE_LINE.search(line)) and not (nested and _INDENTED.match(line))
 
 
 # --------------------------------------------------------------------------- grapheme clusters
@@ -313,7 +328,8 @@ def has_prose(text: str, spans: Sequence[tuple[int, int]]) -> bool:
     if len(line_spans) <= 1:  # one paragraph: prose if it has sentence ends at all
         return len(spans) > 1 or bool(_SENTENCE_LINE.search(text))
     total = sum(b - a for a, b in line_spans)
-    ended = sum(b - a for a, b in line_spans if _is_sentence_line(text[a:b]))
+    nested = _is_nested(text, line_spans)
+    ended = sum(b - a for a, b in line_spans if _is_sentence_line(text[a:b], nested))
     return ended * 2 >= total
 
 

@@ -302,6 +302,8 @@ JSON = "{\n" + ",\n".join(f'  "item_{i}": {{\n    "name": "thing {i}.",\n    "pr
 MARKDOWN_LIST = "\n".join([f"- item {i}: buy milk and eggs at store {i}" for i in range(60)]
                           + ["- IVF: prefer it over HNSW when index memory is constrained"]
                           + [f"- item {i}: walk the dog {i}" for i in range(60)])
+INDENTED_PROSE = "\n".join(["  The index is built once and read many times, then queried."] * 30
+                           + ["  Use IVF over HNSW when memory is constrained."] * 2)
 PROSE_LINES = "\n".join(["The index is built once and read many times."] * 30
                         + ["Use IVF over HNSW when memory is constrained:"]
                         + ["Queries are answered from the nearest partitions."] * 30)
@@ -309,7 +311,8 @@ PROSE_LINES = "\n".join(["The index is built once and read many times."] * 30
 
 @pytest.mark.parametrize(("text", "mode"), [(PYTHON, "windows"), (YAML, "windows"), (JSON, "windows"),
                                             (TABLE, "windows"), (MARKDOWN_LIST, "windows"), (CODE, "windows"),
-                                            (PROSE_LINES, "sentences"), (ABSTRACT, "sentences")])
+                                            (PROSE_LINES, "sentences"), (INDENTED_PROSE, "sentences"),
+                                            (ABSTRACT, "sentences")])
 def test_code_configuration_and_tables_are_windows_prose_is_sentences(text: str, mode: str) -> None:
     assert select("ivf index memory", text, 64).mode == mode
 
