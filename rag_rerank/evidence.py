@@ -193,8 +193,8 @@ def _cluster_boundary(text: str, i: int) -> bool:
     common rules of UAX #29 (marks and joiners stay with their base, an emoji ZWJ sequence and a
     flag's two regional indicators stay together, CR LF and Hangul jamo too, a virama joins the next
     letter). Not all of it: prepend marks, the finer Indic conjunct rules and characters newer than
-    Python's Unicode tables are not known. Where unsure it keeps characters together (a control
-    character is the one exception), which only moves a cut a character further."""
+    Python's Unicode tables are not known; where unsure it keeps characters together, which only
+    moves a cut a character further."""
     if i <= 0 or i >= len(text):
         return True
     before, after = text[i - 1], text[i]
