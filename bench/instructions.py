@@ -52,10 +52,12 @@ def child(stage: str, n: int, rounds: int, helper: str) -> None:
     import peers
 
     import rag_rerank.engine as engine
+    import rag_rerank.fallback as fallback
     import rag_rerank.postpass as postpass
     from rag_rerank import Reranker
     from rag_rerank.guard.limits import as_limits
     from rag_rerank.guard.output import judge
+    from rag_rerank.options import check_request_options
     from rag_rerank.render import render
     from rag_rerank.retry import RetryPolicy
     from tests.support.quoting_ranker import answer_for
@@ -96,10 +98,10 @@ def child(stage: str, n: int, rounds: int, helper: str) -> None:
     objs = [json.loads(r) for r in raws]
     calls = {
         "plan": lambda i: engine.plan(session._setup, work[i][0], work[i][1], options),
-        "validated": lambda i: engine._validated(work[i][0], work[i][1], options, lim),
+        "validated": lambda i: check_request_options(work[i][0], work[i][1], options, lim),
         "render": lambda i: render(plans[i].ask),
         "judge": lambda i: judge(raws[i], plans[i].ask.chunks, plans[i].ask.top_k, lim, plans[i].ask.query),
-        "postpass": lambda i: engine._postpass(plans[i], objs[i], plans[i].view),
+        "postpass": lambda i: fallback.run_postpass(plans[i], objs[i], plans[i].view),
     }
     if stage == "select":
         captured: list[tuple[Any, Any]] = []
