@@ -616,6 +616,12 @@ class Settings:
     strict: bool = False
     concurrency: int = DEFAULT_CONCURRENCY
     consistency: int = 1
+    # `fallback`'s steps in order (`fallback_chain.as_chain`), () without one: checked once here,
+    # where the settings are made, rather than each time the flow asks who answers a failure.
+    chain: tuple[Any, ...] = dataclasses.field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "chain", as_chain(self.fallback))
 
 
 def settings_of(options: Options) -> Settings:
