@@ -180,7 +180,8 @@ class _Run:
         # Declared by the backend (`Capabilities`): its calls take what is left of the deadline.
         self.bounded = capabilities(backend).timeout
         self.stop_reason = ""
-        self.outcome: Outcome | None = None
+        # The accepted answer (object, repairs, text): `success` makes the Outcome of it, once.
+        self.accepted: tuple[dict[str, Any], tuple[str, ...], str] | None = None
         self.began = time.time_ns()  # when the current attempt started (its span's start)
         self.answered: dict[str, Any] = {}  # what the current attempt's completion said (usage, model)
 
@@ -263,7 +264,7 @@ class _Run:
         raise exc
 
     def judge(self, completion: Completion) -> None:
-        """Accept a completion (sets self.outcome) or raise _Retry for a re-ask / larger budget."""
+        """Accept a completion (sets self.accepted) or raise _Retry for a re-ask / larger budget."""
         self.spent(completion.usage)
         self.answered = {"usage": dict(completion.usage), "model": completion.model,
                          "finish_reason": completion.finish_reason}
@@ -284,8 +285,7 @@ class _Run:
             if repairs:
                 detail += f"; repaired: {'; '.join(repairs)}"
             self.record("ok", detail)
-            self.outcome = Outcome(obj=obj, attempts=(), repairs=repairs, usage={}, model=self.model,
-                                   text=text)
+            self.accepted = (obj, repairs, text)
             return
         if completion.finish_reason == "length":
             self.counts["truncated"] += 1
@@ -357,9 +357,10 @@ class _Run:
 
     # --- results -------------------------------------------------------------------------
     def success(self) -> Outcome:
-        assert self.outcome is not None
-        return replace(self.outcome, attempts=tuple(self.attempts), usage=dict(self.usage),
-                       notes=tuple(self.notes), model=self.model)
+        assert self.accepted is not None
+        obj, repairs, text = self.accepted
+        return Outcome(obj=obj, attempts=tuple(self.attempts), repairs=repairs, usage=dict(self.usage),
+                       model=self.model, notes=tuple(self.notes), text=text)
 
     def failure(self, exc: BaseException) -> BackendError:
         if isinstance(exc, _Refused):
