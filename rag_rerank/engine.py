@@ -35,7 +35,6 @@ from __future__ import annotations
 import contextvars
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
 
 from .backends.factory import model_of
 from .calibration_map import resolve as resolve_calibration
@@ -48,7 +47,7 @@ from .fusion import meta_values, with_embedded_meta
 from .guard.input import ChunkSource
 from .guard.limits import as_limits
 from .meta import cache_meta, run_meta, scores_of, scoring_notes
-from .models import CallRecord
+from .models import CallRecord, RerankResult
 from .options import Options, check_request_options, shortens
 from .redaction import redacted
 from .refill import postpass_refilled
@@ -173,7 +172,9 @@ def _finish(plan: Plan, outcome: Outcome, records: Sequence[CallRecord] = ()) ->
     meta = run_meta(plan, model=outcome.model or model_of(plan.backend),
                     attempts=len(outcome.attempts), repairs=outcome.repairs, usage=outcome.usage, notes=notes,
                     cache=cache_meta(plan, [(outcome.cached, outcome.usage)]), records=records)
-    return replace(result, meta=meta, scores=scores_of(plan.request, [outcome.obj], result.ranked))
+    # Made once, not the post-pass's result copied with another meta (`dataclasses.replace`).
+    scores = scores_of(plan.request, [outcome.obj], result.ranked)
+    return RerankResult(result.ranked, result.dropped, meta, scores)
 
 
 # `aggregate` is `consistency.aggregate`, named here too for the callers that found it here.
