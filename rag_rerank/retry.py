@@ -46,7 +46,7 @@ from .errors import (
     Violation,
 )
 from .guard.limits import Limits
-from .guard.output import judge
+from .guard.output import judge, output_violations, parse_output
 from .guard.repair import repair_output
 from .models import RerankRequest, add_usage
 from .tokens import answer_budget, answer_tokens, estimate_tokens
@@ -275,11 +275,19 @@ class _Run:
         raw = completion.text
         repairs: tuple[str, ...] = ()
         text = raw
-        if self.repair:
-            fixed = repair_output(raw)
-            text, repairs = fixed.text, fixed.repairs
-        obj, violations = judge(text, self.request.chunks, self.guard_top_k, limits=self.limits,
-                                query=self.request.query)
+        parsed, problems = parse_output(raw) if self.repair else (None, [])
+        if parsed is not None and not problems:
+            # One bare JSON object, nothing around it (nearly every answer): the repair would find
+            # that object and return the stripped text unchanged, after decoding it once more.
+            text = raw.strip()
+            obj, violations = parsed, output_violations(parsed, self.request.chunks, self.guard_top_k,
+                                                        limits=self.limits, query=self.request.query)
+        else:
+            if self.repair:
+                fixed = repair_output(raw)
+                text, repairs = fixed.text, fixed.repairs
+            obj, violations = judge(text, self.request.chunks, self.guard_top_k, limits=self.limits,
+                                    query=self.request.query)
         if obj is not None and not violations:
             detail = f"valid answer (finish_reason {completion.finish_reason}, max_tokens {self.max_tokens})"
             if repairs:
