@@ -159,7 +159,7 @@ def answers(plan: Plan, asks: Sequence[tuple[RerankRequest, str, str]], *, worke
             else:
                 out[i] = Answer(None, result)  # a bug of the fallback, not a failure: raised as it is
         pending = again
-    return [replace(a, records=tuple(r)) for a, r in zip(out, records, strict=True)]
+    return [Answer(a.outcome, a.error, a.used, a.step, tuple(r)) for a, r in zip(out, records, strict=True)]
 
 
 def _calibrated(plan: Plan, outcome: Outcome) -> Outcome:
