@@ -10,6 +10,8 @@ first `--passages` BM25 passages, after two warm-up rounds:
 * `whole`: `Reranker("openai").rerank(...)` against `bench/fast_llm.py` (the server is another
   process and is not counted), top 10: everything the client does;
 * `complete`: the openai backend's `complete` alone with the same prompts: the SDK's send and parse;
+* `bare`: the bare SDK call with our exact request bodies (`client.chat.completions.create` and
+  `json.loads` of the answer, as `bench/peers.py` times it): `complete` minus `bare` is our wrapper;
 * `plan`: the request checked and rendered (`engine.plan`): `validated` (the input guard and the
   options) and `render` are its parts;
 * `judge`: the output guard on the answer `bench/fast_llm.py` gives (`guard.output.judge`);
@@ -39,7 +41,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-STAGES = ("whole", "complete", "plan", "validated", "render", "judge", "postpass", "select")
+STAGES = ("whole", "complete", "bare", "plan", "validated", "render", "judge", "postpass", "select")
 HELPER = r"""
 #include <valgrind/callgrind.h>
 void cg_start(void) { CALLGRIND_ZERO_STATS; CALLGRIND_START_INSTRUMENTATION; }
@@ -75,6 +77,22 @@ def child(stage: str, n: int, rounds: int, helper: str) -> None:
                 call(i)
         cg.cg_stop()
 
+    if stage == "bare":
+        import openai
+
+        with peers.fast_server() as url, Reranker("openai", model=peers.MODEL, base_url=url,
+                                                  api_key=peers.KEY) as session:
+            for q, chunks in work:  # the server records each request body
+                session.rerank(q, chunks, peers.TOP)
+            bodies = peers.server_json(url, "recorded")
+            client = openai.OpenAI(base_url=url, api_key=peers.KEY, max_retries=0)
+
+            def bare(i: int) -> None:
+                json.loads(client.chat.completions.create(**bodies[i]).choices[0].message.content)
+
+            measured(bare, len(bodies))
+            client.close()
+            return
     if stage in ("whole", "complete"):
         with peers.fast_server() as url, Reranker("openai", model=peers.MODEL, base_url=url,
                                                   api_key=peers.KEY) as session:
