@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import sys
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field, replace
@@ -430,6 +431,17 @@ def call_with_retries(
     return run.success()
 
 
+if sys.version_info >= (3, 11):
+
+    async def _within(call: Awaitable[Completion], timeout: float) -> Completion:
+        """`call`, cancelled and `TimeoutError` raised when `timeout` seconds pass: as
+        `asyncio.wait_for`, without the task it wraps the call in (about 25 us a call)."""
+        async with asyncio.timeout(timeout):
+            return await call
+else:  # Python 3.10 has no asyncio.timeout
+    _within = asyncio.wait_for
+
+
 async def acall_with_retries(
     backend: Backend,
     request: RerankRequest,
@@ -448,9 +460,8 @@ async def acall_with_retries(
         run.admit()
         remaining = run.policy.deadline_s - run.elapsed()
         try:
-            completion = await asyncio.wait_for(
-                backend.acomplete(prompt, request, **run.call_kwargs(sync=False)),
-                timeout=max(remaining, 0.001))
+            completion = await _within(backend.acomplete(prompt, request, **run.call_kwargs(sync=False)),
+                                       max(remaining, 0.001))
         except asyncio.TimeoutError:
             run.failed(TransientFailure(f"{run.name}: call still running when the deadline "
                                         f"of {run.policy.deadline_s:g}s was crossed"))
