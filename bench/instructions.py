@@ -15,6 +15,8 @@ first `--passages` BM25 passages, after two warm-up rounds:
 * `plan`: the request checked and rendered (`engine.plan`): `validated` (the input guard and the
   options) and `render` are its parts;
 * `judge`: the output guard on the answer `bench/fast_llm.py` gives (`guard.output.judge`);
+* `retry`: `retry.call_with_retries` with a backend that hands back that answer at once (no HTTP):
+  the retry loop, the repair and the output guard around one accepted attempt;
 * `postpass`: the post-pass on that answer (lexical embedder), `select` its MMR loop alone.
 
 "ours" is `whole` minus `complete`: every stage but the SDK's send and parse.
@@ -41,7 +43,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-STAGES = ("whole", "complete", "bare", "plan", "validated", "render", "judge", "postpass", "select")
+STAGES = ("whole", "complete", "bare", "plan", "validated", "render", "judge", "retry", "postpass", "select")
 HELPER = r"""
 #include <valgrind/callgrind.h>
 void cg_start(void) { CALLGRIND_ZERO_STATS; CALLGRIND_START_INSTRUMENTATION; }
@@ -57,11 +59,12 @@ def child(stage: str, n: int, rounds: int, helper: str) -> None:
     import rag_rerank.fallback as fallback
     import rag_rerank.postpass as postpass
     from rag_rerank import Reranker
+    from rag_rerank.backends.base import Completion
     from rag_rerank.guard.limits import as_limits
     from rag_rerank.guard.output import judge
     from rag_rerank.options import check_request_options
     from rag_rerank.render import render
-    from rag_rerank.retry import RetryPolicy
+    from rag_rerank.retry import RetryPolicy, call_with_retries
     from tests.support.quoting_ranker import answer_for
 
     cg = ctypes.CDLL(helper)
@@ -114,7 +117,20 @@ def child(stage: str, n: int, rounds: int, helper: str) -> None:
     plans = [engine.plan(session._setup, q, chunks, options) for q, chunks in work]
     raws = [json.dumps(answer_for(p.prompt)) for p in plans]
     objs = [json.loads(r) for r in raws]
+    class Answering:
+        """A backend that answers each prompt with its precomputed answer, at once."""
+
+        name = "answering"
+
+        def complete(self, prompt: str, request: Any, **_: Any) -> Completion:
+            return Completion(text=answers[prompt], model="bench", usage={"prompt_tokens": 1})
+
+    answers = {p.prompt: raw for p, raw in zip(plans, raws, strict=True)}
+    answering = Answering()
     calls = {
+        "retry": lambda i: call_with_retries(answering, plans[i].ask, plans[i].prompt,
+                                             guard_top_k=plans[i].ask.top_k, policy=plans[i].settings.policy,
+                                             limits=lim),
         "plan": lambda i: engine.plan(session._setup, work[i][0], work[i][1], options),
         "validated": lambda i: check_request_options(work[i][0], work[i][1], options, lim),
         "render": lambda i: render(plans[i].ask),
