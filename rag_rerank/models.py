@@ -432,7 +432,7 @@ class RerankRequest:
 
     @property
     def ids(self) -> tuple[str, ...]:
-        return tuple(c.id for c in self.chunks)
+        return tuple([c.id for c in self.chunks])  # a list first: faster than a generator
 
     def own_text(self, chunk: Chunk) -> str:
         """`chunk`'s text as the caller gave it (without any embedded meta values): what reasons quote."""

@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable, Sequence
+from functools import lru_cache
 
 Tokenizer = Callable[[str], int]
 
@@ -89,9 +90,19 @@ def _non_ascii_tokens(core: str) -> float:
 def answer_tokens(n_chunks: int, top_k: int, ids: Sequence[str], tokenizer: Tokenizer | None = None) -> int:
     """Completion tokens of a card's answer for `n_chunks` chunks of which `top_k` are ranked."""
     ranked = min(top_k, n_chunks)
-    id_tokens = sum(estimate_tokens(i, tokenizer) for i in ids)
+    if tokenizer is None:
+        id_tokens = sum(map(_id_tokens, ids))
+    else:
+        id_tokens = sum(estimate_tokens(i, tokenizer) for i in ids)
     entries = ranked * RANKED_ENTRY_TOKENS + (n_chunks - ranked) * DROPPED_ENTRY_TOKENS
     return ANSWER_OVERHEAD_TOKENS + entries + id_tokens
+
+
+@lru_cache(maxsize=16384)
+def _id_tokens(chunk_id: str) -> int:
+    """An id's estimated tokens, memoised: every call of a request counts the same ids again (its
+    output budget, the budget's meter), and a corpus's ids recur from request to request."""
+    return estimate_tokens(chunk_id)
 
 
 def answer_budget(n_chunks: int, top_k: int, ids: Sequence[str], cap: int,

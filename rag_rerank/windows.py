@@ -52,12 +52,13 @@ from typing import Any
 
 from .backends.factory import model_of
 from .errors import BackendError, EmbedderError
-from .fallback import Answer, answers, postpass_step
+from .fallback import Answer, answers
 from .guard.limits import Limits
 from .meta import cache_meta, run_meta, scores_of, scoring_notes
 from .models import CallRecord, Dropped, RerankRequest, RerankResult, add_usage
 from .reasons import BELOW_MIN_SCORE, NOT_IN_FINAL, redundant_target
 from .redaction import failure_summary, redacted
+from .refill import postpass_refilled
 from .render import render
 from .retry import Outcome
 from .steps import Flow, Plan, Progress
@@ -317,8 +318,8 @@ def _assemble(plan: Plan, windows: Sequence[Window], scored: Sequence[Scored], s
         window, answer = final
         kept = survivors.indices
         sub = replace(plan, request=replace(request, chunks=tuple(request.chunks[i] for i in kept)))
-        result, sub = yield from postpass_step(sub, answer.obj, replace(plan.view, chunks=window.ask.chunks),
-                                               plan.fallback, window.ask)
+        shown = replace(plan.view, chunks=window.ask.chunks)
+        result, sub = yield from postpass_refilled(sub, answer.obj, shown, window.ask)
         plan = replace(plan, embedder=sub.embedder, embedder_note=sub.embedder_note)
     else:  # no chunk scored above the minimum in any window: nothing to rank
         result = RerankResult(ranked=())
