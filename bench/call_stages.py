@@ -45,11 +45,14 @@ SPENT: dict[str, float] = collections.defaultdict(float)
 # (module or class, attribute, label); nested stages are listed under their parent with "  ".
 STAGES: list[tuple[Any, str, str]] = [
     (openai_backend.OpenAIBackend, "complete", "backend call (SDK send and parse)"),
-    (fallback, "_postpass", "post-pass"),
+    (fallback, "run_postpass", "post-pass"),
     (postpass, "_redundancy", "  redundancy judgement"),
     (postpass, "select", "  MMR selection"),
     (postpass, "_resolve_vectors", "  vectors"),
     (retry, "judge", "output guard (judge)"),
+    # A bare JSON object is judged in its two parts (no repair needed): the same stage.
+    (retry, "parse_output", "output guard (judge)"),
+    (retry, "output_violations", "output guard (judge)"),
     (engine, "check_request_options", "input guard (check_request_options)"),
     (engine, "render", "render"),
 ]
@@ -105,7 +108,7 @@ def main() -> int:
           f"over {calls} calls\n")
     print("| stage | ms per call |")
     print("|---|---:|")
-    for _, _, label in STAGES:
+    for label in dict.fromkeys(label for _, _, label in STAGES):
         print(f"| {label.replace('  ', '… ')} | {SPENT[label] * 1000 / calls:.3f} |")
     print(f"| the rest | {(total - top) * 1000 / calls:.3f} |")
     print(f"| **whole call** | {total * 1000 / calls:.3f} |")

@@ -10,9 +10,13 @@ first `--passages` BM25 passages, after two warm-up rounds:
 * `whole`: `Reranker("openai").rerank(...)` against `bench/fast_llm.py` (the server is another
   process and is not counted), top 10: everything the client does;
 * `complete`: the openai backend's `complete` alone with the same prompts: the SDK's send and parse;
+* `bare`: the bare SDK call with our exact request bodies (`client.chat.completions.create` and
+  `json.loads` of the answer, as `bench/peers.py` times it): `complete` minus `bare` is our wrapper;
 * `plan`: the request checked and rendered (`engine.plan`): `validated` (the input guard and the
   options) and `render` are its parts;
 * `judge`: the output guard on the answer `bench/fast_llm.py` gives (`guard.output.judge`);
+* `retry`: `retry.call_with_retries` with a backend that hands back that answer at once (no HTTP):
+  the retry loop, the repair and the output guard around one accepted attempt;
 * `postpass`: the post-pass on that answer (lexical embedder), `select` its MMR loop alone.
 
 "ours" is `whole` minus `complete`: every stage but the SDK's send and parse.
@@ -39,7 +43,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-STAGES = ("whole", "complete", "plan", "validated", "render", "judge", "postpass", "select")
+STAGES = ("whole", "complete", "bare", "plan", "validated", "render", "judge", "retry", "postpass", "select")
 HELPER = r"""
 #include <valgrind/callgrind.h>
 void cg_start(void) { CALLGRIND_ZERO_STATS; CALLGRIND_START_INSTRUMENTATION; }
@@ -55,10 +59,12 @@ def child(stage: str, n: int, rounds: int, helper: str) -> None:
     import rag_rerank.fallback as fallback
     import rag_rerank.postpass as postpass
     from rag_rerank import Reranker
+    from rag_rerank.backends.base import Completion
     from rag_rerank.guard.limits import as_limits
     from rag_rerank.guard.output import judge
+    from rag_rerank.options import check_request_options
     from rag_rerank.render import render
-    from rag_rerank.retry import RetryPolicy
+    from rag_rerank.retry import RetryPolicy, call_with_retries
     from tests.support.quoting_ranker import answer_for
 
     cg = ctypes.CDLL(helper)
@@ -74,6 +80,22 @@ def child(stage: str, n: int, rounds: int, helper: str) -> None:
                 call(i)
         cg.cg_stop()
 
+    if stage == "bare":
+        import openai
+
+        with peers.fast_server() as url, Reranker("openai", model=peers.MODEL, base_url=url,
+                                                  api_key=peers.KEY) as session:
+            for q, chunks in work:  # the server records each request body
+                session.rerank(q, chunks, peers.TOP)
+            bodies = peers.server_json(url, "recorded")
+            client = openai.OpenAI(base_url=url, api_key=peers.KEY, max_retries=0)
+
+            def bare(i: int) -> None:
+                json.loads(client.chat.completions.create(**bodies[i]).choices[0].message.content)
+
+            measured(bare, len(bodies))
+            client.close()
+            return
     if stage in ("whole", "complete"):
         with peers.fast_server() as url, Reranker("openai", model=peers.MODEL, base_url=url,
                                                   api_key=peers.KEY) as session:
@@ -95,12 +117,25 @@ def child(stage: str, n: int, rounds: int, helper: str) -> None:
     plans = [engine.plan(session._setup, q, chunks, options) for q, chunks in work]
     raws = [json.dumps(answer_for(p.prompt)) for p in plans]
     objs = [json.loads(r) for r in raws]
+    class Answering:
+        """A backend that answers each prompt with its precomputed answer, at once."""
+
+        name = "answering"
+
+        def complete(self, prompt: str, request: Any, **_: Any) -> Completion:
+            return Completion(text=answers[prompt], model="bench", usage={"prompt_tokens": 1})
+
+    answers = {p.prompt: raw for p, raw in zip(plans, raws, strict=True)}
+    answering = Answering()
     calls = {
+        "retry": lambda i: call_with_retries(answering, plans[i].ask, plans[i].prompt,
+                                             guard_top_k=plans[i].ask.top_k, policy=plans[i].settings.policy,
+                                             limits=lim),
         "plan": lambda i: engine.plan(session._setup, work[i][0], work[i][1], options),
-        "validated": lambda i: engine.check_request_options(work[i][0], work[i][1], options, lim),
+        "validated": lambda i: check_request_options(work[i][0], work[i][1], options, lim),
         "render": lambda i: render(plans[i].ask),
         "judge": lambda i: judge(raws[i], plans[i].ask.chunks, plans[i].ask.top_k, lim, plans[i].ask.query),
-        "postpass": lambda i: fallback._postpass(plans[i], objs[i], plans[i].view),
+        "postpass": lambda i: fallback.run_postpass(plans[i], objs[i], plans[i].view),
     }
     if stage == "select":
         captured: list[tuple[Any, Any]] = []

@@ -30,7 +30,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -45,6 +44,13 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))  # the bench scripts import each other by name
 
 from batch import fake_server  # noqa: E402
+
+from tests.support.service import (  # noqa: E402
+    ServiceDidNotStart,
+    openai_model,
+    serve_process,
+    workers_of,
+)
 
 QUERY = "How do I keep a vector index fresh when documents change every hour?"
 TOPICS = [
@@ -95,12 +101,6 @@ def load() -> str:
     return f"load average {one:.2f} (1 min), {five:.2f} (5 min) on {os.cpu_count()} cores"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def upstream(latency: float) -> contextlib.AbstractContextManager[str]:
     """bench/fast_llm.py in its own process (`batch.fake_server`), answering after `latency` s."""
     return fake_server(latency, server="fast_llm")
@@ -108,88 +108,25 @@ def upstream(latency: float) -> contextlib.AbstractContextManager[str]:
 
 def config_file(folder: Path, url: str, limits: dict[str, Any] | None = None) -> Path:
     path = folder / f"serve-{abs(hash((url, json.dumps(limits))))}.json"
-    path.write_text(
-        json.dumps(
-            {
-                "models": {
-                    "llm": {
-                        "backend": "openai",
-                        "model": "fake",
-                        "base_url": url,
-                        "api_key_env": "BENCH_UPSTREAM_KEY",
-                    }
-                },
-                "limits": limits or {},
-            }
-        ),
-        encoding="utf-8",
-    )
+    models = {"llm": openai_model(url, "BENCH_UPSTREAM_KEY", "fake")}
+    path.write_text(json.dumps({"models": models, "limits": limits or {}}), encoding="utf-8")
     return path
 
 
 @contextlib.contextmanager
 def service(config: Path, workers: int) -> Iterator[tuple[str, subprocess.Popen]]:
+    """`rag-rerank serve` with `config` and `workers` (`serve_process`), every worker's session warmed."""
     import httpx
 
-    port = free_port()
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "BENCH_UPSTREAM_KEY": "k"}
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "rag_rerank",
-            "serve",
-            "--port",
-            str(port),
-            "--workers",
-            str(workers),
-            "--config",
-            str(config),
-            "--log-level",
-            "error",
-        ],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 90
-        while True:
-            with contextlib.suppress(httpx.HTTPError):
-                if (
-                    httpx.get(f"{url}/ready", timeout=2).status_code == 200
-                    and len(workers_of(proc)) >= workers
-                ):
-                    break
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit(f"serve did not start: {proc.stderr.read()[-2000:] if proc.stderr else ''}")
-            time.sleep(0.3)
-        with httpx.Client(timeout=60) as client:  # warm every worker's session (imports, first calls)
-            for _ in range(8 * workers):
-                client.post(f"{url}/v2/rerank", json=BODY, headers={"Connection": "close"})
-        yield url, proc
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
-
-
-def workers_of(proc: subprocess.Popen) -> list[int]:
-    """The serving processes: the uvicorn workers under `proc`, or `proc` itself with one worker."""
-    out = subprocess.run(
-        ["ps", "-o", "pid=,args=", "--ppid", str(proc.pid)], capture_output=True, text=True, check=False
-    ).stdout
-    kids = [
-        int(line.split()[0])
-        for line in out.splitlines()
-        if "multiprocessing.spawn" in line and "resource_tracker" not in line
-    ]
-    return kids or [proc.pid]
+        with serve_process("--config", str(config), root=ROOT, env={"BENCH_UPSTREAM_KEY": "k"},
+                           workers=workers, timeout=90, log_level="error") as (url, proc):
+            with httpx.Client(timeout=60) as client:  # warm every worker's session (imports, first calls)
+                for _ in range(8 * workers):
+                    client.post(f"{url}/v2/rerank", json=BODY, headers={"Connection": "close"})
+            yield url, proc
+    except ServiceDidNotStart as exc:
+        raise SystemExit(str(exc)) from None
 
 
 def children(pid: int) -> list[int]:

@@ -40,7 +40,7 @@ from .wording import near_miss
 
 EXIT_OK, EXIT_BAD_INPUT, EXIT_BACKEND, EXIT_INTERNAL = 0, 2, 3, 4
 LINE_KEYS = frozenset({"query", "chunks", "top_k", "lambda", "query_id", "qid", "window_size",
-                       *SCORING_OPTIONS})
+                       "max_tokens_per_chunk", *SCORING_OPTIONS})
 MAX_MESSAGE_VIOLATIONS = 10  # violations quoted in one error record's one-line `message`
 
 Outcome = RerankResult | Exception
@@ -255,16 +255,16 @@ SPEED_KNOBS = frozenset({"device", "batch_size", "http"})
 def record_config(options: Mapping[str, Any]) -> dict[str, Any]:
     """What decides a batch record's result, as the CLI writes it in the record's `config`.
 
-    `options` are the run's `arerank` options as the CLI passes them (backend, model, base_url,
-    embedder, fallback, policy, backend_options, layout, strict, window_size and the metadata
-    options). Recorded: the backend by name, its model and server, the embedder by name and, for
-    an embeddings server, its URL; the fallback; the LLM's output budget (`policy.max_tokens`);
-    the backend's scoring knobs; the layout, strict parsing, window size and metadata options; and
-    the contract's default top_k and lambda, which a line without its own takes. A line's own
-    settings are in its input line, not here. Left out: credentials (URLs are shown as
-    `display_url` shows them; the api key never), and what only decides how fast a run goes or
-    how long it waits (concurrency, the engine and workers, the deadline, a cross-encoder's device
-    and batch size, the HTTP transport), which a resumed run may change. JSON values only, as they read back.
+    `options` are the run's `arerank` options as the CLI passes them (backend, model, base_url, embedder,
+    fallback, policy, backend_options, layout, strict, window_size, max_tokens_per_chunk and the metadata
+    options). Recorded: the backend by name, its model and server, the embedder by name and, for an
+    embeddings server, its URL; the fallback; the LLM's output budget (`policy.max_tokens`); the backend's
+    scoring knobs; the layout, strict parsing, window size, the cap on a chunk's tokens and the metadata
+    options; and the contract's default top_k and lambda, which a line without its own takes. A line's own
+    settings are in its input line, not here. Left out: credentials (URLs are shown as `display_url` shows
+    them; the api key never), and what only decides how fast a run goes or how long it waits (concurrency,
+    the engine and workers, the deadline, a cross-encoder's device and batch size, the HTTP transport),
+    which a resumed run may change. JSON values only, as they read back.
     """
 
     backend = options.get("backend", "local")
@@ -290,7 +290,8 @@ def record_config(options: Mapping[str, Any]) -> dict[str, Any]:
         config["backend_options"] = knobs
     # The metadata options change which chunks rank first, the duplicate threshold and the minimum
     # score which are kept: recorded when set.
-    for name in (*SCORING_OPTIONS, "duplicate_threshold"):
+    # So does the cap on a chunk's tokens: a chunk shown as its evidence ranks differently.
+    for name in (*SCORING_OPTIONS, "duplicate_threshold", "max_tokens_per_chunk"):
         if options.get(name) is not None:
             config[name] = options[name]
     if options.get("limits") is not None:

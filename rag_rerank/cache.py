@@ -21,7 +21,8 @@ another user could have written is refused, as for the vector cache (`embed/disk
 planted answer could steer rankings.
 
 `replay=True` answers only from the cache and raises `CacheMissError` on a miss: a test suite can
-pin its pipeline's reranking on answers recorded once (docs/cost.md).
+pin its pipeline's reranking on answers recorded once (docs/cost.md). It is read-only: it writes,
+evicts and creates nothing, so a folder with no recorded answers is a `ConfigError` naming it.
 
 Why not `diskcache` (also SQLite, with its own retry on a locked database): measured with
 `python bench/libraries.py` (2,000 answers of about 2 KB, load average 14-18 on a shared 2-core
@@ -137,7 +138,8 @@ class ResponseCache:
     `folder`: where `responses.sqlite3` lives (default: `$RAG_RERANK_CACHE_DIR`, else
     `$XDG_CACHE_HOME/rag-rerank`, else `~/.cache/rag-rerank`). `max_bytes`: the stored answers'
     size cap, least recently used evicted first. `ttl_s`: seconds an answer stays valid (None:
-    forever). `replay`: answer only from the cache, a miss raises `CacheMissError`.
+    forever). `replay`: answer only from the answers recorded in `folder`, a miss raises
+`CacheMissError`; a folder without them is a `ConfigError` (nothing is created).
 
     One object may be shared by many sessions; it pickles as its settings (a Ray worker or a copied
     framework component opens its own connection)."""
@@ -194,6 +196,13 @@ class ResponseCache:
                 self._idle.append(conn)
 
     def _open(self) -> sqlite3.Connection:
+        if self.replay and not self.path.is_file():
+            # Replay is read-only: it creates neither folder nor file, and a folder with nothing
+            # recorded (most often a mistyped path) is named now rather than as every call's miss.
+            where = "does not exist" if not self.folder.exists() else f"holds no {FILE_NAME}"
+            raise ConfigError(f"replay: no recorded answers in {self.folder} (the folder {where}); record "
+                              "them first without replay into that folder (CLI --cache DIR), or point "
+                              "replay at the folder they were recorded in")
         try:
             self.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
             _check_private(self.folder, folder=True)

@@ -150,6 +150,8 @@ def consistent_flow(plan: Plan, one_pass: Callable[[Plan], Flow]) -> Flow:
                     fallback=", ".join(dict.fromkeys(m.fallback for m in metas if m.fallback)) or None,
                     notes=notes, calls=sum(m.calls for m in metas), windows=windows, cache=cache,
                     records=[replace(r, pass_index=p) for p, m in enumerate(metas) for r in m.records])
+    # A scored backend reads each chunk's score from the same passage in every order: the first pass's.
+    meta = replace(meta, evidence=next((m.evidence for m in metas if m.evidence), meta.evidence))
     summary = {"passes": len(passes), "aggregate": AGGREGATE, "agreement": agreement,
                "position_slope": None if slope is None else round(slope, 4),
                "taus": [None if math.isnan(t) else round(t, 4) for t in taus]}

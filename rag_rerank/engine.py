@@ -23,7 +23,7 @@ The decisions, and where each is written:
 **candidate_k** (`windows.asked`): the scorer is asked for more than `top_k` candidates so that
 MMR and the removal of near-duplicates have room; the post-pass picks the final `top_k`. When the
 merges use them up while a scored backend (which scores every chunk) left chunks above the
-minimum outside them, it is asked again for all of them (`fallback._refill`): a scored list is
+minimum outside them, it is asked again for all of them (`refill.py`): a scored list is
 never short while a chunk waits.
 
 The caller's query, chunk list and dicts are only read: the input guard builds new frozen
@@ -35,7 +35,6 @@ from __future__ import annotations
 import contextvars
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
 
 from .backends.factory import model_of
 from .calibration_map import resolve as resolve_calibration
@@ -43,14 +42,15 @@ from .consistency import aggregate, consistent_flow, pass_plans
 from .cost import CostPlan, PlannedCall, Spending, estimate_plan, refuse
 from .errors import BackendError
 from .evidence import Evidence
-from .fallback import answers, fallback_result, postpass_step
+from .fallback import answers, fallback_result
 from .fusion import meta_values, with_embedded_meta
 from .guard.input import ChunkSource
 from .guard.limits import as_limits
 from .meta import cache_meta, run_meta, scores_of, scoring_notes
-from .models import CallRecord
+from .models import CallRecord, RerankResult
 from .options import Options, check_request_options, shortens
 from .redaction import redacted
+from .refill import postpass_refilled
 from .render import render
 from .retry import Outcome
 from .shortening import shorten
@@ -164,15 +164,18 @@ def _single(plan: Plan) -> Flow:
 
 def _finish(plan: Plan, outcome: Outcome, records: Sequence[CallRecord] = ()) -> Flow:
     """The post-pass over the one call's answer, and the result's meta and scores."""
-    result, plan = yield from postpass_step(plan, outcome.obj, plan.view, plan.fallback, plan.ask)
+    result, plan = yield from postpass_refilled(plan, outcome.obj, plan.view, plan.ask)
     notes = [*outcome.notes, *result.meta.notes]
     if plan.ask.top_k != plan.request.top_k:
         notes.append(f"candidate_k={plan.ask.top_k}")
     notes.extend(scoring_notes(plan))
     meta = run_meta(plan, model=outcome.model or model_of(plan.backend),
                     attempts=len(outcome.attempts), repairs=outcome.repairs, usage=outcome.usage, notes=notes,
-                    cache=cache_meta(plan, [(outcome.cached, outcome.usage)]), records=records)
-    return replace(result, meta=meta, scores=scores_of(plan.request, [outcome.obj], result.ranked))
+                    cache=cache_meta(plan, [(outcome.cached, outcome.usage)]), records=records,
+                    decided=outcome.decided)
+    # Made once, not the post-pass's result copied with another meta (`dataclasses.replace`).
+    scores = scores_of(plan.request, [outcome.obj], result.ranked)
+    return RerankResult(result.ranked, result.dropped, meta, scores)
 
 
 # `aggregate` is `consistency.aggregate`, named here too for the callers that found it here.

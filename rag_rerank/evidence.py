@@ -37,8 +37,10 @@ the guard and the scored backends read its `Evidence`.
 
 from __future__ import annotations
 
+import bisect
 import re
 import threading
+import unicodedata
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -47,6 +49,7 @@ from typing import Any
 import numpy as np
 
 from .backends.terms import lexical_scores
+from .tokens import estimate_tokens
 
 ELISION = " […] "
 """What stands between two kept passages: visible to a reader and to the model, and never inside
@@ -110,13 +113,135 @@ class Evidence:
 # brackets, then white space; or at a CJK full stop with or without space; or at a blank line / line
 # break (a heading, a list item). Not after a lone capital initial ("J. Smith"), a common
 # abbreviation or a number's dot ("Fig. 2", "et al.", "e.g.").
-_END = re.compile(r"""(?:(?<=[.!?…])|(?<=[.!?…]["'”’)\]]))\s+|(?<=[。！？])\s*|\s*\n\s*""")
+# A full stop with no space after it, between a lower-case word (or a number, a bracket) and a
+# capitalised one: text pasted from PDFs and abstracts ("...the DCIS phenotype.DCIS and IDC...").
+# Zero-width, so the stop stays with its sentence. Not in "U.S.A" (capital before the stop),
+# "3.5", "Node.js" or "example.com" (no capital after), nor in an abbreviation,
+# an initial, a URL, an address or a dotted name ("e.g.The", "www.Example.org": `_glued_break`).
+_GLUED = re.compile(r"(?<=[a-z0-9)\]%]\.)(?=[A-Z][A-Za-z])")
 _ABBREVIATIONS = frozenset("""
 al e.g i.e etc vs fig figs eq eqs ref refs no nos vol approx ca cf dr mr mrs ms prof st jr sr inc ltd co
 resp sec chap ed eds pp p ph.d dept univ jan feb mar apr jun jul aug sep sept oct nov dec
 """.split())  # noqa: SIM905 (a word list reads better as text)
-_SENTENCE_LINE = re.compile(r"""[.!?…。！？:]["'”’)\]]*\s*$""")
+_SENTENCE_LINE = re.compile(r"""[.!?…。！？]["'”’)\]]*\s*$""")
+# An indented line: a block's body in code, a nested key in YAML or JSON, a docstring's line.
+_INDENTED = re.compile(r"^(?:\t| {2})")
 _WORD_RUN = re.compile(r"\S+")
+
+
+_OPENER = re.compile(r"[:{\[(]\s*$")
+
+
+def _is_nested(text: str, line_spans: Sequence[tuple[int, int]]) -> bool:
+    """Whether the lines are laid out as nested blocks, as code and configuration are: a line ending
+    in `:`, `{`, `[` or `(` followed by a more indented one (a `def`, a YAML key, a JSON object), or
+    three or more levels of indentation. Uniformly indented prose (paragraphs with an indented first
+    line) is not."""
+    widths = [len(text[a:b]) - len(text[a:b].lstrip(" \t")) for a, b in line_spans]
+    if len(set(widths)) >= 3:
+        return True
+    return any(_OPENER.search(text[a:b]) and widths[k + 1] > widths[k]
+               for k, (a, b) in enumerate(line_spans[:-1]))
+
+
+def _is_sentence_line(line: str, nested: bool) -> bool:
+    """Whether a line ends a sentence and reads as prose: it ends with a sentence mark and, in text
+    laid out as nested blocks, is not indented (a docstring's last line ends with a full stop too)."""
+    return bool(_SENTENCE_LINE.search(line)) and not (nested and _INDENTED.match(line))
+
+
+# --------------------------------------------------------------------------- grapheme clusters
+
+_ZWJ = "\u200d"
+
+
+def _hangul(ch: str) -> str:
+    """The Hangul syllable type of `ch` (L, V, T, LV, LVT) or '' (UAX #29's GB6-GB8)."""
+    cp = ord(ch)
+    if 0x1100 <= cp <= 0x115F or 0xA960 <= cp <= 0xA97C:
+        return "L"
+    if 0x1160 <= cp <= 0x11A7 or 0xD7B0 <= cp <= 0xD7C6:
+        return "V"
+    if 0x11A8 <= cp <= 0x11FF or 0xD7CB <= cp <= 0xD7FB:
+        return "T"
+    if 0xAC00 <= cp <= 0xD7A3:
+        return "LV" if (cp - 0xAC00) % 28 == 0 else "LVT"
+    return ""
+
+
+def _extends(ch: str) -> bool:
+    """A character that belongs to the cluster before it: a combining or spacing mark (accents,
+    Indic and Thai vowel signs), the zero-width joiner, a variation selector, an emoji modifier
+    (skin tone) or a tag character (subdivision flags)."""
+    cp = ord(ch)
+    return (unicodedata.category(ch) in {"Mn", "Me", "Mc"} or ch == _ZWJ or 0xFE00 <= cp <= 0xFE0F
+            or 0x1F3FB <= cp <= 0x1F3FF or 0xE0020 <= cp <= 0xE007F or 0xE0100 <= cp <= 0xE01EF
+            or cp in (0x0E33, 0x0EB3, 0x200C, 0xFF9E, 0xFF9F))
+
+
+def _is_regional(ch: str) -> bool:
+    return 0x1F1E6 <= ord(ch) <= 0x1F1FF
+
+
+def _pictographic(ch: str) -> bool:
+    cp = ord(ch)
+    return 0x1F000 <= cp <= 0x1FAFF or 0x2600 <= cp <= 0x27BF or unicodedata.category(ch) == "So"
+
+
+def _cluster_boundary(text: str, i: int) -> bool:
+    """Whether a cut at `i` leaves every user-perceived character (grapheme cluster) whole: the
+    common rules of UAX #29 (marks and joiners stay with their base, an emoji ZWJ sequence and a
+    flag's two regional indicators stay together, CR LF and Hangul jamo too, a virama joins the next
+    letter). Not all of it: prepend marks, the finer Indic conjunct rules and characters newer than
+    Python's Unicode tables are not known; where unsure it keeps characters together, which only
+    moves a cut a character further."""
+    if i <= 0 or i >= len(text):
+        return True
+    before, after = text[i - 1], text[i]
+    if before == "\r" and after == "\n":
+        return False
+    if before in "\r\n" or after in "\r\n":
+        return True
+    if _extends(after):
+        return False
+    if before == _ZWJ and _pictographic(after):
+        return False
+    if _is_regional(before) and _is_regional(after):
+        run = 0
+        k = i - 1
+        while k >= 0 and _is_regional(text[k]):
+            run += 1
+            k -= 1
+        return run % 2 == 0
+    h, g = _hangul(before), _hangul(after)
+    if h and g and ((h == "L" and g in {"L", "V", "LV", "LVT"}) or (h in {"LV", "V"} and g in {"V", "T"})
+                    or (h in {"LVT", "T"} and g == "T")):
+        return False
+    # a virama joining two consonants (Devanagari क्ष) is one cluster too
+    return not (unicodedata.combining(before) == 9 and unicodedata.category(after) == "Lo")
+
+
+def _next_boundary(text: str, i: int) -> int:
+    """`i`, or the first position after it where a cut leaves every grapheme cluster whole."""
+    while not _cluster_boundary(text, i):
+        i += 1
+    return i
+
+
+def _whole_clusters(text: str, spans: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
+    """`spans` with each end moved forward to a grapheme cluster boundary (a start inside a cluster
+    leaves its first marks to the gap before, an end inside one takes the rest of it); consecutive
+    spans stay in order without overlap, and a span left empty is dropped."""
+    if text.isascii():  # spans start and end next to a printing character: never inside CR LF
+        return list(spans)
+    out: list[tuple[int, int]] = []
+    for a, b in spans:
+        a, b = _next_boundary(text, a), _next_boundary(text, b)
+        if out and a < out[-1][1]:
+            a = out[-1][1]
+        if a < b:
+            out.append((a, b))
+    return out
 
 
 def _is_break(text: str, start: int, dot: int) -> bool:
@@ -129,21 +254,60 @@ def _is_break(text: str, start: int, dot: int) -> bool:
     return not (word in _ABBREVIATIONS or (len(word) == 1 and word.isalpha()))
 
 
+def _glued_break(text: str, start: int, dot: int) -> bool:
+    """Whether a full stop with a capital right after it (`_GLUED`) ends a sentence: as `_is_break`,
+    and neither the word before it nor the one after is part of a URL, an address or a dotted name
+    ("www.Example.org", "user@Host.com", "Example.Com/path")."""
+    before = text[max(start, dot - 40):dot].split()
+    after = text[dot + 1:dot + 41].split()
+    word_before, word_after = (before[-1] if before else ""), (after[0] if after else "")
+    if (any(c in word_before + word_after for c in "/@\\") or word_before.lower().startswith("www")
+            or re.search(r"\.[a-z]", word_after)):
+        return False
+    return _is_break(text, start, dot)
+
+
+# Where a sentence may end: white space after an end mark (and at most one closing quote or
+# bracket), a CJK full stop (and the white space after it), or white space holding a line break.
+# Each alternative starts with a character class, so the scan skips ordinary text quickly.
+_CANDIDATE = re.compile(r"""(?P<stop>[.!?…]["'”’)\]]?)(?P<ws>\s+)|[。！？]\s*|[^\S\n]+\n\s*|\n\s*""")
+
+
+def _ends(text: str) -> list[tuple[int, int, bool]]:
+    """The places where a sentence may end, in order, as (end, next start, after a full stop):
+    `_CANDIDATE`, and a full stop glued to the next sentence (`_GLUED`). An end after a full stop
+    is confirmed by `_is_break` / `_glued_break` (abbreviations, initials)."""
+    found: list[tuple[int, int, bool]] = []
+    for m in _CANDIDATE.finditer(text):
+        stop = m.group("stop")
+        if stop is not None:
+            s = m.start("ws")
+            found.append((s, m.end(), stop == "." and "\n" not in m.group("ws")))
+        elif text[m.start()] in "。！？":
+            found.append((m.start() + 1, m.end(), False))
+        else:
+            found.append((m.start(), m.end(), False))
+    glued = [(m.start(), m.start(), True) for m in _GLUED.finditer(text)]
+    return sorted(found + glued) if glued else found
+
+
 def sentences(text: str) -> list[tuple[int, int]]:
     """Spans of the sentences of `text` (white space between them left out), in order."""
     spans: list[tuple[int, int]] = []
     start = 0
-    for m in _END.finditer(text):
-        if m.start() <= start:
-            start = max(start, m.end())
+    for end, after, full_stop in _ends(text):
+        if end <= start:
+            start = max(start, after)
             continue
-        if "\n" not in m.group() and text[m.start() - 1] == "." and not _is_break(text, start, m.start() - 1):
-            continue
-        spans.append((start, m.start()))
-        start = m.end()
+        if full_stop:
+            glued = end == after
+            if not (_glued_break(text, start, end - 1) if glued else _is_break(text, start, end - 1)):
+                continue
+        spans.append((start, end))
+        start = after
     if start < len(text):
         spans.append((start, len(text)))
-    return [(a, b) for a, b in spans if text[a:b].strip()]
+    return _whole_clusters(text, [(a, b) for a, b in spans if text[a:b].strip()])
 
 
 def lines(text: str) -> list[tuple[int, int]]:
@@ -165,42 +329,99 @@ def has_prose(text: str, spans: Sequence[tuple[int, int]]) -> bool:
     if len(line_spans) <= 1:  # one paragraph: prose if it has sentence ends at all
         return len(spans) > 1 or bool(_SENTENCE_LINE.search(text))
     total = sum(b - a for a, b in line_spans)
-    ended = sum(b - a for a, b in line_spans if _SENTENCE_LINE.search(text[a:b]))
+    nested = _is_nested(text, line_spans)
+    ended = sum(b - a for a, b in line_spans if _is_sentence_line(text[a:b], nested))
     return ended * 2 >= total
+
+
+def _at_most(text: str) -> int:
+    """An upper bound of both of the package's own counts of `text` (`chars_per_token` and
+    `tokens.estimate_tokens`): its UTF-8 bytes (the bound `shortening.most_tokens` explains)."""
+    return len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
+
+
+def _fits(text: str, limit: int, count: TokenCounter) -> bool:
+    """`count(text) <= limit`, without counting when the byte bound already says so (only for the
+    package's own counters: a caller's tokenizer is not bounded by bytes)."""
+    if (count is chars_per_token or count is estimate_tokens) and _at_most(text) <= limit:
+        return True
+    return count(text) <= limit
+
+
+def _longest(fits: Callable[[int], bool], lo: int, hi: int, guess: int) -> int:
+    """The largest k in [lo, hi) with `fits(k)`, given `fits(lo)` and that fitting stops once it
+    fails (a longer window never counts fewer tokens): galloping from `guess`, then bisection, so
+    a window costs a few counts of about its own length, not one count per word."""
+    guess = min(max(guess, lo), hi - 1)
+    if fits(guess):
+        lo, step = guess, 1
+        while lo + step < hi and fits(lo + step):
+            lo += step
+            step *= 2
+        hi = min(lo + step, hi)
+    else:
+        hi, step = guess, 1
+        while hi - step > lo and not fits(hi - step):
+            hi -= step
+            step *= 2
+        lo = max(lo, hi - step)
+    while hi - lo > 1:  # fits(lo), and hi fails or is the end
+        mid = (lo + hi) // 2
+        if fits(mid):
+            lo = mid
+        else:
+            hi = mid
+    return lo
 
 
 def _split_long(text: str, span: tuple[int, int], limit: int, count: TokenCounter) -> list[tuple[int, int]]:
     """`span` cut into consecutive word windows of at most `limit` tokens each (a word longer than
-    that is cut by characters)."""
+    that is cut by characters, between grapheme clusters; a single cluster over the limit stays whole
+    and the choice leaves it out).
+
+    Linear in the length of the span: each word is counted once (with the white space before it) to
+    place a window's end, and the window is then counted as a whole, a few times at most, to move
+    the end to where the counter itself says the window is full. The counter decides, so the limit
+    holds for any counter, including a tokenizer whose counts of pieces do not add up."""
     a, b = span
-    if count(text[a:b]) <= limit:
+    whole = text[a:b]
+    if (count is chars_per_token or count is estimate_tokens) and _at_most(whole) <= limit:
         return [span]
+    total = count(whole)
+    if total <= limit:
+        return [span]
+    chars = limit * (b - a) / total  # characters a window of `limit` tokens holds, on average here
+    words = [m.span() for m in _WORD_RUN.finditer(text, a, b)]
+    ends = [we for _, we in words]
     out: list[tuple[int, int]] = []
-    cur: tuple[int, int] | None = None
-    for m in _WORD_RUN.finditer(text, a, b):
-        ws, we = m.span()
-        if cur is not None and count(text[cur[0]:we]) <= limit:
-            cur = (cur[0], we)
+    i = 0
+    while i < len(words):
+        ws = words[i][0]
+        if not _fits(text[ws:words[i][1]], limit, count):
+            out.extend(_split_word(text, words[i], limit, count))
+            i += 1
             continue
-        if cur is not None:
-            out.append(cur)
-        if count(text[ws:we]) <= limit:
-            cur = (ws, we)
-            continue
-        cur = None
-        lo = ws
-        while lo < we:  # one very long "word": the longest prefixes that fit
-            hi = lo + 1
-            step = max(1, (we - lo) // 2)
-            while step:
-                if hi + step <= we and count(text[lo:hi + step]) <= limit:
-                    hi += step
-                else:
-                    step //= 2
-            out.append((lo, hi))
-            lo = hi
-    if cur is not None:
-        out.append(cur)
+        guess = bisect.bisect_right(ends, ws + chars) - 1
+        j = _longest(lambda k, ws=ws: _fits(text[ws:words[k][1]], limit, count), i, len(words), guess)
+        out.append((ws, words[j][1]))
+        i = j + 1
+    return _whole_clusters(text, out)
+
+
+def _split_word(text: str, word: tuple[int, int], limit: int, count: TokenCounter) -> list[tuple[int, int]]:
+    """One very long "word" cut into the longest pieces that fit, each ending between grapheme
+    clusters; a piece's end is first guessed at `limit` characters (a token is rarely shorter)."""
+    lo, we = word
+    out: list[tuple[int, int]] = []
+    while lo < we:
+        hi = _longest(lambda k, lo=lo: _fits(text[lo:k], limit, count), lo + 1, we + 1, lo + limit)
+        cut = hi
+        while cut > lo and not _cluster_boundary(text, cut):
+            cut -= 1
+        if cut == lo:  # one cluster over the limit: kept whole as its own unit
+            cut = _next_boundary(text, hi)
+        out.append((lo, cut))
+        lo = cut
     return out
 
 

@@ -20,9 +20,8 @@ from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from . import reasons
 from .backends.base import Backend
-from .backends.factory import capabilities, model_of
+from .backends.factory import model_of
 from .calibration_map import calibrate_answer
 from .embed import get_embedder
 from .errors import BackendError, EmbedderError, RerankError
@@ -32,7 +31,6 @@ from .meta import cache_meta, embedder_name, run_meta, scores_of, scoring_notes
 from .models import CallRecord, Dropped, Ranked, RerankRequest, RerankResult, add_usage
 from .postpass import postpass, postpass_guarded
 from .redaction import failure_summary, redacted
-from .render import render
 from .retry import Outcome
 from .steps import Call, Calls, Flow, Plan, Step, Work
 from .wording import counted
@@ -161,7 +159,7 @@ def answers(plan: Plan, asks: Sequence[tuple[RerankRequest, str, str]], *, worke
             else:
                 out[i] = Answer(None, result)  # a bug of the fallback, not a failure: raised as it is
         pending = again
-    return [replace(a, records=tuple(r)) for a, r in zip(out, records, strict=True)]
+    return [Answer(a.outcome, a.error, a.used, a.step, tuple(r)) for a, r in zip(out, records, strict=True)]
 
 
 def _calibrated(plan: Plan, outcome: Outcome) -> Outcome:
@@ -171,72 +169,32 @@ def _calibrated(plan: Plan, outcome: Outcome) -> Outcome:
     return replace(outcome, obj=calibrate_answer(plan.calibration, outcome.obj))
 
 
-def _heavy(plan: Plan) -> bool:
+def heavy(plan: Plan) -> bool:
     """Whether the post-pass embeds with a model or a server (then off the event loop): lexical
     and caller vectors cost well under a millisecond per chunk."""
     name = embedder_name(plan)
     return not (name.startswith("lexical") or name == "caller")
 
 
-def postpass_step(plan: Plan, obj: Mapping[str, Any], view: RerankRequest, fallback: str | None,
-                  ask: RerankRequest | None = None) -> Generator[Step, Any, tuple[RerankResult, Plan]]:
+def postpass_step(plan: Plan, obj: Mapping[str, Any], view: RerankRequest, fallback: str | None
+                  ) -> Generator[Step, Any, tuple[RerankResult, Plan]]:
     """The post-pass; with a fallback chain, on lexical vectors when the embedder fails, keeping
-    the ranking the backend already gave (asking the LLM again would bill it twice). Given the
-    `ask` a scored backend answered, a list left short while chunks it scored above the minimum
-    wait outside its candidates is refilled (`_refill`)."""
+    the ranking the backend already gave (asking the LLM again would bill it twice). (A scored
+    backend's list left short by the merges is refilled by `refill.postpass_refilled`.)"""
     try:
-        result = yield Work(lambda: _postpass(plan, obj, view), _heavy(plan))
+        result = yield Work(lambda: run_postpass(plan, obj, view), heavy(plan))
     except EmbedderError as exc:
         if not as_chain(fallback):
             raise redacted(exc, plan.setup.api_key) from None
         plan = offline(plan, exc)
-        result = yield Work(lambda: _postpass(plan, obj, view), _heavy(plan))
-    if ask is not None and _waiting(plan, ask, result):
-        result = yield from _refill(plan, ask, view, result)
+        result = yield Work(lambda: run_postpass(plan, obj, view), heavy(plan))
     return result, plan
 
 
-def _waiting(plan: Plan, ask: RerankRequest, result: RerankResult) -> bool:
-    """Whether a scored backend's list is short while a chunk it scored above the minimum waits
-    outside the candidates it was asked for (its `not_selected` detail holds the score): the
-    post-pass's merges used the candidates up. A word budget's cut is not a short list."""
-    if not capabilities(plan.backend).scored or ask.top_k >= len(ask.chunks) \
-            or len(result.ranked) >= _wanted(plan, ask):
-        return False
-    said = [reasons.split(d.reason) for d in result.dropped]
-    if any(p is not None and p[0] == reasons.OVER_WORD_BUDGET for p in said):
-        return False
-    floor = plan.limits.min_score
-    return any((s := reasons.score_in(d.reason)) is not None and s > floor and p is not None
-               and p[0] == reasons.NOT_SELECTED for d, p in zip(result.dropped, said, strict=True))
-
-
-def _wanted(plan: Plan, ask: RerankRequest) -> int:
-    """The caller's top_k, at most the chunks the ask holds."""
-    return min(plan.request.top_k, len(ask.chunks))
-
-
-def _refill(plan: Plan, ask: RerankRequest, view: RerankRequest, short: RerankResult
-            ) -> Generator[Step, Any, RerankResult]:
-    """The scored backend asked again for every chunk of `ask` (its scores are the same: it scores
-    each chunk on its own), and the post-pass over that answer; the short list stays, noted, if
-    that call fails."""
-    wider = replace(ask, top_k=len(ask.chunks))
-    (answer,) = yield from answers(plan, [(wider, render(wider), "the refill")], workers=1, limit=None,
-                                   where=[("refill", 1)])
-    if answer.outcome is None or answer.error is not None:
-        why = failure_summary(answer.error, plan.setup.api_key) if answer.error else "no answer"
-        return replace(short, meta=replace(short.meta, notes=(*short.meta.notes, f"refill failed: {why}")))
-    obj = answer.outcome.obj
-    result = yield Work(lambda: _postpass(plan, obj, view), _heavy(plan))
-    note = (f"refill: merges used up the {ask.top_k} candidates; all {len(ask.chunks)} chunks' scores "
-            f"asked for again, {len(result.ranked)} ranked")
-    return replace(result, meta=replace(result.meta, notes=(*result.meta.notes, note)))
-
-
-def _postpass(plan: Plan, obj: Mapping[str, Any], view: RerankRequest) -> RerankResult:
-    """The post-pass of a guarded answer: read as it is (`postpass_guarded`), or as value types
-    when metadata fusion re-scores it first."""
+def run_postpass(plan: Plan, obj: Mapping[str, Any], view: RerankRequest) -> RerankResult:
+    """The post-pass over a guarded answer under `plan`: read as it is (`postpass_guarded`: the
+    guard and the options table checked it), or as value types when metadata fusion re-scores it
+    first."""
     settings = {"embedder": plan.embedder, "duplicate_threshold": plan.settings.duplicate_threshold,
                 "layout": plan.settings.layout, "min_score": plan.limits.min_score}
     if plan.fusion is None or plan.meta_values is None:
@@ -247,9 +205,10 @@ def _postpass(plan: Plan, obj: Mapping[str, Any], view: RerankRequest) -> Rerank
 
 def _ranked_and_dropped(obj: Mapping[str, Any]) -> tuple[list[Ranked], list[Dropped]]:
     """The guarded output object as value types (the guard already checked every field)."""
-    ranked = [Ranked(id=r["id"], score=float(r["score"]), reason=r["reason"],
-                     diversity_note=r.get("diversity_note")) for r in obj.get("ranked", ())]
-    dropped = [Dropped(id=d["id"], reason=d["reason"]) for d in obj.get("dropped", ()) or ()]
+    # Positional arguments: a frozen dataclass's keywords cost a third more, per item.
+    ranked = [Ranked(r["id"], float(r["score"]), r["reason"], r.get("diversity_note"))
+              for r in obj.get("ranked", ())]
+    dropped = [Dropped(d["id"], d["reason"]) for d in obj.get("dropped", ()) or ()]
     return ranked, dropped
 
 
@@ -269,8 +228,9 @@ def fallback_result(plan: Plan, answer: Answer) -> Flow:
     meta = run_meta(used, model=outcome.model, attempts=len(error.attempts) + len(outcome.attempts),
                     repairs=outcome.repairs, usage=add_usage(error.usage, outcome.usage),
                     fallback=answer.step if backend_failed else None, notes=(*notes, *scoring_notes(used)),
-                    cache=cache_meta(plan, [(False, {})]), records=answer.records)
+                    cache=cache_meta(plan, [(False, {})]), records=answer.records, decided=outcome.decided)
     return replace(result, meta=meta, scores=scores_of(used.request, [outcome.obj], result.ranked))
 
 
-__all__ = ["Answer", "answers", "fallback_result", "falls_back", "offline", "postpass_step"]
+__all__ = ["Answer", "answers", "fallback_result", "falls_back", "heavy", "offline", "postpass_step",
+           "run_postpass"]

@@ -57,9 +57,11 @@ def cache_meta(plan: Plan, calls: Sequence[tuple[bool, Mapping[str, int]]]) -> d
 def run_meta(plan: Plan, *, model: str | None, attempts: int, repairs: Sequence[str],
              usage: Mapping[str, int], fallback: str | None = None, notes: Sequence[str] = (), calls: int = 1,
              windows: Sequence[Mapping[str, Any]] = (), cache: Mapping[str, int] | None = None,
-             records: Sequence[CallRecord] = ()) -> RunMeta:
+             records: Sequence[CallRecord] = (), decided: Mapping[str, tuple[int, int]] | None = None
+             ) -> RunMeta:
     """The result's `meta`: what the caller of one rerank reads about how it went; `records` are its
-    calls (`CallRecord`), what `meta.status`, the spans and the log lines are derived from."""
+    calls (`CallRecord`), what `meta.status`, the spans and the log lines are derived from; `decided`
+    is the scored backend's best passage per shortened chunk (`Completion.decided`)."""
     return RunMeta(
         backend=plan.backend_name,
         model=model,
@@ -77,7 +79,7 @@ def run_meta(plan: Plan, *, model: str | None, attempts: int, repairs: Sequence[
         calibration=describe(plan.calibration, plan.calibration_file, backend=plan.backend_name,
                              model=model_of(plan.backend)),
         records=tuple(records),
-        evidence=evidence_meta(plan.evidence),
+        evidence=evidence_meta(plan.evidence, decided),
     )
 
 

@@ -385,7 +385,9 @@ class RerankResult:
         on it: `results` (each ranked chunk's `index` in the caller's list and its
         `relevance_score`, best first, at most `top_n`) and `meta` with `billed_units` (search units,
         the tokens requests were billed for) and `tokens` (what the calls consumed), plus rag-rerank's
-        own `status` (and `fallback_reason` when a fallback answered), which Cohere's clients ignore.
+        own `status` (and `fallback_reason` when a fallback answered, and `evidence` when long chunks
+        were shown as their evidence: `meta.evidence` as a list with each chunk's `index`), which
+        Cohere's clients ignore.
 
         The caller's order is `scores`' (every input id, in input order); a result made by hand
         without `scores` counts ranked then dropped ids."""
@@ -397,6 +399,10 @@ class RerankResult:
                                 "tokens": self.meta.tokens, "status": self.meta.status}
         if self.meta.fallback_reason:
             meta["fallback_reason"] = self.meta.fallback_reason
+        if self.meta.evidence:  # the long chunks shown as their evidence, by the caller's index
+            shortened = self.meta.evidence.items()
+            meta["evidence"] = sorted(({"index": index[cid], **dict(ev)} for cid, ev in shortened),
+                                      key=lambda e: e["index"])
         out: dict[str, Any] = {"results": [{"index": index[r.id], "relevance_score": r.score} for r in shown],
                                "meta": meta}
         if request_id is not None:
@@ -426,7 +432,7 @@ class RerankRequest:
 
     @property
     def ids(self) -> tuple[str, ...]:
-        return tuple(c.id for c in self.chunks)
+        return tuple([c.id for c in self.chunks])  # a list first: faster than a generator
 
     def own_text(self, chunk: Chunk) -> str:
         """`chunk`'s text as the caller gave it (without any embedded meta values): what reasons quote."""

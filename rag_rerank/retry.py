@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import sys
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field, replace
@@ -46,7 +47,7 @@ from .errors import (
     Violation,
 )
 from .guard.limits import Limits
-from .guard.output import judge
+from .guard.output import judge, output_violations, parse_output
 from .guard.repair import repair_output
 from .models import RerankRequest, add_usage
 from .tokens import answer_budget, answer_tokens, estimate_tokens
@@ -135,6 +136,7 @@ class Outcome:
     # How long the call took, retries and their waits included (the cache's read for a hit), as the
     # driver that made it measured it (`session.py`); `meta.windows[].latency_ms` reports it.
     latency_ms: float = 0.0
+    decided: Mapping[str, tuple[int, int]] = field(default_factory=dict)  # `Completion.decided`
 
 
 # --- internal control flow -----------------------------------------------------------------
@@ -180,7 +182,9 @@ class _Run:
         # Declared by the backend (`Capabilities`): its calls take what is left of the deadline.
         self.bounded = capabilities(backend).timeout
         self.stop_reason = ""
-        self.outcome: Outcome | None = None
+        # The accepted answer (object, repairs, text, the passages that decided scores): `success`
+        # makes the Outcome of it, once.
+        self.accepted: tuple[dict[str, Any], tuple[str, ...], str, Mapping[str, Any]] | None = None
         self.began = time.time_ns()  # when the current attempt started (its span's start)
         self.answered: dict[str, Any] = {}  # what the current attempt's completion said (usage, model)
 
@@ -263,7 +267,7 @@ class _Run:
         raise exc
 
     def judge(self, completion: Completion) -> None:
-        """Accept a completion (sets self.outcome) or raise _Retry for a re-ask / larger budget."""
+        """Accept a completion (sets self.accepted) or raise _Retry for a re-ask / larger budget."""
         self.spent(completion.usage)
         self.answered = {"usage": dict(completion.usage), "model": completion.model,
                          "finish_reason": completion.finish_reason}
@@ -274,18 +278,25 @@ class _Run:
         raw = completion.text
         repairs: tuple[str, ...] = ()
         text = raw
-        if self.repair:
-            fixed = repair_output(raw)
-            text, repairs = fixed.text, fixed.repairs
-        obj, violations = judge(text, self.request.chunks, self.guard_top_k, limits=self.limits,
-                                query=self.request.query)
+        parsed, problems = parse_output(raw) if self.repair else (None, [])
+        if parsed is not None and not problems:
+            # One bare JSON object, nothing around it (nearly every answer): the repair would find
+            # that object and return the stripped text unchanged, after decoding it once more.
+            text = raw.strip()
+            obj, violations = parsed, output_violations(parsed, self.request.chunks, self.guard_top_k,
+                                                        limits=self.limits, query=self.request.query)
+        else:
+            if self.repair:
+                fixed = repair_output(raw)
+                text, repairs = fixed.text, fixed.repairs
+            obj, violations = judge(text, self.request.chunks, self.guard_top_k, limits=self.limits,
+                                    query=self.request.query)
         if obj is not None and not violations:
             detail = f"valid answer (finish_reason {completion.finish_reason}, max_tokens {self.max_tokens})"
             if repairs:
                 detail += f"; repaired: {'; '.join(repairs)}"
             self.record("ok", detail)
-            self.outcome = Outcome(obj=obj, attempts=(), repairs=repairs, usage={}, model=self.model,
-                                   text=text)
+            self.accepted = (obj, repairs, text, completion.decided)
             return
         if completion.finish_reason == "length":
             self.counts["truncated"] += 1
@@ -357,9 +368,10 @@ class _Run:
 
     # --- results -------------------------------------------------------------------------
     def success(self) -> Outcome:
-        assert self.outcome is not None
-        return replace(self.outcome, attempts=tuple(self.attempts), usage=dict(self.usage),
-                       notes=tuple(self.notes), model=self.model)
+        assert self.accepted is not None
+        obj, repairs, text, decided = self.accepted
+        return Outcome(obj=obj, attempts=tuple(self.attempts), repairs=repairs, usage=dict(self.usage),
+                       model=self.model, notes=tuple(self.notes), text=text, decided=decided)
 
     def failure(self, exc: BaseException) -> BackendError:
         if isinstance(exc, _Refused):
@@ -390,18 +402,46 @@ def call_with_retries(
     for more candidates than the caller's top_k and let the post-pass choose).
     """
     run = _Run(backend, request, prompt, guard_top_k, policy or RetryPolicy(), limits, repair, spending)
+
+    def attempt_once() -> None:
+        run.admit()
+        try:
+            completion = backend.complete(prompt, request, **run.call_kwargs())
+        except BackendFailure as exc:
+            run.failed(exc)
+        run.judge(completion)
+
     try:
+        try:
+            # Nearly every call's first attempt is accepted: it is made before tenacity's loop, which
+            # costs about 70 µs to build (a tenth of our own work in a call) and is built only after
+            # a failure. That failure is then raised again as the loop's first attempt, so tenacity
+            # waits, stops or tries again exactly as if it had made the attempt itself (its `wait`
+            # and `stop` read only the exception and `_Run`'s own counts and clock).
+            attempt_once()
+            return run.success()
+        except _Retry as exc:
+            first: _Retry | None = exc
         for attempt in Retrying(sleep=run.policy.sleep, **run.retrying_kwargs()):
             with attempt:
-                run.admit()
-                try:
-                    completion = backend.complete(prompt, request, **run.call_kwargs())
-                except BackendFailure as exc:
-                    run.failed(exc)
-                run.judge(completion)
+                if first is not None:
+                    failed, first = first, None
+                    raise failed
+                attempt_once()
     except (_Retry, _Fatal) as exc:
         raise run.failure(exc) from None
     return run.success()
+
+
+if sys.version_info >= (3, 11):
+
+    async def _within(call: Awaitable[Completion], timeout: float) -> Completion:
+        """`call`, cancelled and `TimeoutError` raised when `timeout` seconds pass: as
+        `asyncio.wait_for`, without the task it wraps the call in (about 25 us a call)."""
+        async with asyncio.timeout(timeout):
+            return await call
+else:  # Python 3.10 has no asyncio.timeout
+    _within = asyncio.wait_for
 
 
 async def acall_with_retries(
@@ -417,21 +457,32 @@ async def acall_with_retries(
 ) -> Outcome:
     """The asyncio variant; here the deadline also cuts a call that is still running."""
     run = _Run(backend, request, prompt, guard_top_k, policy or RetryPolicy(), limits, repair, spending)
+
+    async def attempt_once() -> None:
+        run.admit()
+        remaining = run.policy.deadline_s - run.elapsed()
+        try:
+            completion = await _within(backend.acomplete(prompt, request, **run.call_kwargs(sync=False)),
+                                       max(remaining, 0.001))
+        except asyncio.TimeoutError:
+            run.failed(TransientFailure(f"{run.name}: call still running when the deadline "
+                                        f"of {run.policy.deadline_s:g}s was crossed"))
+        except BackendFailure as exc:
+            run.failed(exc)
+        run.judge(completion)
+
     try:
+        try:
+            await attempt_once()  # as in call_with_retries: the loop only after a failure
+            return run.success()
+        except _Retry as exc:
+            first: _Retry | None = exc
         async for attempt in AsyncRetrying(sleep=run.policy.asleep, **run.retrying_kwargs()):
             with attempt:
-                run.admit()
-                remaining = run.policy.deadline_s - run.elapsed()
-                try:
-                    completion = await asyncio.wait_for(
-                        backend.acomplete(prompt, request, **run.call_kwargs(sync=False)),
-                        timeout=max(remaining, 0.001))
-                except asyncio.TimeoutError:
-                    run.failed(TransientFailure(f"{run.name}: call still running when the deadline "
-                                                f"of {run.policy.deadline_s:g}s was crossed"))
-                except BackendFailure as exc:
-                    run.failed(exc)
-                run.judge(completion)
+                if first is not None:
+                    failed, first = first, None
+                    raise failed
+                await attempt_once()
     except (_Retry, _Fatal) as exc:
         raise run.failure(exc) from None
     return run.success()

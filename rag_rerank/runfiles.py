@@ -30,6 +30,15 @@ from typing import Any
 from .errors import InputError, Violation
 from .judgments import CandidateQuery
 from .metrics import reranked_order
+from .options import ALL_OPTIONS
+from .wording import near_miss
+
+# A spec's keys as the docs spell them (`lambda`, `window-size`), each with the option it sets;
+# `k` and `depth` are the evaluation's own (`k` is the cut-off: no `top-k`). Not taken: an API key
+# (never on a command line) and a tokenizer (a Python object).
+SPEC_KEYS = {"k": "k", "depth": "depth",
+             **{("lambda" if n == "lambda_" else n.replace("_", "-")): n for n in ALL_OPTIONS
+                if n not in ("api_key", "top_k", "tokenizer")}}
 
 FORMATS = ("trec", "batch", "eval")
 MAX_PROBLEMS = 20  # bad lines named before the rest are counted
@@ -252,11 +261,22 @@ def rerank_spec(text: str) -> dict[str, Any] | None:
             parsed = yaml.safe_load(value) if value.strip() else None
         except yaml.YAMLError:
             parsed = value
-        name = key.strip().replace("-", "_")
-        options["lambda_" if name == "lambda" else name] = parsed
+        spelled = key.strip().replace("_", "-")
+        if spelled not in SPEC_KEYS:
+            problems.append(Violation(path=text, value=pair, message=_unknown_key(key.strip())))
+            continue
+        options[SPEC_KEYS[spelled]] = parsed
     if problems:
         raise InputError(problems)
     return options
+
+
+def _unknown_key(key: str) -> str:
+    if key.replace("-", "_") == "api_key":
+        return ("an API key is not taken on the command line (it would stay in the shell's history); "
+                "set the backend's environment variable, e.g. OPENAI_API_KEY")
+    known = ", ".join(sorted(SPEC_KEYS))
+    return f"unknown key {key!r}{near_miss(key.replace('_', '-'), SPEC_KEYS)} (known: {known})"
 
 
 def run_from_orders(
@@ -272,4 +292,5 @@ def run_from_orders(
     )
 
 
-__all__ = ["FORMATS", "MAX_PROBLEMS", "Run", "complete", "read_run", "rerank_spec", "run_from_orders"]
+__all__ = ["FORMATS", "MAX_PROBLEMS", "SPEC_KEYS", "Run", "complete", "read_run", "rerank_spec",
+           "run_from_orders"]

@@ -26,12 +26,16 @@ import json
 import numbers
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from itertools import filterfalse
+from operator import attrgetter
 from typing import Any
 
-from .cost import estimate_tokens
+import numpy as np
+
 from .errors import InputError, Violation
-from .evidence import MIN_TOKENS_PER_CHUNK, Evidence, Scorer, TokenCounter, select
+from .evidence import ELISION, MIN_TOKENS_PER_CHUNK, Evidence, Scorer, TokenCounter, select
 from .models import Chunk, RerankRequest
+from .tokens import estimate_tokens
 
 
 def token_counter(tokenizer: Any) -> TokenCounter:
@@ -54,7 +58,10 @@ class _Encoded:
     encode: Callable[[str], Sequence[Any]]
 
     def __call__(self, text: str) -> int:
-        return len(self.encode(text))
+        try:
+            return len(self.encode(text))
+        except TypeError:
+            raise _bad_count(self.encode(text), text) from None
 
 
 @dataclass(frozen=True)
@@ -62,7 +69,18 @@ class _Counted:
     count: Callable[[str], Any]
 
     def __call__(self, text: str) -> int:
-        return int(self.count(text))
+        n = self.count(text)
+        # A count that is no whole number >= 0 would pass every budget (-5) or crash deep inside
+        # (None): it is the caller's tokenizer at fault, named as such.
+        if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 0:
+            raise _bad_count(n, text)
+        return int(n)
+
+
+def _bad_count(n: Any, text: str) -> InputError:
+    msg = (f"tokenizer must return a whole number of tokens >= 0 (or a sequence from encode), got {n!r} "
+           f"for a text of {len(text)} characters")
+    return InputError([Violation(path="tokenizer", value=repr(n)[:80], message=msg)])
 
 
 def check_max_tokens_per_chunk(value: Any) -> list[Violation]:
@@ -95,6 +113,28 @@ def fit(sizes: Sequence[int], available: int, cap: int | None, *, shrink: bool) 
     return [min(s, lo) for s in capped]
 
 
+def chunk_tokens(chunk: Chunk, count: TokenCounter = estimate_tokens) -> int:
+    """The tokens a chunk puts in the prompt: its text, id, score and metadata."""
+    return count(chunk.text) + _overhead(chunk, count)
+
+
+def prompt_tokens(query: str, chunks: Sequence[Chunk], count: TokenCounter = estimate_tokens) -> int:
+    """The tokens the context budget counts for one prompt of `chunks`: the query and each chunk's
+    `chunk_tokens`. The input guard (`guard.input`) and `shorten` both count this, so a request one
+    of them accepts the other never refuses."""
+    return count(query) + sum(chunk_tokens(c, count) for c in chunks)
+
+
+def tokens_over(query: str, chunks: Sequence[Chunk], max_context_tokens: int,
+                count: TokenCounter = estimate_tokens) -> int | None:
+    """`prompt_tokens` when it is over `max_context_tokens`, else None. With the package's estimate
+    the UTF-8 byte bound is tried first (`most_tokens`): a prompt that surely fits is not counted."""
+    if count is estimate_tokens and _surely_fits(query, chunks, max_context_tokens, None):
+        return None
+    n = prompt_tokens(query, chunks, count)
+    return n if n > max_context_tokens else None
+
+
 def _overhead(chunk: Chunk, count: TokenCounter) -> int:
     """What a chunk puts in the prompt besides its text: its id and its metadata."""
     n = count(chunk.id) + (count(str(chunk.score)) if chunk.score is not None else 0)
@@ -112,22 +152,38 @@ def most_tokens(text: str) -> int:
     return len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
 
 
-def _surely_fits(request: RerankRequest, max_context_tokens: int, cap: int | None) -> bool:
-    """Whether every chunk is within `cap` and the prompt within the budget by the upper bound alone."""
-    total = most_tokens(request.query)
-    for chunk in request.chunks:
-        n = most_tokens(chunk.text)
-        if cap is not None and n > cap:
-            return False
+def _surely_fits(query: str, chunks: Sequence[Chunk], max_context_tokens: int, cap: int | None) -> bool:
+    """Whether every chunk is within `cap` and the prompt within the budget by the upper bound alone
+    (`most_tokens`: the UTF-8 bytes). The loops over the chunks run in C, and the texts' bytes are
+    first bounded by their lengths (four bytes at most per non-ASCII text's character), encoding
+    the non-ASCII texts only when that rough bound does not fit: the input guard asks this of every
+    request."""
+    texts = list(map(_TEXT, chunks))
+    total = most_tokens(query) + _bytes(list(map(_ID, chunks)))
+    total += 32 * (len(chunks) - list(map(_SCORE, chunks)).count(None))  # a float's repr: < 32 characters
+    for meta in filter(None, map(_META, chunks)):
         try:
-            meta = json.dumps(chunk.meta, ensure_ascii=False, default=str) if chunk.meta else ""
+            total += most_tokens(json.dumps(meta, ensure_ascii=False, default=str))
         except (TypeError, ValueError, RecursionError):
             return False  # counted the long way (`_overhead`)
-        total += n + most_tokens(chunk.id) + most_tokens(meta)
-        total += 0 if chunk.score is None else 32
-        if total > max_context_tokens:
-            return False
-    return True
+    if cap is not None:
+        sizes = list(map(most_tokens, texts))
+        return not (sizes and max(sizes) > cap) and total + sum(sizes) <= max_context_tokens
+    wide = list(filterfalse(str.isascii, texts))
+    total += sum(map(len, texts))
+    wide_chars = sum(map(len, wide))
+    if total + 3 * wide_chars <= max_context_tokens:
+        return True
+    return bool(wide) and total + sum(map(most_tokens, wide)) - wide_chars <= max_context_tokens
+
+
+def _bytes(texts: list[str]) -> int:
+    """The UTF-8 bytes of `texts` together: their lengths, plus the extra bytes of the non-ASCII ones."""
+    wide = list(filterfalse(str.isascii, texts))
+    return sum(map(len, texts)) + (sum(map(most_tokens, wide)) - sum(map(len, wide)) if wide else 0)
+
+
+_TEXT, _ID, _SCORE, _META = (attrgetter(name) for name in ("text", "id", "score", "meta"))
 
 
 def scorer_for(embedder: Any) -> Scorer:
@@ -151,7 +207,8 @@ def shorten(request: RerankRequest, *, max_context_tokens: int, max_tokens_per_c
     """Fit `request` to its budgets (module docstring); an `InputError` naming the limit when it cannot."""
     count = token_counter(tokenizer)
     chunks = request.chunks
-    if count is estimate_tokens and _surely_fits(request, max_context_tokens, max_tokens_per_chunk):
+    cap = max_tokens_per_chunk
+    if count is estimate_tokens and _surely_fits(request.query, chunks, max_context_tokens, cap):
         return Shortened(request, {})  # the common case, without counting every chunk's tokens
     size = window_size or max(len(chunks), 1)
     query = count(request.query)
@@ -191,11 +248,65 @@ def shorten(request: RerankRequest, *, max_context_tokens: int, max_tokens_per_c
     return Shortened(replace(request, chunks=tuple(shown)), evidence)
 
 
-def evidence_meta(evidence: Mapping[str, Evidence]) -> dict[str, dict[str, Any]] | None:
-    """`meta.evidence`: per shortened chunk id, tokens before and after and the kept passages as
-    [start, end) character offsets into the caller's text (None when no chunk was shortened)."""
-    return {cid: ev.to_dict() for cid, ev in evidence.items()} or None
+def piece_spans(text: str) -> list[tuple[int, int]]:
+    """Where in `text` each passage `evidence.passages_of` cuts it into lies, as [start, end)
+    character offsets: the pieces between elision marks that are not blank, else the whole text.
+    A scored backend reports the piece that decided a chunk's score by its span (`decided_spans`)."""
+    if ELISION not in text:
+        return [(0, len(text))]
+    spans: list[tuple[int, int]] = []
+    pos = 0
+    for part in text.split(ELISION):
+        if part.strip():
+            spans.append((pos, pos + len(part)))
+        pos += len(part) + len(ELISION)
+    return spans or [(0, len(text))]
 
 
-__all__ = ["Shortened", "check_max_tokens_per_chunk", "evidence_meta", "fit", "most_tokens", "scorer_for",
-           "shorten", "token_counter"]
+def decided_spans(texts: Sequence[str], owner: np.ndarray, which: np.ndarray,
+                  own: Sequence[str] | None = None) -> list[tuple[int, int]]:
+    """Per text, the [start, end) span of the passage whose score is the text's (`which`: the index
+    among all texts' passages, as `evidence.best_of` gives it; `owner`: each passage's text). With
+    `own` (the caller's texts, when embedded meta values were put before them), the span is in the
+    caller's text: the prefix is taken off and a span inside it is clipped to the text's start."""
+    first = np.searchsorted(owner, np.arange(len(texts)), side="left").tolist()
+    out: list[tuple[int, int]] = []
+    for i, text in enumerate(texts):
+        a, b = piece_spans(text)[int(which[i]) - first[i]]
+        if own is not None:
+            cut = len(text) - len(own[i])
+            a, b = max(a - cut, 0), max(b - cut, 0)
+        out.append((a, b))
+    return out
+
+
+def original_span(ev: Evidence, span: tuple[int, int]) -> list[int] | None:
+    """`span`, [start, end) in the text the model was shown (`ev.text`), as offsets into the caller's
+    original text; None when it does not lie inside one kept passage."""
+    a, b = span
+    pos = 0
+    for p in ev.passages:
+        length = p.end - p.start
+        if pos <= a and b <= pos + length:
+            return [p.start + a - pos, p.start + b - pos]
+        pos += length + len(ELISION)
+    return None
+
+
+def evidence_meta(evidence: Mapping[str, Evidence],
+                  decided: Mapping[str, tuple[int, int]] | None = None) -> dict[str, dict[str, Any]] | None:
+    """`meta.evidence`: per shortened chunk id, tokens before and after, the kept passages and
+    `decided`, the passage a scored backend's score was read from (its best passage, `decided`:
+    spans in the shown text, mapped here to the original) or None when the ranker was an LLM, all
+    as [start, end) character offsets into the caller's text (None when no chunk was shortened)."""
+    decided = decided or {}
+    out: dict[str, dict[str, Any]] = {}
+    for cid, ev in evidence.items():
+        span = decided.get(cid)
+        out[cid] = {**ev.to_dict(), "decided": None if span is None else original_span(ev, span)}
+    return out or None
+
+
+__all__ = ["Shortened", "check_max_tokens_per_chunk", "chunk_tokens", "decided_spans", "evidence_meta", "fit",
+           "most_tokens", "original_span", "piece_spans", "prompt_tokens", "scorer_for", "shorten",
+           "token_counter", "tokens_over"]

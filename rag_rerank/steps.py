@@ -26,7 +26,6 @@ from .backends.base import Backend, Cacheable
 from .backends.factory import capabilities
 from .cache import ResponseCache, call_key
 from .cost import Budget, Prices, Spending
-from .fallback_chain import as_chain
 from .fusion import MetaFusion
 from .guard.limits import Limits
 from .models import RerankRequest, RerankResult
@@ -153,8 +152,8 @@ class Plan:
 
     @property
     def chain(self) -> tuple[Any, ...]:
-        """The fallback chain's steps in order (`fallback_chain.as_chain`), () without one."""
-        return as_chain(self.settings.fallback)
+        """The fallback chain's steps in order (`Settings.chain`, checked once), () without one."""
+        return self.settings.chain
 
     def call(self, ask: RerankRequest, prompt: str, backend: Backend | None = None,
              repair: bool | None = None, label: str = "the call") -> Call:

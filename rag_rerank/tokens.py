@@ -10,9 +10,10 @@ by another formula). Here each count is written once:
   length (docs/cost.md: the measured error, `bench/tokens.py`);
 * `answer_tokens(n, top_k, ids)`: what the card's answer costs, entry by entry;
 * `answer_budget(...)`: the first attempt's `max_tokens`, that answer with room to spare;
-* `tokens_in_chars(n_chars, chars_per_token)`: the input guard's bound when only a length is known
-  (the guard checks up to 1,000 chunks on every request, before anything else: it measures lengths,
-  with `chars_per_token` from `guard/limits.json`, rather than running the estimator over the text).
+* `tokens_in_chars(n_chars, chars_per_token)`: a bound from a length alone, with `chars_per_token`
+  from `guard/limits.json`, where only lengths are at hand (the windows' final-pass packing). The
+  input guard's context budget is not counted so any more: it counts with `estimate_tokens` (or
+  the tokenizer) exactly as the shortening does (`shortening.prompt_tokens`, a byte bound first).
 
 `tokenizer=` (a callable from text to a count, e.g. a real tokenizer's `len(encode(text))`) replaces
 the offline estimate wherever text is counted: the hook for a caller who has one.
@@ -23,6 +24,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable, Sequence
+from functools import lru_cache
 
 Tokenizer = Callable[[str], int]
 
@@ -88,9 +90,19 @@ def _non_ascii_tokens(core: str) -> float:
 def answer_tokens(n_chunks: int, top_k: int, ids: Sequence[str], tokenizer: Tokenizer | None = None) -> int:
     """Completion tokens of a card's answer for `n_chunks` chunks of which `top_k` are ranked."""
     ranked = min(top_k, n_chunks)
-    id_tokens = sum(estimate_tokens(i, tokenizer) for i in ids)
+    if tokenizer is None:
+        id_tokens = sum(map(_id_tokens, ids))
+    else:
+        id_tokens = sum(estimate_tokens(i, tokenizer) for i in ids)
     entries = ranked * RANKED_ENTRY_TOKENS + (n_chunks - ranked) * DROPPED_ENTRY_TOKENS
     return ANSWER_OVERHEAD_TOKENS + entries + id_tokens
+
+
+@lru_cache(maxsize=16384)
+def _id_tokens(chunk_id: str) -> int:
+    """An id's estimated tokens, memoised: every call of a request counts the same ids again (its
+    output budget, the budget's meter), and a corpus's ids recur from request to request."""
+    return estimate_tokens(chunk_id)
 
 
 def answer_budget(n_chunks: int, top_k: int, ids: Sequence[str], cap: int,

@@ -47,17 +47,18 @@ from __future__ import annotations
 
 import contextvars
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .backends.factory import model_of
 from .errors import BackendError, EmbedderError
-from .fallback import Answer, answers, postpass_step
+from .fallback import Answer, answers
 from .guard.limits import Limits
 from .meta import cache_meta, run_meta, scores_of, scoring_notes
 from .models import CallRecord, Dropped, RerankRequest, RerankResult, add_usage
 from .reasons import BELOW_MIN_SCORE, NOT_IN_FINAL, redundant_target
 from .redaction import failure_summary, redacted
+from .refill import postpass_refilled
 from .render import render
 from .retry import Outcome
 from .steps import Flow, Plan, Progress
@@ -225,6 +226,7 @@ class Scored:
     offline: Plan | None = None  # the plan with the lexical embedder, when the embedder failed here
     cached: bool = False  # the response cache answered it
     records: tuple[CallRecord, ...] = ()  # the calls made for it (fallback.Answer.records)
+    decided: Mapping[str, tuple[int, int]] = field(default_factory=dict)  # `Completion.decided`
 
 
 def _scored(outcome: Outcome, records: tuple[CallRecord, ...], fallback: str | None = None,
@@ -238,7 +240,7 @@ def _scored(outcome: Outcome, records: tuple[CallRecord, ...], fallback: str | N
         attempts, usage = attempts + len(failed.attempts), add_usage(failed.usage, usage)
     return Scored(outcome.obj, attempts, tuple(outcome.repairs), usage, outcome.model,
                   outcome.latency_ms, tuple(outcome.notes), fallback, note, offline,
-                  outcome.cached and failed is None, records)
+                  outcome.cached and failed is None, records, outcome.decided)
 
 
 def windowed_flow(plan: Plan) -> Flow:
@@ -316,8 +318,8 @@ def _assemble(plan: Plan, windows: Sequence[Window], scored: Sequence[Scored], s
         window, answer = final
         kept = survivors.indices
         sub = replace(plan, request=replace(request, chunks=tuple(request.chunks[i] for i in kept)))
-        result, sub = yield from postpass_step(sub, answer.obj, replace(plan.view, chunks=window.ask.chunks),
-                                               plan.fallback, window.ask)
+        shown = replace(plan.view, chunks=window.ask.chunks)
+        result, sub = yield from postpass_refilled(sub, answer.obj, shown, window.ask)
         plan = replace(plan, embedder=sub.embedder, embedder_note=sub.embedder_note)
     else:  # no chunk scored above the minimum in any window: nothing to rank
         result = RerankResult(ranked=())
@@ -344,7 +346,9 @@ def _assemble(plan: Plan, windows: Sequence[Window], scored: Sequence[Scored], s
                     fallback=", ".join(dict.fromkeys(steps)) or None, notes=notes,
                     calls=len(calls),
                     windows=tuple(_entry(w, a, survivors, cache is not None) for w, a in calls),
-                    cache=cache, records=[r for _, a in calls for r in a.records])
+                    cache=cache, records=[r for _, a in calls for r in a.records],
+                    # the last call that scored a chunk decided its score: the final pass's, else its window's
+                    decided={cid: span for _, a in calls for cid, span in a.decided.items()})
     meta = replace(meta, embedder=result.meta.embedder or meta.embedder,
                    notes=(*meta.notes, *result.meta.notes))
     objs = [a.obj for a in scored] + ([final[1].obj] if final is not None else [])

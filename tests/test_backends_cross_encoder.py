@@ -250,3 +250,26 @@ def test_a_cross_encoder_step_of_the_fallback_chain_is_built_once_per_session(
         assert (result.meta.status, result.meta.fallback) == ("fallback", "cross-encoder")
         assert [s["scorer"] for s in result.meta.fallback_steps[0]["steps"]] == ["openai", "cross-encoder"]
     assert first.to_dict() == second.to_dict()
+
+
+def test_a_long_chunk_is_scored_by_its_best_passage_and_meta_names_it(model_dir: str) -> None:
+    """A chunk shown as its evidence: the score is the model's best over the kept passages (each
+    scored alone, with transformers directly here), and meta.evidence's `decided` is that passage as
+    offsets into the caller's text, the one the reason quotes."""
+    sentences = [f"Sentence {k} tells of harbours, bakers and surveyors in town {k}." for k in range(60)]
+    sentences[12] = "IVF partitions the vectors into cells."
+    sentences[47] = "At query time IVF probes the nearest cells."
+    doc = {"id": "long", "text": " ".join(sentences)}
+    query = "how does IVF probe cells"
+    result = rerank(query, [doc], 1, 1.0, backend="cross-encoder", model=model_dir, max_tokens_per_chunk=32,
+                    limits={"min_score": 0.0})
+    entry = (result.meta.evidence or {})["long"]
+    kept = [doc["text"][a:b] for a, b in entry["passages"]]
+    assert len(kept) > 1  # more than one passage, so which one decided is a real question
+    logits = _own_logits(model_dir, query, kept)
+    a, b = entry["decided"]
+    assert [a, b] == entry["passages"][int(np.argmax(logits))]
+    assert float(result.scores["long"]) == pytest.approx(1 / (1 + np.exp(-logits.max())), abs=1e-4)
+    (ranked,) = result.ranked
+    quoted = json.loads(ranked.reason.split("quotes ", 1)[1].split(", sharing", 1)[0])
+    assert quoted.strip("…") in doc["text"][a:b]  # the reason quotes the passage that decided

@@ -520,3 +520,29 @@ def test_reasons_quote_the_chunk_text_not_the_embedded_title() -> None:
     for r in result.ranked:
         quoted = json.loads(re.search(r'"(?:[^"\\]|\\.)*"', r.reason).group(0)).strip("…")
         assert quoted and quoted in text_of[r.id], r.reason
+
+
+def test_a_long_chunk_is_scored_by_its_best_passage_and_meta_names_it() -> None:
+    """A chunk shown as its evidence: its score is its best kept passage's, and meta.evidence's
+    `decided` is that passage as offsets into the caller's text (the one the reason quotes)."""
+    sentences = [f"Sentence {k} tells of harbours, bakers and surveyors in town {k}." for k in range(60)]
+    sentences[12] = "IVF partitions the vectors into cells."
+    sentences[47] = "At query time IVF probes the nearest cells."
+    doc = {"id": "long", "text": " ".join(sentences)}
+    other = {"id": "short", "text": "HNSW builds a graph of neighbours."}
+    query = "how does IVF probe the nearest cells"
+    result = rerank(query, [doc, other], 2, 1.0, max_tokens_per_chunk=32)
+    entry = (result.meta.evidence or {})["long"]
+    assert set(result.meta.evidence or {}) == {"long"}
+    kept = [doc["text"][a:b] for a, b in entry["passages"]]
+    assert kept == [sentences[12], sentences[47]]
+    # The same passages scored by the backend as one candidate set, as `rank` scores a chunk's pieces.
+    backend = LocalBackend()
+    per_passage = backend.fusion(backend.signals(query, [*kept, other["text"]], ranks=[0, 0, 1]))
+    best = int(np.argmax(per_passage[:2]))
+    assert entry["decided"] == entry["passages"][best]
+    assert doc["text"][slice(*entry["decided"])] == sentences[47]  # the one that says how IVF probes
+    ranked = {r.id: r for r in result.ranked}
+    assert ranked["long"].score == pytest.approx(round(float(per_passage[best]), 3), abs=1e-9)
+    quoted = json.loads(ranked["long"].reason.split("quotes ", 1)[1].split(", sharing", 1)[0])
+    assert quoted.strip("…") in sentences[47]

@@ -612,6 +612,8 @@ def test_resume_refuses_an_output_written_by_another_backend(tmp_path: Path, cap
         (("--window-size", "5"), ("--window-size", "10"), "window_size: file 5, now 10"),
         ((), ("--meta-field", "published"), "meta_field: file None, now 'published'"),
         (("--max-tokens", "600"), (), "max_tokens: file 600, now None"),
+        # Regression (QA): a run resumed without the cap mixed shortened and whole chunks silently.
+        (("--max-tokens-per-chunk", "16"), (), "max_tokens_per_chunk: file 16, now None"),
     ],
 )
 def test_resume_refuses_an_output_written_with_other_settings(
@@ -821,3 +823,20 @@ def test_an_interrupted_batch_says_what_is_saved_and_that_resume_continues(tmp_p
     assert resumed.returncode == 0, resumed.stderr
     assert [r["line"] for r in _read(out)] == list(range(1, 9))
     assert all("result" in r for r in _read(out))
+
+
+def test_a_batch_line_may_set_its_own_max_tokens_per_chunk(tmp_path: Path, capsys) -> None:
+    """Regression (QA): docs/long-chunks.md says a batch line may set `max_tokens_per_chunk`; the
+    line was refused as an unknown key. A line's own cap wins over the run's, as its window_size does."""
+    long = " ".join(f"Sentence {i} talks about topic {i % 7} at some length." for i in range(60))
+    chunks = [{"id": "a", "text": long}, {"id": "b", "text": "x"}]
+    lines = [{"query_id": "own", "query": "topic 3", "chunks": chunks, "max_tokens_per_chunk": 32},
+             {"query_id": "run", "query": "topic 3", "chunks": chunks}]
+    inp, out = tmp_path / "q.jsonl", tmp_path / "out.jsonl"
+    _write_input(inp, [json.dumps(q) for q in lines])
+    argv = ["batch", "-i", str(inp), "-o", str(out), "--no-progress", "--max-tokens-per-chunk", "64"]
+    assert main(argv) == 0
+    records = [json.loads(x) for x in out.read_text(encoding="utf-8").splitlines()]
+    after = {r["query_id"]: r["meta"]["evidence"]["a"]["tokens_after"] for r in records}
+    assert after["own"] <= 32 < after["run"] <= 64, after
+    assert all(r["config"]["max_tokens_per_chunk"] == 64 for r in records)

@@ -247,6 +247,7 @@ def test_stats_and_clear(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
 
 
 def test_a_cache_pickles_as_its_settings(tmp_path: Path) -> None:
+    ResponseCache(tmp_path).close()  # recorded (empty): a replay cache reads an existing file only
     cache = ResponseCache(tmp_path, max_bytes=12345, ttl_s=60, replay=True)
     copy = pickle.loads(pickle.dumps(cache))
     assert (copy.folder, copy.max_bytes, copy.ttl_s, copy.replay) == (tmp_path, 12345, 60, True)
@@ -265,6 +266,9 @@ def test_the_environment_variable(monkeypatch: pytest.MonkeyPatch, tmp_path: Pat
     monkeypatch.setenv("RAG_RERANK_CACHE_DIR", str(tmp_path / "default"))
     assert resolve_cache(None).folder == tmp_path / "default"  # type: ignore[union-attr]
     monkeypatch.setenv(CACHE_ENV, f"replay:{tmp_path / 'pinned'}")
+    with pytest.raises(ConfigError, match="pinned"):  # nothing recorded there yet
+        resolve_cache(None)
+    ResponseCache(tmp_path / "pinned").close()
     pinned = resolve_cache(None)
     assert pinned is not None and pinned.replay and pinned.folder == tmp_path / "pinned"
     monkeypatch.setenv(CACHE_ENV, "off")
@@ -303,6 +307,31 @@ def test_replay_answers_from_the_cache_and_fails_on_a_miss(srv: FakeLLM, tmp_pat
     with pytest.raises(CacheMissError, match="window 1 of 3"):
         rerank(QUERY, graded_chunks(30), 3, cache=replay, window_size=10, **_opts(srv))
     assert replay.stats().entries == 1  # replay writes nothing
+
+
+def test_replay_from_a_folder_with_nothing_recorded_fails_naming_it_and_creates_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Replay is read-only: pointed at a missing folder (a mistyped path) or at one holding no
+    recorded answers, it creates neither the folder nor the file and says so at once, naming it,
+    rather than failing every call as a miss (docs/cost.md)."""
+    missing = tmp_path / "rerank-answer"
+    with pytest.raises(ConfigError, match="rerank-answer") as caught:
+        ResponseCache(missing, replay=True)
+    assert "record" in str(caught.value)
+    assert not missing.exists()
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(ConfigError, match=FILE_NAME):
+        ResponseCache(empty, replay=True)
+    assert list(empty.iterdir()) == []
+    chunks = tmp_path / "chunks.jsonl"
+    chunks.write_text("".join(json.dumps(c) + "\n" for c in CHUNKS), encoding="utf-8")
+    code = main(["rerank", "-q", QUERY, "-c", str(chunks), "--backend", "openai", "-m", "m",
+                 "--base-url", "http://127.0.0.1:9/v1", "--cache", str(missing), "--replay"])
+    err = capsys.readouterr().err
+    assert code == 2 and str(missing) in err and "Traceback" not in err
+    assert not missing.exists()
 
 
 def test_cli_cache_and_replay(srv: FakeLLM, tmp_path: Path, capsys: pytest.CaptureFixture[str],

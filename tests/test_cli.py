@@ -83,6 +83,26 @@ def test_render_from_stdin_through_the_real_entry_point() -> None:
     assert proc.stdout == EXPECTED.read_bytes()
 
 
+def test_render_shows_long_chunks_as_rerank_would(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """Regression (QA): `render` refused a request over the context budget that `rerank` shortens,
+    and had no --max-tokens-per-chunk, so the prompt actually sent could not be seen."""
+    filler = " ".join(f"Filler sentence {i} says nothing about the subject." for i in range(400))
+    records = [json.dumps({"id": f"d{i}", "text": filler + " The capital of Peru is Lima. " + filler})
+               for i in range(12)]
+    f = write(tmp_path, "long.jsonl", "\n".join(records) + "\n")
+    code, out, err = run(capsys, "render", "-q", "capital of Peru", "-c", f, "-k", "3")
+    assert (code, err) == (0, []) and out.count("[…]") >= 12 and "capital of Peru is Lima" in out
+    code, capped, err = run(capsys, "render", "-q", "capital of Peru", "-c", f, "-k", "3",
+                            "--max-tokens-per-chunk", "32")
+    assert (code, err) == (0, []) and len(capped) < len(out) and capped.count("capital of Peru is Lima") == 12
+    from rag_rerank import Reranker
+
+    with Reranker() as session:
+        sent = session.prompt("capital of Peru", (tmp_path / "long.jsonl").read_text(encoding="utf-8"), 3,
+                              max_tokens_per_chunk=32)
+    assert sent == capped
+
+
 def test_render_bad_input_lists_every_problem(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     f = write(
         tmp_path, "c.jsonl", '{"id": "a", "text": "x"}\n{"id": "a", "text": "y"}\nnot json\n{"id": 3}\n'
@@ -693,3 +713,13 @@ def test_check_reports_the_fence_and_every_violation_inside_it(capsys: pytest.Ca
         assert "removed a Markdown code fence" in line
     shown = "\n".join(err)
     assert "C3" in shown and "1.2" in shown and "ranked[2].reason" in shown
+
+
+def test_a_windowed_request_has_no_single_prompt() -> None:
+    from rag_rerank import InputError, Reranker
+
+    chunks = [{"id": f"c{i}", "text": f"text {i}"} for i in range(30)]
+    with Reranker() as session:
+        assert "text 29" in session.prompt("q", chunks, 3)
+        with pytest.raises(InputError, match="one prompt per window"):
+            session.prompt("q", chunks, 3, window_size=10)

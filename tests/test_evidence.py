@@ -3,9 +3,11 @@ and it is the part that answers the query (prose by sentences, code and tables b
 
 from __future__ import annotations
 
+import re
 import unicodedata
 
 import pytest
+import regex
 from hypothesis import example, given
 from hypothesis import strategies as st
 
@@ -124,6 +126,14 @@ def test_the_choice_is_made_once_and_remembered() -> None:
      ["Fig. 2 shows it.", "Smith et al. found it.", "J. Smith agreed."]),
     ("It rose 3.5 percent. Then fell.", ["It rose 3.5 percent.", "Then fell."]),
     ("A heading\nA line of text. 中文。下一句", ["A heading", "A line of text.", "中文。", "下一句"]),
+    # A full stop glued to the next sentence (abstracts, PDF text) ends it, unless it is part of an
+    # abbreviation, an initial, a number, a name with a dot, a URL or an address.
+    ("The DCIS phenotype.DCIS and IDC differ.The end (n=5).Then",
+     ["The DCIS phenotype.", "DCIS and IDC differ.", "The end (n=5).", "Then"]),
+    ("See e.g.The book by J.Smith, the U.S.A and Node.js at example.com.", [
+        "See e.g.The book by J.Smith, the U.S.A and Node.js at example.com."]),
+    ("It rose 3.5 percent at www.Example.org and user@Host.Com today.", [
+        "It rose 3.5 percent at www.Example.org and user@Host.Com today."]),
 ])
 def test_sentences(text: str, expected: list[str]) -> None:
     assert [text[a:b] for a, b in sentences(text)] == expected
@@ -162,3 +172,159 @@ def test_a_shown_text_is_scored_by_its_best_passage() -> None:
     assert owner.tolist() == [0, 1, 1, 1, 2]
     best, which = best_of(np.array([0.1, 0.3, 0.9, 0.2, 0.5]), owner, 3)
     assert best.tolist() == pytest.approx([0.1, 0.9, 0.5]) and which.tolist() == [0, 2, 4]
+
+
+# --------------------------------------------------------------------------- splitting
+
+
+def _greedy_word_windows(text: str, limit: int, count: evidence.TokenCounter) -> list[tuple[int, int]]:
+    """The plain way to cut a run-on text (the former `_split_long`: one count of the growing window
+    per word, quadratic): what the linear cut must match for a counter whose count never falls as a
+    window grows."""
+    out: list[tuple[int, int]] = []
+    cur: tuple[int, int] | None = None
+    for m in re.finditer(r"\S+", text):
+        ws, we = m.span()
+        if cur is not None and count(text[cur[0]:we]) <= limit:
+            cur = (cur[0], we)
+            continue
+        if cur is not None:
+            out.append(cur)
+        if count(text[ws:we]) <= limit:
+            cur = (ws, we)
+            continue
+        cur = None
+        lo = ws
+        while lo < we:  # one very long "word": the longest prefixes that fit
+            hi = lo + 1
+            step = max(1, (we - lo) // 2)
+            while step:
+                if hi + step <= we and count(text[lo:hi + step]) <= limit:
+                    hi += step
+                else:
+                    step //= 2
+            out.append((lo, hi))
+            lo = hi
+    if cur is not None:
+        out.append(cur)
+    return out
+
+
+_ASCII_WORDS = st.lists(st.sampled_from(["a", "memory", "index", "IVF", "x1", "(3.5)", "don't", "--", "HNSW,",
+                                         "partition", "e.g.", "  ", "\n"]), min_size=1, max_size=300)
+
+
+@given(words=_ASCII_WORDS, limit=st.integers(2, 60), count=COUNTERS)
+@example(words=["memory"] * 200, limit=7, count=estimate_tokens)
+def test_a_run_on_text_is_cut_where_the_word_by_word_cut_would(
+    words: list[str], limit: int, count: evidence.TokenCounter
+) -> None:
+    text = " ".join(words)
+    if not text.strip():
+        return
+    span = (0, len(text))
+    got = evidence._split_long(text, span, limit, count)
+    if count(text) <= limit:
+        assert got == [span]
+    else:
+        assert got == _greedy_word_windows(text, limit, count)
+
+
+def _uneven(text: str) -> int:
+    """A tokenizer whose counts of pieces do not add up (nor grow steadily with the text)."""
+    return len(text) // 3 + (7 if "e" in text[-3:] else 0) + text.count("  ") * 5
+
+
+@given(query=st.text(max_size=10), text=TEXT, budget=st.integers(1, 60))
+@example(query="index", text="memory index " * 300, budget=5)
+@example(query="x", text="Memory index. " * 40 + "x" * 400, budget=9)
+def test_the_budget_holds_for_a_tokenizer_whose_counts_do_not_add_up(
+    query: str, text: str, budget: int
+) -> None:
+    evidence.clear_cache()
+    ev = select(query, text, budget, count=_uneven)
+    _check(ev, text, budget, _uneven)
+
+
+def test_a_long_run_on_text_costs_a_few_counts_per_window_not_one_per_word() -> None:
+    calls = []
+
+    def counting(text: str) -> int:
+        calls.append(len(text))
+        return estimate_tokens(text)
+
+    text = " ".join(["alpha", "vector", "memory", "index", "graph"] * 1600) + ". End."
+    windows = evidence._split_long(text, (0, len(text)), 512, counting)
+    assert windows == _greedy_word_windows(text, 512, estimate_tokens)
+    # The plain cut counts ~len(text)/2 characters per word: hundreds of millions here.
+    assert sum(calls) < 20 * len(text), sum(calls)
+
+
+# Grapheme clusters as a reader sees them: the `regex` module's \X (UAX #29) is the judge.
+_CLUSTERS = ["👩\u200d👩\u200d👧\u200d👦", "🇫🇷", "🇩🇪", "👍🏽", "e\u0301", "a\u0308\u0323", "ก", "เลือก",
+             "น้ำ", "क्षत्रिय", "한국어", "\u1100\u1161\u11a8", "1\ufe0f\u20e3", "❤\ufe0f",
+             "🏴\U000e0067\U000e0062\U000e0065\U000e006e\U000e0067\U000e007f", "\r\n", " ", "x", ". ", "\n",
+             "中文。", "Fig. 2 ", "\u0301"]
+
+
+@given(query=st.sampled_from(["", "เลือก", "🇩🇪", "x"]),
+       pieces=st.lists(st.sampled_from(_CLUSTERS), max_size=400), budget=st.integers(1, 40), count=COUNTERS)
+@example(query="x", pieces=["👩\u200d👩\u200d👧\u200d👦"] * 40, budget=3, count=estimate_tokens)
+@example(query="x", pieces=["🇫🇷", "🇩🇪"] * 60, budget=5, count=chars_per_token)
+@example(query="x", pieces=["เลือก"] * 80, budget=4, count=estimate_tokens)
+def test_no_passage_starts_or_ends_inside_a_grapheme_cluster(
+    query: str, pieces: list[str], budget: int, count: evidence.TokenCounter
+) -> None:
+    text = "".join(pieces)
+    evidence.clear_cache()
+    ev = select(query, text, budget, count=count)
+    _check(ev, text, budget, count)
+    bounds = {m.start() for m in regex.finditer(r"\X", text)} | {len(text)}
+    for p in ev.passages:
+        assert p.start in bounds and p.end in bounds, (text[max(0, p.start - 3):p.start + 3], p)
+
+
+PYTHON = "\n\n".join(
+    [f"def helper_{i}(x, y):\n    \"\"\"Add things number {i}.\"\"\"\n    total = x + y * {i}\n"
+     f"    if total > 100:\n        return total - {i}\n    return total\n" for i in range(30)]
+    + ["class IndexBuilder:\n    \"\"\"Builds the search index.\"\"\"\n\n"
+       "    def build_ivf_index(self, vectors, nlist=1024):\n"
+       "        \"\"\"Build an IVF index when memory is constrained; HNSW needs more RAM.\"\"\"\n"
+       "        quantizer = faiss.IndexFlatL2(vectors.shape[1])\n"
+       "        index = faiss.IndexIVFFlat(quantizer, vectors.shape[1], nlist)\n"
+       "        index.train(vectors)\n        return index\n"]
+    + [f"def other_{i}(items):\n    for item in items:\n        yield item * {i}\n" for i in range(30)])
+YAML = "".join(f"service_{i}:\n  image: registry.example.com/app:{i}.0\n  replicas: {i % 4 + 1}\n"
+               f"  env:\n    LOG_LEVEL: info\n    TIMEOUT: {i * 10}\n" for i in range(40)).replace(
+    "service_20:\n", "vector_index:\n  kind: ivf\n  memory_limit: 2Gi\n  nlist: 1024\nservice_20:\n")
+JSON = "{\n" + ",\n".join(f'  "item_{i}": {{\n    "name": "thing {i}.",\n    "price": {i}.5\n  }}'
+                          for i in range(60)) + ',\n  "ivf_index": {\n    "memory": "2Gi"\n  }\n}\n'
+MARKDOWN_LIST = "\n".join([f"- item {i}: buy milk and eggs at store {i}" for i in range(60)]
+                          + ["- IVF: prefer it over HNSW when index memory is constrained"]
+                          + [f"- item {i}: walk the dog {i}" for i in range(60)])
+INDENTED_PROSE = "\n".join(["  The index is built once and read many times, then queried."] * 30
+                           + ["  Use IVF over HNSW when memory is constrained."] * 2)
+PROSE_LINES = "\n".join(["The index is built once and read many times."] * 30
+                        + ["Use IVF over HNSW when memory is constrained:"]
+                        + ["Queries are answered from the nearest partitions."] * 30)
+
+
+@pytest.mark.parametrize(("text", "mode"), [(PYTHON, "windows"), (YAML, "windows"), (JSON, "windows"),
+                                            (TABLE, "windows"), (MARKDOWN_LIST, "windows"), (CODE, "windows"),
+                                            (PROSE_LINES, "sentences"), (INDENTED_PROSE, "sentences"),
+                                            (ABSTRACT, "sentences")])
+def test_code_configuration_and_tables_are_windows_prose_is_sentences(text: str, mode: str) -> None:
+    assert select("ivf index memory", text, 64).mode == mode
+
+
+def test_a_python_file_keeps_a_window_around_the_relevant_function() -> None:
+    ev = select("build an IVF index when memory is constrained", PYTHON, 128, count=estimate_tokens)
+    assert ev.mode == "windows" and ev.tokens_after <= 128
+    assert len(ev.passages) <= 2
+    window = max(ev.passage_texts(PYTHON), key=len)
+    assert "def build_ivf_index(self, vectors, nlist=1024):" in window and "index.train(vectors)" in window
+
+
+def test_a_yaml_file_keeps_the_matching_block() -> None:
+    ev = select("vector index memory limit", YAML, 48, count=estimate_tokens)
+    assert any("vector_index:" in k and "memory_limit: 2Gi" in k for k in ev.passage_texts(YAML))

@@ -11,6 +11,7 @@ import pytest
 from rag_rerank.errors import InputError
 from rag_rerank.guard import load_limits, parse_chunks, validate_request
 from rag_rerank.models import Chunk, RerankRequest
+from rag_rerank.shortening import prompt_tokens, shorten
 
 
 def jl(*records: object) -> str:
@@ -252,12 +253,25 @@ def test_fifty_chunks_pass_fifty_one_fail() -> None:
 
 
 def test_token_budget_is_configurable_and_inclusive() -> None:
-    lim = load_limits().with_overrides(max_context_tokens=10, chars_per_token=4)
-    assert validate_request("qq", [{"id": "a", "text": "x" * 37}], limits=lim)  # 40 chars = 10 tokens
-    out = reject(query="qq", chunks=[{"id": "a", "text": "x" * 38}], limits=lim)
+    """Counted by the caller's tokenizer when given (here: one token per word), else by the package's
+    estimate; a prompt of exactly the budget passes."""
+    lim = load_limits().with_overrides(max_context_tokens=10)
+    words = {"tokenizer": lambda text: len(text.split())}
+    # query 1 + id 1 + text 8 = 10 tokens
+    assert validate_request("qq", [{"id": "a", "text": "w " * 8}], limits=lim, **words)
+    out = reject(query="qq", chunks=[{"id": "a", "text": "w " * 9}], limits=lim, **words)
     assert out == [
         "chunks: about 11 tokens of text is over the budget of 10 (max_context_tokens); the longest: id 'a' "
         "(chunks[0]) about 10 tokens; send fewer or shorter chunks or raise the budget"
+    ]
+    text = "Budgets are counted by the one estimator, not by characters / 4. " * 3
+    need = prompt_tokens("qq", [Chunk("a", text)])
+    assert need != -(-(len(text) + 3) // 4)  # a different count than the old characters / 4
+    assert validate_request("qq", [{"id": "a", "text": text}], limits={"max_context_tokens": need})
+    assert reject(query="qq", chunks=[{"id": "a", "text": text}], limits={"max_context_tokens": need - 1})
+    assert reject(chunks=[{"id": "a", "text": "t"}], tokenizer=42) == [
+        "tokenizer: tokenizer must be None, a callable text -> token count, or an object with encode(text) "
+        "(a Hugging Face or tiktoken tokenizer)"
     ]
 
 
@@ -268,12 +282,13 @@ def test_the_budget_counts_the_id_and_meta_the_prompt_shows() -> None:
     huge_id = {"id": "a" * 200_000, "text": "t"}
     for chunk in (huge_meta, huge_id):
         (problem,) = reject(chunks=[chunk])
-        assert "over the budget of 32000 (max_context_tokens)" in problem and "about 50" in problem
+        assert "over the budget of 32000 (max_context_tokens)" in problem and "about 400" in problem
         assert len(problem) < 300  # a huge id is shortened when the error names it
-    lim = load_limits().with_overrides(max_context_tokens=10, chars_per_token=4)
-    # query 1 + id 1 + text 1 + '{"k": "' 7 + 28 + '"}' 2 = 40 characters, 10 tokens
-    assert validate_request("q", [{"id": "a", "text": "t", "meta": {"k": "v" * 28}}], limits=lim)
-    assert reject(query="q", chunks=[{"id": "a", "text": "t", "meta": {"k": "v" * 29}}], limits=lim)
+    lim = load_limits().with_overrides(max_context_tokens=40)
+    chars = {"tokenizer": len}  # one token per character, to count exactly what is counted
+    # query 1 + id 1 + text 1 + '{"k": "' 7 + 28 + '"}' 2 = 40 characters
+    assert validate_request("q", [{"id": "a", "text": "t", "meta": {"k": "v" * 28}}], limits=lim, **chars)
+    assert reject(query="q", chunks=[{"id": "a", "text": "t", "meta": {"k": "v" * 29}}], limits=lim, **chars)
 
 
 def test_an_over_budget_error_names_the_chunks_to_shorten() -> None:
@@ -281,10 +296,11 @@ def test_an_over_budget_error_names_the_chunks_to_shorten() -> None:
     in windows too. Chunks that are each a small part of the budget are not listed."""
     chunks = jl(*({"id": f"c{i}", "text": "x" * (200_000 if i == 33 else 100)} for i in range(40)))
     out = reject(chunks=chunks)
-    assert len(out) == 1 and "the longest: id 'c33' (line 34) about 50001 tokens;" in out[0], out
+    big = prompt_tokens("", [Chunk("c33", "x" * 200_000)])
+    assert len(out) == 1 and f"the longest: id 'c33' (line 34) about {big} tokens;" in out[0], out
     out = reject(chunks=chunks, window_size=20)
     assert len(out) == 1 and "chunks[20:40] about" in out[0] and "the longest: id 'c33' (line 34)" in out[0]
-    many = reject(chunks=[{"id": f"c{i}", "text": "x" * 3000} for i in range(50)])
+    many = reject(chunks=[{"id": f"c{i}", "text": "x" * 4000} for i in range(50)])
     assert len(many) == 1 and "longest" not in many[0]
 
 
@@ -658,3 +674,51 @@ def test_no_rename_hint_without_a_field_that_could_be_the_text() -> None:
     assert reject(chunks=jl({"id": "a", "title": "IVF"})) == [
         "line 1: chunks[0].text: id 'a': missing required field 'text'"]
     assert validate_request("q", jl({"id": "a", "text": "t", "content": "u"})).ids == ("a",)  # text is there
+
+
+class _Words:
+    """A caller's tokenizer with `encode` (one token per word)."""
+
+    def encode(self, text: str) -> list[str]:
+        return text.split()
+
+
+@hypothesis.settings(derandomize=True, max_examples=300, deadline=None)
+@given(
+    query=st.text(max_size=60),
+    records=st.lists(st.tuples(st.text(min_size=1, max_size=12), st.text(max_size=300),
+                               st.one_of(st.none(), st.dictionaries(st.text(max_size=5), st.text(max_size=30),
+                                                                    max_size=2))),
+                     min_size=1, max_size=8, unique_by=lambda r: r[0]),
+    budget=st.integers(1, 400),
+    window=st.sampled_from([None, 3]),
+    tokenizer=st.sampled_from([None, len, _Words()]),
+)
+@hypothesis.example(query="q", records=[("a", "It\u2019s \u4e2d\u6587 text \U0001f600", None)], budget=12,
+                    window=None, tokenizer=None)
+@hypothesis.example(query="", records=[("a", "x" * 300, {"k": "v"})], budget=80, window=None, tokenizer=None)
+def test_the_guard_and_the_shortening_agree_on_what_fits(
+        query: str, records: list[tuple[str, str, dict[str, str] | None]], budget: int, window: int | None,
+        tokenizer: object) -> None:
+    """One counter: a prompt the input guard accepts within `max_context_tokens`, `shorten` with
+    `strict` (no chunk cut) accepts too, and the other way round, over arbitrary Unicode, with the
+    package's estimate (fast byte bound first) and with a tokenizer hook."""
+    chunks = [{"id": i, "text": t, **({"meta": m} if m is not None else {})} for i, t, m in records]
+    lim = load_limits().with_overrides(max_context_tokens=budget)
+    try:
+        request = validate_request(query, chunks, 1, limits=lim, window_size=window, tokenizer=tokenizer)
+        guard_ok = True
+    except InputError as exc:
+        if any("max_context_tokens" not in v.message for v in exc.violations):
+            return  # refused for another reason (an id or text the contract does not take)
+        guard_ok = False
+        request = validate_request(query, chunks, 1, window_size=window, limits={"max_context_tokens": 2**40})
+    try:
+        out = shorten(request, max_context_tokens=budget, max_tokens_per_chunk=None, strict=True,
+                      window_size=window, tokenizer=tokenizer)
+        assert out.request == request and not out.evidence
+        short_ok = True
+    except InputError:
+        short_ok = False
+    hypothesis.event(f"fits: {guard_ok}")
+    assert guard_ok == short_ok

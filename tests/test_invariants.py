@@ -540,9 +540,10 @@ def invalid_requests(draw: st.DrawFn) -> Invalid:
         kwargs["window_size"] = 50
         kwargs["top_k"] = min(req.top_k, 50)
     elif kind == "over the token budget":
-        # 130,000 characters: over 32,000 tokens of 4 characters. Refused with strict only: otherwise
-        # the chunk is shown as its evidence (tests/test_shortening.py).
-        chunks[pos]["text"] = "word " * 26_000
+        # 40,000 words: over 32,000 tokens as the one estimator counts them (a short word is a token;
+        # not characters / 4 any more). Refused with strict only: otherwise the chunk is shown as its
+        # evidence (tests/test_shortening.py).
+        chunks[pos]["text"] = "word " * 40_000
         kwargs["strict"] = True
     elif kind == "over a small budget":
         chunks[pos]["text"] = chunks[pos]["text"] + "x" * 400

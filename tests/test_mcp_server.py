@@ -127,6 +127,26 @@ def test_over_the_chunk_limit_advises_the_tools_window_size_argument_not_a_cli_f
     assert "window_size" in message and "--window-size" not in message and "CLI" not in message
 
 
+def test_the_tool_takes_max_tokens_per_chunk() -> None:
+    """The long-chunk budget is an argument of the MCP tool (issue 34): a long chunk is ranked from
+    its evidence, ids intact; a budget below the minimum is a tool error naming the argument."""
+    sentences = [f"The harbour froze in the winter of {k}, and ships waited at anchor." for k in range(80)]
+    sentences[40] = "IVF partitions the vectors into cells and probes the nearest ones."
+    chunks = [{"id": "long", "text": " ".join(sentences)}, {"id": "short", "text": "HNSW builds a graph."}]
+    listed, (ok, bad) = _run([("rerank_chunks", {"query": "how does IVF probe cells", "chunks": chunks,
+                                                 "max_tokens_per_chunk": 48}),
+                              ("rerank_chunks", {"query": "q", "chunks": chunks, "max_tokens_per_chunk": 3})])
+    assert "max_tokens_per_chunk" in listed.tools[0].input_schema["properties"]
+    assert ok.is_error is False, ok.content[0].text
+    result = json.loads(ok.content[0].text)
+    assert result["ranked"][0]["id"] == "long"
+    seen = [r["id"] for r in result["ranked"]] + [d["id"] for d in result["dropped"]]
+    assert sorted(seen) == ["long", "short"]
+    assert bad.is_error is True
+    violations = json.loads(bad.content[0].text)["error"]["violations"]
+    assert any(v["path"] == "max_tokens_per_chunk" for v in violations)
+
+
 def test_unknown_tool_is_a_protocol_error() -> None:
     _, (answer,) = _run([("no_such_tool", {})])
     assert isinstance(answer, MCPError)

@@ -18,6 +18,7 @@ from rag_rerank.backends.base import Completion
 from rag_rerank.backends.openai import OpenAIBackend, forget_modes
 from rag_rerank.errors import BackendError, InputError, InternalError
 from rag_rerank.guard import validate_request
+from rag_rerank.guard.repair import repair_output
 from rag_rerank.render import render
 from rag_rerank.retry import Outcome, RetryPolicy, acall_with_retries, call_with_retries
 from rag_rerank.skill import load_skill
@@ -399,3 +400,17 @@ def test_a_scored_backend_is_never_re_asked_and_its_refusal_is_an_internal_error
     with pytest.raises(InternalError):
         asyncio.run(acall_with_retries(backend, request_, render(request_), guard_top_k=3))
     assert backend.calls == 2
+
+
+@pytest.mark.parametrize("around", [("", ""), ("  \n", "\n\t"), ("", " trailing }"), ("<think>x</think>", ""),
+                                    ("Sure:\n", "\nDone.")])
+def test_an_answer_is_judged_as_its_repair_gives_it(request_, sleeps, around: tuple[str, str]) -> None:
+    """A bare object is judged without the repair's second decode (retry.judge's fast path): the
+    accepted text and repairs are what `repair_output` gives, with or without text around it."""
+    raw = around[0] + json.dumps(GOOD) + around[1]
+    with FakeLLM([Reply.openai_text(raw)]) as srv:
+        out = run(srv, request_, policy(sleeps))
+    expected = repair_output(raw)
+    assert out.obj == GOOD and kinds(out.attempts) == ["ok"]
+    assert (out.text, out.repairs) == (expected.text, expected.repairs)
+    assert bool(out.repairs) == (around[0].strip() != "" or around[1].strip() != "")

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from rag_rerank.errors import InputError
 from rag_rerank.judgments import CandidateQuery
-from rag_rerank.runfiles import complete, read_run, rerank_spec
+from rag_rerank.runfiles import SPEC_KEYS, complete, read_run, rerank_spec
 
 
 def write(tmp_path: Path, name: str, text: str) -> Path:
@@ -170,6 +170,17 @@ def test_a_rerank_spec_is_read_as_options() -> None:
         rerank_spec("rerank:lambda")
 
 
+def test_a_misspelt_rerank_spec_key_is_named_as_the_docs_spell_keys() -> None:
+    """Regression (QA): `rerank:lamda=0.3` suggested the library's `lambda_` and listed `api_key`,
+    which the command line refuses; now the docs' spellings, every bad key at once."""
+    with pytest.raises(InputError) as caught:
+        rerank_spec("rerank:lamda=0.3,window_sise=3,api-key=sk-x")
+    lamda, window, key = (v.message for v in caught.value.violations)
+    assert "did you mean 'lambda'?" in lamda and "lambda_" not in lamda and "api-key" not in lamda
+    assert "did you mean 'window-size'?" in window
+    assert "not taken on the command line" in key and "sk-x" not in key
+
+
 @given(st.text(), st.sampled_from(["", "{", "q1 Q0 d 1 1.0 t\n"]))
 @example("q1 Q0 \u0301 1 1e309 t", "")
 @example('{"line": 1, "query_id": "\ud800", "result": {"ranked": [{"id": 1}]}}', "")
@@ -198,6 +209,7 @@ def test_any_spec_is_options_or_an_input_error(text: str) -> None:
     try:
         options = rerank_spec("rerank:" + text)
     except InputError as exc:
-        assert "KEY=VALUE" in str(exc)
+        assert all(("KEY=VALUE" in v.message or "unknown key" in v.message or "API key" in v.message)
+                   for v in exc.violations), exc
     else:
-        assert isinstance(options, dict)
+        assert isinstance(options, dict) and set(options) <= set(SPEC_KEYS.values())

@@ -20,6 +20,7 @@ import os
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -32,7 +33,7 @@ from rag_rerank import Reranker  # noqa: E402
 from rag_rerank.service.app import create_app  # noqa: E402
 from rag_rerank.service.config import parse_config  # noqa: E402
 from tests.support.fake_llm import FakeLLM, Reply, auto_ranker  # noqa: E402
-from tests.support.service import running  # noqa: E402
+from tests.support.service import openai_model, running  # noqa: E402
 
 pytestmark = pytest.mark.timeout(120)
 # Haystack reports usage to its servers unless told not to (read when haystack is imported).
@@ -81,12 +82,7 @@ def llm_url(llm: FakeLLM) -> Iterator[str]:
         {
             "models": {
                 "local": {},
-                "llm": {
-                    "backend": "openai",
-                    "model": "fake-gpt",
-                    "base_url": llm.openai_url,
-                    "api_key_env": "SERVICE_TEST_UPSTREAM_KEY",
-                },
+                "llm": openai_model(llm.openai_url, "SERVICE_TEST_UPSTREAM_KEY"),
             },
             "keys": [{"key": KEY, "name": "tests"}],
         }
@@ -292,6 +288,38 @@ def test_limits_413_and_400_name_the_index_and_the_limit() -> None:
             assert "Traceback" not in r.text and set(r.json()) >= {"id", "message"}
 
 
+def test_the_library_judges_the_query_and_options_with_the_service_limits() -> None:
+    """The query, `top_n` and `max_tokens_per_doc` are judged by the library's rules with the
+    service's configured limits, and refused in the client's words: a configured max_query_chars
+    over the library's default is the one applied, and a max_tokens_per_doc the library refuses
+    names max_tokens_per_doc (the field the client sent), not the library's max_tokens_per_chunk."""
+    config = parse_config({"limits": {"max_query_chars": 5000, "max_documents": 3}})
+    with running(create_app(config)) as url:
+        ask = {"model": "local", "documents": DOCS[:2]}
+        long_query = httpx.post(f"{url}/v2/rerank", json={**ask, "query": "q " * 2250})
+        assert long_query.status_code == 200, long_query.text
+        over = httpx.post(f"{url}/v2/rerank", json={**ask, "query": "q" * 5001})
+        assert over.status_code == 400
+        assert "over the limit of 5000 (max_query_chars)" in over.json()["message"]
+        small = httpx.post(f"{url}/v2/rerank", json={**ask, "query": "q", "max_tokens_per_doc": 8})
+        assert small.status_code == 400
+        [error] = small.json()["rag_rerank"]["errors"]
+        assert error["path"] == "max_tokens_per_doc" and "at least 16" in error["message"], error
+        assert "max_tokens_per_chunk" not in small.text
+        many = httpx.post(f"{url}/v2/rerank", json={"model": "local", "query": "q", "documents": DOCS[:4]})
+        assert many.status_code == 400
+        [error] = many.json()["rag_rerank"]["errors"]
+        assert error["path"] == "documents"
+        assert "4 documents is over the limit of 3 (max_documents)" in error["message"]
+        surrogate = httpx.post(
+            f"{url}/v2/rerank",
+            content=b'{"model": "local", "query": "q\\ud800", "top_n": 0, "documents": ["a"]}',
+            headers={"content-type": "application/json"},
+        )
+        assert surrogate.status_code == 400
+        assert [e["path"] for e in surrogate.json()["rag_rerank"]["errors"]] == ["query", "top_n"]
+
+
 def test_max_tokens_per_doc_is_reported_when_not_applied(local_url: str) -> None:
     from rag_rerank.options import REQUEST_OPTIONS
     from rag_rerank.service.protocol import TRUNCATION_OPTION
@@ -336,12 +364,7 @@ def test_per_key_daily_budget_is_429(tmp_path: Any, llm: FakeLLM) -> None:
         {
             "models": {
                 "local": {},
-                "llm": {
-                    "backend": "openai",
-                    "model": "fake-gpt",
-                    "base_url": llm.openai_url,
-                    "api_key_env": "SERVICE_TEST_UPSTREAM_KEY",
-                },
+                "llm": openai_model(llm.openai_url, "SERVICE_TEST_UPSTREAM_KEY"),
             },
             "keys": [
                 {"key": "small", "budget": {"max_requests": 2}},
@@ -373,12 +396,7 @@ def test_per_key_daily_budget_is_429(tmp_path: Any, llm: FakeLLM) -> None:
 def test_overload_is_429_with_retry_after_and_the_deadline_is_504() -> None:
     os.environ.setdefault("SERVICE_TEST_UPSTREAM_KEY", "x")
     with FakeLLM(handler=auto_ranker(latency=1.5)) as slow:
-        model = {
-            "backend": "openai",
-            "model": "m",
-            "base_url": slow.openai_url,
-            "api_key_env": "SERVICE_TEST_UPSTREAM_KEY",
-        }
+        model = openai_model(slow.openai_url, "SERVICE_TEST_UPSTREAM_KEY", "m")
         body = {"model": "llm", "query": QUERY, "documents": DOCS}
         config = parse_config(
             {"models": {"llm": model}, "limits": {"max_in_flight": 1, "max_queue": 0, "retry_after_s": 2}}
@@ -416,22 +434,110 @@ def test_overload_is_429_with_retry_after_and_the_deadline_is_504() -> None:
 def test_upstream_failures_are_gateway_statuses(reply: Reply, status: int, retry_after: str | None) -> None:
     with FakeLLM(handler=lambda req: reply) as upstream:
         where = f"127.0.0.1:{upstream.port}"
-        config = parse_config(
-            {
-                "models": {
-                    "llm": {
-                        "backend": "openai",
-                        "model": "m",
-                        "base_url": upstream.openai_url,
-                        "api_key_env": "SERVICE_TEST_UPSTREAM_KEY",
-                        "options": {"policy": {"max_attempts": 1}},
-                    }
-                }
-            }
-        )
+        once = {"policy": {"max_attempts": 1}}
+        model = openai_model(upstream.openai_url, "SERVICE_TEST_UPSTREAM_KEY", "m", options=once)
+        config = parse_config({"models": {"llm": model}})
         os.environ["SERVICE_TEST_UPSTREAM_KEY"] = "sk-upstream-secret-9876"
         with running(create_app(config)) as url:
             r = httpx.post(f"{url}/v2/rerank", json={"model": "llm", "query": QUERY, "documents": DOCS})
     assert r.status_code == status and r.headers.get("retry-after") == retry_after
     assert "upstream" in r.json()["message"] and "sk-upstream" not in r.text and where not in r.text
     assert r.json()["rag_rerank"]["upstream_status"] == reply.status
+
+
+def test_framework_errors_have_coheres_error_body_and_no_page_loads_from_a_cdn(local_url: str) -> None:
+    """QA findings #18 and #19: the router's 404 and 405 come in the same `{"id", "message"}` body
+    as every other error (so the cohere SDK raises its typed error), and there is no /docs or /redoc
+    page, whose scripts FastAPI loads from a CDN (blank offline); the schema is /openapi.json."""
+    import cohere
+
+    wrong_method = httpx.get(f"{local_url}/v2/rerank")
+    unknown = httpx.post(f"{local_url}/v3/rerank", json={"model": "local"})
+    pages = [httpx.get(f"{local_url}{page}") for page in ("/docs", "/redoc")]
+    for r, status in ((wrong_method, 405), (unknown, 404), *((p, 404) for p in pages)):
+        assert r.status_code == status and set(r.json()) == {"id", "message"}, r.text
+    assert wrong_method.headers["allow"] == "POST" and "use POST" in wrong_method.json()["message"]
+    assert "/v2/rerank" in unknown.json()["message"]  # what the service does answer
+    schema = httpx.get(f"{local_url}/openapi.json")
+    assert schema.status_code == 200 and "/v2/rerank" in schema.json()["paths"]
+    client = cohere.ClientV2(api_key="k", base_url=f"{local_url}/nothing-here")
+    with pytest.raises(cohere.errors.NotFoundError):
+        client.rerank(model="local", query=QUERY, documents=DOCS)
+
+
+def test_max_tokens_per_doc_errors_and_schema_use_the_librarys_minimum(local_url: str) -> None:
+    """QA finding #13: the refusal names the field sent, in JSON's words (null, not None), and the
+    OpenAPI schema's minimum is the library's (it said 1 while the library refused 1 to 15)."""
+    from rag_rerank.evidence import MIN_TOKENS_PER_CHUNK
+
+    ask = {"model": "local", "query": QUERY, "documents": DOCS}
+    below = httpx.post(f"{local_url}/v2/rerank", json={**ask, "max_tokens_per_doc": MIN_TOKENS_PER_CHUNK - 1})
+    at = httpx.post(f"{local_url}/v2/rerank", json={**ask, "max_tokens_per_doc": MIN_TOKENS_PER_CHUNK})
+    assert below.status_code == 400 and at.status_code == 200, at.text
+    message = below.json()["message"]
+    assert "max_tokens_per_doc" in message and "max_tokens_per_chunk" not in message
+    assert "None" not in message and "null" in message
+    schema = httpx.get(f"{local_url}/openapi.json").json()["paths"]
+    for version in ("v1", "v2"):
+        body = schema[f"/{version}/rerank"]["post"]["requestBody"]["content"]["application/json"]["schema"]
+        field = body["properties"]["max_tokens_per_doc"]
+        assert {"type": "integer", "minimum": MIN_TOKENS_PER_CHUNK} in field["anyOf"], field
+
+
+def test_shortened_documents_carry_their_evidence_by_document_index(local_url: str) -> None:
+    """QA finding #11: with `max_tokens_per_doc`, the kept passages of each shortened document come
+    back under `rag_rerank.evidence` (written by `RerankResult.to_cohere`), by the index the client
+    knows, with offsets into the document's text: what the library's `meta.evidence` says."""
+    filler = "The weather report mentions rain over the coast and a calm sea for sailors. " * 40
+    documents = [
+        "A short note about Paris.",
+        filler + DOCS[3] + " " + filler,
+        filler + DOCS[0],
+    ]
+    body = {"model": "local", "query": QUERY, "documents": documents, "top_n": 3, "max_tokens_per_doc": 64}
+    answer = httpx.post(f"{local_url}/v2/rerank", json=body, timeout=60).json()
+    with Reranker() as reranker:
+        chunks = [{"id": str(i), "text": t} for i, t in enumerate(documents)]
+        expected = reranker.rerank(QUERY, chunks, 3, window_size=50, max_tokens_per_chunk=64).meta.evidence
+    evidence = answer["rag_rerank"]["evidence"]
+    assert expected and [e["index"] for e in evidence] == sorted(int(cid) for cid in expected) == [1, 2]
+    for entry in evidence:
+        assert {k: v for k, v in entry.items() if k != "index"} == json.loads(
+            json.dumps(expected[str(entry["index"])])
+        )
+        text = documents[entry["index"]]
+        start, end = entry["best"]
+        assert 0 <= start < end <= len(text)
+    best_of_1 = evidence[0]["best"]
+    assert "capital of the United States" in documents[1][best_of_1[0] : best_of_1[1]]
+    short = httpx.post(f"{local_url}/v2/rerank", json={**body, "documents": DOCS}).json()
+    assert "evidence" not in short["rag_rerank"]  # nothing was shortened
+
+
+def test_the_docs_min_score_0_config_leaves_no_document_out_for_its_score(repo_root: Path) -> None:
+    """QA finding #20: docs/service.md warns that `results` may hold fewer than Cohere's
+    min(top_n, n) and shows a model config with `min_score: 0` for a stack that expects the count;
+    that config, as printed, keeps every document the default drops for its score."""
+    import re
+
+    import yaml
+
+    text = (repo_root / "docs" / "service.md").read_text(encoding="utf-8")
+    section = text[text.index("## Point your stack at it") :]
+    assert "min(top_n, number of documents)" in section
+    snippet = re.search(r"```yaml\n(.*?)```", section, re.DOTALL).group(1)  # type: ignore[union-attr]
+    documents = [
+        "Carson City is the capital of Nevada.",
+        "Zebras graze on the savanna near Lake Victoria.",
+        "Washington, D.C. is the capital of the United States.",
+        "Saipan is the capital of the Northern Mariana Islands.",
+    ]
+    body = {"model": "local", "query": QUERY, "documents": documents, "top_n": 1000}
+    answers = []
+    for config in (parse_config(yaml.safe_load(snippet)), None):
+        with running(create_app(config)) as url:
+            answers.append(httpx.post(f"{url}/v2/rerank", json=body, timeout=60).json())
+    zero, default = answers
+    assert any(d["reason"].startswith("below_min_score") for d in default["rag_rerank"]["dropped"])
+    assert not any(d["reason"].startswith("below_min_score") for d in zero["rag_rerank"]["dropped"])
+    assert len(zero["results"]) == len(documents) > len(default["results"])

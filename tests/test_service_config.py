@@ -75,3 +75,31 @@ def test_keys_file(tmp_path: Path) -> None:
     (tmp_path / "empty").write_text("# none\n", encoding="utf-8")
     with pytest.raises(InputError, match="holds no key"):
         read_keys_file(tmp_path / "empty")
+
+
+def test_bad_option_values_are_named_at_once_with_their_config_path() -> None:
+    """A value the library refuses is found in the file, with every other problem, under the path
+    the operator wrote (`lambda`, not the library's `lambda_`): `top_k: 0` would otherwise start
+    serving and refuse every request without `top_n`, blaming the client (QA finding #16)."""
+    with pytest.raises(InputError) as info:
+        parse_config(
+            {
+                "models": {
+                    "m": {"backend": "local", "options": {"topk": 3, "lambda": 2, "max_tokens_per_chunk": 8}},
+                    "n": {"options": {"top_k": 0, "layout": "zigzag"}},
+                }
+            }
+        )
+    paths = {v.path: v.message for v in info.value.violations}
+    assert {
+        "models.m.options.topk",
+        "models.m.options.lambda",
+        "models.m.options.max_tokens_per_chunk",
+        "models.n.options.top_k",
+        "models.n.options.layout",
+    } <= set(paths), paths
+    assert "[0, 1]" in paths["models.m.options.lambda"]
+    assert "16" in paths["models.m.options.max_tokens_per_chunk"]
+    valid = {"top_k": 3.0, "lambda": 0, "max_tokens_per_chunk": 16}
+    config = parse_config({"models": {"m": {"options": valid}}})
+    assert config.models["m"].defaults["top_k"] == 3.0  # valid values pass as written

@@ -5,9 +5,18 @@ from __future__ import annotations
 import pytest
 
 from rag_rerank import Reranker
-from rag_rerank.errors import Attempt, BackendError, InputError
+from rag_rerank.errors import Attempt, BackendError, InputError, Violation
 from rag_rerank.service.config import Limits
-from rag_rerank.service.protocol import call_options, parse_request, response, truncation, upstream_failure
+from rag_rerank.service.protocol import (
+    call_options,
+    client_violation,
+    input_failure,
+    library_limits,
+    parse_request,
+    response,
+    truncation,
+    upstream_failure,
+)
 
 hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import example, given, settings  # noqa: E402
@@ -90,3 +99,29 @@ def test_upstream_failure_statuses() -> None:
 def test_top_n_over_the_documents_means_all_of_them() -> None:
     call = parse_request({"model": "m", "query": "q", "documents": ["a", "b"], "top_n": 1000}, 2, LIMITS)
     assert call_options(call)[0] == {"top_k": 2}
+
+
+def test_the_library_rules_are_read_in_the_client_words() -> None:
+    """The query, top_n and max_tokens_per_doc are judged by the library's own rules (its input
+    guard and options table) while the request is read, named as the client named them."""
+    with pytest.raises(InputError) as info:
+        parse_request({"query": " ", "documents": ["a"], "top_n": 0, "max_tokens_per_doc": 8}, 2, LIMITS)
+    assert [v.path for v in info.value.violations] == ["model", "query", "top_n", "max_tokens_per_doc"]
+    assert "at least 16" in info.value.violations[-1].message
+    assert all("top_k" not in v.message and "per_chunk" not in v.message for v in info.value.violations)
+    call = parse_request({"model": "m", "query": "q", "documents": ["a"], "top_n": 2.0}, 2, LIMITS)
+    assert call.top_n == 2 and isinstance(call.top_n, int)
+
+
+def test_library_errors_name_documents_and_the_service_limits() -> None:
+    limits = library_limits(Limits(max_documents=7, max_query_chars=99), {"min_score": 0.5})
+    assert (limits.max_total_chunks, limits.max_query_chars, limits.min_score) == (7, 99, 0.5)
+    with Reranker(window_size=50) as reranker, pytest.raises(InputError) as info:
+        reranker.rerank("q", [{"id": str(i), "text": "t"} for i in range(8)], limits=limits)
+    failure = input_failure(info.value)
+    assert failure.status == 400
+    message = "8 documents is over the limit of 7 (max_documents), even in windows; pre-filter the set"
+    assert failure.details == {"errors": [{"path": "documents", "message": message}]}
+    said = "chunks[3].text: top_k is over max_total_chunks"
+    moved = client_violation(Violation(path="chunks[3].text", message=said))
+    assert (moved.path, moved.message) == ("documents[3]", "documents[3]: top_n is over max_documents")

@@ -14,8 +14,18 @@ from hypothesis import strategies as st
 from rag_rerank import InputError, plan, rerank
 from rag_rerank.cli import main
 from rag_rerank.cost import estimate_tokens
-from rag_rerank.evidence import ELISION, MIN_TOKENS_PER_CHUNK
-from rag_rerank.shortening import fit, most_tokens, token_counter
+from rag_rerank.evidence import ELISION, MIN_TOKENS_PER_CHUNK, passages_of, select
+from rag_rerank.models import Chunk, RerankRequest
+from rag_rerank.shortening import (
+    fit,
+    most_tokens,
+    original_span,
+    piece_spans,
+    prompt_tokens,
+    shorten,
+    token_counter,
+    tokens_over,
+)
 from rag_rerank.tools import call_tool
 from tests.support.fake_llm import FakeLLM, Reply
 
@@ -137,6 +147,38 @@ def test_the_guard_judges_a_quote_against_the_text_the_model_was_shown() -> None
     assert cut in srv.requests[1].prompt or "quotes" in json.dumps(srv.requests[1].body)
 
 
+def _two_passages() -> tuple[list[dict[str, str]], str, str]:
+    """A long chunk whose evidence at 32 tokens is two passages far apart, and a short chunk."""
+    sentences = [TOPICS[k % 4].format(i=k) for k in range(60)]
+    first, second = "The vaccine trial enrolled nurses.", "Infections fell by 40 percent in the vaccine arm."
+    sentences[12], sentences[47] = first, second
+    short = {"id": "short", "text": "The bakery opened at dawn."}
+    return [{"id": "doc-0", "text": " ".join(sentences)}, short], first, second
+
+
+def test_a_quote_across_the_elision_mark_is_refused_and_re_asked() -> None:
+    """The model is shown the kept passages joined by the mark: a quotation inside one passage is
+    accepted; one that runs across the mark (copying it, or joining the words on either side as
+    one phrase) is not a phrase of the original: refused, and the model is re-asked."""
+    chunks, first, second = _two_passages()
+    options = {"backend": "openai", "model": "m", "api_key": "x", "max_tokens_per_chunk": 32, "top_k": 1}
+    across = [f"nurses.{ELISION}Infections fell", "trial enrolled nurses infections fell by 40 percent"]
+    for quote in ["Infections fell by 40 percent", *across]:
+        replies = [Reply.openai_text(_answer(quote)), Reply.openai_text(_answer("enrolled nurses"))]
+        with FakeLLM(replies) as srv:
+            result = rerank(QUERY, chunks, base_url=srv.openai_url, **options)
+        shown = srv.requests[0].prompt
+        assert f"{first}{ELISION}{second}" in shown  # what the model was shown: two passages and the mark
+        assert result.ranked[0].id == "doc-0"
+        if quote in across:
+            assert len(srv.requests) == 2 and result.meta.attempts == 2, quote
+            feedback = srv.requests[1].last_user_text
+            assert "one passage" in feedback and quote[:20] in feedback
+        else:
+            assert len(srv.requests) == 1 and result.meta.attempts == 1
+        assert (result.meta.evidence or {})["doc-0"]["decided"] is None  # an LLM reads no passage's score
+
+
 def test_the_cli_and_the_tool_take_the_budget(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     chunks = [_long_chunk(0, ANSWER, tokens=600), {"id": "short", "text": "A short note on vaccines."}]
     path = tmp_path / "chunks.jsonl"
@@ -166,3 +208,126 @@ def test_the_fast_paths_bound_is_never_below_the_estimate(text: str) -> None:
     """`shorten` skips counting when the UTF-8 byte bound already fits: the bound must hold for
     any text, or a request over the budget would be sent whole."""
     assert most_tokens(text) >= estimate_tokens(text)
+
+
+@settings(derandomize=True, max_examples=200)
+@given(st.lists(st.text(max_size=40), max_size=6))
+@example(["a", " ", "b"])
+@example(["", "x"])
+def test_piece_spans_locate_the_passages_a_scored_backend_scores(parts: list[str]) -> None:
+    """`piece_spans` is where `passages_of`' pieces lie: what a scored backend reports as the passage
+    that decided its score must be the text it scored."""
+    text = ELISION.join(parts)
+    pieces, _ = passages_of([text])
+    assert [text[a:b] for a, b in piece_spans(text)] == pieces
+
+
+@settings(derandomize=True, max_examples=100, deadline=None)
+@given(st.text(min_size=1, max_size=600), st.integers(MIN_TOKENS_PER_CHUNK, 80), st.data())
+@example("One. Two three. " * 30 + "Vaccine trial.", 16, None)
+def test_a_span_of_the_shown_text_maps_to_the_same_characters_of_the_original(
+        text: str, budget: int, data: st.DataObject | None) -> None:
+    ev = select(QUERY, text, budget, count=estimate_tokens)
+    for k, (a, b) in enumerate(piece_spans(ev.text) if ev.text else []):
+        lo = a if data is None else data.draw(st.integers(a, b), label=f"start {k}")
+        hi = b if data is None else data.draw(st.integers(lo, b), label=f"end {k}")
+        got = original_span(ev, (lo, hi))
+        if got is None:  # only a piece that is a kept passage's stretch holding the mark itself
+            assert ELISION in text
+            continue
+        assert text[got[0]:got[1]] == ev.text[lo:hi]
+
+
+@pytest.mark.parametrize("how", [{"window_size": 20}, {"consistency": 2}])
+def test_the_deciding_passage_is_reported_through_windows_and_passes(how: dict[str, int]) -> None:
+    """Windows (the final pass scores the survivors) and consistency passes carry the scored
+    backend's deciding passage into meta.evidence as a call does."""
+    chunks, _, second = _two_passages()
+    many = chunks + [{"id": f"c{i}", "text": TOPICS[i % 4].format(i=i)} for i in range(40)]
+    one = rerank(QUERY, chunks, top_k=1, max_tokens_per_chunk=32)
+    result = rerank(QUERY, many, top_k=1, max_tokens_per_chunk=32, **how)
+    assert result.meta.calls > 1  # windows and a final pass, or two passes
+    entry = (result.meta.evidence or {})["doc-0"]
+    assert entry["decided"] in entry["passages"]
+    assert entry["decided"] == (one.meta.evidence or {})["doc-0"]["decided"]
+    assert chunks[0]["text"][slice(*entry["decided"])] == second
+
+
+@settings(derandomize=True, max_examples=300, deadline=None)
+@given(query=st.text(max_size=40),
+       parts=st.lists(st.tuples(st.text(max_size=8), st.text(max_size=200),
+                                st.one_of(st.none(), st.floats(allow_nan=False)),
+                                st.one_of(st.none(), st.dictionaries(st.text(max_size=4), st.text(max_size=9),
+                                                                     max_size=2))),
+                      min_size=1, max_size=6, unique_by=lambda p: p[0]),
+       budget=st.integers(0, 600), cap=st.one_of(st.none(), st.integers(MIN_TOKENS_PER_CHUNK, 200)))
+@example(query="q", parts=[("a", "It\u2019s " + "x" * 150, None, None)], budget=160, cap=None)
+def test_the_fast_bounds_never_let_an_over_budget_prompt_through(
+        query: str, parts: list[tuple[str, str, float | None, dict[str, str] | None]], budget: int,
+        cap: int | None) -> None:
+    """`tokens_over` (the input guard's check) skips counting when a byte bound fits, and `shorten`
+    passes a request through uncut on the same bound: both must agree with the exact count."""
+    chunks = [Chunk(i, t, s, m) for i, t, s, m in parts]
+    need = prompt_tokens(query, chunks)
+    assert tokens_over(query, chunks, budget) == (need if need > budget else None)
+    request = RerankRequest(query=query, chunks=tuple(chunks), top_k=1, lambda_=0.7)
+    within_cap = all(cap is None or estimate_tokens(c.text) <= cap for c in chunks)
+    try:
+        out = shorten(request, max_context_tokens=budget, max_tokens_per_chunk=cap, strict=False,
+                      window_size=None)
+    except InputError:
+        assert need > budget  # refused only when over the budget as counted
+        return
+    assert (out.request == request and not out.evidence) == (need <= budget and within_cap)
+
+
+def test_plan_counts_the_shortened_prompt() -> None:
+    """`plan()` prices the prompt the model will be sent: with a cap, the chunk's evidence, not its text."""
+    chunks = [_long_chunk(0, ANSWER, tokens=600), {"id": "short", "text": "A short note on vaccines."}]
+    llm = {"backend": "openai", "model": "gpt-4o-mini", "api_key": "sk-not-used"}  # plan() sends nothing
+    whole = plan(QUERY, chunks, top_k=2, **llm).prompt_tokens
+    capped = plan(QUERY, chunks, top_k=2, max_tokens_per_chunk=64, **llm).prompt_tokens
+    saved = estimate_tokens(chunks[0]["text"]) - 64
+    assert whole - capped >= saved * 0.9  # about the tokens cut (the elision marks and rounding aside)
+
+
+def test_the_service_takes_max_tokens_per_doc(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Cohere's `max_tokens_per_doc` on the service is the library's `max_tokens_per_chunk`: the
+    upstream LLM (the fake server) is sent the long document's evidence, not the document."""
+    pytest.importorskip("fastapi")
+    httpx = pytest.importorskip("httpx")
+    from rag_rerank.service.app import create_app
+    from rag_rerank.service.config import parse_config
+    from tests.support.fake_llm import auto_ranker
+    from tests.support.service import running
+
+    long = _long_chunk(0, ANSWER, tokens=600)["text"]
+    docs = [long, "A short note on vaccines."]
+    monkeypatch.setenv("W34_TEST_UPSTREAM_KEY", "sk-test")
+    with FakeLLM(handler=auto_ranker()) as llm:
+        upstream = {"backend": "openai", "model": "fake-gpt", "base_url": llm.openai_url,
+                    "api_key_env": "W34_TEST_UPSTREAM_KEY"}
+        config = parse_config({"models": {"llm": upstream}})
+        with running(create_app(config)) as url:
+            body = {"model": "llm", "query": QUERY, "documents": docs, "max_tokens_per_doc": 64}
+            r = httpx.post(f"{url}/v2/rerank", json=body, timeout=60)
+            whole = httpx.post(f"{url}/v2/rerank", json={**body, "max_tokens_per_doc": None}, timeout=60)
+    assert r.status_code == 200 and whole.status_code == 200, r.text
+    ours = r.json()["rag_rerank"]
+    assert ours["max_tokens_per_doc"] == {"value": 64, "applied": True, "option": "max_tokens_per_chunk"}
+    assert sorted(x["index"] for x in ours["ranked"] + ours["dropped"]) == [0, 1]
+    shortened, sent_whole = llm.requests[0].prompt, llm.requests[-1].prompt
+    assert ANSWER in shortened and long not in shortened and long in sent_whole
+
+
+@pytest.mark.parametrize("count", [None, -5, "12", 1.5, True])
+@pytest.mark.parametrize("strict", [False, True])
+def test_a_tokenizer_returning_no_count_is_named(count: object, strict: bool) -> None:
+    """Regression (QA): a tokenizer returning None raised a bare TypeError; one returning -5 made
+    every chunk fit, so ~110k tokens went to the model without a word."""
+    chunks = [{"id": f"c{i}", "text": "word " * 4000} for i in range(3)]
+    with pytest.raises(InputError) as caught:
+        rerank("word", chunks, max_tokens_per_chunk=None if strict else 64, strict=strict,
+               tokenizer=lambda text: count)
+    (violation,) = caught.value.violations
+    assert violation.path == "tokenizer" and repr(count) in violation.message

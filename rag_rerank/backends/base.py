@@ -35,6 +35,10 @@ class Completion:
     # Characters of reasoning the server returned apart from the answer (`reasoning_content`):
     # they count against max_tokens, so a truncation report says where the budget went.
     reasoning_chars: int = 0
+    # A scored backend's score of a chunk shown as its evidence is its best passage's: per chunk id,
+    # that passage as [start, end) in the chunk's text as shown (`shortening.decided_spans`); meta
+    # maps it to the original text (`meta.evidence[id]["decided"]`). Empty for an LLM.
+    decided: Mapping[str, tuple[int, int]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

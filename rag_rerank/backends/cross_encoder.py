@@ -33,6 +33,7 @@ from ..embed.sentence_transformers import model_folder_problem, quiet_loading
 from ..errors import InputError, MissingDependencyError, Violation
 from ..evidence import best_of, passages_of
 from ..models import RerankRequest
+from ..shortening import decided_spans
 from .base import Capabilities, Completion
 from .scored import SCORE_DECIMALS, answer, labelled
 
@@ -168,10 +169,16 @@ class CrossEncoderBackend:
         texts = [c.text for c in request.chunks]
         pieces, owner = passages_of(texts)  # a chunk shown as its evidence: scored by its best passage
         sc = self.scores(request.query, pieces)
+        which = np.arange(len(texts))
         if len(pieces) != len(texts):
-            sc = best_of(sc, owner, len(texts))[0]
-        obj = answer(request, [float(s) for s in sc], CROSS_ENCODER_REASON, decimals=SCORE_DECIMALS)
-        return Completion(text=json.dumps(obj, ensure_ascii=False), model=self.model, usage={})
+            sc, which = best_of(sc, owner, len(texts))
+        # The passage the score was read from: what the reason quotes and meta.evidence reports.
+        spans = decided_spans(texts, owner, which, [request.own_text(c) for c in request.chunks])
+        obj = answer(request, [float(s) for s in sc], CROSS_ENCODER_REASON, decimals=SCORE_DECIMALS,
+                     quote_in=spans)
+        decided = {c.id: span for c, span in zip(request.chunks, spans, strict=True)}
+        return Completion(text=json.dumps(obj, ensure_ascii=False), model=self.model, usage={},
+                          decided=decided)
 
     async def acomplete(self, prompt: str, request: RerankRequest, *, max_tokens: int,
                         feedback: Sequence[Violation] = (), previous: str | None = None) -> Completion:

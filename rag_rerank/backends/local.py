@@ -53,6 +53,7 @@ from ..embed.static import StaticEmbedder, embed_and_match
 from ..errors import Violation
 from ..evidence import best_of, passages_of
 from ..models import RerankRequest
+from ..shortening import decided_spans
 from .base import Capabilities, Completion
 from .scored import answer, worded
 from .terms import DEFAULT_BM25, Bm25, lexical_scores, stem
@@ -232,6 +233,11 @@ class LocalBackend:
     def rank(self, request: RerankRequest) -> dict[str, Any]:
         """The card's output object for `request`: at most `request.top_k` ranked, the rest dropped
         (`scored.answer`: guard-valid by construction, the minimum score in force honoured)."""
+        return self.ranked(request)[0]
+
+    def ranked(self, request: RerankRequest) -> tuple[dict[str, Any], dict[str, tuple[int, int]]]:
+        """`rank`'s object, and per chunk id the span of its text (as shown, without embedded meta
+        values) whose score is the chunk's: its best passage (`Completion.decided`)."""
         texts = [c.text for c in request.chunks]
         # A chunk shown as its evidence (passages joined by elision marks) is scored by its best
         # passage; a text without marks is one passage, scored exactly as before.
@@ -254,14 +260,18 @@ class LocalBackend:
             return worded(phrase, matched,
                           lambda quoted: f"closest in meaning: {quoted} (semantic {semantic:.2f})")
 
-        return answer(request, [float(x) for x in rounded], describe, weight_of=weight_of)
+        spans = decided_spans(texts, owner, which, [request.own_text(c) for c in request.chunks])
+        # The reason quotes the passage the score was read from.
+        obj = answer(request, [float(x) for x in rounded], describe, weight_of=weight_of, quote_in=spans)
+        return obj, {c.id: span for c, span in zip(request.chunks, spans, strict=True)}
 
     # -- Backend protocol ------------------------------------------------------------------------
 
     def complete(self, prompt: str, request: RerankRequest, *, max_tokens: int,
                  feedback: Sequence[Violation] = (), previous: str | None = None) -> Completion:
-        text = json.dumps(self.rank(request), ensure_ascii=False)
-        return Completion(text=text, finish_reason="stop", model=self.model, usage={})
+        obj, decided = self.ranked(request)
+        text = json.dumps(obj, ensure_ascii=False)
+        return Completion(text=text, finish_reason="stop", model=self.model, usage={}, decided=decided)
 
     async def acomplete(self, prompt: str, request: RerankRequest, *, max_tokens: int,
                         feedback: Sequence[Violation] = (), previous: str | None = None) -> Completion:

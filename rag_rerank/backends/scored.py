@@ -28,9 +28,11 @@ import numpy as np
 
 from .. import reasons
 from ..embed.units import UNSPACED, kind
+from ..evidence import ELISION
 from ..guard.limits import load_limits
 from ..guard.output import cites_chunk, misquoted
 from ..models import RerankRequest
+from ..shortening import piece_spans
 from ..text import quote, readable
 from .terms import STOPWORDS, lexical_scores, stem, word_spans
 
@@ -178,6 +180,24 @@ def reason_for(text: str, index: int, score: float, weight_of: dict[str, float],
     return None
 
 
+def quoted_passage(text: str, weight_of: dict[str, float]) -> str:
+    """What a reason quotes from: the chunk's text, or, for a chunk shown as its evidence (passages
+    joined by `ELISION`), the passage holding the most query weight: the output guard refuses a
+    quotation across the mark, which joins passages the original keeps apart."""
+    if ELISION not in text:
+        return text
+    pieces = [text[a:b] for a, b in piece_spans(text)]
+    weights = [sum(weight_of.get(s, 0.0) for s in _tokenise(p).stems) for p in pieces]
+    return pieces[int(np.argmax(weights))]
+
+
+def _quoted(text: str, span: tuple[int, int] | None, weight_of: dict[str, float]) -> str:
+    """`text[span]` when it is a non-empty span, else `quoted_passage`."""
+    if span is not None and span[1] > span[0]:
+        return text[span[0]:span[1]]
+    return quoted_passage(text, weight_of)
+
+
 def minimum_score(request: RerankRequest) -> float:
     """The minimum score in force for `request`: its own, else the contract's."""
     return load_limits().min_score if request.min_score is None else float(request.min_score)
@@ -185,12 +205,15 @@ def minimum_score(request: RerankRequest) -> float:
 
 def answer(request: RerankRequest, scores: Sequence[float | None], describe: Describe, *,
            decimals: int = 3, unscored_reason: str = reasons.reason(reasons.NOT_SELECTED, "not scored"),
-           weight_of: dict[str, float] | None = None) -> dict[str, Any]:
+           weight_of: dict[str, float] | None = None,
+           quote_in: Sequence[tuple[int, int]] | None = None) -> dict[str, Any]:
     """The card's output object for `request` from per-chunk `scores` in [0, 1] (input order).
 
     Chunks are ordered by full-precision score (ties: input order) and their scores written with
     `decimals` decimals, so two chunks a scorer tells apart keep its order even when they round
-    alike. A None score (a chunk the scorer did not return) is dropped with `unscored_reason`."""
+    alike. A None score (a chunk the scorer did not return) is dropped with `unscored_reason`.
+    `quote_in` is, per chunk, the [start, end) of its text a reason quotes from: the passage that
+    decided a score read from a chunk's best passage (else `quoted_passage`)."""
     own = [request.own_text(c) for c in request.chunks]  # reasons quote the chunk, not an embedded title
     if weight_of is None:
         weight_of = query_term_weights(request.query, [c.text for c in request.chunks])
@@ -210,7 +233,8 @@ def answer(request: RerankRequest, scores: Sequence[float | None], describe: Des
         elif len(ranked) >= request.top_k:
             dropped.append({"id": cid, "reason": reasons.reason(reasons.NOT_SELECTED,
                                                                reasons.score_detail(score))})
-        elif (reason := reason_for(own[i], i, score, weight_of, describe)) is not None:
+        elif (reason := reason_for(_quoted(own[i], quote_in[i] if quote_in else None, weight_of),
+                                   i, score, weight_of, describe)) is not None:
             ranked.append({"id": cid, "score": score, "reason": reason})
         else:
             dropped.append({"id": cid, "reason": reasons.reason(reasons.NO_CITABLE_PHRASE,

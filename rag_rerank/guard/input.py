@@ -5,6 +5,11 @@ Everything that could later break rendering or a backend call is caught here, wh
 can still be told which line / id / field is at fault: text that cannot be encoded as UTF-8
 (lone surrogates), values JSON cannot carry (NaN, sets, numbers too large for a float), and
 nesting so deep that a JSON codec would recurse out of stack.
+
+The context budget (`max_context_tokens`) is counted as the shortening counts it
+(`shortening.prompt_tokens`: the query and each chunk's text, id, score and metadata, by the one
+estimator or the caller's `tokenizer`), a cheap byte bound first; so the guard and the shortening
+never disagree about whether a request fits (docs/long-chunks.md, "Counting tokens").
 """
 
 from __future__ import annotations
@@ -27,6 +32,8 @@ from jsonschema import Draft202012Validator
 
 from ..errors import InputError, Violation
 from ..models import Chunk, RerankRequest
+from ..shortening import chunk_tokens, token_counter, tokens_over
+from ..tokens import Tokenizer
 from ..wording import closest, counted
 from .limits import Limits, as_limits, load_schema
 
@@ -433,15 +440,25 @@ def _without_nones(rec: Any) -> Any:
 
 
 def parse_chunks(
-    source: ChunkSource, *, limits: Limits | None = None, query: str = "", window_size: int | None = None
+    source: ChunkSource, *, limits: Limits | None = None, query: str = "", window_size: int | None = None,
+    tokenizer: Any = None,
 ) -> list[Chunk]:
     """Every chunk, or an `InputError` listing every problem found.
 
     With `window_size` the candidates are ranked in windows of that many (`rag_rerank.windows`):
     the size limit is then `max_total_chunks` and the token budget holds for each window's prompt
-    instead of for all the text at once."""
+    instead of for all the text at once. Tokens are counted by `tokenizer` (a callable text ->
+    count, or an object with `encode`) when given, else by the package's one estimator
+    (`tokens.estimate_tokens`), exactly as `shortening` counts them."""
     lim = as_limits(limits)
-    records, violations, n_records = _records_from(source)
+    violations: list[Violation] = []
+    try:
+        count = token_counter(tokenizer)
+    except InputError as exc:
+        violations.extend(exc.violations)
+        count = token_counter(None)
+    records, found, n_records = _records_from(source)
+    violations.extend(found)
     chunks: list[Chunk] = []
     where: list[tuple[Any, int | None, int]] = []  # each chunk's record entry: its place, named on error
     others: list[Any] = []  # the items that were not plain records (the framework hint reads them)
@@ -477,7 +494,7 @@ def parse_chunks(
     if not n_records:
         msg = 'no chunks: give at least one {"id", "text"} record'
         violations.append(Violation(path="chunks", message=msg))
-    violations.extend(_collection_violations(chunks, where, n_records, lim, query, window_size))
+    violations.extend(_collection_violations(chunks, where, n_records, lim, query, window_size, count))
     if violations:
         raise InputError(violations, headline="invalid chunks")
     return chunks
@@ -561,7 +578,8 @@ Places = list[tuple[Any, int | None, int]]  # each chunk's record entry (`_recor
 
 
 def _collection_violations(
-    chunks: list[Chunk], where: Places, n_records: int, lim: Limits, query: str, window_size: int | None
+    chunks: list[Chunk], where: Places, n_records: int, lim: Limits, query: str, window_size: int | None,
+    count: Tokenizer,
 ) -> list[Violation]:
     out: list[Violation] = []
     if len(set(map(_ID, chunks))) < len(chunks):
@@ -573,7 +591,7 @@ def _collection_violations(
         more = f"; and {counted(len(dupes) - _SHOWN, 'more duplicated id')}" if len(dupes) > _SHOWN else ""
         out.append(Violation(path="chunks", message=f"duplicate ids (ids must be unique): {named}{more}",
                              value=list(dupes)))
-    out.extend(_size_violations(chunks, where, n_records, lim, query, window_size))
+    out.extend(_size_violations(chunks, where, n_records, lim, query, window_size, count))
     dims = {len(e) for e in map(_EMBEDDING, chunks) if e is not None}
     if len(dims) > 1:
         out.append(Violation(path="chunks[*].embedding", message=f"embeddings have different dimensions: "
@@ -605,20 +623,24 @@ def _chars(chunks: list[Chunk]) -> int:
     return n
 
 
-def _longest(chunks: list[Chunk], where: Places, lim: Limits) -> str:
+def _longest(chunks: list[Chunk], where: Places, lim: Limits, count: Tokenizer) -> str:
     """The (at most 3) longest chunks that each take a tenth of the budget or more, with their place
     and estimated tokens: an over-budget error must say which chunk to shorten, not only the total
     (one 200,000-character document among fifty short ones is the usual cause)."""
-    size = {i: lim.estimate_tokens(_prompt_chars(c)) for i, c in enumerate(chunks)}
+    size = {i: chunk_tokens(c, count) for i, c in enumerate(chunks)}
     big = sorted((i for i in size if size[i] * 10 >= lim.max_context_tokens), key=lambda i: -size[i])[:3]
     named = ", ".join(f"id {_short(chunks[i].id)} ({_place(where[i])}) about {size[i]} tokens" for i in big)
     return f"; the longest: {named}" if named else ""
 
 
 def _size_violations(
-    chunks: list[Chunk], where: Places, n_records: int, lim: Limits, query: str, window_size: int | None
+    chunks: list[Chunk], where: Places, n_records: int, lim: Limits, query: str, window_size: int | None,
+    count: Tokenizer,
 ) -> list[Violation]:
-    """The count limit and the token budget: for the whole set in one prompt, or per window."""
+    """The count limit and the token budget: for the whole set in one prompt, or per window. Tokens
+    are counted as `shortening` counts them (`shortening.tokens_over`: the query and each chunk's
+    text, id, score and metadata, by the one estimator or the caller's tokenizer, the UTF-8 byte
+    bound first), so the guard and the shortening never disagree about what fits."""
     out: list[Violation] = []
     if window_size is None and n_records > lim.max_chunks:
         advice = MAX_CHUNKS_ADVICE.get()(lim)
@@ -642,16 +664,16 @@ def _size_violations(
     over: list[tuple[int, int, int]] = []  # (first, end, estimated tokens) of each prompt over budget
     for first in range(0, max(len(chunks), 1), max(size, 1)):
         part = chunks[first : first + size]
-        est = lim.estimate_tokens(_chars(part) + len(query))
-        if est > lim.max_context_tokens:
+        est = tokens_over(query, part, lim.max_context_tokens, count)
+        if est is not None:
             over.append((first, first + len(part), est))
     if over and window_size is None:
         out.append(
             Violation(
                 path="chunks",
                 message=f"about {over[0][2]} tokens of text is over the budget of {lim.max_context_tokens} "
-                f"(max_context_tokens){_longest(chunks, where, lim)}; send fewer or shorter chunks or raise "
-                "the budget",
+                f"(max_context_tokens){_longest(chunks, where, lim, count)}; send fewer or shorter chunks or "
+                "raise the budget",
                 value=over[0][2],
             )
         )
@@ -663,7 +685,7 @@ def _size_violations(
                 path="chunks",
                 message=f"{counted(len(over), 'window')} of {window_size} over the budget of "
                 f"{lim.max_context_tokens} tokens (max_context_tokens): {named}{rest}"
-                f"{_longest(chunks, where, lim)}; pass a smaller window_size or shorter chunks",
+                f"{_longest(chunks, where, lim, count)}; pass a smaller window_size or shorter chunks",
                 value=[est for _, _, est in over],
             )
         )
@@ -787,10 +809,12 @@ def validate_request(
     *,
     limits: Limits | None = None,
     window_size: Any = None,
+    tokenizer: Any = None,
 ) -> RerankRequest:
     """Check everything about a request at once; raise one `InputError` naming every problem.
 
-    `window_size` (see `parse_chunks`) is checked here too; the request itself does not carry it."""
+    `window_size` (see `parse_chunks`) is checked here too; the request itself does not carry it.
+    `tokenizer` counts the context budget's tokens (see `parse_chunks`)."""
     lim = as_limits(limits)
     query, top_k, lambda_ = _defaults(query, top_k, lambda_, lim)
     if isinstance(window_size, float) and window_size.is_integer():
@@ -801,7 +825,8 @@ def validate_request(
     parsed: list[Chunk] = []
     try:
         parsed = parse_chunks(chunks, limits=lim, query=query if isinstance(query, str) else "",
-                              window_size=window_size if _usable_window(window_size, lim) else None)
+                              window_size=window_size if _usable_window(window_size, lim) else None,
+                              tokenizer=tokenizer)
     except InputError as exc:
         violations.extend(exc.violations)
     if violations:

@@ -27,7 +27,9 @@ class Limits:
     default_lambda: float = 0.7
 
     def estimate_tokens(self, n_chars: int) -> int:
-        """The guard's token bound from a length (`tokens.tokens_in_chars`, the one estimator's)."""
+        """A token bound from a length alone (`tokens.tokens_in_chars`): for a caller that has only
+        lengths (the windows' final-pass packing). The input guard counts the text itself
+        (`shortening.prompt_tokens`)."""
         return tokens_in_chars(n_chars, self.chars_per_token)
 
     def with_overrides(self, **changes: Any) -> Limits:

@@ -21,6 +21,7 @@ from jsonschema import Draft202012Validator
 
 from .. import reasons
 from ..errors import InputError, OutputError, Violation
+from ..evidence import ELISION
 from ..models import Chunk
 from ..text import NEGATIONS, STOPWORDS, comparable, inflection_key
 from .input import ChunkSource, normal_top_k, parse_chunks, top_k_violations
@@ -210,23 +211,41 @@ def misquoted(reason: str, source: str) -> str | None:
     form, spacing and punctuation aside, an ellipsis may elide words between pieces, and a quotation
     may leave a word out, add an article or inflect a word differently (see `_faithful`); it may
     not bring a word the source lacks, nor change a number or a negation. A reason is the model's
-    evidence that it read the chunk: a quotation that is not there was invented."""
+    evidence that it read the chunk: a quotation that is not there was invented.
+
+    A long chunk shown as its evidence (`shortening.py`) joins the kept passages with the elision
+    mark (`evidence.ELISION`). Each passage is a source of its own: a quotation piece must lie
+    inside one of them, never across a mark (the words on either side of it are not a phrase of the
+    original), and a quotation that copies the mark is refused (`spans_elision`)."""
     quotes = _quotations(reason)
     if not quotes:
         return None
-    haystack = _comparable(source)
-    words: _Source | None = None
+    segments = source.split(ELISION) if ELISION in source else [source]
+    haystacks = [_comparable(s) for s in segments]
+    words: list[_Source] | None = None
     pairs = 0
     for quote in quotes:
+        if len(segments) > 1 and spans_elision(quote):
+            return quote
         for piece in (comparable(p).strip(_EDGE) for p in _ELLIPSIS.split(quote)):
-            if len(piece) < 3 or piece in haystack:  # one or two characters ("a", "%") prove nothing
+            if len(piece) < 3 or any(piece in h for h in haystacks):  # one or two characters prove nothing
                 continue
-            words = words or _Source(source)
+            words = words or [_Source(s) for s in segments]
             quoted = _words(piece)
-            pairs += len(quoted) * (len(words.keys) + 1)
-            if pairs > LOOSE_PAIRS or not _faithful(quoted, words):
+            pairs += len(quoted) * sum(len(w.keys) + 1 for w in words)
+            if pairs > LOOSE_PAIRS or not any(_faithful(quoted, w) for w in words):
                 return quote
     return None
+
+
+_MARK = ELISION.strip()
+
+
+def spans_elision(quote: str) -> bool:
+    """Whether a quotation copies the elision mark that joins a shortened chunk's passages: it
+    presents passages the original keeps apart as one phrase. (An ellipsis of the model's own,
+    `...` or `…`, is judged as always: each piece must lie inside one passage.)"""
+    return _MARK in quote
 
 
 # What a quotation is looked for in, memoised: a chunk (with its id and the query) recurs.
@@ -261,6 +280,21 @@ class _Quotable:
             return "neither in the chunk's text nor in the query"
         return ("not in the chunk's text (the query was not given: check_output(query=), "
                 "rag-rerank check --query)")
+
+    def refusal(self, cid: str, bad: str) -> str:
+        """The violation's message for quotation `bad` in chunk `cid`'s reason: where it was looked
+        for, and, for a chunk shown as its evidence, that a quotation stays inside one passage."""
+        shown = bad if len(bad) <= 60 else bad[:57] + "..."
+        chunk = self._chunks.get(cid)
+        if chunk is not None and ELISION in chunk.text:
+            if spans_elision(bad):
+                return (f"reason quotes {shown!r}, which copies the elision mark {_MARK}: it joins passages "
+                        "the original keeps apart, so they are not one phrase; quote one passage exactly "
+                        "or do not quote")
+            return (f"reason quotes {shown!r}, which is {self.where} as shown: a quotation must lie "
+                    f"inside one passage (the mark {_MARK} between passages stands for text left out); "
+                    "quote one passage exactly or do not quote")
+        return f"reason quotes {shown!r}, which is {self.where}; quote the chunk exactly or do not quote"
 
     def misquoted(self, cid: str, reason: str) -> str | None:
         """`misquoted(reason, ...)` against what chunk `cid`'s reason may quote; None for an id
@@ -428,9 +462,7 @@ def _item_violations(
                    "(name a phrase, entity or claim)")
             out.append(Violation(path=f"{path}.reason", message=msg, value=reason, id=cid))
         elif isinstance(reason, str) and (bad := quotable.misquoted(cid, reason)):
-            shown = bad if len(bad) <= 60 else bad[:57] + "..."
-            msg = (f"reason quotes {shown!r}, which is {quotable.where}; quote the chunk exactly "
-                   "or do not quote")
+            msg = quotable.refusal(cid, bad)
             out.append(Violation(path=f"{path}.reason", message=msg, value=reason, id=cid))
     elif isinstance(reason, str) and (target := reasons.redundant_target(reason)) is not None:
         if target not in ranked_ids:
@@ -575,9 +607,7 @@ def _plain_violations(obj: Any, chunks: Sequence[Chunk], top_k: int, lim: Limits
             continue
         quotable = quotable or _Quotable(chunks, query)
         if bad := quotable.misquoted(cid, reason):
-            shown = bad if len(bad) <= 60 else bad[:57] + "..."
-            msg = (f"reason quotes {shown!r}, which is {quotable.where}; quote the chunk exactly "
-                   "or do not quote")
+            msg = quotable.refusal(cid, bad)
             out.append(Violation(path=f"$.ranked[{i}].reason", message=msg, value=reason, id=cid))
     ranked_ids = {it["id"] for it in ranked}
     for i, item in enumerate(dropped):

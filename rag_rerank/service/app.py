@@ -23,26 +23,37 @@ import logging
 import os
 import time
 import uuid
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Coroutine, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from typing import Any
 
 from ..backends.factory import capabilities
 from ..cost import as_prices
-from ..errors import BackendError, BudgetError, CacheMissError, InputError, MissingDependencyError, Violation
+from ..errors import (
+    BackendError,
+    BudgetError,
+    CacheMissError,
+    InputError,
+    MissingDependencyError,
+    Violation,
+)
+from ..evidence import MIN_TOKENS_PER_CHUNK
 from ..models import RerankResult
 from ..paths import default_cache_dir
-from ..session import Reranker
+from ..session import Reranker, off_loop
 from . import protocol
 from .admission import Admission, Draining, Overloaded
-from .config import ApiKey, ServiceConfig, load_config, read_keys_file
+from .config import ApiKey, ModelSpec, ServiceConfig, build_sessions, load_config, read_keys_file
 from .keys import Ledger, Usage, authenticate, bearer_token, utc_day
 from .metrics import Metrics
 
 try:
     from fastapi import FastAPI, Request
+    from fastapi.exceptions import RequestValidationError
     from fastapi.responses import JSONResponse, Response
     from pydantic import BaseModel, Field
+    from starlette.exceptions import HTTPException as StarletteHTTPException
 except ImportError:  # the serve extra is not installed
     raise MissingDependencyError("rag-rerank serve", "serve", "fastapi") from None
 
@@ -64,7 +75,9 @@ class V2RerankRequest(BaseModel):
     top_n: int | None = Field(
         None, ge=1, description="at most this many results (default: the model's top_k)"
     )
-    max_tokens_per_doc: int | None = Field(None, ge=1)
+    max_tokens_per_doc: int | None = Field(
+        None, ge=MIN_TOKENS_PER_CHUNK, description="a longer document is ranked by its evidence"
+    )
     return_documents: bool | None = None
 
 
@@ -78,7 +91,9 @@ class V1RerankRequest(BaseModel):
     rank_fields: list[str] | None = None
     return_documents: bool | None = None
     max_chunks_per_doc: int | None = None
-    max_tokens_per_doc: int | None = Field(None, ge=1)
+    max_tokens_per_doc: int | None = Field(
+        None, ge=MIN_TOKENS_PER_CHUNK, description="a longer document is ranked by its evidence"
+    )
 
 
 class RerankResultItem(BaseModel):
@@ -122,14 +137,18 @@ class Service:
 
     def __init__(self, config: ServiceConfig) -> None:
         self.config = config
-        self.sessions: dict[str, Reranker] = {}
-        try:
-            for name, spec in config.models.items():
-                self.sessions[name] = Reranker(**spec.reranker_kwargs())
-        except BaseException:
+        for spec in config.models.values():
+            missing_key_warning(spec)
+        self.sessions, bad = build_sessions(config.models)
+        if bad:
             self.close()
-            raise
+            raise InputError(bad, headline="invalid service config")
         limits = config.limits
+        # What each session's input guard applies: the service's query and document limits.
+        self.limits = {
+            name: protocol.library_limits(limits, session.defaults.limits)
+            for name, session in self.sessions.items()
+        }
         self.admission = Admission(limits.max_in_flight, limits.max_queue, limits.queue_timeout_s)
         self.ledger = Ledger(ledger_path(config)) if any(k.budget for k in config.keys) else None
         self.metrics = Metrics()
@@ -229,10 +248,12 @@ class Service:
                         details={"models": list(self.sessions)},
                     )
                 )
-            options, notes = protocol.call_options(call)
+            options, notes = protocol.call_options(call, limits=self.limits[model])
             deadline = self.config.limits.deadline_s
             with self.metrics.in_flight.track_inprogress():
-                result = await asyncio.wait_for(self.admitted(key, session, call, options), deadline)
+                result = await self.within_deadline(self.admitted(key, session, call, options), deadline)
+            if result.meta.fallback_reason:  # answered, but not by the configured upstream
+                log.warning("model %r: answered by the fallback: %s", model, result.meta.fallback_reason)
             sends = capabilities(session.backend).makes_requests
             self.metrics.observe(model, result, sends)
             status = 200
@@ -243,7 +264,7 @@ class Service:
             response.headers.update(answer.headers)
             return response
         except Exception as exc:  # every failure answered with a status and a Cohere-style body
-            failure = self.classify(exc)
+            failure = self.classify(exc, model)
             status = failure.status
             return self.failure_response(failure)
         finally:
@@ -251,12 +272,26 @@ class Service:
             if status == 200:
                 self.metrics.latency.labels(route, model).observe(time.monotonic() - started)
 
+    async def within_deadline(self, work: Coroutine[Any, Any, RerankResult], deadline: float) -> RerankResult:
+        """`work`'s result, or `TimeoutError` (504) once `deadline` seconds have passed, on time: the
+        work runs as a task of its own, and at the deadline it is cancelled without waiting for it.
+        CPU work in a thread cannot be stopped (`session.off_loop`): the task ends when that work does,
+        and until then it keeps its in-flight slot (`admitted`), so `max_in_flight` bounds the work
+        really running, abandoned or not, and its result is discarded."""
+        task = asyncio.ensure_future(work)
+        try:
+            return await asyncio.wait_for(asyncio.shield(task), deadline)
+        except BaseException:  # the deadline, or this handler cancelled (shutdown)
+            task.cancel()
+            task.add_done_callback(_discard)
+            raise
+
     async def admitted(
         self, key: ApiKey | None, session: Reranker, call: protocol.RerankCall, options: Mapping[str, Any]
     ) -> RerankResult:
         """The rerank inside an in-flight slot, with the key's budget reserved and settled."""
         async with self.admission.slot():
-            planned = self.planned(key, session, call, options)
+            planned = await off_loop(self.planned, key, session, call, options)
             day = utc_day()
             if key is not None and self.ledger is not None and key.budget:
                 # SQLite may wait for another worker's transaction: off the event loop
@@ -272,7 +307,17 @@ class Service:
                 if key is not None and self.ledger is not None and key.budget:
                     await asyncio.to_thread(self.ledger.settle, key, planned, used, day)
 
-    def classify(self, exc: Exception) -> protocol.Failure:
+    def secret_free(self, exc: Exception) -> str:
+        """`exc`'s text for the server log, with any configured upstream key in it masked (an
+        upstream's error body may echo the key it refused)."""
+        text = str(exc)
+        for spec in self.config.models.values():
+            key = os.environ.get(spec.api_key_env) if spec.api_key_env else None
+            if key and len(key) >= 4:
+                text = text.replace(key, "***")
+        return text
+
+    def classify(self, exc: Exception, model: str = "-") -> protocol.Failure:
         limits = self.config.limits
         if isinstance(exc, Overloaded):
             return self.refuse(
@@ -300,13 +345,26 @@ class Service:
         if isinstance(exc, BudgetError):
             return self.refuse("budget", protocol.budget_failure(exc))
         if isinstance(exc, BackendError):
-            log.warning("upstream failure: %s", exc)
-            return protocol.upstream_failure(exc)
+            failure = protocol.upstream_failure(exc)
+            text = self.secret_free(exc)
+            log.warning("model %r: upstream failure, answered %d: %s", model, failure.status, text)
+            return failure
         if isinstance(exc, CacheMissError):
             return protocol.Failure(502, "replay: the response cache holds no answer for this request")
         error_id = uuid.uuid4().hex[:12]
         log.exception("internal error %s", error_id)
         return protocol.Failure(500, f"internal error (id {error_id}; the server log has the details)")
+
+
+def missing_key_warning(spec: ModelSpec) -> None:
+    """Warn at start-up when a model names an `api_key_env` that is not set: the backend may still
+    start (a server on 127.0.0.1 needs no key), but an upstream that wants one refuses every request."""
+    if spec.api_key_env and not os.environ.get(spec.api_key_env):
+        log.warning(
+            "model %r: the environment variable %s (api_key_env) is not set; it is sent no API key",
+            spec.name,
+            spec.api_key_env,
+        )
 
 
 def ledger_path(config: ServiceConfig) -> str:
@@ -329,6 +387,16 @@ def ledger_path(config: ServiceConfig) -> str:
     return str(folder / "service-ledger.sqlite3")
 
 
+def _discard(task: asyncio.Future[Any]) -> None:
+    """The end of a request's work after its deadline: its result or error is dropped (the client has
+    had its 504), and an unexpected error is logged rather than lost."""
+    if task.cancelled():
+        return
+    exc = task.exception()
+    if exc is not None and not isinstance(exc, (_Answer, InputError, BudgetError, BackendError)):
+        log.warning("a request's work failed after its deadline: %r", exc)
+
+
 class _Answer(Exception):
     """A failure decided in a handler's step, answered as it is."""
 
@@ -344,6 +412,13 @@ def create_app(config: ServiceConfig | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        # Each request's CPU work (planning, shortening long chunks, the post-pass) runs in a worker
+        # thread (`session.off_loop`), so /health and the other requests keep being answered. One
+        # thread per in-flight slot (and a few for the cache and the ledger): a small request never
+        # waits for a thread behind long ones; more work than slots waits for a slot instead (429).
+        workers = service.config.limits.max_in_flight + 8
+        executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="rag-rerank-work")
+        asyncio.get_running_loop().set_default_executor(executor)
         await asyncio.to_thread(service.warm_up)
         yield
         service.admission.draining = True
@@ -359,8 +434,28 @@ def create_app(config: ServiceConfig | None = None) -> FastAPI:
         version=__version__,
         lifespan=lifespan,
         description="Cohere-compatible rerank API backed by rag-rerank's guarded LLM reranker.",
+        # FastAPI's /docs and /redoc pages load their scripts from a CDN: blank on an offline host,
+        # and a third party learns of every visit. The schema itself is served (/openapi.json).
+        docs_url=None,
+        redoc_url=None,
     )
     app.state.service = service
+
+    @app.exception_handler(StarletteHTTPException)
+    async def framework_error(request: Request, exc: StarletteHTTPException) -> Response:
+        """The router's own answers (404 unknown path, 405 wrong method) in Cohere's error shape."""
+        return service.failure_response(
+            protocol.Failure(exc.status_code, framework_message(request, exc), headers=exc.headers)
+        )
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, exc: RequestValidationError) -> Response:
+        errors = [{"path": ".".join(map(str, e.get("loc", ()))), "message": str(e.get("msg", ""))}
+                  for e in exc.errors()]
+        shown = "; ".join(f"{e['path']}: {e['message']}" for e in errors[:3])
+        return service.failure_response(
+            protocol.Failure(422, f"invalid request: {shown}", details={"errors": errors})
+        )
     if service.config.cors_origins:
         from fastapi.middleware.cors import CORSMiddleware
 
@@ -429,6 +524,23 @@ def create_app(config: ServiceConfig | None = None) -> FastAPI:
         return Response(body, media_type=content_type)
 
     return app
+
+
+ENDPOINTS = (
+    "POST /v1/rerank, POST /v2/rerank, GET /v1/models, GET /health, GET /ready, GET /metrics, "
+    "GET /openapi.json"
+)
+
+
+def framework_message(request: Request, exc: StarletteHTTPException) -> str:
+    """What the router's refusal means, with what the service does answer."""
+    path = request.url.path[:200]
+    if exc.status_code == 404:
+        return f"no such path: {path} (this service answers {ENDPOINTS})"
+    if exc.status_code == 405:
+        allowed = (exc.headers or {}).get("allow") or (exc.headers or {}).get("Allow") or ""
+        return f"method {request.method} is not allowed on {path}" + (f"; use {allowed}" if allowed else "")
+    return str(exc.detail)
 
 
 def app_from_env() -> FastAPI:

@@ -39,10 +39,12 @@ from typing import Any
 import yaml
 
 from ..cost import Budget, as_budget, as_prices
-from ..errors import InputError, Violation
+from ..errors import ConfigError, InputError, Violation
+from ..guard.input import lambda_violations, normal_top_k, top_k_violations
 from ..guard.limits import load_limits
-from ..options import REQUEST_OPTIONS, SESSION_OPTIONS, check_names, split_options
+from ..options import REQUEST_OPTIONS, SESSION_OPTIONS, Options, check_names, option_violations, split_options
 from ..retry import RetryPolicy
+from ..session import Reranker
 
 DEFAULT_MODEL = "local"
 # A session option the service sets itself (keys come from the environment, never from a file).
@@ -259,6 +261,13 @@ def parse_config(data: Any, base: Path | None = None) -> ServiceConfig:
     if ledger is not None and not isinstance(ledger, str):
         bad.append(Violation(path="ledger", message="must be a file path"))
     if bad:
+        # The file is refused: what building each model would find is named too, in the same
+        # report (its backend, embedder, upstream key; without its cache, so nothing is created).
+        sessions, more = build_sessions(models, probe=True)
+        for session in sessions.values():
+            session.close()
+        seen = {(v.path, v.message) for v in bad}
+        bad.extend(v for v in more if (v.path, v.message) not in seen)
         raise InputError(bad, headline="invalid service config")
     return ServiceConfig(
         models=models,
@@ -268,6 +277,28 @@ def parse_config(data: Any, base: Path | None = None) -> ServiceConfig:
         cors_origins=origins,
         ledger=ledger,
     )
+
+
+def build_sessions(
+    models: Mapping[str, ModelSpec], *, probe: bool = False
+) -> tuple[dict[str, Reranker], list[Violation]]:
+    """Each model's `Reranker` session, and what building them found, every model's problems at
+    once under its path (`models.gpt.base_url`; a missing upstream key as `models.gpt`). A `probe`
+    builds only what a session is made of (backend, embedder, key): no cache, no request options."""
+    sessions: dict[str, Reranker] = {}
+    bad: list[Violation] = []
+    for name, spec in models.items():
+        kwargs = spec.reranker_kwargs()
+        if probe:
+            kwargs = {k: v for k, v in kwargs.items() if k in SESSION_OPTIONS and k != "cache"}
+        try:
+            sessions[name] = Reranker(**kwargs)
+        except InputError as exc:
+            for v in exc.violations:
+                bad.append(Violation(path=f"models.{name}.{v.path}", value=v.value, message=v.message))
+        except ConfigError as exc:
+            bad.append(Violation(path=f"models.{name}", message=str(exc)))
+    return sessions, bad
 
 
 def check_keys(data: Mapping[str, Any], allowed: Sequence[str], prefix: str, bad: list[Violation]) -> None:
@@ -319,10 +350,36 @@ def model_spec(
         if isinstance(defaults.get("calibration"), str) and base is not None:
             path = Path(defaults["calibration"])
             defaults["calibration"] = str(path if path.is_absolute() else base / path)
+        for v in option_value_violations(defaults):
+            path = f"{where}.options.{option_name(v.path)}"
+            bad.append(Violation(path=path, value=v.value, message=yaml_words(v.message)))
     # More documents than one prompt takes are ranked in windows, as the library does when asked:
     # the operator's window_size, else the largest one prompt takes (a request within it is one call).
     defaults.setdefault("window_size", load_limits().max_chunks)
     return ModelSpec(name=name, session=session, defaults=defaults, api_key_env=env)
+
+
+def option_value_violations(defaults: Mapping[str, Any]) -> list[Violation]:
+    """What is wrong with a model's request options on their own, by the library's rules: each
+    option's check in the options table (`options.option_violations`, what a session checks when
+    built) and `top_k` and `lambda` (the input guard's checks; the table leaves them to the request,
+    where a bad default would blame every client for the operator's file)."""
+    out = option_violations(Options(**defaults))
+    if "top_k" in defaults:
+        out.extend(top_k_violations(normal_top_k(defaults["top_k"])))
+    if "lambda_" in defaults:
+        out.extend(lambda_violations(defaults["lambda_"]))
+    return out
+
+
+def option_name(path: str) -> str:
+    """A library option's path as the config file spells it (`lambda_` is `lambda` there)."""
+    return re.sub(r"^lambda_?\b", "lambda", path)
+
+
+def yaml_words(message: str) -> str:
+    """A library message in the config file's words: Python's `None` is YAML's and JSON's `null`."""
+    return re.sub(r"\bNone\b", "null", message)
 
 
 def key_digest(text: str) -> bytes:

@@ -19,11 +19,15 @@ with their reasons, the status, calls, attempts, cache, notes) is under the one 
 which Cohere clients ignore.
 
 **Errors** have Cohere's body `{"message": ...}`, and under `rag_rerank` the violations
-(`{"path": "documents[3]", "message": ...}`) when there are several.
+(`{"path": "documents[3]", "message": ...}`) when there are several. The rules of the query,
+`top_n`, `max_tokens_per_doc` and the number of documents are the library's (its input guard and
+options table, with the service's limits: `library_limits`); this module checks only what Cohere's
+shape adds, and words the library's errors as the client named things (`client_violation`).
 """
 
 from __future__ import annotations
 
+import re
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -31,8 +35,11 @@ from typing import Any
 
 from ..cost import usage_tokens
 from ..errors import BackendError, BudgetError, InputError, Violation
+from ..guard.input import normal_top_k, top_k_violations, validate_params
+from ..guard.limits import Limits as ContractLimits
+from ..guard.limits import as_limits
 from ..models import RerankResult
-from ..options import REQUEST_OPTIONS
+from ..options import OPTION, REQUEST_OPTIONS
 from .config import Limits
 
 NAMESPACE = "rag_rerank"
@@ -57,10 +64,6 @@ class RerankCall:
 
     def chunks(self) -> list[dict[str, str]]:
         return [{"id": str(i), "text": t} for i, t in enumerate(self.texts)]
-
-
-def _whole(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def parse_request(body: Any, version: int, limits: Limits) -> RerankCall:
@@ -89,16 +92,6 @@ def parse_request(body: Any, version: int, limits: Limits) -> RerankCall:
                 message="missing required field 'query'" if query is None else "must be a string",
             )
         )
-    elif not query.strip():
-        bad.append(Violation(path="query", message="must not be empty"))
-    elif len(query) > limits.max_query_chars:
-        bad.append(
-            Violation(
-                path="query",
-                message=f"{len(query)} characters is over the limit of "
-                f"{limits.max_query_chars} (max_query_chars)",
-            )
-        )
     rank_fields = body.get("rank_fields") if version == 1 else None
     if rank_fields is not None and not (
         isinstance(rank_fields, list) and rank_fields and all(isinstance(f, str) for f in rank_fields)
@@ -119,15 +112,6 @@ def parse_request(body: Any, version: int, limits: Limits) -> RerankCall:
         documents = []
     elif not documents:
         bad.append(Violation(path="documents", message="must hold at least one document"))
-    elif len(documents) > limits.max_documents:
-        bad.append(
-            Violation(
-                path="documents",
-                message=f"{len(documents)} documents is over the limit of "
-                f"{limits.max_documents} (max_documents)",
-            )
-        )
-        documents = []
     for i, doc in enumerate(documents):
         text = document_text(doc, version, rank_fields, f"documents[{i}]", bad)
         if text is None:
@@ -141,12 +125,9 @@ def parse_request(body: Any, version: int, limits: Limits) -> RerankCall:
                 )
             )
         texts.append(text)
-    top_n = body.get("top_n")
-    if top_n is not None and (not _whole(top_n) or top_n < 1):
-        bad.append(Violation(path="top_n", value=top_n, message="must be an integer >= 1"))
+    top_n = normal_top_k(body.get("top_n"))
     max_tokens = body.get("max_tokens_per_doc")
-    if max_tokens is not None and (not _whole(max_tokens) or max_tokens < 1):
-        bad.append(Violation(path="max_tokens_per_doc", value=max_tokens, message="must be an integer >= 1"))
+    bad.extend(map(client_violation, library_violations(query, top_n, max_tokens, limits)))
     return_documents = body.get("return_documents", False)
     if return_documents is None:
         return_documents = False
@@ -166,6 +147,67 @@ def parse_request(body: Any, version: int, limits: Limits) -> RerankCall:
         max_tokens_per_doc=max_tokens,
         ignored=ignored,
     )
+
+
+# --------------------------------------------------------------------------- the library's rules
+
+
+def library_limits(limits: Limits, base: Any = None) -> ContractLimits:
+    """The contract's limits (`base`: a model's own `limits` option, else `guard/limits.json`) with
+    the service's `max_query_chars` and `max_documents` (as `max_total_chunks`, the most one
+    windowed request ranks): passed with every session call, so the library's input guard is the
+    one judge of a query and of the number of documents, and the service's configured limits are
+    the ones it applies."""
+    return as_limits(base).with_overrides(
+        max_query_chars=limits.max_query_chars, max_total_chunks=limits.max_documents
+    )
+
+
+def library_violations(query: Any, top_n: Any, max_tokens: Any, limits: Limits) -> list[Violation]:
+    """What the library's own rules say of the request's query, `top_n` (its `top_k`) and
+    `max_tokens_per_doc` (its `max_tokens_per_chunk`), in the library's words: judged while the
+    request is read, so one 400 names these with the fields only Cohere's shape has (a missing
+    `model`, a document that is not a string). The library judges them again when called, by the
+    same rules."""
+    out: list[Violation] = []
+    if isinstance(query, str):
+        try:
+            validate_params(query, top_n, limits=library_limits(limits))
+        except InputError as exc:
+            out.extend(exc.violations)
+    elif top_n is not None:
+        out.extend(top_k_violations(top_n))
+    check = OPTION[TRUNCATION_OPTION].check if TRUNCATION_OPTION in OPTION else None
+    if max_tokens is not None and check is not None:
+        out.extend(check(max_tokens))
+    return out
+
+
+# The library's names of what a Cohere client sent under another name: its errors are answered in
+# the client's words (`chunks[3].text` is `documents[3]`, `top_k` is `top_n`, ...).
+_CLIENT_NAMES = {
+    "max_tokens_per_chunk": "max_tokens_per_doc",
+    "max_total_chunks": "max_documents",
+    "top_k": "top_n",
+    "chunks": "documents",
+    "chunk": "document",
+}
+_LIBRARY_NAME = re.compile(r"\b(" + "|".join(sorted(_CLIENT_NAMES, key=len, reverse=True)) + r")\b")
+_CHUNK_FIELD = re.compile(r"\bchunks\[(\d+)\]\.text\b")
+_PYTHON_NONE = re.compile(r"\bNone\b")
+
+
+def client_words(text: str) -> str:
+    """`text` (a library error's path or message) with the library's names as the client's, and
+    Python's `None` as JSON's `null`."""
+    text = _CHUNK_FIELD.sub(r"documents[\1]", text)
+    text = _PYTHON_NONE.sub("null", text)
+    return _LIBRARY_NAME.sub(lambda m: _CLIENT_NAMES[m.group(1)], text)
+
+
+def client_violation(v: Violation) -> Violation:
+    """A library violation in the client's words (`client_words`), its value kept."""
+    return Violation(path=client_words(v.path), message=client_words(v.message), value=v.value)
 
 
 def document_text(
@@ -218,11 +260,14 @@ def truncation(
 
 
 def call_options(
-    call: RerankCall, accepted: Sequence[str] = REQUEST_OPTIONS
+    call: RerankCall, accepted: Sequence[str] = REQUEST_OPTIONS, limits: ContractLimits | None = None
 ) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The keyword options of the session call for `call` (top_k from top_n, truncation), and the
-    notes the answer carries about fields not applied."""
+    """The keyword options of the session call for `call` (top_k from top_n, truncation, the
+    `limits` the library applies: `library_limits`), and the notes the answer carries about fields
+    not applied."""
     options, note = truncation(call.max_tokens_per_doc, accepted)
+    if limits is not None:
+        options["limits"] = limits
     if call.top_n is not None:
         # Cohere's top_n caps the results: more than there are documents means all of them.
         options["top_k"] = min(call.top_n, len(call.texts))
@@ -282,6 +327,8 @@ def response(
         "fallback": result.meta.fallback,
         "notes": list(result.meta.notes),
         "latency_ms": round(result.meta.latency_ms, 3),
+        # the kept passages of each shortened document ([start, end) offsets into its text)
+        **({"evidence": body["meta"]["evidence"]} if "evidence" in body["meta"] else {}),
     }
     ours.update(extras or {})
     return {"id": body["id"], "results": results, "meta": meta, NAMESPACE: ours}
@@ -307,17 +354,14 @@ class Failure:
 
 
 def input_failure(exc: InputError, status: int = 400) -> Failure:
-    """A bad request: every violation, chunk paths (`chunks[3].text`) renamed to the document's."""
-    violations = [Violation(path=_document_path(v.path), message=v.message) for v in exc.violations]
+    """A bad request: every violation, in the client's words (`client_violation`: `chunks[3].text`
+    is `documents[3]`, `max_total_chunks` is `max_documents`)."""
+    violations = [client_violation(v) for v in exc.violations]
     first = "; ".join(str(v) for v in violations[:3])
     more = f" (and {len(violations) - 3} more)" if len(violations) > 3 else ""
     return Failure(
         status, f"invalid request: {first}{more}", details={"errors": [v.to_dict() for v in violations]}
     )
-
-
-def _document_path(path: str) -> str:
-    return path.replace("chunks[", "documents[").replace("].text", "]") if path.startswith("chunks") else path
 
 
 def budget_failure(exc: BudgetError | str) -> Failure:
@@ -327,7 +371,9 @@ def budget_failure(exc: BudgetError | str) -> Failure:
 def upstream_failure(exc: BackendError) -> Failure:
     """A backend that failed after its retries, as the gateway statuses: 503 when the upstream said
     it was overloaded or down (429 / 5xx; its Retry-After passed on), 504 when it did not answer in
-    time, 502 for any other failure (an invalid answer, a refused key upstream). The message names
+    time (a timeout, a dropped connection), 502 for any other failure: unreachable (the connection
+    refused, the host unknown: nothing is there to wait for, as a proxy answers), an invalid answer,
+    a refused key upstream. The message names
     the kind and the upstream status, never the upstream's URL, key or body."""
     last = exc.attempts[-1] if exc.attempts else None
     status = getattr(last, "status", None)
@@ -351,6 +397,11 @@ def upstream_failure(exc: BackendError) -> Failure:
         return Failure(
             504, f"the upstream model did not answer ({len(exc.attempts)} attempts)", headers, details
         )
+    if last is not None and last.error_type == "UnreachableFailure":
+        return Failure(
+            502, "the upstream model is unreachable (connection refused, or its host name does not resolve)",
+            headers, details,
+        )
     what = f"HTTP {status}" if status else (last.kind.replace("_", " ") if last else "no answer")
     return Failure(502, f"the upstream model failed ({what})", headers, details)
 
@@ -363,8 +414,12 @@ __all__ = [
     "billed",
     "budget_failure",
     "call_options",
+    "client_violation",
+    "client_words",
     "document_text",
     "input_failure",
+    "library_limits",
+    "library_violations",
     "parse_request",
     "response",
     "truncation",

@@ -13,10 +13,14 @@ SIGTERM (or Ctrl-C) drains: uvicorn stops accepting connections, lets the reques
 
 from __future__ import annotations
 
+import copy
+import logging
+import logging.config
 import os
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from ..errors import MissingDependencyError
 from .app import CONFIG_ENV, KEYS_ENV, Service, create_app
@@ -40,6 +44,17 @@ def resolve(config_path: str | None, keys_file: str | None) -> ServiceConfig:
     return config
 
 
+def log_config(level: str) -> dict[str, Any]:
+    """uvicorn's logging configuration with the package's loggers (`rag_rerank`, which is silent
+    unless an application configures it) on the same stderr handler at `level`: an upstream failure,
+    a missing upstream key or an internal error reaches the operator's log (each worker applies it)."""
+    from uvicorn.config import LOGGING_CONFIG
+
+    out = copy.deepcopy(LOGGING_CONFIG)
+    out["loggers"]["rag_rerank"] = {"handlers": ["default"], "level": level.upper(), "propagate": False}
+    return out
+
+
 def serve(
     host: str = "127.0.0.1",
     port: int = 8080,
@@ -51,11 +66,14 @@ def serve(
 ) -> None:
     """Serve until SIGTERM / Ctrl-C (module docstring). Raises `InputError` for a bad config."""
     uvicorn = _uvicorn()
+    logging_config = log_config(log_level)
+    logging.config.dictConfig(logging_config)  # before the sessions are built: their warnings show
     config = resolve(config_path, keys_file)
     common = {
         "host": host,
         "port": port,
         "log_level": log_level,
+        "log_config": logging_config,
         "timeout_graceful_shutdown": config.limits.drain_s,
         "backlog": 2048,
         "server_header": False,
@@ -77,4 +95,4 @@ def serve(
             shutil.rmtree(made, ignore_errors=True)
 
 
-__all__ = ["resolve", "serve"]
+__all__ = ["log_config", "resolve", "serve"]

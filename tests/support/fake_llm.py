@@ -380,13 +380,18 @@ def auto_ranker(latency: float = 0.0) -> Callable[[RecordedRequest], Reply]:
         if req.api == "embeddings":
             reply = _embeddings_reply(req)
             return Reply(reply.status, reply.body, delay=latency)
-        answer = _rank_prompt(req.prompt)
-        if req.api == "anthropic":
-            tools = (req.body or {}).get("tools") or [{}]
-            return Reply.anthropic_tool(answer, name=tools[0].get("name", "submit_ranking"), delay=latency)
-        return Reply.openai_text(json.dumps(answer), delay=latency)
+        return ranking_reply(req, _rank_prompt(req.prompt), latency)
 
     return handle
+
+
+def ranking_reply(req: RecordedRequest, answer: dict[str, Any], latency: float = 0.0) -> Reply:
+    """`answer` (a ranking) in the wire format `req` came in: an Anthropic tool call (named as the
+    request's tool), else OpenAI message text; sent after `latency` s."""
+    if req.api == "anthropic":
+        tools = (req.body or {}).get("tools") or [{}]
+        return Reply.anthropic_tool(answer, name=tools[0].get("name", "submit_ranking"), delay=latency)
+    return Reply.openai_text(json.dumps(answer), delay=latency)
 
 
 class InFlight:

@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 from rag_rerank.text import STOPWORDS
 
-from .fake_llm import RecordedRequest, Reply
+from .fake_llm import RecordedRequest, Reply, ranking_reply
 
 _CHUNKS = re.compile(r"<chunks>(.*?)</chunks>", re.DOTALL)
 _TOP_K = re.compile(r"<top_k>(\d+)</top_k>")
@@ -63,10 +63,6 @@ def quoting_ranker(latency: float = 0.0) -> Callable[[RecordedRequest], Reply]:
     """A FakeLLM handler answering OpenAI or Anthropic requests with `answer_for` after `latency` s."""
 
     def handle(req: RecordedRequest) -> Reply:
-        answer = answer_for(req.prompt)
-        if req.api == "anthropic":
-            tools = (req.body or {}).get("tools") or [{}]
-            return Reply.anthropic_tool(answer, name=tools[0].get("name", "submit_ranking"), delay=latency)
-        return Reply.openai_text(json.dumps(answer), delay=latency)
+        return ranking_reply(req, answer_for(req.prompt), latency)
 
     return handle
