@@ -22,6 +22,7 @@ are only reported. Also prints the selection time for chunks of about 1,000 toke
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import json
 import math
@@ -250,7 +251,14 @@ def main() -> int:
     ap.add_argument("--minilm", action="store_true", help="also the sentence-transformers (MiniLM) profile")
     ap.add_argument("--tune", action="store_true", help="sweep the weights on the tuning half")
     ap.add_argument("--dl19", action="store_true", help="only TREC DL19 with padded candidates")
+    ap.add_argument("--weights", default="", metavar="NAME=VALUE,...",
+                    help="change the default weights for this run (e.g. later=1.0: the position prior), "
+                         "also for the engine's selection in --dl19")
     args = ap.parse_args()
+    if args.weights:
+        changes = {k.strip(): float(v) for k, v in (item.split("=") for item in args.weights.split(","))}
+        evidence.DEFAULT_WEIGHTS = dataclasses.replace(evidence.DEFAULT_WEIGHTS, **changes)
+        print(f"weights: {evidence.DEFAULT_WEIGHTS}")
     if args.dl19:
         bench_dl19()
         return 0

@@ -207,22 +207,57 @@ def _split_long(text: str, span: tuple[int, int], limit: int, count: TokenCounte
 # --------------------------------------------------------------------------- relevance
 
 
+# Discourse cues (English). A sentence that *poses* the question (a question, an aim: "to assess
+# whether", "we investigated", "the aim of") or states what is *not known* ("it is unclear",
+# "remains", "little is known") restates the query's words without answering it: it is what most
+# often outscores the answer on word overlap alone. Digits mark a sentence reporting a finding (a
+# measurement, a date, a count). None of them reads a position or a section label.
+_ASKS = re.compile(
+    r"\?[\"'”’)\]]*\s*$|\bwhether\b"
+    r"|^\W*(?:[A-Z]+\s+)?(?:to|we)\s+(?:assess|evaluate|determine|investigate|examine|test|compare|explore"
+    r"|describe|identify|estimate|aimed|sought|investigated|examined|asked|tested|hypothesi[sz]ed)\b"
+    r"|\b(?:aim|aims|objective|purpose|goal)\s+(?:of|was|is)\b", re.IGNORECASE)
+_GAP = re.compile(r"\b(?:unclear|unknown|remains?|little is known|not (?:yet )?(?:known|clear|understood)"
+                  r"|poorly understood)\b", re.IGNORECASE)
+_DIGIT = re.compile(r"\d")
+
+
 @dataclass(frozen=True)
 class Weights:
     """How the signals of a unit add up, and how much of its best neighbour's score it takes.
 
-    Chosen on the tuning half of the SciFact training pairs (even claim ids; `python bench/evidence.py
-    --tune` prints the sweep), the other half only reported (docs/long-chunks.md): the static token
-    match carries most of it (rarity-weighted, and "folate" finds "folic"), BM25 within the chunk
-    adds exact words that tell its sentences apart, and the static mean-vector cosine added nothing
-    (0 by default). `model` is the weight of a session model's own cosine (sentence-transformers);
-    on the tuning half it neither helped nor hurt, so it counts half."""
+    Provenance: a pairwise logistic model (scikit-learn `LogisticRegression`, C=0.01, no
+    intercept, features scaled by their spread) over every (rationale sentence, other sentence)
+    pair of the same abstract in the tuning half of the SciFact training pairs (even claim ids,
+    288 pairs); the weights are its coefficients scaled so that `tokens` is 2 (only the order of
+    a chunk's units matters). `python bench/evidence.py --fit` refits them and prints the
+    candidate features with their weights and the tuning half's precision at one; the odd claim
+    ids are only reported (docs/long-chunks.md). Features that were tried and left out (adding
+    nothing on the tuning half, or reading a property of structured abstracts only): idf-weighted
+    coverage of the query within the chunk, the share of the query's rarest words, matched query
+    bigrams, a window density of matches, query numbers matched, sentence length, terms only one
+    unit holds, the static mean-vector cosine (`semantic`, 0), and the sentence's position
+    (`later`, 0 by default: see its note).
 
-    lexical: float = 0.5
+    * `lexical`, `tokens`: BM25 within the chunk and the static table's token match (rarity-weighted,
+      and "folate" finds "folic"), as before the fit (0.5 and 2 then).
+    * `asks`, `unknown`: a unit that poses the question or says what is not known (`_ASKS`,
+      `_GAP`) is lowered; `digits`: a unit holding a digit is raised a little.
+    * `later`: a prior for units late in the chunk (position 0 to 1). On SciFact abstracts,
+      where findings follow the background, it adds about 0.05 to precision at one, but it is a
+      property of that genre, not of retrieved chunks in general, so it is off by default.
+    * `model` is the weight of a session model's own cosine (sentence-transformers); on the
+      tuning half it neither helped nor hurt, so it counts half."""
+
+    lexical: float = 1.10
     tokens: float = 2.0
     semantic: float = 0.0
     neighbours: float = 0.25
     model: float = 0.5
+    asks: float = -0.87
+    unknown: float = -0.49
+    digits: float = 0.36
+    later: float = 0.0
 
 
 DEFAULT_WEIGHTS = Weights()
@@ -236,16 +271,19 @@ class Scorer:
     table only (as the local backend's default profile does); any other object with
     `embed(texts)` (a sentence-transformers model) adds its cosine of query and unit."""
 
-    def __init__(self, embedder: Any = None, weights: Weights = DEFAULT_WEIGHTS) -> None:
+    def __init__(self, embedder: Any = None, weights: Weights | None = None) -> None:
         name = getattr(embedder, "name", embedder if isinstance(embedder, str) else None)
         family = name.split(":")[0] if isinstance(name, str) else None
         static = embedder is None or family in {"lexical", "static"}
         self.embedder = None if static else embedder
-        self.weights = weights
+        self.weights = weights = weights or DEFAULT_WEIGHTS
         self.identity = ("static" if static else str(name or type(embedder).__name__), weights)
 
     def __call__(self, query: str, units: list[str]) -> np.ndarray:
-        """Relevance of each unit to `query` (larger is better; comparable within one chunk only)."""
+        """Relevance of each unit to `query` (larger is better; comparable within one chunk only).
+        A unit sharing nothing with the query (no word, no token match) scores 0 whatever its cues;
+        a unit sharing something scores above 0 (the cues are offset by their most negative sum), so
+        the choice still stops at units that match nothing."""
         from .embed.static import vectors_and_match
 
         w = self.weights
@@ -257,7 +295,12 @@ class Scorer:
         if self.embedder is not None and w.model:
             own = np.asarray(self.embedder.embed([query, *units]), dtype=np.float32)
             score = score + w.model * (own[1:] @ own[0])
-        return np.asarray(score, dtype=np.float64)
+        cues = np.array([w.asks * bool(_ASKS.search(u)) + w.unknown * bool(_GAP.search(u))
+                         + w.digits * bool(_DIGIT.search(u)) for u in units])
+        if w.later and len(units) > 1:
+            cues = cues + w.later * np.arange(len(units)) / (len(units) - 1)
+        floor = min(w.asks, 0.0) + min(w.unknown, 0.0) + min(w.digits, 0.0) + min(w.later, 0.0)
+        return np.asarray(np.where(score > 0, score + cues - floor, score), dtype=np.float64)
 
 
 def _smooth(scores: np.ndarray, share: float) -> np.ndarray:
