@@ -249,14 +249,14 @@ class Weights:
     * `model` is the weight of a session model's own cosine (sentence-transformers); on the
       tuning half it neither helped nor hurt, so it counts half."""
 
-    lexical: float = 1.10
+    lexical: float = 1.03
     tokens: float = 2.0
     semantic: float = 0.0
     neighbours: float = 0.25
     model: float = 0.5
-    asks: float = -0.87
-    unknown: float = -0.49
-    digits: float = 0.36
+    asks: float = -0.84
+    unknown: float = -0.46
+    digits: float = 0.35
     later: float = 0.0
 
 
@@ -279,27 +279,40 @@ class Scorer:
         self.weights = weights = weights or DEFAULT_WEIGHTS
         self.identity = ("static" if static else str(name or type(embedder).__name__), weights)
 
-    def __call__(self, query: str, units: list[str]) -> np.ndarray:
-        """Relevance of each unit to `query` (larger is better; comparable within one chunk only).
-        A unit sharing nothing with the query (no word, no token match) scores 0 whatever its cues;
-        a unit sharing something scores above 0 (the cues are offset by their most negative sum), so
-        the choice still stops at units that match nothing."""
+    def signals(self, query: str, units: list[str]) -> dict[str, np.ndarray]:
+        """Each signal of each unit, by the name of its weight (`Weights`): what `__call__` adds
+        up, and what `bench/evidence.py --fit` fits the weights on. `semantic` and `model` are
+        present only when they count (their weight is set; a session model)."""
         from .embed.static import vectors_and_match
 
-        w = self.weights
-        score = w.lexical * lexical_scores(query, units)[0]
         vectors, match = vectors_and_match(query, units)
-        score = score + w.tokens * np.asarray(match)
-        if w.semantic:
-            score = score + w.semantic * (vectors[1:] @ vectors[0])
-        if self.embedder is not None and w.model:
+        n = len(units)
+        out = {"lexical": np.asarray(lexical_scores(query, units)[0], dtype=np.float64),
+               "tokens": np.asarray(match, dtype=np.float64),
+               "asks": np.array([bool(_ASKS.search(u)) for u in units], dtype=np.float64),
+               "unknown": np.array([bool(_GAP.search(u)) for u in units], dtype=np.float64),
+               "digits": np.array([bool(_DIGIT.search(u)) for u in units], dtype=np.float64),
+               "later": np.arange(n, dtype=np.float64) / max(n - 1, 1)}
+        if self.weights.semantic:
+            out["semantic"] = np.asarray(vectors[1:] @ vectors[0], dtype=np.float64)
+        if self.embedder is not None and self.weights.model:
             own = np.asarray(self.embedder.embed([query, *units]), dtype=np.float32)
-            score = score + w.model * (own[1:] @ own[0])
-        cues = np.array([w.asks * bool(_ASKS.search(u)) + w.unknown * bool(_GAP.search(u))
-                         + w.digits * bool(_DIGIT.search(u)) for u in units])
-        if w.later and len(units) > 1:
-            cues = cues + w.later * np.arange(len(units)) / (len(units) - 1)
-        floor = min(w.asks, 0.0) + min(w.unknown, 0.0) + min(w.digits, 0.0) + min(w.later, 0.0)
+            out["model"] = np.asarray(own[1:] @ own[0], dtype=np.float64)
+        return out
+
+    def __call__(self, query: str, units: list[str]) -> np.ndarray:
+        """Relevance of each unit to `query` (larger is better; comparable within one chunk only).
+        The matching signals (lexical, tokens, semantic, model) add up to the unit's match; a unit
+        whose match is 0 (no query word, no token of the table near any query token) scores 0
+        whatever its cues, and one matching anything scores above 0 (the cues are offset by their
+        most negative sum), so the choice still stops at units that match nothing."""
+        w = self.weights
+        found = self.signals(query, units)
+        matching = ("lexical", "tokens", "semantic", "model")
+        score = sum((getattr(w, k) * found[k] for k in matching if k in found), np.zeros(len(units)))
+        cue_names = ("asks", "unknown", "digits", "later")
+        cues = sum((getattr(w, k) * found[k] for k in cue_names), np.zeros(len(units)))
+        floor = sum(min(getattr(w, k), 0.0) for k in cue_names)
         return np.asarray(np.where(score > 0, score + cues - floor, score), dtype=np.float64)
 
 
