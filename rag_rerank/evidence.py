@@ -212,14 +212,28 @@ def _split_long(text: str, span: tuple[int, int], limit: int, count: TokenCounte
 # "remains", "little is known") restates the query's words without answering it: it is what most
 # often outscores the answer on word overlap alone. Digits mark a sentence reporting a finding (a
 # measurement, a date, a count). None of them reads a position or a section label.
-_ASKS = re.compile(
-    r"\?[\"'”’)\]]*\s*$|\bwhether\b"
-    r"|^\W*(?:[A-Z]+\s+)?(?:to|we)\s+(?:assess|evaluate|determine|investigate|examine|test|compare|explore"
-    r"|describe|identify|estimate|aimed|sought|investigated|examined|asked|tested|hypothesi[sz]ed)\b"
-    r"|\b(?:aim|aims|objective|purpose|goal)\s+(?:of|was|is)\b", re.IGNORECASE)
+_ASK_START = re.compile(
+    r"\W*(?:[A-Z]+\s+)?(?:to|we)\s+(?:assess|evaluate|determine|investigate|examine|test|compare|explore"
+    r"|describe|identify|estimate|aimed|sought|investigated|examined|asked|tested|hypothesi[sz]ed)\b",
+    re.IGNORECASE)
+_ASK_ANYWHERE = re.compile(
+    r"\?[\"'”’)\]]*\s*$|\bwhether\b|\b(?:aim|aims|objective|purpose|goal)\s+(?:of|was|is)\b", re.IGNORECASE)
 _GAP = re.compile(r"\b(?:unclear|unknown|remains?|little is known|not (?:yet )?(?:known|clear|understood)"
                   r"|poorly understood)\b", re.IGNORECASE)
 _DIGIT = re.compile(r"\d")
+# Literal words one of which each searching pattern needs: a C-speed `in` test skips the regex
+# for most units (a regex scan of a sentence costs about as much as the rest of its score).
+_ASK_WORDS = ("?", "whether", "aim", "objective", "purpose", "goal")
+_GAP_WORDS = ("unclear", "unknown", "remain", "little is known", "not", "poorly understood")
+
+
+def _cues(unit: str) -> tuple[bool, bool, bool]:
+    """Whether `unit` poses the question, says what is not known, holds a digit."""
+    folded = unit.casefold()
+    asks = bool(_ASK_START.match(unit)) or (any(w in folded for w in _ASK_WORDS)
+                                            and bool(_ASK_ANYWHERE.search(unit)))
+    unknown = any(w in folded for w in _GAP_WORDS) and bool(_GAP.search(unit))
+    return asks, unknown, bool(_DIGIT.search(unit))
 
 
 @dataclass(frozen=True)
@@ -241,11 +255,13 @@ class Weights:
 
     * `lexical`, `tokens`: BM25 within the chunk and the static table's token match (rarity-weighted,
       and "folate" finds "folic"), as before the fit (0.5 and 2 then).
-    * `asks`, `unknown`: a unit that poses the question or says what is not known (`_ASKS`,
-      `_GAP`) is lowered; `digits`: a unit holding a digit is raised a little.
+    * `asks`, `unknown`: a unit that poses the question or says what is not known (`_cues`) is
+      lowered; `digits`: a unit holding a digit is raised a little.
     * `later`: a prior for units late in the chunk (position 0 to 1). On SciFact abstracts,
       where findings follow the background, it adds about 0.05 to precision at one, but it is a
-      property of that genre, not of retrieved chunks in general, so it is off by default.
+      property of that genre, not of retrieved chunks in general: on TREC DL19 with each passage
+      padded at a random position it lowered nDCG@10 at every budget (docs/long-chunks.md), so
+      it is off by default.
     * `model` is the weight of a session model's own cosine (sentence-transformers); on the
       tuning half it neither helped nor hurt, so it counts half."""
 
@@ -287,11 +303,10 @@ class Scorer:
 
         vectors, match = vectors_and_match(query, units)
         n = len(units)
+        cues = np.array([_cues(u) for u in units], dtype=np.float64).reshape(n, 3)
         out = {"lexical": np.asarray(lexical_scores(query, units)[0], dtype=np.float64),
                "tokens": np.asarray(match, dtype=np.float64),
-               "asks": np.array([bool(_ASKS.search(u)) for u in units], dtype=np.float64),
-               "unknown": np.array([bool(_GAP.search(u)) for u in units], dtype=np.float64),
-               "digits": np.array([bool(_DIGIT.search(u)) for u in units], dtype=np.float64),
+               **dict(zip(("asks", "unknown", "digits"), cues.T, strict=True)),
                "later": np.arange(n, dtype=np.float64) / max(n - 1, 1)}
         if self.weights.semantic:
             out["semantic"] = np.asarray(vectors[1:] @ vectors[0], dtype=np.float64)
