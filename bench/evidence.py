@@ -17,11 +17,14 @@ are only reported. Also prints the selection time for chunks of about 1,000 toke
     python bench/evidence.py              # figures on both halves, offline default
     python bench/evidence.py --minilm     # and the MiniLM profile
     python bench/evidence.py --tune       # the weight sweep on the tuning half
+    python bench/evidence.py --fit        # the fitted weights (pairwise logistic, tuning half)
+    python bench/evidence.py --dl19 [--weights later=1.0]   # TREC DL19 padded (position check)
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import json
 import math
@@ -153,6 +156,57 @@ def tune(pairs: list[dict[str, Any]]) -> None:
         print(f"{total:.3f} {w} " + " ".join(f"{b}:{r[b]:.3f}" for b in BUDGETS))
 
 
+def fit(pairs: list[dict[str, Any]], names: tuple[str, ...], c: float = 0.01) -> dict[str, float]:
+    """The weights of `names` by a pairwise logistic model on `pairs` (the tuning half): one example
+    per (rationale sentence, other sentence) pair of the same abstract, their signals' difference,
+    no intercept, each signal scaled by the spread of its differences; returned scaled so that
+    `tokens` weighs 2 (only the order of a chunk's units matters). Units are our splitter's
+    sentences; a unit is a rationale when it overlaps a rationale sentence."""
+    import numpy as np
+    from sklearn.linear_model import LogisticRegression
+
+    scorer = Scorer()
+    rows, labels = [], []
+    for p in pairs:
+        spans = evidence.sentences(p["text"])
+        found = scorer.signals(p["claim"], [p["text"][a:b] for a, b in spans])
+        x = np.column_stack([found[n] for n in names])
+        wanted = {i for r in p["rationales"] for i in r}
+        y = [any(a < p["spans"][i][1] and p["spans"][i][0] < b for i in wanted) for a, b in spans]
+        for i in (k for k, v in enumerate(y) if v):
+            for j in (k for k, v in enumerate(y) if not v):
+                rows += [x[i] - x[j], x[j] - x[i]]
+                labels += [1, 0]
+    data = np.array(rows)
+    spread = data.std(axis=0) + 1e-9
+    model = LogisticRegression(C=c, fit_intercept=False, max_iter=5000).fit(data / spread, labels)
+    coef = model.coef_[0] / spread
+    weights = dict(zip(names, coef.tolist(), strict=True))
+    scale = 2.0 / weights["tokens"]
+    return {n: round(v * scale, 2) for n, v in weights.items()}
+
+
+def precision_at_one(pairs: list[dict[str, Any]], scorer: Scorer) -> float:
+    """Share of pairs whose best-scored unit (our splitter's sentences) overlaps a rationale sentence."""
+    hits = 0
+    for p in pairs:
+        spans = evidence.sentences(p["text"])
+        best = spans[int(scorer(p["claim"], [p["text"][a:b] for a, b in spans]).argmax())]
+        wanted = {i for r in p["rationales"] for i in r}
+        hits += any(best[0] < p["spans"][i][1] and p["spans"][i][0] < best[1] for i in wanted)
+    return hits / len(pairs)
+
+
+def refit(tune_part: list[dict[str, Any]]) -> None:
+    """Fit the shipped signals (and, for comparison, with the position prior) on the tuning half."""
+    for names in (("lexical", "tokens"), ("lexical", "tokens", "asks", "unknown", "digits"),
+                  ("lexical", "tokens", "asks", "unknown", "digits", "later")):
+        weights = fit(tune_part, names)
+        zeroed = {n: 0.0 for n in ("asks", "unknown", "digits", "later", "neighbours") if n not in weights}
+        p1 = precision_at_one(tune_part, Scorer(None, Weights(**weights, **zeroed)))
+        print(f"tuning half, precision at one {p1:.3f} (no neighbour share): {weights}")
+
+
 # --------------------------------------------------------------------------- TREC DL19, padded
 
 
@@ -249,8 +303,16 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--minilm", action="store_true", help="also the sentence-transformers (MiniLM) profile")
     ap.add_argument("--tune", action="store_true", help="sweep the weights on the tuning half")
+    ap.add_argument("--fit", action="store_true", help="fit the weights on the tuning half (scikit-learn)")
     ap.add_argument("--dl19", action="store_true", help="only TREC DL19 with padded candidates")
+    ap.add_argument("--weights", default="", metavar="NAME=VALUE,...",
+                    help="change the default weights for this run (e.g. later=1.0: the position prior), "
+                         "also for the engine's selection in --dl19")
     args = ap.parse_args()
+    if args.weights:
+        changes = {k.strip(): float(v) for k, v in (item.split("=") for item in args.weights.split(","))}
+        evidence.DEFAULT_WEIGHTS = dataclasses.replace(evidence.DEFAULT_WEIGHTS, **changes)
+        print(f"weights: {evidence.DEFAULT_WEIGHTS}")
     if args.dl19:
         bench_dl19()
         return 0
@@ -258,6 +320,9 @@ def main() -> int:
     tune_part, held = halves(pairs)
     if args.tune:
         tune(tune_part)
+        return 0
+    if args.fit:
+        refit(tune_part)
         return 0
     methods: dict[str, Any] = {"head": head, "naive idf pick": naive,
                                "ours (offline default)": ours(Scorer())}

@@ -428,22 +428,73 @@ def _split_word(text: str, word: tuple[int, int], limit: int, count: TokenCounte
 # --------------------------------------------------------------------------- relevance
 
 
+# Discourse cues (English). A sentence that *poses* the question (a question, an aim: "to assess
+# whether", "we investigated", "the aim of") or states what is *not known* ("it is unclear",
+# "remains", "little is known") restates the query's words without answering it: it is what most
+# often outscores the answer on word overlap alone. Digits mark a sentence reporting a finding (a
+# measurement, a date, a count). None of them reads a position or a section label.
+_ASK_START = re.compile(
+    r"\W*(?:[A-Z]+\s+)?(?:to|we)\s+(?:assess|evaluate|determine|investigate|examine|test|compare|explore"
+    r"|describe|identify|estimate|aimed|sought|investigated|examined|asked|tested|hypothesi[sz]ed)\b",
+    re.IGNORECASE)
+_ASK_ANYWHERE = re.compile(
+    r"\?[\"'”’)\]]*\s*$|\bwhether\b|\b(?:aim|aims|objective|purpose|goal)\s+(?:of|was|is)\b", re.IGNORECASE)
+_GAP = re.compile(r"\b(?:unclear|unknown|remains?|little is known|not (?:yet )?(?:known|clear|understood)"
+                  r"|poorly understood)\b", re.IGNORECASE)
+_DIGIT = re.compile(r"\d")
+# Literal words one of which each searching pattern needs: a C-speed `in` test skips the regex
+# for most units (a regex scan of a sentence costs about as much as the rest of its score).
+_ASK_WORDS = ("?", "whether", "aim", "objective", "purpose", "goal")
+_GAP_WORDS = ("unclear", "unknown", "remain", "little is known", "not", "poorly understood")
+
+
+def _cues(unit: str) -> tuple[bool, bool, bool]:
+    """Whether `unit` poses the question, says what is not known, holds a digit."""
+    folded = unit.casefold()
+    asks = bool(_ASK_START.match(unit)) or (any(w in folded for w in _ASK_WORDS)
+                                            and bool(_ASK_ANYWHERE.search(unit)))
+    unknown = any(w in folded for w in _GAP_WORDS) and bool(_GAP.search(unit))
+    return asks, unknown, bool(_DIGIT.search(unit))
+
+
 @dataclass(frozen=True)
 class Weights:
     """How the signals of a unit add up, and how much of its best neighbour's score it takes.
 
-    Chosen on the tuning half of the SciFact training pairs (even claim ids; `python bench/evidence.py
-    --tune` prints the sweep), the other half only reported (docs/long-chunks.md): the static token
-    match carries most of it (rarity-weighted, and "folate" finds "folic"), BM25 within the chunk
-    adds exact words that tell its sentences apart, and the static mean-vector cosine added nothing
-    (0 by default). `model` is the weight of a session model's own cosine (sentence-transformers);
-    on the tuning half it neither helped nor hurt, so it counts half."""
+    Provenance: a pairwise logistic model (scikit-learn `LogisticRegression`, C=0.01, no
+    intercept, features scaled by their spread) over every (rationale sentence, other sentence)
+    pair of the same abstract in the tuning half of the SciFact training pairs (even claim ids,
+    288 pairs); the weights are its coefficients scaled so that `tokens` is 2 (only the order of
+    a chunk's units matters). `python bench/evidence.py --fit` refits them and prints the
+    candidate features with their weights and the tuning half's precision at one; the odd claim
+    ids are only reported (docs/long-chunks.md). Features that were tried and left out (adding
+    nothing on the tuning half, or reading a property of structured abstracts only): idf-weighted
+    coverage of the query within the chunk, the share of the query's rarest words, matched query
+    bigrams, a window density of matches, query numbers matched, sentence length, terms only one
+    unit holds, the static mean-vector cosine (`semantic`, 0), and the sentence's position
+    (`later`, 0 by default: see its note).
 
-    lexical: float = 0.5
+    * `lexical`, `tokens`: BM25 within the chunk and the static table's token match (rarity-weighted,
+      and "folate" finds "folic"), as before the fit (0.5 and 2 then).
+    * `asks`, `unknown`: a unit that poses the question or says what is not known (`_cues`) is
+      lowered; `digits`: a unit holding a digit is raised a little.
+    * `later`: a prior for units late in the chunk (position 0 to 1). On SciFact abstracts,
+      where findings follow the background, it adds about 0.05 to precision at one, but it is a
+      property of that genre, not of retrieved chunks in general: on TREC DL19 with each passage
+      padded at a random position it lowered nDCG@10 at every budget (docs/long-chunks.md), so
+      it is off by default.
+    * `model` is the weight of a session model's own cosine (sentence-transformers); on the
+      tuning half it neither helped nor hurt, so it counts half."""
+
+    lexical: float = 1.03
     tokens: float = 2.0
     semantic: float = 0.0
     neighbours: float = 0.25
     model: float = 0.5
+    asks: float = -0.84
+    unknown: float = -0.46
+    digits: float = 0.35
+    later: float = 0.0
 
 
 DEFAULT_WEIGHTS = Weights()
@@ -457,28 +508,48 @@ class Scorer:
     table only (as the local backend's default profile does); any other object with
     `embed(texts)` (a sentence-transformers model) adds its cosine of query and unit."""
 
-    def __init__(self, embedder: Any = None, weights: Weights = DEFAULT_WEIGHTS) -> None:
+    def __init__(self, embedder: Any = None, weights: Weights | None = None) -> None:
         name = getattr(embedder, "name", embedder if isinstance(embedder, str) else None)
         family = name.split(":")[0] if isinstance(name, str) else None
         static = embedder is None or family in {"lexical", "static"}
         self.embedder = None if static else embedder
-        self.weights = weights
+        self.weights = weights = weights or DEFAULT_WEIGHTS
         self.identity = ("static" if static else str(name or type(embedder).__name__), weights)
 
-    def __call__(self, query: str, units: list[str]) -> np.ndarray:
-        """Relevance of each unit to `query` (larger is better; comparable within one chunk only)."""
+    def signals(self, query: str, units: list[str]) -> dict[str, np.ndarray]:
+        """Each signal of each unit, by the name of its weight (`Weights`): what `__call__` adds
+        up, and what `bench/evidence.py --fit` fits the weights on. `semantic` and `model` are
+        present only when they count (their weight is set; a session model)."""
         from .embed.static import vectors_and_match
 
-        w = self.weights
-        score = w.lexical * lexical_scores(query, units)[0]
         vectors, match = vectors_and_match(query, units)
-        score = score + w.tokens * np.asarray(match)
-        if w.semantic:
-            score = score + w.semantic * (vectors[1:] @ vectors[0])
-        if self.embedder is not None and w.model:
+        n = len(units)
+        cues = np.array([_cues(u) for u in units], dtype=np.float64).reshape(n, 3)
+        out = {"lexical": np.asarray(lexical_scores(query, units)[0], dtype=np.float64),
+               "tokens": np.asarray(match, dtype=np.float64),
+               **dict(zip(("asks", "unknown", "digits"), cues.T, strict=True)),
+               "later": np.arange(n, dtype=np.float64) / max(n - 1, 1)}
+        if self.weights.semantic:
+            out["semantic"] = np.asarray(vectors[1:] @ vectors[0], dtype=np.float64)
+        if self.embedder is not None and self.weights.model:
             own = np.asarray(self.embedder.embed([query, *units]), dtype=np.float32)
-            score = score + w.model * (own[1:] @ own[0])
-        return np.asarray(score, dtype=np.float64)
+            out["model"] = np.asarray(own[1:] @ own[0], dtype=np.float64)
+        return out
+
+    def __call__(self, query: str, units: list[str]) -> np.ndarray:
+        """Relevance of each unit to `query` (larger is better; comparable within one chunk only).
+        The matching signals (lexical, tokens, semantic, model) add up to the unit's match; a unit
+        whose match is 0 (no query word, no token of the table near any query token) scores 0
+        whatever its cues, and one matching anything scores above 0 (the cues are offset by their
+        most negative sum), so the choice still stops at units that match nothing."""
+        w = self.weights
+        found = self.signals(query, units)
+        matching = ("lexical", "tokens", "semantic", "model")
+        score = sum((getattr(w, k) * found[k] for k in matching if k in found), np.zeros(len(units)))
+        cue_names = ("asks", "unknown", "digits", "later")
+        cues = sum((getattr(w, k) * found[k] for k in cue_names), np.zeros(len(units)))
+        floor = sum(min(getattr(w, k), 0.0) for k in cue_names)
+        return np.asarray(np.where(score > 0, score + cues - floor, score), dtype=np.float64)
 
 
 def _smooth(scores: np.ndarray, share: float) -> np.ndarray:

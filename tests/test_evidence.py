@@ -328,3 +328,24 @@ def test_a_python_file_keeps_a_window_around_the_relevant_function() -> None:
 def test_a_yaml_file_keeps_the_matching_block() -> None:
     ev = select("vector index memory limit", YAML, 48, count=estimate_tokens)
     assert any("vector_index:" in k and "memory_limit: 2Gi" in k for k in ev.passage_texts(YAML))
+
+
+def test_a_sentence_that_poses_the_question_yields_to_the_one_that_answers() -> None:
+    # Same query words in both; the first restates the question, the second reports the finding.
+    aim = "We investigated whether folic acid lowers blood homocysteine in older adults."
+    finding = "Folic acid lowered blood homocysteine by 23% in older adults."
+    filler = "The clinic enrolled volunteers from three towns over the summer. " * 6
+    text = filler + aim + " " + filler + finding + " " + filler
+    query = "folic acid lowers blood homocysteine in older adults"
+    scorer = Scorer()
+    found = scorer.signals(query, [aim, finding])
+    assert found["asks"].tolist() == [1.0, 0.0] and found["digits"].tolist() == [0.0, 1.0]
+    scores = scorer(query, [aim, finding, "Nothing in common here."])
+    assert scores[1] > scores[0] and scores[1] > scores[2]
+    ev = select(query, text, 24)
+    assert ev.passage_texts(text) == [finding]
+
+
+def test_a_unit_sharing_the_query_word_outranks_one_with_only_cues() -> None:
+    scores = Scorer()("zebra", ["Was 42 unknown?", "Zebras graze."])
+    assert scores[1] > 0 and scores[0] <= scores[1]
