@@ -89,8 +89,8 @@ def check_max_tokens_per_chunk(value: Any) -> list[Violation]:
         return []
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < MIN_TOKENS_PER_CHUNK:
         return [Violation(path="max_tokens_per_chunk", value=repr(value)[:80],
-                          message=f"max_tokens_per_chunk must be None or a whole number of at least "
-                          f"{MIN_TOKENS_PER_CHUNK} tokens, got {value!r}")]
+                          message=f"max_tokens_per_chunk must be a whole number of at least "
+                          f"{MIN_TOKENS_PER_CHUNK} tokens (or left unset), got {value!r}")]
     return []
 
 

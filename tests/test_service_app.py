@@ -466,7 +466,7 @@ def test_framework_errors_have_coheres_error_body_and_no_page_loads_from_a_cdn(l
 
 
 def test_max_tokens_per_doc_errors_and_schema_use_the_librarys_minimum(local_url: str) -> None:
-    """QA finding #13: the refusal names the field sent, in JSON's words (null, not None), and the
+    """QA finding #13: the refusal names the field sent, in no language's words (no None), and the
     OpenAPI schema's minimum is the library's (it said 1 while the library refused 1 to 15)."""
     from rag_rerank.evidence import MIN_TOKENS_PER_CHUNK
 
@@ -476,7 +476,7 @@ def test_max_tokens_per_doc_errors_and_schema_use_the_librarys_minimum(local_url
     assert below.status_code == 400 and at.status_code == 200, at.text
     message = below.json()["message"]
     assert "max_tokens_per_doc" in message and "max_tokens_per_chunk" not in message
-    assert "None" not in message and "null" in message
+    assert "None" not in message and f"at least {MIN_TOKENS_PER_CHUNK} tokens (or left unset)" in message
     schema = httpx.get(f"{local_url}/openapi.json").json()["paths"]
     for version in ("v1", "v2"):
         body = schema[f"/{version}/rerank"]["post"]["requestBody"]["content"]["application/json"]["schema"]
