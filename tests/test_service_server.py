@@ -188,7 +188,7 @@ def test_bad_option_values_and_every_models_build_problems_exit_2_at_once(
     for path in ("models.m.options.topk", "models.m.options.lambda", "models.m.options.top_k",
                  "models.m.options.max_tokens_per_chunk", "models.g.base_url", "models.e.embedder"):
         assert f"{path}:" in out.stderr, out.stderr
-    assert "must be null or a whole number" in out.stderr  # the file's words, not Python's None
+    assert "at least 16 tokens (or left unset)" in out.stderr  # in words a YAML file knows (no None)
 
 
 def test_upstream_failures_and_a_missing_key_reach_the_log(repo_root: Path, tmp_path: Path) -> None:
