@@ -138,30 +138,24 @@ def _bool(name: str) -> Callable[[Any], list[Violation]]:
     return check
 
 
-def _fallback(value: Any) -> list[Violation]:
-    """The fallback chain's problems (`fallback_chain.as_chain`, which every surface shares)."""
-    try:
-        as_chain(value)
-    except InputError as exc:
-        return list(exc.violations)
-    return []
+def _violations_of(check: Callable[[Any], Any]) -> Callable[[Any], list[Violation]]:
+    """A check that raises `InputError` as the table's kind, which returns the violations: the
+    owning module keeps the one rule, the table reports it with the other options' problems."""
+    def violations(value: Any) -> list[Violation]:
+        try:
+            check(value)
+        except InputError as exc:
+            return list(exc.violations)
+        return []
+
+    return violations
 
 
-def _tokenizer(value: Any) -> list[Violation]:
-    """A tokenizer the counter can use (`shortening.token_counter`)."""
-    try:
-        token_counter(value)
-    except InputError as exc:
-        return list(exc.violations)
-    return []
-
-
-def _concurrency(value: Any) -> list[Violation]:
-    try:
-        check_concurrency(value)
-    except InputError as exc:
-        return list(exc.violations)
-    return []
+# The fallback chain's problems (`fallback_chain.as_chain`, which every surface shares), a tokenizer
+# the counter can use (`shortening.token_counter`), and the window calls in flight.
+_fallback = _violations_of(as_chain)
+_tokenizer = _violations_of(token_counter)
+_concurrency = _violations_of(check_concurrency)
 
 
 def _consistency(value: Any) -> list[Violation]:
