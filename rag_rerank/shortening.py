@@ -58,10 +58,11 @@ class _Encoded:
     encode: Callable[[str], Sequence[Any]]
 
     def __call__(self, text: str) -> int:
+        encoded = self.encode(text)
         try:
-            return len(self.encode(text))
-        except TypeError:
-            raise _bad_count(self.encode(text), text) from None
+            return len(encoded)
+        except TypeError:  # no sequence: the text is not encoded a second time to say so
+            raise _bad_count(encoded, text) from None
 
 
 @dataclass(frozen=True)
