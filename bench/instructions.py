@@ -19,9 +19,14 @@ first `--passages` BM25 passages, after two warm-up rounds:
   the retry loop, the repair and the output guard around one accepted attempt;
 * `postpass`: the post-pass on that answer (lexical embedder), `select` its MMR loop alone.
 
+`--fresh` counts first sight instead, for the stages that run without a server (`plan`, `validated`,
+`render`, `judge`, `retry`, `postpass`): every round, warm-up rounds included, sees texts this
+process has not seen (a mark appended to each query and passage, as `bench/call_stages.py --fresh`
+does), so the per-text caches hold nothing for them: what a batch of new questions costs.
+
 "ours" is `whole` minus `complete`: every stage but the SDK's send and parse.
 
-Run:  python bench/instructions.py [--passages 20] [--stages whole complete ...] [--rounds 2]
+Run:  python bench/instructions.py [--passages 20] [--stages whole complete ...] [--rounds 2] [--fresh]
 Needs valgrind (callgrind), its header `valgrind/callgrind.h` and a C compiler (Debian: valgrind,
 gcc); prints a Markdown table of instructions per call.
 """
@@ -51,8 +56,9 @@ void cg_stop(void) { CALLGRIND_STOP_INSTRUMENTATION; CALLGRIND_DUMP_STATS; }
 """
 
 
-def child(stage: str, n: int, rounds: int, helper: str) -> None:
-    """Run `stage` `rounds` times over the queries, instrumented between cg_start and cg_stop."""
+def child(stage: str, n: int, rounds: int, helper: str, fresh: bool = False) -> None:
+    """Run `stage` `rounds` times over the queries, instrumented between cg_start and cg_stop;
+    `fresh`: each round (warm-up ones too) over texts not seen before (module docstring)."""
     import peers
 
     import rag_rerank.engine as engine
@@ -69,8 +75,19 @@ def child(stage: str, n: int, rounds: int, helper: str) -> None:
 
     cg = ctypes.CDLL(helper)
     work = peers.load(peers.DEFAULT_DATA, n)
+    if fresh and stage in ("whole", "complete", "bare", "select"):
+        raise SystemExit(f"--fresh applies to the stages without a server that read text, not {stage}")
 
     def measured(call: Any, items: int) -> None:
+        if fresh:  # `items` holds the two warm-up rounds, then the measured ones, each seen once
+            per_round = items // (rounds + 2)
+            for i in range(2 * per_round):
+                call(i)
+            cg.cg_start()
+            for i in range(2 * per_round, items):
+                call(i)
+            cg.cg_stop()
+            return
         for _ in range(2):
             for i in range(items):
                 call(i)
@@ -114,7 +131,15 @@ def child(stage: str, n: int, rounds: int, helper: str) -> None:
     session = Reranker("local")
     options = session.options(top_k=peers.TOP)
     lim = as_limits(options.limits)
-    plans = [engine.plan(session._setup, q, chunks, options) for q, chunks in work]
+    if fresh:
+        base = work
+        works = [[(f"{q} [r{r}]", [{**c, "text": f"{c['text']} [r{r}]"} for c in chunks]) for q, chunks in base]
+                 for r in range(-2, rounds)]
+        work = [item for one in works for item in one]  # each call i is one (round, query)
+    # Planned before the count, as a call plans before its post-pass: what planning caches of a
+    # text (`--fresh`) is warm for the later stages in a real call too. `plan` itself plans afresh.
+    plans = [] if fresh and stage == "plan" else [engine.plan(session._setup, q, chunks, options)
+                                                  for q, chunks in work]
     raws = [json.dumps(answer_for(p.prompt)) for p in plans]
     objs = [json.loads(r) for r in raws]
     class Answering:
@@ -170,14 +195,14 @@ def build_helper(folder: Path) -> Path | None:
     return lib
 
 
-def count(stage: str, n: int, rounds: int, helper: Path, folder: Path) -> int:
+def count(stage: str, n: int, rounds: int, helper: Path, folder: Path, fresh: bool = False) -> int:
     """Instructions of `stage`'s measured loop (the largest 'totals' of callgrind's dumps)."""
     out = folder / f"{stage}-{n}"
     env = {**os.environ, "PYTHONHASHSEED": "0", "PYTHONPATH": os.pathsep.join(
         filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     cmd = ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}.%p",
            sys.executable, str(Path(__file__).resolve()), "--child", stage, "--passages", str(n),
-           "--rounds", str(rounds), "--helper", str(helper)]
+           "--rounds", str(rounds), "--helper", str(helper), *(["--fresh"] if fresh else [])]
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=3600)
     totals = [int(line.split()[1]) for f in folder.glob(f"{stage}-{n}.*")
               for line in f.read_text(encoding="utf-8", errors="replace").splitlines()
@@ -192,11 +217,12 @@ def main() -> int:
     ap.add_argument("--passages", type=int, nargs="+", default=[20, 50])
     ap.add_argument("--stages", nargs="+", choices=STAGES, default=list(STAGES))
     ap.add_argument("--rounds", type=int, default=2, help="measured rounds over the 43 queries")
+    ap.add_argument("--fresh", action="store_true", help="texts unseen by the process in every round")
     ap.add_argument("--child", choices=STAGES, help=argparse.SUPPRESS)
     ap.add_argument("--helper", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
-        child(args.child, args.passages[0], args.rounds, args.helper)
+        child(args.child, args.passages[0], args.rounds, args.helper, args.fresh)
         return 0
     import peers
 
@@ -211,9 +237,10 @@ def main() -> int:
         for n in args.passages:
             for stage in args.stages:
                 calls = 43 * args.rounds
-                table.setdefault(stage, {})[n] = count(stage, n, args.rounds, helper, Path(tmp)) / calls
+                table.setdefault(stage, {})[n] = count(stage, n, args.rounds, helper, Path(tmp),
+                                                             args.fresh) / calls
     print(f"Instructions per call (callgrind, PYTHONHASHSEED=0), TREC DL19, top {10}, "
-          f"{args.rounds} rounds of 43 queries\n")
+          f"{args.rounds} rounds of 43 queries{', first sight of every text (--fresh)' if args.fresh else ''}\n")
     print("| stage | " + " | ".join(f"{n} passages" for n in args.passages) + " |")
     print("|---|" + "---:|" * len(args.passages))
     for stage, row in table.items():

@@ -129,21 +129,18 @@ class Reading:
         return frozenset(self.content)
 
     @cached_property
-    def spellings(self) -> tuple[dict[str, tuple[str, ...]], dict[str, tuple[str, ...]]]:
+    def spellings(self) -> tuple[dict[str, tuple[str, ...]], str]:
         """Each way another text may write a stretch of these words as one word (`_spelled_out`):
-        two adjacent words run together ("tie" "break" -> "tiebreak"), then the initials of 2 to 6
-        adjacent words (an acronym), the first stretch of each. Built once per text, when a pair's
-        differences first need it, so a lookup replaces a scan of the words for every word compared."""
+        two adjacent words run together ("tie" "break" -> "tiebreak"), the first such pair of each;
+        and the words' initials as one string, in which an acronym of 2 to 6 adjacent words is found
+        by `str.find` (one initial is one character, so the first match is the first stretch).
+        Built once per text, when a pair's differences first need it, so a lookup replaces a scan of
+        the words for every word compared."""
         words = self.words
         joined: dict[str, tuple[str, ...]] = {}
         for i in range(len(words) - 1):
             joined.setdefault(words[i] + words[i + 1], (words[i], words[i + 1]))
-        initials = [w[0] for w in words]
-        acronyms: dict[str, tuple[str, ...]] = {}
-        for n in range(2, 7):
-            for i in range(len(words) - n + 1):
-                acronyms.setdefault("".join(initials[i:i + n]), words[i:i + n])
-        return joined, acronyms
+        return joined, "".join(w[0] for w in words)
 
 
 @lru_cache(maxsize=65536)
@@ -309,11 +306,14 @@ def _spelled_out(word: str, other: Reading) -> tuple[str, ...]:
     together ("tiebreak" / "tie break"), or the words whose initials it is (an acronym: "gil" /
     "global interpreter lock"); () when it is neither. The first such stretch, as a scan of the
     words from the start would find it (`Reading.spellings`)."""
-    joined, acronyms = other.spellings
+    joined, initials = other.spellings
     found = joined.get(word)
     if found is not None:
         return found
-    return acronyms.get(word, ()) if 2 <= len(word) <= 6 else ()
+    if not 2 <= len(word) <= 6:
+        return ()
+    at = initials.find(word)
+    return other.words[at:at + len(word)] if at >= 0 else ()
 
 
 def _may_share_spelling(a: str, b: str) -> bool:
@@ -328,15 +328,25 @@ def differences(a: Reading, b: Reading) -> tuple[list[str], list[str]]:
     only_b = list((b.content - a.content).elements())
     if only_a and only_b:
         spelt_b = [b.surface.get(y, y) for y in only_b]  # kept in step with only_b
+        # Two vocabulary words are never one spelling (`_same_spelling`): a vocabulary word of `a`
+        # is compared only with `b`'s others, and not at all when `b` has none (the common case).
+        known_b = [in_vocabulary(sy) for sy in spelt_b]
+        unknown_b = known_b.count(False)
         for x in list(only_a):
             sx = a.surface.get(x, x)
             if _is_number(sx):
                 continue  # a number is never another spelling of a word
+            known = in_vocabulary(sx)
+            if known and not unknown_b:
+                continue
             for k, sy in enumerate(spelt_b):
+                if known and known_b[k]:
+                    continue
                 if _may_share_spelling(sx, sy) and _same_spelling(sx, sy):
                     only_a.remove(x)
                     del only_b[k]  # the first occurrence of its key: an earlier one would have matched
                     del spelt_b[k]
+                    unknown_b -= not known_b.pop(k)
                     break
     for mine, theirs, other in ((only_a, only_b, b), (only_b, only_a, a)):
         own = a if other is b else b
