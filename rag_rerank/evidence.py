@@ -520,16 +520,16 @@ class Scorer:
         """Each signal of each unit, by the name of its weight (`Weights`): what `__call__` adds
         up, and what `bench/evidence.py --fit` fits the weights on. `semantic` and `model` are
         present only when they count (their weight is set; a session model)."""
-        from .embed.static import vectors_and_match
+        from .embed.static import segment_match, vectors_and_match
 
-        vectors, match = vectors_and_match(query, units)
         n = len(units)
         cues = np.array([_cues(u) for u in units], dtype=np.float64).reshape(n, 3)
         out = {"lexical": np.asarray(lexical_scores(query, units)[0], dtype=np.float64),
-               "tokens": np.asarray(match, dtype=np.float64),
+               "tokens": np.asarray(segment_match(query, units), dtype=np.float64),
                **dict(zip(("asks", "unknown", "digits"), cues.T, strict=True)),
                "later": np.arange(n, dtype=np.float64) / max(n - 1, 1)}
-        if self.weights.semantic:
+        if self.weights.semantic:  # the mean vectors cost more than the rest together: only when they count
+            vectors = vectors_and_match(query, units)[0]
             out["semantic"] = np.asarray(vectors[1:] @ vectors[0], dtype=np.float64)
         if self.embedder is not None and self.weights.model:
             own = np.asarray(self.embedder.embed([query, *units]), dtype=np.float32)
