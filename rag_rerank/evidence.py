@@ -198,6 +198,8 @@ def _cluster_boundary(text: str, i: int) -> bool:
     if i <= 0 or i >= len(text):
         return True
     before, after = text[i - 1], text[i]
+    if after < "\x80":  # an ASCII character after the cut starts a cluster unless it is LF after CR
+        return not (before == "\r" and after == "\n")
     if before == "\r" and after == "\n":
         return False
     if before in "\r\n" or after in "\r\n":
