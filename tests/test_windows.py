@@ -21,8 +21,8 @@ from rag_rerank.cli import main
 from rag_rerank.guard import load_limits, validate_request
 from rag_rerank.models import Chunk, RerankResult
 from rag_rerank.reasons import BELOW_MIN_SCORE
-from rag_rerank.shortening import prompt_tokens
 from rag_rerank.render import extract_chunk_lines
+from rag_rerank.shortening import prompt_tokens
 from rag_rerank.tools import call_tool
 from rag_rerank.windows import NOT_IN_FINAL, WINDOW_PROGRESS, split
 from tests.support.fake_llm import FakeLLM, InFlight, RecordedRequest, Reply
