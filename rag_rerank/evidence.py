@@ -271,8 +271,10 @@ def _glued_break(text: str, start: int, dot: int) -> bool:
 
 # Where a sentence may end: white space after an end mark (and at most one closing quote or
 # bracket), a CJK full stop (and the white space after it), or white space holding a line break.
-# Each alternative starts with a character class, so the scan skips ordinary text quickly.
-_CANDIDATE = re.compile(r"""(?P<stop>[.!?…]["'”’)\]]?)(?P<ws>\s+)|[。！？]\s*|[^\S\n]+\n\s*|\n\s*""")
+# Each alternative starts with a character class, so the scan skips ordinary text quickly: the
+# spaces before a line break are taken back in `_ends`, not matched (a pattern starting with white
+# space would be tried at every space between two words).
+_CANDIDATE = re.compile(r"""(?P<stop>[.!?…]["'”’)\]]?)(?P<ws>\s+)|[。！？]\s*|\n\s*""")
 
 
 def _ends(text: str) -> list[tuple[int, int, bool]]:
@@ -287,8 +289,11 @@ def _ends(text: str) -> list[tuple[int, int, bool]]:
             found.append((s, m.end(), stop == "." and "\n" not in m.group("ws")))
         elif text[m.start()] in "。！？":
             found.append((m.start() + 1, m.end(), False))
-        else:
-            found.append((m.start(), m.end(), False))
+        else:  # a line break, with the white space before it (no match ends in white space)
+            start = m.start()
+            while start and text[start - 1] != "\n" and text[start - 1].isspace():
+                start -= 1
+            found.append((start, m.end(), False))
     glued = [(m.start(), m.start(), True) for m in _GLUED.finditer(text)]
     return sorted(found + glued) if glued else found
 

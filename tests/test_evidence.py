@@ -126,6 +126,9 @@ def test_the_choice_is_made_once_and_remembered() -> None:
      ["Fig. 2 shows it.", "Smith et al. found it.", "J. Smith agreed."]),
     ("It rose 3.5 percent. Then fell.", ["It rose 3.5 percent.", "Then fell."]),
     ("A heading\nA line of text. 中文。下一句", ["A heading", "A line of text.", "中文。", "下一句"]),
+    # white space before a line break is left out of the sentence it follows
+    ("First line  \nSecond line.\u00a0\nThird\t\r\n  fourth",
+     ["First line", "Second line.", "Third", "fourth"]),
     # A full stop glued to the next sentence (abstracts, PDF text) ends it, unless it is part of an
     # abbreviation, an initial, a number, a name with a dot, a URL or an address.
     ("The DCIS phenotype.DCIS and IDC differ.The end (n=5).Then",
