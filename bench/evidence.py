@@ -124,7 +124,8 @@ def table(rows: dict[str, tuple[dict[int, float], dict[int, float], dict[int, fl
 def timing(scorer: Scorer, pairs: list[dict[str, Any]], repeat: int = 3) -> tuple[float, float]:
     """Median CPU milliseconds to choose 128 tokens of a chunk of about 1,000 tokens (abstracts joined),
     first sight of each text (the memo cleared): over all repeats, and over the first alone (the
-    process's tokeniser and BM25 caches cold: every sentence and most words never seen)."""
+    tokeniser's and BM25's caches hold what ran before in this process: after the quality tables,
+    the abstracts' words and sentences)."""
     texts = []
     pool = [p["text"] for p in pairs]
     for i in range(0, len(pool) - 4, 4):
@@ -339,7 +340,7 @@ def main() -> int:
     table(rows)
     ms, cold = timing(Scorer(), pairs)
     print(f"selection time, ~1,000-token chunk to 128 tokens, offline default: median {ms:.2f} ms CPU "
-          f"(first round alone, caches cold: {cold:.2f} ms; load average {os.getloadavg()[0]:.1f}: "
+          f"(first round alone: {cold:.2f} ms; load average {os.getloadavg()[0]:.1f}: "
           "other jobs share the machine)")
     return 0
 
