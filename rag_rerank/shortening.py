@@ -203,10 +203,30 @@ class Shortened:
     evidence: Mapping[str, Evidence]
 
 
+_MARK = ELISION.strip()
+LITERAL_MARK = "[\u22ef]"
+"""How a caller's own `[…]` is shown to the model: `[⋯]` (midline ellipsis, one character for one,
+so every offset stays put). The shown text then holds the elision mark only where passages were
+joined, and the output guard, which judges a quotation passage by passage between marks, accepts
+a quotation of the caller's own elided text inside one passage instead of refusing it as one that
+runs across a cut."""
+
+
+def marks_shown(request: RerankRequest) -> RerankRequest:
+    """`request` with each `[…]` of its chunks' texts shown as `LITERAL_MARK` (the same request
+    when no text holds one: an ASCII text is passed over without a search)."""
+    if not any(_MARK in c.text for c in request.chunks):
+        return request
+    return replace(request, chunks=tuple(replace(c, text=c.text.replace(_MARK, LITERAL_MARK))
+                                         if _MARK in c.text else c for c in request.chunks))
+
+
 def shorten(request: RerankRequest, *, max_context_tokens: int, max_tokens_per_chunk: int | None,
             strict: bool, window_size: int | None, embedder: Any = None, tokenizer: Any = None) -> Shortened:
-    """Fit `request` to its budgets (module docstring); an `InputError` naming the limit when it cannot."""
+    """Fit `request` to its budgets (module docstring); an `InputError` naming the limit when it cannot.
+    A caller's own elision mark is shown as `LITERAL_MARK` (counted so, and chosen from so)."""
     count = token_counter(tokenizer)
+    request = marks_shown(request)
     chunks = request.chunks
     cap = max_tokens_per_chunk
     if count is estimate_tokens and _surely_fits(request.query, chunks, max_context_tokens, cap):
@@ -308,6 +328,6 @@ def evidence_meta(evidence: Mapping[str, Evidence],
     return out or None
 
 
-__all__ = ["Shortened", "check_max_tokens_per_chunk", "chunk_tokens", "decided_spans", "evidence_meta", "fit",
-           "most_tokens", "original_span", "piece_spans", "prompt_tokens", "scorer_for", "shorten",
-           "token_counter", "tokens_over"]
+__all__ = ["LITERAL_MARK", "Shortened", "check_max_tokens_per_chunk", "chunk_tokens", "decided_spans",
+           "evidence_meta", "fit", "marks_shown", "most_tokens", "original_span", "piece_spans",
+           "prompt_tokens", "scorer_for", "shorten", "token_counter", "tokens_over"]

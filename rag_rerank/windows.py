@@ -52,6 +52,7 @@ from typing import Any
 
 from .backends.factory import model_of
 from .errors import BackendError, EmbedderError
+from .evidence import TokenCounter
 from .fallback import Answer, answers
 from .guard.limits import Limits
 from .meta import cache_meta, run_meta, scores_of, scoring_notes
@@ -61,7 +62,9 @@ from .redaction import failure_summary, redacted
 from .refill import postpass_refilled
 from .render import render
 from .retry import Outcome
+from .shortening import chunk_tokens, token_counter, tokens_over
 from .steps import Flow, Plan, Progress
+from .tokens import estimate_tokens
 from .wording import counted, scorer_words
 
 BELOW_MIN = BELOW_MIN_SCORE
@@ -150,10 +153,14 @@ def _quoted(reason: str) -> str:
 
 
 def select_survivors(request: RerankRequest, limits: Limits, windows: Sequence[Window],
-                     answers: Sequence[Mapping[str, Any]], size: int) -> Survivors:
-    """The best `size` window scores (ties: input order) above the minimum whose texts fit the token
+                     answers: Sequence[Mapping[str, Any]], size: int,
+                     count: TokenCounter = estimate_tokens) -> Survivors:
+    """The best `size` window scores (ties: input order) above the minimum whose chunks fit the token
     budget of one prompt; everything else with its reason (module docstring). `request` holds the
-    texts the scorer saw (with `embed_meta_fields`), `answers` each window's guarded answer."""
+    texts the scorer saw (with `embed_meta_fields`), `answers` each window's guarded answer. The
+    prompt is counted as the input guard and the shortening count it (`shortening.prompt_tokens`,
+    with `count`: the caller's tokenizer or the package's estimate), so a final pass the packing
+    lets through is never one the guard would refuse."""
     floor = limits.min_score
     entries: list[tuple[float, int, Window]] = []
     reasons: dict[int, str] = {}
@@ -170,17 +177,7 @@ def select_survivors(request: RerankRequest, limits: Limits, windows: Sequence[W
             else:
                 window_dropped[i] = (window, own.get(cid, ""))
     entries.sort(key=lambda e: (-e[0], e[1]))
-    budget = limits.max_context_tokens
-    used = len(request.query)
-    taken: list[tuple[float, int, Window]] = []
-    for score, i, window in entries:
-        chars = len(request.chunks[i].text)
-        if len(taken) < size and limits.estimate_tokens(used + chars) <= budget:
-            taken.append((score, i, window))
-            used += chars
-        elif len(taken) < size:
-            reasons[i] = (f"{NOT_IN_FINAL}: {window.name} scored it {score:.3f}; "
-                          "the final prompt's token budget was full")
+    taken = _packed(request, entries, size, limits.max_context_tokens, count, reasons)
     cut = taken[-1][0] if taken else 0.0
     chosen = {i for _, i, _ in taken}
     for score, i, window in entries:
@@ -188,6 +185,29 @@ def select_survivors(request: RerankRequest, limits: Limits, windows: Sequence[W
             reasons[i] = (f"{NOT_IN_FINAL}: {window.name} scored it {score:.3f}; the final pass took the "
                           f"best {len(taken)} (down to {cut:.3f})")
     return Survivors(tuple(sorted(chosen)), reasons, window_dropped)
+
+
+def _packed(request: RerankRequest, entries: Sequence[tuple[float, int, Window]], size: int, budget: int,
+            count: TokenCounter, reasons: dict[int, str]) -> list[tuple[float, int, Window]]:
+    """The entries taken best first while the prompt fits `budget` (at most `size`); a skipped one
+    gets its reason in `reasons`. When the best `size` fit together (by the byte bound alone, most
+    often: `shortening.tokens_over`), they are the answer without counting one by one."""
+    best = list(entries[:size])
+    if tokens_over(request.query, [request.chunks[i] for _, i, _ in best], budget, count) is None:
+        return best
+    taken: list[tuple[float, int, Window]] = []
+    used = count(request.query)
+    for score, i, window in entries:
+        if len(taken) == size:
+            break
+        tokens = chunk_tokens(request.chunks[i], count)
+        if used + tokens <= budget:
+            taken.append((score, i, window))
+            used += tokens
+        else:
+            reasons[i] = (f"{NOT_IN_FINAL}: {window.name} scored it {score:.3f}; "
+                          "the final prompt's token budget was full")
+    return taken
 
 
 def loser_reason(window: Window, own: str, ranked_ids: set[str]) -> str:
@@ -256,7 +276,8 @@ def windowed_flow(plan: Plan) -> Flow:
                              limit=concurrency, progress=(0, total),
                              where=[("window", w.index) for w in windows])
     scored = [_window_answer(plan, w, a) for w, a in zip(windows, got, strict=True)]
-    survivors = select_survivors(plan.view, plan.limits, windows, [s.obj for s in scored], plan.window_size)
+    survivors = select_survivors(plan.view, plan.limits, windows, [s.obj for s in scored], plan.window_size,
+                                 count=token_counter(plan.options.tokenizer))
     final = None
     if survivors.indices:
         window = final_window(plan.view, survivors, len(windows))

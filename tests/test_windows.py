@@ -19,8 +19,10 @@ import pytest
 from rag_rerank import BackendError, InputError, arerank, arerank_many, reasons, rerank
 from rag_rerank.cli import main
 from rag_rerank.guard import load_limits, validate_request
-from rag_rerank.models import RerankResult
+from rag_rerank.models import Chunk, RerankResult
+from rag_rerank.reasons import BELOW_MIN_SCORE
 from rag_rerank.render import extract_chunk_lines
+from rag_rerank.shortening import prompt_tokens
 from rag_rerank.tools import call_tool
 from rag_rerank.windows import NOT_IN_FINAL, WINDOW_PROGRESS, split
 from tests.support.fake_llm import FakeLLM, InFlight, RecordedRequest, Reply
@@ -186,14 +188,38 @@ def test_losers_of_the_survivor_cut_are_not_in_final_with_their_score() -> None:
 def test_the_final_prompt_keeps_to_the_token_budget() -> None:
     big = {i: (_TOPICAL[i % 3] + ". ") * 12 + str(i) for i in range(0, 60, 3)}  # ~300 tokens each
     chunks = make_chunks(60, big)
-    lim = load_limits().with_overrides(max_context_tokens=3000)  # a window of 10 holds 4 big chunks
+    lim = load_limits().with_overrides(max_context_tokens=2500)  # a window of 10 holds 4 big chunks
     result = rerank(QUERY, chunks, top_k=3, window_size=10, limits=lim)
     assert_accounted(result, chunks)
     assert any(d.reason.endswith("the final prompt's token budget was full") for d in result.dropped)
     final = result.meta.windows[-1]
     assert final["size"] < 10 and result.ranked
-    texts = {c["id"]: c["text"] for c in chunks}
-    assert lim.estimate_tokens(len(QUERY) + sum(len(texts[r.id]) for r in result.ranked)) <= 3000
+    # counted as the input guard counts a prompt (the estimator, each chunk's id too)
+    assert prompt_tokens(QUERY, _final_chunks(result, chunks)) <= 2500
+
+
+def _final_chunks(result: RerankResult, chunks: list[dict[str, str]]) -> list[Chunk]:
+    """The chunks the final pass was shown: the ranked ones and those the post-pass dropped after it."""
+    shown = {r.id for r in result.ranked} | {d.id for d in result.dropped if not d.reason.startswith(
+        (NOT_IN_FINAL, BELOW_MIN_SCORE))}
+    return [Chunk(c["id"], c["text"]) for c in chunks if c["id"] in shown]
+
+
+def test_the_final_prompt_is_packed_with_the_callers_tokenizer() -> None:
+    """A caller's tokenizer decides the final pass's budget as it decides the input guard's: counting
+    every character as a token, 10 big survivors (about 13,000 characters) are over 8,000 tokens,
+    which the package's estimate (about 2,900) would let through whole."""
+    big = {i: (_TOPICAL[i % 3] + ". ") * 12 + str(i) for i in range(0, 60, 3)}
+    chunks = make_chunks(60, big)
+    lim = load_limits().with_overrides(max_context_tokens=8000)
+    estimated = rerank(QUERY, chunks, top_k=3, window_size=10, limits=lim)
+    assert not any(d.reason.endswith("budget was full") for d in estimated.dropped)
+    assert estimated.meta.windows[-1]["size"] == 10
+    result = rerank(QUERY, chunks, top_k=3, window_size=10, limits=lim, tokenizer=len)
+    assert_accounted(result, chunks)
+    assert any(d.reason.endswith("the final prompt's token budget was full") for d in result.dropped)
+    assert 0 < result.meta.windows[-1]["size"] < 10
+    assert prompt_tokens(QUERY, _final_chunks(result, chunks), len) <= 8000
 
 
 # --------------------------------------------------------------------------- input checks
