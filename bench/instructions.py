@@ -133,8 +133,8 @@ def child(stage: str, n: int, rounds: int, helper: str, fresh: bool = False) -> 
     lim = as_limits(options.limits)
     if fresh:
         base = work
-        works = [[(f"{q} [r{r}]", [{**c, "text": f"{c['text']} [r{r}]"} for c in chunks]) for q, chunks in base]
-                 for r in range(-2, rounds)]
+        works = [[(f"{q} [r{r}]", [{**c, "text": f"{c['text']} [r{r}]"} for c in chunks])
+                  for q, chunks in base] for r in range(-2, rounds)]
         work = [item for one in works for item in one]  # each call i is one (round, query)
     # Planned before the count, as a call plans before its post-pass: what planning caches of a
     # text (`--fresh`) is warm for the later stages in a real call too. `plan` itself plans afresh.
@@ -239,8 +239,9 @@ def main() -> int:
                 calls = 43 * args.rounds
                 table.setdefault(stage, {})[n] = count(stage, n, args.rounds, helper, Path(tmp),
                                                              args.fresh) / calls
+    sight = ", first sight of every text (--fresh)" if args.fresh else ""
     print(f"Instructions per call (callgrind, PYTHONHASHSEED=0), TREC DL19, top {10}, "
-          f"{args.rounds} rounds of 43 queries{', first sight of every text (--fresh)' if args.fresh else ''}\n")
+          f"{args.rounds} rounds of 43 queries{sight}\n")
     print("| stage | " + " | ".join(f"{n} passages" for n in args.passages) + " |")
     print("|---|" + "---:|" * len(args.passages))
     for stage, row in table.items():
