@@ -22,7 +22,8 @@ Run:  python bench/batch.py --engines [--queries 64] [--latency 0.2] [--ray-conc
 
 `--floor` (with `--server fast_llm`, which records our request bodies) also sends the same request
 bodies with the bare `openai.AsyncOpenAI` client at each concurrency, a new client per run as
-each batch run opens its own, parsing only the answer's JSON: no input file, guards or post-pass.
+each batch run opens its own (and, as ours, with the process's one TLS context, made before the
+clock starts), parsing only the answer's JSON: no input file, guards or post-pass.
 It is the ceiling any client built on the SDK reaches in one event loop on this machine.
 
 Run:  python bench/batch.py --server fast_llm --floor [--concurrency 32 64]
@@ -34,15 +35,27 @@ texts in its caches (a forked worker inherits the parent's caches, and the paren
 read them); the outputs are compared record by record.
 
 Run:  python bench/batch.py --offline [--queries 172] [--chunks 50] [--workers 2] [--rounds 2]
+
+`--instructions` counts instead of timing (valgrind's callgrind, PYTHONHASHSEED=0: a figure a
+shared machine's load cannot blur): the client's instructions per query of a batch run over texts
+this process has not seen (`cold`, as a real batch's, and as the first timed run above without
+`--fresh`), of a second run over the same texts (`warm`: every per-text cache filled, the server
+knowing every body) and of the floor (the bare client sending the same bodies, as `--floor`),
+each in its own process under callgrind, the server outside it, instrumented only around the run.
+Needs valgrind and a C compiler (bench/instructions.py's helper).
+
+Run:  python bench/batch.py --server fast_llm --instructions [--queries 64] [--concurrency 32]
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import io
 import json
 import os
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -201,18 +214,35 @@ def engines(args: argparse.Namespace) -> None:
         print(f"| {name} | {label} | {n} | {elapsed:.2f} | {qps:.1f} | {same} |")
 
 
+@functools.cache
+def _tls_context() -> ssl.SSLContext:
+    """One TLS context for every bare client of this process, made before any clock starts.
+
+    A `rag-rerank batch` run opens its own SDK client too, but verifies servers with one context per
+    process (made by the warm-up run): the bare client made its own in every timed run (the system's
+    CA certificates loaded, about 40 ms of the floor's CPU and wall time per run, 2% of a run of 320
+    queries at 32 in flight), which made the floor slower than the SDK is."""
+    return ssl.create_default_context()
+
+
 def bare_sdk_run(url: str, bodies: list[dict], concurrency: int, transport: str) -> tuple[float, float]:
     """(wall seconds, CPU seconds) of sending `bodies` with the bare AsyncOpenAI client over the
-    SDK's default transport (`"httpx"`) or its aiohttp one (`"aiohttp"`, `openai[aiohttp]`), at
-    most `concurrency` in flight, each answer's content parsed as JSON and checked for a ranking."""
+    SDK's default transport (`"httpx"`, `DefaultAsyncHttpxClient`) or its aiohttp one (`"aiohttp"`,
+    `openai[aiohttp]`), each with the process's one TLS context (`_tls_context`, as our backend's
+    clients have theirs) and our backend's default timeout (60 s; the SDK's own gives a connection
+    5 s, which a client slowed by valgrind can miss), at most `concurrency` in flight, each
+    answer's content parsed as JSON and checked for a ranking."""
     import asyncio
 
     import openai
 
+    tls = _tls_context()
+
     async def all_of() -> None:
         sem = asyncio.Semaphore(concurrency)
-        http = openai.DefaultAioHttpClient() if transport == "aiohttp" else None
-        async with openai.AsyncOpenAI(base_url=url, api_key="sk-bench", max_retries=0,
+        http = (openai.DefaultAioHttpClient(verify=tls) if transport == "aiohttp"
+                else openai.DefaultAsyncHttpxClient(verify=tls))
+        async with openai.AsyncOpenAI(base_url=url, api_key="sk-bench", max_retries=0, timeout=60.0,
                                       http_client=http) as client:
             async def one(body: dict) -> None:
                 async with sem:
@@ -224,6 +254,81 @@ def bare_sdk_run(url: str, bodies: list[dict], concurrency: int, transport: str)
     t0, c0 = time.perf_counter(), time.process_time()
     asyncio.run(all_of())
     return time.perf_counter() - t0, time.process_time() - c0
+
+
+COUNTED = ("cold", "warm", "floor")
+
+
+def counted_child(args: argparse.Namespace) -> None:
+    """One `--instructions` stage (`args.counted`), instrumented between the helper's cg_start and
+    cg_stop: the batch run at `args.concurrency[0]` (cold or warm) or the floor's."""
+    import ctypes
+
+    from peers import server_json
+
+    cg = ctypes.CDLL(args.helper)
+    c = args.concurrency[0]
+    with workspace(args) as (tmp, url, inp, warm):
+        run(warm, tmp / "warm-out.jsonl", url, 2)  # imports, the session's TLS context: not counted
+        if args.counted == "cold":
+            fresh = tmp / "fresh.jsonl"
+            write_queries(fresh, args.data, args.queries, args.chunks, mark="cold")
+            cg.cg_start()
+            run(fresh, tmp / "counted.jsonl", url, c)
+            cg.cg_stop()
+            return
+        run(inp, tmp / "first.jsonl", url, c)  # every text seen, every body known to the server
+        if args.counted == "warm":
+            cg.cg_start()
+            run(inp, tmp / "counted.jsonl", url, c)
+            cg.cg_stop()
+            return
+        seen = server_json(url, "recorded")
+        bodies = [seen[i % len(seen)] for i in range(args.queries)]
+        bare_sdk_run(url, bodies[:2], 2, "httpx")  # the client's imports, the TLS context: not counted
+        cg.cg_start()
+        bare_sdk_run(url, bodies, c, "httpx")
+        cg.cg_stop()
+
+
+def instructions(args: argparse.Namespace) -> None:
+    """Each `COUNTED` stage in its own process under callgrind; prints instructions per query."""
+    from instructions import build_helper
+
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp_name:
+        tmp = Path(tmp_name)
+        helper = build_helper(tmp)
+        if helper is None:
+            TALLY.fail("--instructions", "valgrind or the callgrind helper is missing")
+            return
+        for stage in COUNTED:
+            out = tmp / f"{stage}.out"
+            cmd = ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}.%p",
+                   sys.executable, str(Path(__file__).resolve()), "--counted", stage, "--helper", str(helper),
+                   "--server", args.server, "--queries", str(args.queries), "--chunks", str(args.chunks),
+                   "--latency", str(args.latency), "--concurrency", str(args.concurrency[0]),
+                   "--data", str(args.data)]
+            env = {**os.environ, "PYTHONHASHSEED": "0",
+                   "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+            done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=3600)
+            totals = [int(line.split()[1]) for f in tmp.glob(f"{stage}.out.*")
+                      for line in f.read_text(encoding="utf-8", errors="replace").splitlines()
+                      if line.startswith("totals:")]
+            if done.returncode != 0 or not totals:
+                said = "\n".join(line for line in done.stderr.splitlines() if not line.startswith("=="))
+                TALLY.fail(f"--instructions {stage}", (said + done.stdout)[-800:])
+                continue
+            rows.append((stage, max(totals) / args.queries))
+    print(f"Client instructions per query (callgrind, PYTHONHASHSEED=0): rag-rerank batch, openai backend -> "
+          f"{args.server} ({args.latency * 1000:.0f} ms), {args.queries} queries x {args.chunks} chunks, "
+          f"--concurrency {args.concurrency[0]}\n")
+    print("| run | M instructions per query |")
+    print("|---|---:|")
+    names = {"cold": "batch, unseen texts (cold)", "warm": "batch, the same texts again (warm)",
+             "floor": "the floor: bare AsyncOpenAI, same bodies"}
+    for stage, per in rows:
+        print(f"| {names[stage]} | {per / 1e6:.3f} |")
 
 
 def offline(args: argparse.Namespace) -> None:
@@ -291,15 +396,25 @@ def main() -> int:
     ap.add_argument("--offline", action="store_true",
                     help="the offline default (no server) in one process and in --workers processes")
     ap.add_argument("--rounds", type=int, default=2, help="rounds of --offline")
+    ap.add_argument("--instructions", action="store_true",
+                    help="count the client's instructions per query (callgrind): cold, warm and the floor")
+    ap.add_argument("--counted", choices=COUNTED, help=argparse.SUPPRESS)
+    ap.add_argument("--helper", help=argparse.SUPPRESS)
     args = ap.parse_args()
-    if args.floor and args.server != "fast_llm":
-        ap.error("--floor needs --server fast_llm (it records the request bodies to replay)")
+    if (args.floor or args.instructions) and args.server != "fast_llm":
+        ap.error("--floor and --instructions need --server fast_llm (it records the bodies to replay)")
     os.environ.setdefault("OPENAI_API_KEY", "sk-bench-not-a-real-key")
     if args.engines:
         engines(args)
         return 0
     if args.offline:
         offline(args)
+        return 0
+    if args.counted:
+        counted_child(args)
+        return 0
+    if args.instructions:
+        instructions(args)
         return 0
     rows = []
     floor: list[tuple[str, int, float, float]] = []

@@ -41,6 +41,7 @@ from .wording import near_miss
 EXIT_OK, EXIT_BAD_INPUT, EXIT_BACKEND, EXIT_INTERNAL = 0, 2, 3, 4
 LINE_KEYS = frozenset({"query", "chunks", "top_k", "lambda", "query_id", "qid", "window_size",
                        "max_tokens_per_chunk", *SCORING_OPTIONS})
+_ALLOWED = ", ".join(sorted(LINE_KEYS))  # named in an unknown key's message (sorted once, not per line)
 MAX_MESSAGE_VIOLATIONS = 10  # violations quoted in one error record's one-line `message`
 
 Outcome = RerankResult | Exception
@@ -84,9 +85,8 @@ def parse_input(text: str) -> list[Line]:
             out.append(Line(number, None, InputError([Violation(path="$", message=msg, line=number)])))
             continue
         qid = obj.get("query_id", obj.get("qid"))
-        allowed = ", ".join(sorted(LINE_KEYS))
         problems = [
-            Violation(path="$", message=f"unknown key {k!r}{near_miss(k, LINE_KEYS)} (allowed: {allowed})",
+            Violation(path="$", message=f"unknown key {k!r}{near_miss(k, LINE_KEYS)} (allowed: {_ALLOWED})",
                       line=number)
             for k in obj
             if k not in LINE_KEYS

@@ -249,8 +249,11 @@ def content_facts(request: RerankRequest, result: RerankResult | None, model: st
 # --------------------------------------------------------------------------- log lines
 
 
+_STAGE_WORDS = {"call": "the call", "final": "the final pass"}
+
+
 def _where(record: CallRecord) -> str:
-    where = {"call": "the call", "final": "the final pass"}.get(record.stage, f"window {record.index}")
+    where = _STAGE_WORDS.get(record.stage) or f"window {record.index}"
     return where if record.pass_index is None else f"{where} of pass {record.pass_index}"
 
 
@@ -263,7 +266,12 @@ def log_record(records: Sequence[CallRecord]) -> None:
         return
     primary_failed: dict[tuple[int | None, str, int], CallRecord] = {}
     for record in records:
-        where = _where(record)
+        # Where and the facts are built only for a record that logs a line: a rerank's usual record
+        # (one call, answered, nothing repaired) logs none at WARNING, the level nobody configured.
+        repaired = record.ok and record.repairs and not record.cached
+        warns = warn and bool(record.reasks or repaired or record.refused or record.role == "fallback")
+        if debug or warns:
+            where = _where(record)
         if debug:
             for attempt in record.attempts:
                 facts = request_facts(record, attempt)
@@ -277,21 +285,23 @@ def log_record(records: Sequence[CallRecord]) -> None:
                           extra={"rag_rerank": {Attr.SCORER: record.scorer, Attr.CACHED: True}})
         if not warn:
             continue
+        if not record.ok and record.role == "primary":
+            primary_failed[record.where] = record
+        if not warns:
+            continue
         facts = {Attr.SCORER: record.scorer, Attr.STAGE: record.stage, Attr.ROLE: record.role}
         if record.reasks:
             log.warning("%s re-asked %d time%s for %s: the output guard refused its answer", record.scorer,
                         record.reasks, "" if record.reasks == 1 else "s", where,
                         extra={"rag_rerank": {**facts, Attr.REASKS: record.reasks}})
-        if record.ok and record.repairs and not record.cached:
+        if repaired:
             log.warning("%s's answer for %s was repaired: %s", record.scorer, where,
                         "; ".join(record.repairs),
                         extra={"rag_rerank": {**facts, Attr.REPAIRS: len(record.repairs)}})
         if record.refused:
             log.warning("%s: the budget refused a request for %s; none was sent", record.scorer, where,
                         extra={"rag_rerank": {**facts, Attr.REFUSED: True}})
-        if not record.ok and record.role == "primary":
-            primary_failed[record.where] = record
-        elif record.role == "fallback":
+        if record.role == "fallback":
             failed = primary_failed.get(record.where)
             how = "answered" if record.ok else f"failed too ({record.failure})"
             log.warning("%s failed for %s (%s); fallback %s %s", failed.scorer if failed else "the backend",

@@ -561,6 +561,8 @@ def request_call(item: Any, run_sets: frozenset[str] = frozenset()) -> tuple[tup
 def _check_extra(extra: Mapping[str, Any], run_sets: frozenset[str]) -> None:
     """A key that is no option at all is a typo, named as such ('topk' -> 'top_k'); an option only
     the run may set "cannot be set per request"."""
+    if not extra:  # the usual request: nothing to name, so no message parts built (about 13 us)
+        return
     takes = sorted({"query", "chunks", "top_k", "lambda", "query_id",
                     *(k for k in _PER_REQUEST if k not in run_sets or k in _OWN_KEYS)})
     allowed = ", ".join(takes)

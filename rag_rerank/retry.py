@@ -138,6 +138,13 @@ class Outcome:
     latency_ms: float = 0.0
     decided: Mapping[str, tuple[int, int]] = field(default_factory=dict)  # `Completion.decided`
 
+    def with_latency(self, latency_ms: float) -> Outcome:
+        """This outcome with its latency: what `dataclasses.replace(self, latency_ms=...)` makes,
+        built field by field in order (every call's result passes here; `replace` reads the fields
+        by reflection first: about 4 us a call)."""
+        return Outcome(self.obj, self.attempts, self.repairs, self.usage, self.model, self.notes, self.text,
+                       self.cached, latency_ms, self.decided)
+
 
 # --- internal control flow -----------------------------------------------------------------
 

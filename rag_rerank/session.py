@@ -21,7 +21,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from . import lifecycle
@@ -348,7 +348,7 @@ def _call(call: Call) -> Outcome | Exception:
 
 def _timed(outcome: Outcome, started: float) -> Outcome:
     """`outcome` with the time since `started` (`time.perf_counter()`) as its latency."""
-    return replace(outcome, latency_ms=(time.perf_counter() - started) * 1000.0)
+    return outcome.with_latency((time.perf_counter() - started) * 1000.0)
 
 
 def _calls(step: Calls) -> list[Outcome | Exception]:
@@ -449,8 +449,13 @@ def _heavy_plan(chunks: Any, options: Mapping[str, Any], defaults: Options) -> b
         return True
     size = 0
     for chunk in chunks:
-        text = chunk.get("text") if isinstance(chunk, Mapping) else getattr(chunk, "text", None)
-        size += len(text) if isinstance(text, str) else 0
+        # A plain dict (a batch line's chunk) without the Mapping ABC's isinstance check.
+        if type(chunk) is dict or isinstance(chunk, Mapping):
+            text = chunk.get("text")
+        else:
+            text = getattr(chunk, "text", None)
+        if isinstance(text, str):
+            size += len(text)
     return size >= OFF_LOOP_CHARS
 
 

@@ -221,3 +221,36 @@ def test_an_injection_in_id_meta_keys_and_text_stays_inside_one_json_line() -> N
     lines = extract_chunk_lines(prompt)
     assert [json.loads(line)["id"] for line in lines] == ["a" + attack, "b"]
     assert json.loads(lines[0])["meta"] == {attack: attack}
+
+
+def _reference_line(record: dict[str, object]) -> str:
+    """A chunk line as the contract writes it, built here from the rules themselves: json.dumps with
+    ensure_ascii=False, then markup, the line breaks other than \\n and the invisible characters
+    (Unicode tags as surrogate pairs, bidi embeddings, overrides and isolates) as JSON escapes."""
+    table: dict[int, str] = {ord(ch): f"\\u{ord(ch):04x}" for ch in "<>&\u2028\u2029\x85\x1c\x1d\x1e\x0b\x0c"}
+    for cp in (*range(0x202A, 0x202F), *range(0x2066, 0x206A)):
+        table[cp] = f"\\u{cp:04x}"
+    for cp in range(0xE0000, 0xE0080):
+        high, low = 0xD800 + ((cp - 0x10000) >> 10), 0xDC00 + ((cp - 0x10000) & 0x3FF)
+        table[cp] = f"\\u{high:04x}\\u{low:04x}"
+    return json.dumps(record, ensure_ascii=False).translate(table)
+
+
+ESCAPED_CHARS = [*"<>&\u2028\u2029\x85\x1c\x1d\x1e\x0b\x0c", "\u202a", "\u202e", "\u202f", "\u2027", "\u2066",
+                 "\u2069", "\u206a", "\U000e0000", "\U000e0041", "\U000e007f", "\U000e0080", "\U000dffff"]
+
+
+@hypothesis.settings(derandomize=True, max_examples=300)
+@hypothesis.given(text=st.lists(st.sampled_from(ESCAPED_CHARS) | unicode_text, max_size=12).map("".join),
+                  cid=ids)
+@hypothesis.example(text="Itâ s a <b>long</b> flea & tick\u2028life \U000e0041\u202e", cid="é<1>")
+@hypothesis.example(text="plain ascii, nothing to escape", cid="1")
+@hypothesis.example(text="ascii with & only", cid="1")
+def test_property_chunk_line_is_the_contracts_escaping(text: str, cid: str) -> None:
+    """The chunk line (found by a character class, then replaced character by character) is the
+    line the escaping rules give, for any text: ASCII or not, with or without characters to escape,
+    at the edges of the escaped ranges and just outside them."""
+    from rag_rerank.models import Chunk
+
+    chunk = Chunk(cid, text, None)
+    assert chunk_line(chunk) == _reference_line(chunk.prompt_record())

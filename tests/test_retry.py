@@ -414,3 +414,23 @@ def test_an_answer_is_judged_as_its_repair_gives_it(request_, sleeps, around: tu
     assert out.obj == GOOD and kinds(out.attempts) == ["ok"]
     assert (out.text, out.repairs) == (expected.text, expected.repairs)
     assert bool(out.repairs) == (around[0].strip() != "" or around[1].strip() != "")
+
+
+@pytest.mark.parametrize("cached", [False, True])
+def test_with_latency_is_replace_of_the_latency_alone(cached: bool) -> None:
+    """`Outcome.with_latency` builds the outcome field by field: every field but `latency_ms` is
+    the same object as `dataclasses.replace` gives, and a field added to `Outcome` later fails
+    here until `with_latency` passes it on."""
+    import dataclasses
+
+    from rag_rerank.errors import Attempt
+
+    outcome = Outcome({"ranked": [], "dropped": []}, (Attempt(1, "ok", "accepted"),), ("stripped a fence",),
+                      {"prompt_tokens": 3}, "m", notes=("a note",), text="{}", cached=cached, latency_ms=1.5,
+                      decided={"x": (1, 2)})
+    made = outcome.with_latency(42.25)
+    expected = dataclasses.replace(outcome, latency_ms=42.25)
+    assert made == expected
+    for f in dataclasses.fields(Outcome):
+        assert getattr(made, f.name) is getattr(expected, f.name) or f.name == "latency_ms"
+    assert made.latency_ms == 42.25 and outcome.latency_ms == 1.5
