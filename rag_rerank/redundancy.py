@@ -375,7 +375,9 @@ def _negations_toward(own: Reading, other: Reading) -> int:
     """The negations of the sentences of `own` that speak of what `other` says: those sharing a
     content word with it, and those with no content word at all ("No.", "Not really."), which
     belong to every claim of the text. A longer text's sentence on another matter does not count."""
-    if len(own.sentences) < 2:
+    if len(own.sentences) < 2 or NEGATIONS.isdisjoint(own.words):
+        # One sentence; or no negation word anywhere, so none in any sentence (a sentence's words
+        # are the text's, and a "No," it discounts is itself the word "no"): all of them count 0.
         return own.negations
     parts = [read(s) for s in own.sentences]
     return sum(p.negations for p in parts if not p.content or (p.content & other.content))

@@ -30,6 +30,7 @@ from rag_rerank.redundancy import (
     rules_for,
     surely_passage,
 )
+from rag_rerank.text import NEGATIONS
 from tests.support.shared_data import data_dir, need
 
 GOLDEN = Path(__file__).resolve().parent.parent / "golden" / "redundancy"
@@ -280,3 +281,22 @@ def test_the_passage_shortcut_keeps_to_the_callers_candidates() -> None:
     assert same[0, 1] and same[1, 0]
     none, _ = redundancy(texts, near, RULES["static"], near, candidates=np.zeros((2, 2), dtype=bool))
     assert not none.any()
+
+
+_PIECES = st.sampled_from(["No,", "no.", "NO;", "Not", "never", "N.O.", "U.S.", "won't", "don't", "none",
+                           "the", "claim", "5,000", "1.5", "third", "two", ".", "!", "?", ";", "\n", " ",
+                           "\u00a0", "(", "\u201c", "knot", "nobody", "snow", "no-one"])
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(st.lists(st.one_of(_PIECES, st.text(max_size=6)), max_size=30).map(" ".join))
+@example("It works. No, it does not.")
+@example("No. The limit is 5 GB.")
+def test_a_text_without_a_negation_word_has_no_negation_in_any_sentence(text: str) -> None:
+    """What lets the judgement skip reading a text's sentences one by one (`_negations_toward`):
+    when none of a text's words is a negation, it counts none, nor does any of its sentences."""
+    reading = read(text)
+    if not NEGATIONS.isdisjoint(reading.words):
+        return
+    assert reading.negations == 0
+    assert all(read(s).negations == 0 for s in reading.sentences)
