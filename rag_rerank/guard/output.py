@@ -85,9 +85,13 @@ def _quotations(reason: str) -> list[str]:
     """The quoted passages of a reason, JSON escapes (\\" \\u00e9) read back. One pass with
     str.find, linear in the reason's length whatever it holds (a regex with a bounded repeat
     after each of n opening quotes was O(n * bound))."""
+    plain = reason.isascii()  # then only a straight quote can open one: str.find, not the regex
+    if plain and "\\" not in reason and "\n" not in reason:
+        # No escape and no line break: the quotations are what lies between the 1st and 2nd
+        # quote, the 3rd and 4th, ...; a last quote left unclosed opens none.
+        return reason.split('"')[1:-1:2]
     out = []
     pos = 0
-    plain = reason.isascii()  # then only a straight quote can open one: str.find, not the regex
     while True:
         if plain:
             if (start := reason.find('"', pos)) < 0:
