@@ -676,3 +676,18 @@ def test_property_a_chunks_reason_is_judged_as_misquoted_judges_it(reason: str, 
     for chunk in HAPPY:
         shown = "\n".join([chunk.text, chunk.id, *([query] if query else [])])
         assert quotable.misquoted(chunk.id, reason) == misquoted(reason, shown)
+
+
+@hypothesis.example(text="\u2028\u3000\x1c\x85 \t")
+@hypothesis.example(text="")
+@hypothesis.given(text=st.text(alphabet=st.sampled_from(list(" \t\n\r\x0b\x0c\x1c\x1d\x1e\x1f\x85\xa0\u1680"
+                                                              "\u2000\u200a\u200b\u2028\u2029\u202f\u205f"
+                                                              "\u3000\ufeffa")), max_size=6) | st.text())
+def test_property_non_blank_is_the_schemas_pattern(text: str) -> None:
+    """The fast schema check reads "non-blank" with str.isspace, as the schema's `\\S` pattern
+    (jsonschema: re.search) reads it."""
+    import re
+
+    from rag_rerank.guard.output import _non_blank
+
+    assert _non_blank(text) == (re.search(r"\S", text) is not None)
