@@ -617,9 +617,13 @@ def _postpass(
     # Where each pick stands: in the selection, in the final layout, and by relevance alone (ties
     # by input order), found once for all of them.
     sel_at = {j: pos for pos, j in enumerate(picked)}
-    rel_at = {j: pos for pos, j in enumerate(sorted(range(len(cand)), key=lambda j: (-rel_of[j], j)))}
+    # (a stable sort keeps input order among equal scores, reverse=True too: the (-score, index) order)
+    rel_at = {j: pos for pos, j in enumerate(sorted(range(len(cand)), key=rel_of.__getitem__, reverse=True))}
     ids = [chunks[i].id for i in cand]
+    moved = sel.replaced.keys() | sel.promoted_over.keys()
     ranked = tuple(_ranked_item(ids, scored[ids[j]], sel, sel_at[j], pos, rel_at[j], j, rel_of, layout)
+                   if j in moved or sel_at[j] != pos or sel_at[j] > rel_at[j]
+                   else Ranked(ids[j], *scored[ids[j]])  # no note to add (`_ranked_item`'s cases)
                    for pos, j in enumerate(final))
 
     for i, chunk in enumerate(chunks):
