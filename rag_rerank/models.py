@@ -44,6 +44,16 @@ class Ranked:
     reason: str
     diversity_note: str | None = None
 
+    def __init__(self, id: str, score: float, reason: str, diversity_note: str | None = None) -> None:
+        # The generated __init__'s work (each field set, nothing checked), straight into the
+        # instance dict: a call makes one per chunk, and object.__setattr__ per field, which a
+        # frozen dataclass's __init__ calls, cost a third of it (`bench/instructions.py`).
+        fields = self.__dict__
+        fields["id"] = id
+        fields["score"] = score
+        fields["reason"] = reason
+        fields["diversity_note"] = diversity_note
+
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"id": self.id, "score": self.score, "reason": self.reason}
         if self.diversity_note:
@@ -58,6 +68,11 @@ class Dropped:
 
     id: str
     reason: str
+
+    def __init__(self, id: str, reason: str) -> None:
+        fields = self.__dict__  # as `Ranked.__init__`: the generated one's work, without its calls
+        fields["id"] = id
+        fields["reason"] = reason
 
     def to_dict(self) -> dict[str, Any]:
         return {"id": self.id, "reason": self.reason}

@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
@@ -61,7 +62,7 @@ from .embed import (
     query_vector,
 )
 from .embed.lexical import LexicalEmbedder
-from .embed.memo import TextRows
+from .embed.memo import TextRows, scatter
 from .embed.static import StaticEmbedder
 from .errors import InputError, Violation
 from .guard.limits import load_limits
@@ -320,13 +321,70 @@ def _embed_rows(embedder: Any, texts: Sequence[str], rows: Sequence[int]) -> np.
         return embed_texts(embedder, list(texts))[list(rows)].astype(np.float64)
     sub = [texts[i] for i in rows]
     kind = "lexical" if isinstance(embedder, LexicalEmbedder) else "static"
+    setting = _setting(embedder)
+    return UNIT_ROWS[kind].rows([(setting, t) for t in sub], sub, lambda fresh: embed_texts(embedder, fresh),
+                                embedder.dim, dtype=np.float64)
+
+
+def _setting(embedder: Any) -> int:
+    """The number of a numpy embedder's setting (`_SETTING`)."""
     setting = _SETTING.get(embedder)
     if setting is None:
         if len(_SETTING) >= 64:
             _SETTING.clear()
         setting = _SETTING.setdefault(embedder, next(_NUMBERS))
-    return UNIT_ROWS[kind].rows([(setting, t) for t in sub], sub, lambda fresh: embed_texts(embedder, fresh),
-                                embedder.dim, dtype=np.float64)
+    return setting
+
+
+@dataclass(frozen=True)
+class _CachedRows:
+    """The lexical rows of texts all in `UNIT_ROWS` (sparse: indices, values), not yet placed in
+    a matrix: `_similarity` places them in a scratch matrix of its thread (`_scratch`), so the
+    4096-wide float64 matrix is neither allocated nor zeroed for each call."""
+
+    rows: tuple[tuple[np.ndarray, np.ndarray], ...]
+    dim: int
+
+
+# A thread's scratch matrix, all zeros between uses; `_CachedRows` of at most this many rows use it
+# (at most 64 x 4096 float64, 2 MB, per thread that ran a post-pass).
+_SCRATCH = threading.local()
+SCRATCH_ROWS = 64
+
+
+def _lexical_rows(embedder: LexicalEmbedder, texts: Sequence[str], rows: Sequence[int]
+                  ) -> np.ndarray | _CachedRows:
+    """`_embed_rows` of a lexical embedder, as `_CachedRows` when every row is cached (most
+    calls: the same chunks come back) and there are at most `SCRATCH_ROWS` of them: only for
+    `_similarity`, which reads the same values from the scratch matrix."""
+    if len(rows) <= SCRATCH_ROWS:
+        setting = _setting(embedder)
+        found = UNIT_ROWS["lexical"].cached([(setting, texts[i]) for i in rows])
+        if found is not None:
+            return _CachedRows(tuple(found), embedder.dim)
+    return _embed_rows(embedder, texts, rows)
+
+
+def _scratch_similarity(cached: _CachedRows) -> np.ndarray:
+    """`_similarity` of the dense float64 matrix of `cached`'s rows, made in this thread's scratch
+    matrix: the same values in a C-contiguous matrix of the same shape, so the same products and
+    bits; its entries are zeroed again afterwards (a few thousand, not 4096 per row)."""
+    n, dim = len(cached.rows), cached.dim
+    if not n:
+        return np.zeros((0, 0))
+    scratch = getattr(_SCRATCH, "matrices", None)
+    if scratch is None:
+        scratch = _SCRATCH.matrices = {}
+    matrix = scratch.get(dim)
+    if matrix is None or matrix.shape[0] < n:
+        matrix = scratch[dim] = np.zeros((max(n, 16), dim))
+    flat, values = scatter(list(range(n)), list(cached.rows), dim, np.float64)
+    cells = matrix.reshape(-1)  # a view: the first n rows are the matrix
+    cells[flat] = values
+    try:
+        return _similarity(matrix[:n])
+    finally:
+        cells[flat] = 0.0
 
 
 def _resolve_vectors(
@@ -350,18 +408,22 @@ def _resolve_vectors(
         vectors = both[1:][rows].astype(np.float64)
     elif need_query:
         q_row, vectors = embed_texts(emb, [request.query]), _embed_rows(emb, texts, rows)
+    elif isinstance(emb, LexicalEmbedder):  # read by `_similarity` only (no query, no model)
+        vectors, q_row = _lexical_rows(emb, texts, rows), None
     else:
         vectors, q_row = _embed_rows(emb, texts, rows), None
     threshold = float(getattr(emb, "duplicate_threshold", CALLER_DUPLICATE_THRESHOLD))
     return vectors, q_row, str(getattr(emb, "name", type(emb).__name__)), threshold, notes
 
 
-def _similarity(vectors: np.ndarray) -> np.ndarray:
+def _similarity(vectors: np.ndarray | _CachedRows) -> np.ndarray:
     """Cosine matrix in float64, made exactly symmetric (BLAS need not give sim[i,j] == sim[j,i]).
 
     Row by row (matrix-vector products), not one matrix product: for a few dozen rows a threaded
     BLAS matrix product gains nothing, and on a busy machine its threads wait for cores: the
     post-pass's p95 at 50 chunks was 128 ms against a 2.6 ms median (`bench/overhead.py`)."""
+    if isinstance(vectors, _CachedRows):
+        return _scratch_similarity(vectors)
     v = np.asarray(vectors, dtype=np.float64)  # float32 values are exact in float64
     if not len(v):
         return np.zeros((0, 0))
@@ -385,7 +447,7 @@ def _redundancy(texts: list[str], emb_name: str, embedder: Any, vectors: np.ndar
         return _similarity(vectors)
 
     if lexical is None:
-        lexical = _similarity(_embed_rows(_LEXICAL, texts, rows))
+        lexical = _similarity(_lexical_rows(_LEXICAL, texts, rows))
     return redundancy([texts[i] for i in rows], semantic, rules_for(family), lexical)
 
 
@@ -513,7 +575,7 @@ def _postpass(
         dup_all = sim_all >= threshold
     elif duplicate_threshold is not None:  # the caller's cosine on lexical vectors, as it always meant
         lexical = sim_all if (emb_name == LEXICAL_NAME and not embedded) else \
-            _similarity(_embed_rows(_LEXICAL, own, rows))
+            _similarity(_lexical_rows(_LEXICAL, own, rows))
         dup_all = lexical >= threshold
     else:
         mine = emb_name == LEXICAL_NAME and not embedded  # the MMR vectors are these texts' lexical ones
@@ -555,9 +617,13 @@ def _postpass(
     # Where each pick stands: in the selection, in the final layout, and by relevance alone (ties
     # by input order), found once for all of them.
     sel_at = {j: pos for pos, j in enumerate(picked)}
-    rel_at = {j: pos for pos, j in enumerate(sorted(range(len(cand)), key=lambda j: (-rel_of[j], j)))}
+    # (a stable sort keeps input order among equal scores, reverse=True too: the (-score, index) order)
+    rel_at = {j: pos for pos, j in enumerate(sorted(range(len(cand)), key=rel_of.__getitem__, reverse=True))}
     ids = [chunks[i].id for i in cand]
+    moved = sel.replaced.keys() | sel.promoted_over.keys()
     ranked = tuple(_ranked_item(ids, scored[ids[j]], sel, sel_at[j], pos, rel_at[j], j, rel_of, layout)
+                   if j in moved or sel_at[j] != pos or sel_at[j] > rel_at[j]
+                   else Ranked(ids[j], *scored[ids[j]])  # no note to add (`_ranked_item`'s cases)
                    for pos, j in enumerate(final))
 
     for i, chunk in enumerate(chunks):

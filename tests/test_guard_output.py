@@ -632,3 +632,62 @@ def test_a_reason_may_quote_the_query_when_the_query_is_known(happy_chunks: list
     assert check_output(raw, happy_chunks, 3, query=query) == json.loads(raw)
     (problem,) = problems(raw, happy_chunks)
     assert "reason quotes 'when should I choose IVF over HNSW'" in problem
+
+
+# --- issue 37: the quotation check's short cuts give the general path's answers ------------------------
+
+_QUOTE_CHARS = list('ab "\\.\u2026[]\n\u201c\u201d\u00ab\u00bb\u300c\u300dx1 ')
+_QUOTED_TEXT = st.text(alphabet=st.sampled_from(_QUOTE_CHARS), max_size=30) | st.text(max_size=30)
+
+
+@hypothesis.example(reason='opens with "5. Cancel. A flea" and "x \\" y"')
+@hypothesis.example(reason='a "b\nc" d "e"')
+@hypothesis.given(reason=_QUOTED_TEXT)
+def test_property_ascii_quotations_are_found_as_the_regex_finds_them(reason: str) -> None:
+    """An ASCII reason's quotations are found with str.find (only a straight quote can open one
+    there); a character appended after the last quote sends the same reason through the regex,
+    and cannot change a quotation (it is after every closing mark)."""
+    from rag_rerank.guard.output import _quotations
+
+    assert _quotations(reason) == _quotations(reason + "\u00e9")
+
+
+@hypothesis.example(piece="  IVF\tIs  preferred. ")
+@hypothesis.given(piece=st.text(alphabet=st.characters(max_codepoint=127), max_size=30))
+def test_property_ascii_pieces_compare_as_comparable_makes_them(piece: str) -> None:
+    """The quotation check reads a printable ASCII piece with `comparable`'s own short cut inlined
+    (whitespace runs one space, case folded): the same text `comparable` gives."""
+    from rag_rerank.text import comparable
+
+    if piece.isprintable():
+        assert " ".join(piece.split()).casefold() == comparable(piece)
+
+
+@hypothesis.example(reason='quotes "IVF is preferred ... constrained" and "HNSW \u2026 graph"', query=None)
+@hypothesis.example(reason='quotes "when should I choose IVF"', query="When should I choose IVF over HNSW?")
+@hypothesis.given(reason=_REASONS | _QUOTED_TEXT.map(lambda t: f'quotes "{t}"'),
+                  query=st.sampled_from([None, "", "When should I choose IVF over HNSW?"]))
+def test_property_a_chunks_reason_is_judged_as_misquoted_judges_it(reason: str, query: str | None) -> None:
+    """The guard reads each chunk's passages once per chunk and query (`_shown`, memoised); each
+    reason's verdict is still `misquoted` of the reason against what the model was shown."""
+    from rag_rerank.guard.output import _Quotable
+
+    quotable = _Quotable(HAPPY, query)
+    for chunk in HAPPY:
+        shown = "\n".join([chunk.text, chunk.id, *([query] if query else [])])
+        assert quotable.misquoted(chunk.id, reason) == misquoted(reason, shown)
+
+
+@hypothesis.example(text="\u2028\u3000\x1c\x85 \t")
+@hypothesis.example(text="")
+@hypothesis.given(text=st.text(alphabet=st.sampled_from(list(" \t\n\r\x0b\x0c\x1c\x1d\x1e\x1f\x85\xa0\u1680"
+                                                              "\u2000\u200a\u200b\u2028\u2029\u202f\u205f"
+                                                              "\u3000\ufeffa")), max_size=6) | st.text())
+def test_property_non_blank_is_the_schemas_pattern(text: str) -> None:
+    """The fast schema check reads "non-blank" with str.isspace, as the schema's `\\S` pattern
+    (jsonschema: re.search) reads it."""
+    import re
+
+    from rag_rerank.guard.output import _non_blank
+
+    assert _non_blank(text) == (re.search(r"\S", text) is not None)

@@ -122,3 +122,25 @@ def test_to_cohere_reports_indices_scores_and_billed_units() -> None:
     assert result.to_cohere(top_n=1)["results"] == [{"index": 1, "relevance_score": 0.9}]
     many = RerankResult(ranked=(), scores={f"c{i}": 0.1 for i in range(250)})
     assert many.to_cohere()["meta"]["billed_units"]["search_units"] == 3
+
+
+def test_ranked_and_dropped_hand_written_init_does_what_the_generated_one_did() -> None:
+    """Ranked and Dropped set their fields straight into the instance dict (issue 37: one of each
+    per chunk of every call): the same signature, values, defaults, equality, hash, frozenness,
+    replace/asdict/pickle as a frozen dataclass generating its own __init__."""
+    import dataclasses
+    import inspect
+    import pickle
+
+    for cls, args in ((Ranked, ("c1", 0.5, "cites x", "moved")), (Dropped, ("c2", "not_selected: 0.410"))):
+        spec = [(f.name, f.type, f) for f in dataclasses.fields(cls)]
+        twin = dataclasses.make_dataclass(cls.__name__, spec, frozen=True)
+        assert str(inspect.signature(cls)).replace("'", "") == str(inspect.signature(twin)).replace("'", "")
+        names = [f.name for f in dataclasses.fields(cls)]
+        made, keyed = cls(*args), cls(**dict(zip(names, args, strict=True)))
+        assert made == keyed and hash(made) == hash(keyed)
+        assert vars(made) == vars(twin(*args)) and dataclasses.asdict(made) == dataclasses.asdict(twin(*args))
+        assert pickle.loads(pickle.dumps(made)) == made and dataclasses.replace(made, id="z").id == "z"
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            made.id = "other"  # type: ignore[misc]
+    assert Ranked("c1", 0.5, "r") == Ranked(id="c1", score=0.5, reason="r", diversity_note=None)

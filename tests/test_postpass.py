@@ -545,3 +545,38 @@ def test_sibling_chunks_sharing_an_embedded_title_are_not_near_duplicates() -> N
     view = with_embedded_meta(validate_request("how does HNSW search", copies, 2, 0.7), ["title"])
     out = postpass(view, [Ranked("a", 0.9, "cites the graph"), Ranked("b", 0.85, "cites the graph")], [])
     assert out.ids == ["a"] and out.dropped[0].reason == "redundant_with:a"
+
+
+# --------------------------------------------------------------------------- issue 37: scratch matrix
+
+
+def test_cached_lexical_rows_give_the_dense_matrix_similarities_bit_for_bit() -> None:
+    """Lexical rows all cached are placed in a per-thread scratch matrix (no 4096-wide float64
+    matrix allocated and zeroed per call): the same similarity matrix, bit for bit (signs of
+    zero too), whatever size came before, in another thread, and the scratch is all zeros after."""
+    import threading
+
+    from rag_rerank import postpass as pp
+
+    rng = np.random.default_rng(37)
+    words = [f"w{i}" for i in range(300)]
+    texts = [" ".join(rng.choice(words, size=int(rng.integers(1, 40)))) for _ in range(70)]
+    texts += [texts[0], "", "w1"]  # a copy, an empty text, a one-word text
+    embedder = pp._LEXICAL
+    for n in (1, 5, 20, 3, 40, 64, 65, len(texts)):
+        rows = [int(i) for i in rng.choice(len(texts), size=min(n, len(texts)), replace=False)]
+        dense = pp._similarity(pp._embed_rows(embedder, texts, rows))  # fills the cache too
+        lazy = pp._lexical_rows(embedder, texts, rows)
+        assert isinstance(lazy, pp._CachedRows) == (n <= pp.SCRATCH_ROWS)
+        assert pp._similarity(lazy).tobytes() == dense.tobytes()
+        found: list[bytes] = []
+
+        def other_thread(rows: list[int] = rows, found: list[bytes] = found) -> None:
+            found.append(pp._similarity(pp._lexical_rows(embedder, texts, rows)).tobytes())
+
+        worker = threading.Thread(target=other_thread)
+        worker.start()
+        worker.join()
+        assert found == [dense.tobytes()]
+    for matrix in pp._SCRATCH.matrices.values():
+        assert not matrix.any()

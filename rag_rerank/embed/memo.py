@@ -92,16 +92,7 @@ class TextRows:
         """float32 rows for `texts` (cached under `keys`, one per text), `compute(missing texts)`
         making those not cached in one call; with `dtype=np.float64`, the same values in float64
         (what a similarity product reads: no float32 copy made to be converted)."""
-        missing: dict[Any, list[int]] = {}
-        found: list[tuple[int, Any]] = []
-        with self._lock:
-            for k, key in enumerate(keys):
-                row = self._rows.get(key)
-                if row is None:
-                    missing.setdefault(key, []).append(k)
-                else:
-                    self._rows.move_to_end(key)
-                    found.append((k, row))
+        found, missing = self._lookup(keys)
         if not missing and not self.sparse:  # every row cached, in order: one conversion
             return np.array([row for _, row in found], dtype=dtype).reshape(len(texts), dim)
         out = np.zeros((len(texts), dim), dtype=dtype)
@@ -120,14 +111,43 @@ class TextRows:
                     self._rows.popitem(last=False)
         return out
 
+    def _lookup(self, keys: list[Any]) -> tuple[list[tuple[int, Any]], dict[Any, list[int]]]:
+        """(place and stored row of each key stored, each key not stored -> its places); the
+        stored ones become the most recently used."""
+        missing: dict[Any, list[int]] = {}
+        found: list[tuple[int, Any]] = []
+        with self._lock:
+            for k, key in enumerate(keys):
+                row = self._rows.get(key)
+                if row is None:
+                    missing.setdefault(key, []).append(k)
+                else:
+                    self._rows.move_to_end(key)
+                    found.append((k, row))
+        return found, missing
+
+    def cached(self, keys: list[Any]) -> list[Any] | None:
+        """The stored row of every key (a sparse one as (indices, values)), in order, or None when
+        one is not stored: for a caller that places the rows itself (`scatter`)."""
+        found, missing = self._lookup(keys)
+        return None if missing else [row for _, row in found]
+
     def _fill(self, out: np.ndarray, found: list[tuple[int, Any]], dim: int) -> None:
         """The cached rows into their places in `out`, in one assignment."""
         at = [k for k, _ in found]
         if not self.sparse:
             out[at] = np.array([row for _, row in found], dtype=out.dtype)
             return
-        idx = [row[0] for _, row in found]
-        starts = np.repeat(np.array(at, dtype=np.int64) * dim, [len(i) for i in idx])
-        flat = np.concatenate(idx).astype(np.int64) + starts  # one conversion, not one per row
-        # the values converted first: a scatter that converts as it goes is about twice as slow
-        out.reshape(-1)[flat] = np.concatenate([vals for _, (_, vals) in found]).astype(out.dtype, copy=False)
+        flat, values = scatter(at, [row for _, row in found], dim, out.dtype)
+        out.reshape(-1)[flat] = values
+
+
+def scatter(at: list[int], rows: list[tuple[np.ndarray, np.ndarray]], dim: int, dtype: Any
+            ) -> tuple[np.ndarray, np.ndarray]:
+    """(flat positions, values as `dtype`) of sparse rows (indices, values) placed at rows `at` of
+    a `dim`-wide matrix: what one assignment into its flat view needs."""
+    idx = [row[0] for row in rows]
+    starts = np.repeat(np.array(at, dtype=np.int64) * dim, [len(i) for i in idx])
+    flat = np.concatenate(idx).astype(np.int64) + starts  # one conversion, not one per row
+    # the values converted first: a scatter that converts as it goes is about twice as slow
+    return flat, np.concatenate([vals for _, vals in rows]).astype(dtype, copy=False)

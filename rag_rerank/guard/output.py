@@ -85,18 +85,31 @@ def _quotations(reason: str) -> list[str]:
     """The quoted passages of a reason, JSON escapes (\\" \\u00e9) read back. One pass with
     str.find, linear in the reason's length whatever it holds (a regex with a bounded repeat
     after each of n opening quotes was O(n * bound))."""
+    plain = reason.isascii()  # then only a straight quote can open one: str.find, not the regex
+    if plain and "\\" not in reason and "\n" not in reason:
+        # No escape and no line break: the quotations are what lies between the 1st and 2nd
+        # quote, the 3rd and 4th, ...; a last quote left unclosed opens none.
+        return reason.split('"')[1:-1:2]
     out = []
     pos = 0
-    while (m := _OPENING.search(reason, pos)) is not None:
-        opening = m.group()
-        end = _closing_quote(reason, m.end(), _CLOSING[opening])
+    while True:
+        if plain:
+            if (start := reason.find('"', pos)) < 0:
+                break
+            opening = '"'
+        elif (m := _OPENING.search(reason, pos)) is not None:
+            start, opening = m.start(), m.group()
+        else:
+            break
+        begin = start + 1  # every opening mark is one character
+        end = _closing_quote(reason, begin, _CLOSING[opening])
         if end < 0:
             break  # no closing quote after this opening one: none after a later one either
-        line_break = reason.find("\n", m.end(), end)
+        line_break = reason.find("\n", begin, end)
         if line_break >= 0:  # a quotation is on one line: start again after the break
             pos = line_break + 1
             continue
-        quoted = reason[m.end():end]
+        quoted = reason[begin:end]
         if opening == '"' and "\\" in quoted:  # without a backslash there is no escape to read
             with contextlib.suppress(ValueError):  # not valid JSON escapes: compare as written
                 quoted = json.loads(f'"{quoted}"')
@@ -221,20 +234,34 @@ def misquoted(reason: str, source: str) -> str | None:
     if not quotes:
         return None
     segments = source.split(ELISION) if ELISION in source else [source]
-    haystacks = [_comparable(s) for s in segments]
+    return _misquoted(quotes, segments, [_comparable(s) for s in segments])
+
+
+def _misquoted(quotes: list[str], segments: Sequence[str], haystacks: Sequence[str]) -> str | None:
+    """`misquoted` of a reason's quotations against a source's passages (`segments`) and their
+    comparable forms (`haystacks`)."""
     words: list[_Source] | None = None
     pairs = 0
     for quote in quotes:
         if len(segments) > 1 and spans_elision(quote):
             return quote
-        for piece in (comparable(p).strip(_EDGE) for p in _ELLIPSIS.split(quote)):
-            if len(piece) < 3 or any(piece in h for h in haystacks):  # one or two characters prove nothing
+        # every `_ELLIPSIS` holds "..." or is "\u2026": most quotations have neither, and skip the regex
+        parts = _ELLIPSIS.split(quote) if "..." in quote or "\u2026" in quote else (quote,)
+        for part in parts:
+            # `comparable` of a printable ASCII piece, its own short cut inlined (most quotations)
+            piece = (" ".join(part.split()).casefold() if part.isascii() and part.isprintable()
+                     else comparable(part)).strip(_EDGE)
+            if len(piece) < 3:  # one or two characters prove nothing
                 continue
-            words = words or [_Source(s) for s in segments]
-            quoted = _words(piece)
-            pairs += len(quoted) * sum(len(w.keys) + 1 for w in words)
-            if pairs > LOOSE_PAIRS or not any(_faithful(quoted, w) for w in words):
-                return quote
+            for haystack in haystacks:  # (a loop, not any() of a generator: most pieces are found)
+                if piece in haystack:
+                    break
+            else:
+                words = words or [_Source(s) for s in segments]
+                quoted = _words(piece)
+                pairs += len(quoted) * sum(len(w.keys) + 1 for w in words)
+                if pairs > LOOSE_PAIRS or not any(_faithful(quoted, w) for w in words):
+                    return quote
     return None
 
 
@@ -252,16 +279,27 @@ def spans_elision(quote: str) -> bool:
 _comparable = lru_cache(maxsize=2048)(comparable)
 
 
-def _quotable(chunk: Chunk, query: str | None = None) -> str:
-    """What the model was shown that a reason about this chunk may quote: the chunk's text, id and
-    meta values, and the query ("answers "when to choose IVF" with ..." quotes the question, not an
-    invention)."""
-    shown = [chunk.text, chunk.id]
-    if chunk.meta is not None:
-        shown.append(json.dumps(chunk.meta, ensure_ascii=False, default=str))
+def _joined(text: str, cid: str, meta: str | None, query: str | None) -> str:
+    """What the model was shown that a reason about a chunk may quote: the chunk's text, id and
+    meta values (`meta`: their JSON), and the query ("answers "when to choose IVF" with ..."
+    quotes the question, not an invention)."""
+    shown = [text, cid]
+    if meta is not None:
+        shown.append(meta)
     if query:
         shown.append(query)
     return "\n".join(shown)
+
+
+@lru_cache(maxsize=2048)
+def _shown(text: str, cid: str, meta: str | None, query: str | None
+           ) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(passages, their comparable forms) of what a chunk's reason may quote (`_joined`), made
+    once per chunk and query: a chunk recurs (call after call, window after window), and joining,
+    splitting and normalising its text again for each reason was most of the quotation check."""
+    source = _joined(text, cid, meta, query)
+    segments = source.split(ELISION) if ELISION in source else [source]
+    return tuple(segments), tuple(comparable(s) for s in segments)
 
 
 class _Quotable:
@@ -300,9 +338,13 @@ class _Quotable:
         """`misquoted(reason, ...)` against what chunk `cid`'s reason may quote; None for an id
         that is not an input (that violation is reported on its own)."""
         chunk = self._chunks.get(cid)
-        if chunk is None or _OPENING.search(reason) is None:
+        if chunk is None:
             return None
-        return misquoted(reason, _quotable(chunk, self._query))
+        quotes = _quotations(reason)
+        if not quotes:  # most reasons: no JSON dump of the chunk's meta, no look-up
+            return None
+        meta = None if chunk.meta is None else json.dumps(chunk.meta, ensure_ascii=False, default=str)
+        return _misquoted(quotes, *_shown(chunk.text, chunk.id, meta, self._query))
 
 
 def _fold(cid: str) -> str:
@@ -475,7 +517,6 @@ def _item_violations(
     return out
 
 
-_NON_BLANK = re.compile(r"\S")
 _RANKED_KEYS = frozenset({"id", "score", "reason", "diversity_note"})
 _RANKED_REQUIRED = frozenset({"id", "score", "reason"})
 _DROPPED_KEYS = frozenset({"id", "reason"})
@@ -502,10 +543,11 @@ def _sections(obj: Any) -> tuple[list[Any], list[Any]] | None:
 def _plain_ranked(item: Any) -> bool:
     if type(item) is not dict or not _RANKED_REQUIRED <= item.keys() <= _RANKED_KEYS:
         return False
-    score, note = item.get("score"), item.get("diversity_note", "")
-    if not _good_id_and_reason(item) or type(note) is not str:
-        return False
-    return not (type(score) not in (int, float) or not 0 <= score <= 1)
+    cid, reason, score = item["id"], item["reason"], item["score"]
+    # `_good_id_and_reason` and `_non_blank` inlined (two calls less per item)
+    return (type(cid) is str and cid != "" and type(reason) is str and reason != "" and not reason.isspace()
+            and type(item.get("diversity_note", "")) is str and type(score) in (int, float)
+            and 0 <= score <= 1)
 
 
 def _plain_dropped(item: Any) -> bool:
@@ -514,7 +556,13 @@ def _plain_dropped(item: Any) -> bool:
 
 def _good_id_and_reason(item: Mapping[str, Any]) -> bool:
     cid, reason = item.get("id"), item.get("reason")
-    return type(cid) is str and cid != "" and type(reason) is str and _NON_BLANK.search(reason) is not None
+    return type(cid) is str and cid != "" and type(reason) is str and _non_blank(reason)
+
+
+def _non_blank(text: str) -> bool:
+    """Whether `text` holds a character that is not white space: what the schema's pattern `\\S`
+    finds, without a regex (str.isspace and the regex's `\\s` read the same Unicode property)."""
+    return text != "" and not text.isspace()
 
 
 def output_violations(
