@@ -38,21 +38,17 @@ _GENERIC = frozenset(
 )
 
 
-def _stem(word: str) -> str:
-    return word[:5]
-
-
 @lru_cache(maxsize=4096)
 def _content_tokens(text: str) -> frozenset[str]:
-    """The stems a citation is looked for in; memoised per text (a chunk is cited again each time
-    it recurs, and the scored backends check their own reasons with the same function)."""
-    out = set()
-    for w in _WORD.findall(comparable(text)):
-        if w in STOPWORDS or w in _GENERIC:
-            continue
-        if len(w) >= 3 or any(ch.isdigit() for ch in w):
-            out.add(_stem(w))
-    return frozenset(out)
+    """The stems (first five letters) a citation is looked for in: of the words outside the stop
+    and generic words, those of 3+ letters or with a digit. Memoised per text (a chunk is cited
+    again each time it recurs, and the scored backends check their own reasons with the same
+    function); each distinct word is looked at once (a chunk seen for the first time repeats most
+    of its words)."""
+    words = set(_WORD.findall(comparable(text)))
+    words -= STOPWORDS
+    words -= _GENERIC
+    return frozenset({w[:5] for w in words if len(w) >= 3 or any(ch.isdigit() for ch in w)})
 
 
 def _non_ascii_runs(text: str) -> set[str]:
