@@ -257,16 +257,19 @@ def read(text: str) -> Reading:
     tokens = [(_ORDINALS[w], True) if w in _ORDINALS else (w, name)
               for w, name in _fold_numbers(_raw_tokens(_cleaned(shown)))]
     words = tuple(w for w, _ in tokens)
-    content: Counter[str] = Counter()
+    counts: dict[str, int] = {}  # counted in a dict (a Counter's missing key is a Python call)
     surface: dict[str, str] = {}
     for word, name in tokens:
         if name or (word not in FUNCTION_WORDS and word not in NEGATIONS):
             k = _key(word)
-            content[k] += 1
-            surface.setdefault(k, word)
+            if k in counts:
+                counts[k] += 1
+            else:
+                counts[k] = 1
+                surface[k] = word
     return Reading(
         words=words,
-        content=content,
+        content=Counter(counts),
         surface=surface,
         names=frozenset(w for w, name in tokens if name and not _is_number(w)),
         numbers=Counter(_number(w) for w in words if _is_number(w)),
@@ -298,6 +301,15 @@ def _same_spelling(a: str, b: str) -> bool:
     "walking", "play" / "player"): a typo or an abbreviation is a spelling the vocabulary lacks."""
     if _is_number(a) or _is_number(b) or (in_vocabulary(a) and in_vocabulary(b)):
         return False
+    return _alike(a, b)
+
+
+def _alike(a: str, b: str) -> bool:
+    """One edit apart, or one a prefix (3+ letters) of the other: `_same_spelling` once numbers and
+    two vocabulary words are ruled out. A typo keeps the length within one letter and an
+    abbreviation shares the first letter, so anything else is settled without a look inside."""
+    if a[:1] != b[:1] and not -1 <= len(a) - len(b) <= 1:
+        return False
     return _one_edit(a, b) or (len(b) >= 3 and a.startswith(b)) or (len(a) >= 3 and b.startswith(a))
 
 
@@ -316,21 +328,30 @@ def _spelled_out(word: str, other: Reading) -> tuple[str, ...]:
     return other.words[at:at + len(word)] if at >= 0 else ()
 
 
-def _may_share_spelling(a: str, b: str) -> bool:
-    """False when `_same_spelling(a, b)` is certainly False, for a cheap test before the full one:
-    a typo keeps the length within one letter, an abbreviation shares the first letter."""
-    return a[:1] == b[:1] or -1 <= len(a) - len(b) <= 1
+def _missing(mine: Counter[str], theirs: Counter[str]) -> list[str]:
+    """`list((mine - theirs).elements())` without building the Counter: each key as many times as
+    `mine` has it more often than `theirs`, in `mine`'s order (both hold positive counts only)."""
+    out: list[str] = []
+    for key, count in mine.items():
+        more = count - theirs.get(key, 0)
+        if more == 1:
+            out.append(key)
+        elif more > 1:
+            out.extend([key] * more)
+    return out
 
 
 def differences(a: Reading, b: Reading) -> tuple[list[str], list[str]]:
     """The content words (keys) each text has that the other lacks, spelling aside."""
-    only_a = list((a.content - b.content).elements())
-    only_b = list((b.content - a.content).elements())
+    only_a = _missing(a.content, b.content)
+    only_b = _missing(b.content, a.content)
     if only_a and only_b:
+        # `_same_spelling` of each pair, its parts decided once per word: a number is never another
+        # spelling, nor are two vocabulary words, so a vocabulary word of `a` is compared only with
+        # `b`'s other words, and not at all when `b` has none (the common case).
         spelt_b = [b.surface.get(y, y) for y in only_b]  # kept in step with only_b
-        # Two vocabulary words are never one spelling (`_same_spelling`): a vocabulary word of `a`
-        # is compared only with `b`'s others, and not at all when `b` has none (the common case).
-        known_b = [in_vocabulary(sy) for sy in spelt_b]
+        known_b = [in_vocabulary(sy) or _is_number(sy) for sy in spelt_b]  # never alike to a known word
+        number_b = [_is_number(sy) for sy in spelt_b]
         unknown_b = known_b.count(False)
         for x in list(only_a):
             sx = a.surface.get(x, x)
@@ -339,15 +360,18 @@ def differences(a: Reading, b: Reading) -> tuple[list[str], list[str]]:
             known = in_vocabulary(sx)
             if known and not unknown_b:
                 continue
+            first, size = sx[:1], len(sx)
             for k, sy in enumerate(spelt_b):
-                if known and known_b[k]:
+                if (known and known_b[k]) or number_b[k]:
                     continue
-                if _may_share_spelling(sx, sy) and _same_spelling(sx, sy):
-                    only_a.remove(x)
-                    del only_b[k]  # the first occurrence of its key: an earlier one would have matched
-                    del spelt_b[k]
-                    unknown_b -= not known_b.pop(k)
-                    break
+                if (sy[:1] != first and not -1 <= size - len(sy) <= 1) or not _alike(sx, sy):
+                    continue  # `_alike`'s first test inline: most pairs end there
+                only_a.remove(x)
+                del only_b[k]  # the first occurrence of its key: an earlier one would have matched
+                del spelt_b[k]
+                del number_b[k]
+                unknown_b -= not known_b.pop(k)
+                break
     for mine, theirs, other in ((only_a, only_b, b), (only_b, only_a, a)):
         own = a if other is b else b
         for x in list(mine):

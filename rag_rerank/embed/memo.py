@@ -104,8 +104,11 @@ class TextRows:
             with self._lock:
                 for (key, at), row in zip(missing.items(), fresh, strict=True):
                     out[at] = row
-                    nz = np.flatnonzero(row)
-                    self._rows[key] = (nz.astype(np.int32), row[nz]) if self.sparse else row.copy()
+                    if self.sparse:
+                        nz = np.flatnonzero(row)
+                        self._rows[key] = (nz.astype(np.int32), row[nz])
+                    else:
+                        self._rows[key] = row.copy()
                     self._rows.move_to_end(key)
                 while len(self._rows) > self.max_texts:
                     self._rows.popitem(last=False)
