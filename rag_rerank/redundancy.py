@@ -295,21 +295,12 @@ def _one_edit(a: str, b: str) -> bool:
     return long[p + 1:] == short[p:]
 
 
-def _same_spelling(a: str, b: str) -> bool:
-    """Two words that are one word written two ways: a typo or an abbreviation (a prefix of 3+).
-    Two words of the static table's vocabulary are two words, however alike ("talking" /
-    "walking", "play" / "player"): a typo or an abbreviation is a spelling the vocabulary lacks."""
-    if _is_number(a) or _is_number(b) or (in_vocabulary(a) and in_vocabulary(b)):
-        return False
-    return _alike(a, b)
-
-
 def _alike(a: str, b: str) -> bool:
-    """One edit apart, or one a prefix (3+ letters) of the other: `_same_spelling` once numbers and
-    two vocabulary words are ruled out. A typo keeps the length within one letter and an
-    abbreviation shares the first letter, so anything else is settled without a look inside."""
-    if a[:1] != b[:1] and not -1 <= len(a) - len(b) <= 1:
-        return False
+    """Two words that are one word written two ways: a typo (one edit apart) or an abbreviation (a
+    prefix of 3+ letters). Asked only of two words that are not numbers and not both in the static
+    table's vocabulary (`differences` rules those out once per word): two vocabulary words are two
+    words, however alike ("talking" / "walking", "play" / "player"); a typo or an abbreviation is a
+    spelling the vocabulary lacks."""
     return _one_edit(a, b) or (len(b) >= 3 and a.startswith(b)) or (len(a) >= 3 and b.startswith(a))
 
 
@@ -346,13 +337,13 @@ def differences(a: Reading, b: Reading) -> tuple[list[str], list[str]]:
     only_a = _missing(a.content, b.content)
     only_b = _missing(b.content, a.content)
     if only_a and only_b:
-        # `_same_spelling` of each pair, its parts decided once per word: a number is never another
-        # spelling, nor are two vocabulary words, so a vocabulary word of `a` is compared only with
-        # `b`'s other words, and not at all when `b` has none (the common case).
-        spelt_b = [b.surface.get(y, y) for y in only_b]  # kept in step with only_b
-        known_b = [in_vocabulary(sy) or _is_number(sy) for sy in spelt_b]  # never alike to a known word
+        # Which words are one word written two ways (`_alike`), decided from facts read once per
+        # word: a number is never another spelling, nor are two vocabulary words, so a vocabulary
+        # word of `a` is compared only with `b`'s unknown words, and not at all when `b` has none.
+        spelt_b = [b.surface.get(y, y) for y in only_b]  # these three kept in step with only_b
+        known_b = [in_vocabulary(sy) for sy in spelt_b]
         number_b = [_is_number(sy) for sy in spelt_b]
-        unknown_b = known_b.count(False)
+        unknown_b = sum(1 for kb, nb in zip(known_b, number_b, strict=True) if not kb and not nb)
         for x in list(only_a):
             sx = a.surface.get(x, x)
             if _is_number(sx):
@@ -364,12 +355,14 @@ def differences(a: Reading, b: Reading) -> tuple[list[str], list[str]]:
             for k, sy in enumerate(spelt_b):
                 if (known and known_b[k]) or number_b[k]:
                     continue
+                # A typo keeps the length within one letter, an abbreviation shares the first
+                # letter: most pairs end at this test, before `_alike`.
                 if (sy[:1] != first and not -1 <= size - len(sy) <= 1) or not _alike(sx, sy):
-                    continue  # `_alike`'s first test inline: most pairs end there
+                    continue
                 only_a.remove(x)
                 del only_b[k]  # the first occurrence of its key: an earlier one would have matched
                 del spelt_b[k]
-                del number_b[k]
+                del number_b[k]  # not a number (it matched)
                 unknown_b -= not known_b.pop(k)
                 break
     for mine, theirs, other in ((only_a, only_b, b), (only_b, only_a, a)):
