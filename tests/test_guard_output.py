@@ -655,8 +655,8 @@ def test_property_ascii_quotations_are_found_as_the_regex_finds_them(reason: str
 @hypothesis.example(piece="  IVF\tIs  preferred. ")
 @hypothesis.given(piece=st.text(alphabet=st.characters(max_codepoint=127), max_size=30))
 def test_property_ascii_pieces_compare_as_comparable_makes_them(piece: str) -> None:
-    """The quotation check reads a printable ASCII piece with `comparable`'s own short cut inlined
-    (whitespace runs one space, case folded): the same text `comparable` gives."""
+    """A printable ASCII piece is compared as its whitespace runs made one space and its case
+    folded: `comparable`'s short cut for such text gives exactly that."""
     from rag_rerank.text import comparable
 
     if piece.isprintable():

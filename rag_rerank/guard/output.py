@@ -244,9 +244,7 @@ def _misquoted(quotes: list[str], segments: Sequence[str], haystacks: Sequence[s
         # every `_ELLIPSIS` holds "..." or is "\u2026": most quotations have neither, and skip the regex
         parts = _ELLIPSIS.split(quote) if "..." in quote or "\u2026" in quote else (quote,)
         for part in parts:
-            # `comparable` of a printable ASCII piece, its own short cut inlined (most quotations)
-            piece = (" ".join(part.split()).casefold() if part.isascii() and part.isprintable()
-                     else comparable(part)).strip(_EDGE)
+            piece = comparable(part).strip(_EDGE)
             if len(piece) < 3:  # one or two characters prove nothing
                 continue
             for haystack in haystacks:  # (a loop, not any() of a generator: most pieces are found)
@@ -539,11 +537,9 @@ def _sections(obj: Any) -> tuple[list[Any], list[Any]] | None:
 def _plain_ranked(item: Any) -> bool:
     if type(item) is not dict or not _RANKED_REQUIRED <= item.keys() <= _RANKED_KEYS:
         return False
-    cid, reason, score = item["id"], item["reason"], item["score"]
-    # `_good_id_and_reason` and `_non_blank` inlined (two calls less per item)
-    return (type(cid) is str and cid != "" and type(reason) is str and reason != "" and not reason.isspace()
-            and type(item.get("diversity_note", "")) is str and type(score) in (int, float)
-            and 0 <= score <= 1)
+    score = item["score"]
+    return (_good_id_and_reason(item) and type(item.get("diversity_note", "")) is str
+            and type(score) in (int, float) and 0 <= score <= 1)
 
 
 def _plain_dropped(item: Any) -> bool:
