@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import itertools
 import math
-import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
@@ -62,8 +61,8 @@ from .embed import (
     query_vector,
 )
 from .embed.lexical import LexicalEmbedder
-from .embed.memo import TextRows, scatter
-from .embed.static import StaticEmbedder
+from .embed.memo import TextRows
+from .embed.static import SINGLE_THREAD_MNK, StaticEmbedder
 from .errors import InputError, Violation
 from .guard.limits import load_limits
 from .models import Dropped, Ranked, RerankRequest, RerankResult, RunMeta
@@ -336,57 +335,6 @@ def _setting(embedder: Any) -> int:
     return setting
 
 
-@dataclass(frozen=True)
-class _CachedRows:
-    """The lexical rows of texts all in `UNIT_ROWS` (sparse: indices, values), not yet placed in
-    a matrix: `_similarity` places them in a scratch matrix of its thread (`_scratch`), so the
-    4096-wide float64 matrix is neither allocated nor zeroed for each call."""
-
-    rows: tuple[tuple[np.ndarray, np.ndarray], ...]
-    dim: int
-
-
-# A thread's scratch matrix, all zeros between uses; `_CachedRows` of at most this many rows use it
-# (at most 64 x 4096 float64, 2 MB, per thread that ran a post-pass).
-_SCRATCH = threading.local()
-SCRATCH_ROWS = 64
-
-
-def _lexical_rows(embedder: LexicalEmbedder, texts: Sequence[str], rows: Sequence[int]
-                  ) -> np.ndarray | _CachedRows:
-    """`_embed_rows` of a lexical embedder, as `_CachedRows` when every row is cached (most
-    calls: the same chunks come back) and there are at most `SCRATCH_ROWS` of them: only for
-    `_similarity`, which reads the same values from the scratch matrix."""
-    if len(rows) <= SCRATCH_ROWS:
-        setting = _setting(embedder)
-        found = UNIT_ROWS["lexical"].cached([(setting, texts[i]) for i in rows])
-        if found is not None:
-            return _CachedRows(tuple(found), embedder.dim)
-    return _embed_rows(embedder, texts, rows)
-
-
-def _scratch_similarity(cached: _CachedRows) -> np.ndarray:
-    """`_similarity` of the dense float64 matrix of `cached`'s rows, made in this thread's scratch
-    matrix: the same values in a C-contiguous matrix of the same shape, so the same products and
-    bits; its entries are zeroed again afterwards (a few thousand, not 4096 per row)."""
-    n, dim = len(cached.rows), cached.dim
-    if not n:
-        return np.zeros((0, 0))
-    scratch = getattr(_SCRATCH, "matrices", None)
-    if scratch is None:
-        scratch = _SCRATCH.matrices = {}
-    matrix = scratch.get(dim)
-    if matrix is None or matrix.shape[0] < n:
-        matrix = scratch[dim] = np.zeros((max(n, 16), dim))
-    flat, values = scatter(list(range(n)), list(cached.rows), dim, np.float64)
-    cells = matrix.reshape(-1)  # a view: the first n rows are the matrix
-    cells[flat] = values
-    try:
-        return _similarity(matrix[:n])
-    finally:
-        cells[flat] = 0.0
-
-
 def _resolve_vectors(
     request: RerankRequest, embedder: str | Embedder | None, need_query: bool, query_vec: Any,
     rows: list[int],
@@ -408,29 +356,44 @@ def _resolve_vectors(
         vectors = both[1:][rows].astype(np.float64)
     elif need_query:
         q_row, vectors = embed_texts(emb, [request.query]), _embed_rows(emb, texts, rows)
-    elif isinstance(emb, LexicalEmbedder):  # read by `_similarity` only (no query, no model)
-        vectors, q_row = _lexical_rows(emb, texts, rows), None
     else:
         vectors, q_row = _embed_rows(emb, texts, rows), None
     threshold = float(getattr(emb, "duplicate_threshold", CALLER_DUPLICATE_THRESHOLD))
     return vectors, q_row, str(getattr(emb, "name", type(emb).__name__)), threshold, notes
 
 
-def _similarity(vectors: np.ndarray | _CachedRows) -> np.ndarray:
-    """Cosine matrix in float64, made exactly symmetric (BLAS need not give sim[i,j] == sim[j,i]).
-
-    Row by row (matrix-vector products), not one matrix product: for a few dozen rows a threaded
-    BLAS matrix product gains nothing, and on a busy machine its threads wait for cores: the
-    post-pass's p95 at 50 chunks was 128 ms against a 2.6 ms median (`bench/overhead.py`)."""
-    if isinstance(vectors, _CachedRows):
-        return _scratch_similarity(vectors)
+def _similarity(vectors: np.ndarray) -> np.ndarray:
+    """Cosine matrix in float64 (`_gram` of the unit rows)."""
     v = np.asarray(vectors, dtype=np.float64)  # float32 values are exact in float64
     if not len(v):
         return np.zeros((0, 0))
-    # One stacked product, row b = v @ v[b]: numpy makes it the same matrix-vector product per row
-    # (BLAS gemv), so the bits are those of the loop it replaced, without a Python call per row.
-    s = np.matmul(v, v[:, :, None])[:, :, 0]
-    return (s + s.T) * 0.5
+    return _gram(v)
+
+
+def _gram(v: np.ndarray) -> np.ndarray:
+    """`v @ v.T`, exactly symmetric, in square blocks small enough that the BLAS runs each on the
+    calling thread (`SINGLE_THREAD_MNK`).
+
+    Why blocks of matrix products: one product reads each row once per block instead of once per
+    row as matrix-vector products do (half the time at 20 rows of 4096, a quarter at 50); and a
+    product above the threshold wakes the BLAS's threads, which on a busy 2-core machine wait for
+    a core (the post-pass's p95 at 50 chunks was once 128 ms against a 2.6 ms median,
+    `bench/overhead.py`) and, idle, spin on the core a local model server needs. A block on the
+    diagonal is `x @ x.T` (numpy's symmetric product fills both halves alike); one above it is
+    mirrored below, so `sim[i, j] == sim[j, i]`."""
+    n = len(v)
+    side = max(1, math.isqrt(SINGLE_THREAD_MNK // max(v.shape[1], 1)))
+    if n <= side:
+        return v @ v.T
+    out = np.empty((n, n))
+    for a in range(0, n, side):
+        rows = v[a:a + side]
+        out[a:a + side, a:a + side] = rows @ rows.T
+        for b in range(a + side, n, side):
+            block = rows @ v[b:b + side].T
+            out[a:a + side, b:b + side] = block
+            out[b:b + side, a:a + side] = block.T
+    return out
 
 
 def _redundancy(texts: list[str], emb_name: str, embedder: Any, vectors: np.ndarray | None,
@@ -447,7 +410,7 @@ def _redundancy(texts: list[str], emb_name: str, embedder: Any, vectors: np.ndar
         return _similarity(vectors)
 
     if lexical is None:
-        lexical = _similarity(_lexical_rows(_LEXICAL, texts, rows))
+        lexical = _similarity(_embed_rows(_LEXICAL, texts, rows))
     return redundancy([texts[i] for i in rows], semantic, rules_for(family), lexical)
 
 
@@ -575,7 +538,7 @@ def _postpass(
         dup_all = sim_all >= threshold
     elif duplicate_threshold is not None:  # the caller's cosine on lexical vectors, as it always meant
         lexical = sim_all if (emb_name == LEXICAL_NAME and not embedded) else \
-            _similarity(_lexical_rows(_LEXICAL, own, rows))
+            _similarity(_embed_rows(_LEXICAL, own, rows))
         dup_all = lexical >= threshold
     else:
         mine = emb_name == LEXICAL_NAME and not embedded  # the MMR vectors are these texts' lexical ones

@@ -129,12 +129,6 @@ class TextRows:
                     found.append((k, row))
         return found, missing
 
-    def cached(self, keys: list[Any]) -> list[Any] | None:
-        """The stored row of every key (a sparse one as (indices, values)), in order, or None when
-        one is not stored: for a caller that places the rows itself (`scatter`)."""
-        found, missing = self._lookup(keys)
-        return None if missing else [row for _, row in found]
-
     def _fill(self, out: np.ndarray, found: list[tuple[int, Any]], dim: int) -> None:
         """The cached rows into their places in `out`, in one assignment."""
         at = [k for k, _ in found]
@@ -148,7 +142,7 @@ class TextRows:
 def scatter(at: list[int], rows: list[tuple[np.ndarray, np.ndarray]], dim: int, dtype: Any
             ) -> tuple[np.ndarray, np.ndarray]:
     """(flat positions, values as `dtype`) of sparse rows (indices, values) placed at rows `at` of
-    a `dim`-wide matrix: what one assignment into its flat view needs."""
+    a `dim`-wide matrix: what one assignment into its flat view needs (`TextRows._fill`)."""
     idx = [row[0] for row in rows]
     starts = np.repeat(np.array(at, dtype=np.int64) * dim, [len(i) for i in idx])
     flat = np.concatenate(idx).astype(np.int64) + starts  # one conversion, not one per row

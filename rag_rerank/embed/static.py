@@ -398,7 +398,7 @@ def segment_match(query: str, texts: list[str]) -> np.ndarray:
     """`token_match(query, texts)` for many short texts (a long chunk's sentences, `evidence.Scorer`):
     the query's tokens are compared once with each distinct token of all the texts together (a
     chunk's sentences share most of their words), in column blocks small enough that the BLAS runs
-    them on the calling thread (`_SINGLE_THREAD_MNK`), and each text takes the best of its own."""
+    them on the calling thread (`SINGLE_THREAD_MNK`), and each text takes the best of its own."""
     q_ids = sorted(set(token_ids(query)))
     out = np.zeros(len(texts))
     if not q_ids:
@@ -422,12 +422,12 @@ def segment_match(query: str, texts: list[str]) -> np.ndarray:
 # OpenBLAS (numpy's wheels) splits a matrix product over threads above m*n*k = 65536 * 4: for the few
 # hundred columns of a chunk's tokens that costs far more CPU than it saves (waking and spinning
 # threads: 7.9 ms of CPU instead of 0.3 ms for 10 x 384 x 600 on a loaded 2-core machine).
-_SINGLE_THREAD_MNK = 65536 * 4
+SINGLE_THREAD_MNK = 65536 * 4
 
 
 def _single_thread_product(left: np.ndarray, rows: np.ndarray) -> np.ndarray:
     """`left @ rows.T`, cut into blocks of rows each below the BLAS's threading threshold."""
-    step = max(1, _SINGLE_THREAD_MNK // max(left.shape[0] * left.shape[1], 1))
+    step = max(1, SINGLE_THREAD_MNK // max(left.shape[0] * left.shape[1], 1))
     if len(rows) <= step:
         return left @ rows.T
     return np.concatenate([left @ rows[j:j + step].T for j in range(0, len(rows), step)], axis=1)
