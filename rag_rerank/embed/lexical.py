@@ -68,8 +68,10 @@ def _mix(h: np.ndarray) -> np.ndarray:
     return h ^ (h >> np.uint64(31))
 
 
-# `_NON_WORD` on ASCII text: every character but a letter or digit is a word boundary (a space).
-_ASCII_BOUNDARIES = {c: " " for c in range(128) if not chr(c).isalnum()}
+# `_NON_WORD` on ASCII text, with `comparable`'s case fold: a letter to lower case, every character
+# but a letter or digit a word boundary (a space).
+_ASCII_WORDS = {c: chr(c).lower() if chr(c).isalnum() else " " for c in range(128) if not chr(c).islower()
+                and not chr(c).isdigit()}
 
 
 def normalise_text(text: str) -> str:
@@ -77,12 +79,16 @@ def normalise_text(text: str) -> str:
     form quotations are compared in), every run of non-word characters one space, padded by one
     space. The padding makes word boundaries part of the character n-grams (" cat" differs from "cat").
 
-    ASCII (most text) has its boundaries found by one `str.translate` and a split: the same words
-    as the regex, at a fraction of its cost per character (a property test holds them equal).
+    ASCII (most text) takes one `str.translate` and a split instead of the regex, at a fraction of
+    its cost per character; ASCII before `comparable` skips it as well: on ASCII it only lower-cases
+    letters and makes controls and white space one space, and here every one of those characters
+    is a word boundary anyway. `tests/test_embed_lexical.py` holds both short cuts to the rule.
     """
+    if text.isascii():
+        return " " + " ".join(text.translate(_ASCII_WORDS).split()) + " "
     folded = comparable(text)
-    if folded.isascii():
-        return " " + " ".join(folded.translate(_ASCII_BOUNDARIES).split()) + " "
+    if folded.isascii():  # NFKC made it ASCII ("ﬁ" -> "fi", full-width letters)
+        return " " + " ".join(folded.translate(_ASCII_WORDS).split()) + " "
     return " " + _NON_WORD.sub(" ", folded).strip() + " "
 
 

@@ -97,7 +97,8 @@ class TextRows:
             return np.array([row for _, row in found], dtype=dtype).reshape(len(texts), dim)
         if not missing:
             out = np.zeros((len(texts), dim), dtype=dtype)
-            self._fill(out, found, dim)
+            if found:
+                self._fill(out, found, dim)
             return out
         firsts = [at[0] for at in missing.values()]
         fresh = np.asarray(compute([texts[k] for k in firsts]), dtype=np.float32)
