@@ -141,7 +141,8 @@ _NON_WORD_RUN = re.compile(r"[\W_]+")
 _MASK = 2**64 - 1
 _WORDISH = st.text(alphabet=st.sampled_from(
     "abcXYZ 019_-.,'\t\n\x00\x7f\u00a0\u200b\u00ad\u0301éß中ﬁＡİΣ\U0001d400"), max_size=40)
-_ANY_TEXT = st.one_of(_WORDISH, st.text(max_size=40), st.from_regex(r"[ -~]{0,60}", fullmatch=True))
+_ANY_TEXT = st.one_of(_WORDISH, st.text(max_size=40), st.from_regex(r"[ -~]{0,60}", fullmatch=True),
+                      st.text(alphabet=st.characters(max_codepoint=255), max_size=40))
 
 
 def _plain_normalise(text: str) -> str:
@@ -155,6 +156,7 @@ def _plain_normalise(text: str) -> str:
 @example("__--__")
 @example("Ｆｕｌｌ-width ﬁne")
 @example("\x1b[31mred\x1b[0m\x85next")
+@example("It\u00e2\x80\x99s caf\u00e9 \u00bd \u00b2 \u00aa\u00ba \u00d7\u00f7 \u00b5")
 def test_normalise_text_is_the_plain_rule(text: str) -> None:
     assert normalise_text(text) == _plain_normalise(text)
 

@@ -702,9 +702,12 @@ _SHOWN_TEXT = st.text(alphabet=st.sampled_from(_SHOWN_CHARS), max_size=12) | st.
 @hypothesis.settings(derandomize=True)
 @hypothesis.example(text="Hello, World_foo-bar 42\x00x")
 @hypothesis.example(text="caf\u00e9 \u00bd")
-@hypothesis.given(text=_SHOWN_TEXT | st.text(alphabet=st.characters(max_codepoint=127), max_size=40))
+@hypothesis.example(text="it\u00e2 s caf\u00e9 \u00bd \u00b2 \u00aa\u00ba \u00d7\u00f7 \u00b5_x")
+@hypothesis.given(text=_SHOWN_TEXT | st.text(alphabet=st.characters(max_codepoint=127), max_size=40)
+                  | st.text(alphabet=st.characters(max_codepoint=255), max_size=40))
 def test_property_words_are_the_regex_words(text: str) -> None:
-    """An ASCII text's words are split with str.translate; they are `\\w+` as the regex finds them."""
+    """An ASCII or Latin-1 text's words are split with a translation; they are `\\w+` as the regex
+    finds them."""
     import re
 
     from rag_rerank.guard.output import _word_list

@@ -73,6 +73,9 @@ def _mix(h: np.ndarray) -> np.ndarray:
 _ASCII_WORDS = {c: chr(c).lower() if chr(c).isalnum() else " " for c in range(128) if not chr(c).islower()
                 and not chr(c).isdigit()}
 
+# `_NON_WORD` on Latin-1 text as a bytes table: each character it matches a space.
+_LATIN1_BOUNDARIES = bytes(32 if _NON_WORD.fullmatch(chr(c)) else c for c in range(256))
+
 
 def normalise_text(text: str) -> str:
     """`text.comparable` (NFKC, case-folded, controls a space, invisible format characters gone: the
@@ -89,7 +92,11 @@ def normalise_text(text: str) -> str:
     folded = comparable(text)
     if folded.isascii():  # NFKC made it ASCII ("ﬁ" -> "fi", full-width letters)
         return " " + " ".join(folded.translate(_ASCII_WORDS).split()) + " "
-    return " " + _NON_WORD.sub(" ", folded).strip() + " "
+    try:  # Latin-1 (accents; what is left of mojibake): one bytes translation, not the regex
+        words = folded.encode("latin-1").translate(_LATIN1_BOUNDARIES).decode("latin-1").split()
+    except UnicodeEncodeError:
+        return " " + _NON_WORD.sub(" ", folded).strip() + " "
+    return " " + " ".join(words) + " "
 
 
 @dataclass(frozen=True)
