@@ -217,9 +217,11 @@ class LexicalEmbedder:
         flat = np.concatenate(rows) * self.dim + (key & np.uint64(self.dim - 1)).astype(np.int64)
         counts = np.bincount(flat, weights=signed, minlength=n * self.dim)
         # Only the few touched cells are transformed and normalised: the dense matrix is mostly
-        # zeros. They are found on a boolean mask (`counts != 0`): `np.flatnonzero` of the float
-        # sums themselves tests each of the n * dim cells through a slow generic path (about half
-        # of all this function's instructions), the mask in a vectorised one, with the same cells.
+        # zeros. They are found on a boolean mask (`counts != 0`, the same cells): `np.flatnonzero`
+        # of the float sums themselves tests each of the n * dim cells through a slow generic path
+        # (1.8 M instructions of the 14.3 M this function took for 20 DL19 passages), the mask's
+        # comparison and scan are vectorised. (Sorting the touched cells with `np.unique` instead
+        # of the dense sums cost more than both.)
         cells = np.flatnonzero(counts != 0)
         sums = counts[cells]
         vals = np.sign(sums) * np.log1p(np.abs(sums))
