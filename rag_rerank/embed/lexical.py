@@ -68,13 +68,10 @@ def _mix(h: np.ndarray) -> np.ndarray:
     return h ^ (h >> np.uint64(31))
 
 
-# `_NON_WORD` on ASCII text, with `comparable`'s case fold: a letter to lower case, every character
-# but a letter or digit a word boundary (a space).
-_ASCII_WORDS = {c: chr(c).lower() if chr(c).isalnum() else " " for c in range(128) if not chr(c).islower()
-                and not chr(c).isdigit()}
-
-# `_NON_WORD` on Latin-1 text as a bytes table: each character it matches a space.
-_LATIN1_BOUNDARIES = bytes(32 if _NON_WORD.fullmatch(chr(c)) else c for c in range(256))
+# `_NON_WORD` as a bytes table for Latin-1 text: every character it matches a space, the others
+# kept, and an ASCII capital in lower case (`comparable`'s fold, for ASCII text, which skips it).
+_WORD_BYTES = bytes(32 if _NON_WORD.fullmatch(chr(c)) else ord(chr(c).lower()) if c < 128 else c
+                    for c in range(256))
 
 
 def normalise_text(text: str) -> str:
@@ -82,18 +79,15 @@ def normalise_text(text: str) -> str:
     form quotations are compared in), every run of non-word characters one space, padded by one
     space. The padding makes word boundaries part of the character n-grams (" cat" differs from "cat").
 
-    ASCII (most text) takes one `str.translate` and a split instead of the regex, at a fraction of
-    its cost per character; ASCII before `comparable` skips it as well: on ASCII it only lower-cases
-    letters and makes controls and white space one space, and here every one of those characters
-    is a word boundary anyway. `tests/test_embed_lexical.py` holds both short cuts to the rule.
+    Latin-1 text (ASCII, accents, mojibake: most text) takes one bytes translation and a split
+    instead of the regex, at a fraction of its cost per character. ASCII text skips `comparable`
+    as well: on ASCII it only lower-cases letters and makes controls and white space one space,
+    and here every one of those characters is a word boundary anyway. `tests/test_embed_lexical.py`
+    holds both short cuts to the rule.
     """
-    if text.isascii():
-        return " " + " ".join(text.translate(_ASCII_WORDS).split()) + " "
-    folded = comparable(text)
-    if folded.isascii():  # NFKC made it ASCII ("ﬁ" -> "fi", full-width letters)
-        return " " + " ".join(folded.translate(_ASCII_WORDS).split()) + " "
-    try:  # Latin-1 (accents; what is left of mojibake): one bytes translation, not the regex
-        words = folded.encode("latin-1").translate(_LATIN1_BOUNDARIES).decode("latin-1").split()
+    folded = text if text.isascii() else comparable(text)
+    try:
+        words = folded.encode("latin-1").translate(_WORD_BYTES).decode("latin-1").split()
     except UnicodeEncodeError:
         return " " + _NON_WORD.sub(" ", folded).strip() + " "
     return " " + " ".join(words) + " "

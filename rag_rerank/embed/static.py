@@ -106,11 +106,9 @@ _CLEAN, _UNMARK = _CharMap(), _MarkMap()
 
 def _normalise(text: str) -> str:
     """BERT's normaliser: control characters out, white space to ' ', CJK spaced, no accents, lower.
-    ASCII text (most text) skips the decomposition, which cannot change it; other Latin-1 text
-    (most of the rest: accents, and mojibake such as "â\x80\x99") takes one bytes translation
-    (`_latin1_table`) instead of a dictionary look-up per character in each of two translations."""
-    if text.isascii():
-        return text.translate(_CLEAN).lower()
+    Latin-1 text (ASCII, accents, and mojibake such as "â\x80\x99": most text) takes one bytes
+    translation (`_latin1_table`) instead of a dictionary look-up per character (per distinct
+    character for ASCII) in each of two translations."""
     try:
         raw = text.encode("latin-1")
     except UnicodeEncodeError:

@@ -31,24 +31,20 @@ from .limits import Limits, as_limits, load_schema
 # recurs (call after call, window after window).
 _comparable = lru_cache(maxsize=2048)(comparable)
 _WORD = re.compile(r"\w+", re.UNICODE)
-# `_WORD` on ASCII text: every character but a letter, a digit or "_" separates words.
-_ASCII_SEPARATORS = {c: " " for c in range(128) if not (chr(c).isalnum() or chr(c) == "_")}
-
-
-# The same for Latin-1 text (accents; what is left of mojibake), as a bytes table.
-_LATIN1_SEPARATORS = bytes(c if _WORD.fullmatch(chr(c)) else 32 for c in range(256))
+# `_WORD` as a bytes table for Latin-1 text: each character it does not match a space.
+_WORD_SEPARATORS = bytes(c if _WORD.fullmatch(chr(c)) else 32 for c in range(256))
 
 
 def _word_list(text: str) -> list[str]:
-    """`_WORD.findall(text)`: ASCII text (most) by one `str.translate` and a split, Latin-1 text by
-    one bytes translation and a split, several times cheaper than the regex per character (a
-    property test holds them equal)."""
-    if text.isascii():
-        return text.translate(_ASCII_SEPARATORS).split()
+    """`_WORD.findall(text)`: Latin-1 text (ASCII, accents, mojibake: most text) by one bytes
+    translation and a split, several times cheaper than the regex per character (a property test
+    holds them equal)."""
     try:
-        return text.encode("latin-1").translate(_LATIN1_SEPARATORS).decode("latin-1").split()
+        return text.encode("latin-1").translate(_WORD_SEPARATORS).decode("latin-1").split()
     except UnicodeEncodeError:
         return _WORD.findall(text)
+
+
 # Words that say a chunk is relevant without saying why; they do not count as a citation.
 _GENERIC = frozenset(
     """relevant relevance highly high query question chunk chunks passage passages document documents text
