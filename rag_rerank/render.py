@@ -79,6 +79,9 @@ def _environment() -> jinja2.Environment:
 # needs no translation, found by a few substring scans (a regular expression over the whole table's
 # characters cost more than the translation it saved).
 _ASCII_ESCAPED = tuple(chr(cp) for cp in sorted(_JSON_ESCAPES) if cp < 128)
+# The same for a Latin-1 line (most of the rest: accents, and mojibake such as "â\x80\x99"): the
+# table's characters below U+0100 are the only ones it can hold.
+_LATIN1_ESCAPED = tuple(chr(cp) for cp in sorted(_JSON_ESCAPES) if cp < 256)
 # Any character of the table, for a line that is not plain ASCII (a fifth of DL19's passages):
 # `str.translate` looks every character of the line up in the table's dict (about 100 K
 # instructions for a passage of 1,200 characters), a character class scans in C and only the few
@@ -115,13 +118,31 @@ def _plain_line(cid: str, text: str, score: float | None, score_repr: str) -> st
     return _line(Chunk(cid, text, score).prompt_record())
 
 
+# `json.dumps(record, ensure_ascii=False)` without building its encoder again for each line (a
+# non-default argument makes json.dumps construct one per call): the same text.
+_ENCODER = json.JSONEncoder(ensure_ascii=False)
+
+
 def _line(record: dict[str, object]) -> str:
     # ensure_ascii=False keeps non-English text readable for the model; json.dumps already
     # escapes \n, \r, \t and other C0 controls, and the table above handles the rest.
-    line = json.dumps(record, ensure_ascii=False)
-    if line.isascii() and not any(ch in line for ch in _ASCII_ESCAPED):
+    line = _ENCODER.encode(record)
+    if line.isascii():
+        if not any(ch in line for ch in _ASCII_ESCAPED):
+            return line
+    elif _is_latin1(line) and not any(ch in line for ch in _LATIN1_ESCAPED):
         return line
     return _ESCAPED.sub(_escaped, line)
+
+
+def _is_latin1(line: str) -> bool:
+    """Whether every character of `line` is below U+0100 (the text is stored one byte a character,
+    so the encoding is a copy; a wider one stops at its first character outside)."""
+    try:
+        line.encode("latin-1")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def chunks_jsonl(chunks: Iterable[Chunk]) -> str:

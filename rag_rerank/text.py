@@ -52,8 +52,25 @@ def readable(text: str) -> str:
     space, format characters gone, NFKC, whitespace runs one space, no space at either end."""
     if text.isascii() and text.isprintable():
         return " ".join(text.split())
-    cleaned = text.translate(_CLEAN)
+    try:  # Latin-1 text (accents, mojibake with C1 controls): one bytes translation, same characters
+        cleaned = text.encode("latin-1").translate(*_latin1_clean()).decode("latin-1")
+    except UnicodeEncodeError:
+        cleaned = text.translate(_CLEAN)  # a dictionary look-up per character
     return " ".join(unicodedata.normalize("NFKC", cleaned).split())
+
+
+@lru_cache(maxsize=1)
+def _latin1_clean() -> tuple[bytes, bytes]:
+    """(byte table, bytes deleted) doing `_CLEAN`'s work on Latin-1 text: each of its characters
+    maps to itself, a space or nothing there."""
+    table, deleted = bytearray(range(256)), bytearray()
+    for c in range(256):
+        out = _CLEAN[c]
+        if out is None:
+            deleted.append(c)
+        else:
+            table[c] = ord(out)
+    return bytes(table), bytes(deleted)
 
 
 def comparable(text: str) -> str:

@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 
 from rag_rerank.embed import CallerVectors, get_embedder
-from rag_rerank.embed.lexical import LexicalEmbedder, normalise_text
+from rag_rerank.embed.lexical import LexicalEmbedder, _word_hash, normalise_text
 from rag_rerank.errors import InputError
+from rag_rerank.text import STOPWORDS, comparable
 from tests.support.shared_data import data_dir, require
 
 CLOUGH = data_dir() / "clough-stevenson"
@@ -126,3 +130,89 @@ def test_text_is_read_in_the_one_comparable_form() -> None:
     # and an NFD accent is the composed one: the duplicate detector sees what the guard sees.
     assert normalise_text("zero\u200bwidth soft\u00adhyphen") == " zerowidth softhyphen "
     assert normalise_text("cafe\u0301") == normalise_text("café")
+
+
+# --------------------------------------------------------------------------- the fast paths, pinned
+# `embed` and `normalise_text` take short cuts (ASCII without the regex or `comparable`, n-grams by
+# slices, no function-word search at stopword_weight 1, touched cells found on a mask). These tests
+# hold them to the rule written out plainly, one text and one n-gram at a time, bit for bit.
+
+_NON_WORD_RUN = re.compile(r"[\W_]+")
+_MASK = 2**64 - 1
+_WORDISH = st.text(alphabet=st.sampled_from(
+    "abcXYZ 019_-.,'\t\n\x00\x7f\u00a0\u200b\u00ad\u0301éß中ﬁＡİΣ\U0001d400"), max_size=40)
+_ANY_TEXT = st.one_of(_WORDISH, st.text(max_size=40), st.from_regex(r"[ -~]{0,60}", fullmatch=True),
+                      st.text(alphabet=st.characters(max_codepoint=255), max_size=40))
+
+
+def _plain_normalise(text: str) -> str:
+    return " " + _NON_WORD_RUN.sub(" ", comparable(text)).strip() + " "
+
+
+@settings(max_examples=400, derandomize=True, deadline=None)
+@given(_ANY_TEXT)
+@example("Hello, World_foo \x00 \t bar-BAZ! 42")
+@example("")
+@example("__--__")
+@example("Ｆｕｌｌ-width ﬁne")
+@example("\x1b[31mred\x1b[0m\x85next")
+@example("It\u00e2\x80\x99s caf\u00e9 \u00bd \u00b2 \u00aa\u00ba \u00d7\u00f7 \u00b5")
+def test_normalise_text_is_the_plain_rule(text: str) -> None:
+    assert normalise_text(text) == _plain_normalise(text)
+
+
+def _mix_int(h: int) -> int:
+    h ^= h >> 30
+    h = h * 0xBF58476D1CE4E5B9 & _MASK
+    h ^= h >> 27
+    h = h * 0x94D049BB133111EB & _MASK
+    return h ^ (h >> 31)
+
+
+def _plain_rows(emb: LexicalEmbedder, texts: list[str]) -> np.ndarray:
+    """`emb.embed(texts)` one text at a time in Python numbers: each word and n-gram hashed alone
+    (`_word_hash`), its signed weight added to its bucket in reading order (words, then each n-gram
+    length in turn), damped, and the row divided by its norm summed in bucket order."""
+    stop_hashes = {_word_hash(w) for w in STOPWORDS}
+    out = np.zeros((len(texts), emb.dim), dtype=np.float32)
+    for r, text in enumerate(texts):
+        s = normalise_text(text).replace("\x00", " ")
+        sums: dict[int, float] = {}
+
+        def add(h: int, weight: float, sums: dict[int, float] = sums) -> None:
+            k = _mix_int(h)
+            sums[k & (emb.dim - 1)] = sums.get(k & (emb.dim - 1), 0.0) + (-1.0 if k >> 63 else 1.0) * weight
+
+        words = [(m.start(), m.end()) for m in re.finditer(r"[^ ]+", s)]
+        stop = [_word_hash(s[a:e]) in stop_hashes for a, e in words]
+        content = [False] * len(s)
+        for (a, e), is_stop in zip(words, stop, strict=True):
+            if not is_stop:
+                content[a:e] = [True] * (e - a)
+        if emb.word_weight:
+            for (a, e), is_stop in zip(words, stop, strict=True):
+                add(_word_hash(s[a:e]) ^ 0xD1B54A32D192ED03,
+                    emb.word_weight * emb.stopword_weight if is_stop else emb.word_weight)
+        for n_len, w in zip(emb.char_ngrams, emb.char_weights, strict=True):
+            for a in range(len(s) - n_len + 1):
+                glue = not any(content[a:a + n_len])
+                add(_word_hash(s[a:a + n_len]) ^ (n_len * 0x9E3779B97F4A7C15 & _MASK),
+                    w * emb.stopword_weight if glue else w)
+        vals = {b: float(np.sign(v) * np.log1p(abs(v))) for b, v in sorted(sums.items()) if v != 0}
+        total = 0.0
+        for v in vals.values():
+            total += v * v
+        for b, v in vals.items():
+            out[r, b] = v / float(np.sqrt(total))
+    return out
+
+
+@settings(max_examples=60, derandomize=True, deadline=None)
+@given(st.lists(_ANY_TEXT, min_size=1, max_size=4))
+@example(["the cat sat on the mat", "", "a of the", "Copy-edited TEXT, copied text!"])
+@example(["東京は日本の首都です。", "x"])
+def test_rows_are_the_plain_rule_bit_for_bit(texts: list[str]) -> None:
+    for emb in (LexicalEmbedder(),
+                LexicalEmbedder(stopword_weight=0.1, char_ngrams=(3, 5), char_weights=(0.5, 1.0)),
+                LexicalEmbedder(dim=64, word_weight=0.0, char_ngrams=(1, 2), char_weights=(1.0, 0.25))):
+        assert emb.embed(texts).tobytes() == _plain_rows(emb, texts).tobytes()

@@ -5,10 +5,12 @@ from __future__ import annotations
 import threading
 
 import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from rag_rerank import rerank
 from rag_rerank.embed.lexical import LexicalEmbedder
-from rag_rerank.embed.memo import Memo
+from rag_rerank.embed.memo import Memo, TextRows
 from tests.support.fake_llm import FakeLLM
 
 
@@ -92,3 +94,41 @@ def test_a_memo_pickles_and_deep_copies_with_a_lock_of_its_own() -> None:
                                                                                memo.duplicate_threshold)
         assert copied._lock is not memo._lock
         assert np.allclose(copied.embed(["IVF cells", "HNSW graph"]), rows)
+
+
+@settings(max_examples=80, derandomize=True, deadline=None)
+@given(st.lists(st.lists(st.sampled_from("abcdefg"), max_size=6), min_size=1, max_size=5), st.booleans(),
+       st.sampled_from([np.float32, np.float64]))
+def test_text_rows_are_the_computed_rows_in_their_places(calls: list[list[str]], sparse: bool,
+                                                         dtype: type) -> None:
+    """`TextRows.rows` returns, for every call, each text's computed row in its place (a text twice
+    in a call, texts stored and new mixed, a whole call new), and stores a sparse row as exactly
+    its non-zero entries: what the rows placed one by one, and `np.flatnonzero` per row, gave."""
+    def row_of(text: str) -> np.ndarray:  # a fixed row per text, with zeros and a negative zero
+        values = np.random.default_rng(ord(text)).standard_normal(16).astype(np.float32)
+        values[::3] = 0.0
+        values[1] = -0.0
+        return values
+
+    store = TextRows(4, sparse=sparse)
+    for texts in calls:
+        out = store.rows(list(texts), list(texts), lambda fresh: np.stack([row_of(t) for t in fresh]), 16,
+                         dtype=dtype)
+        expected = np.zeros((len(texts), 16), dtype=dtype)
+        for k, t in enumerate(texts):
+            expected[k] = row_of(t)
+        if sparse:  # a stored sparse row has no negative zero (`np.flatnonzero` drops it): + 0.0 too
+            out, expected = out + 0.0, expected + 0.0
+        assert out.dtype == dtype and out.tobytes() == expected.tobytes()
+        for t in texts:
+            found, _ = store._lookup([t])
+            if not found:  # (the store holds 4)
+                continue
+            ((_, stored),) = found
+            if sparse:
+                nz = np.flatnonzero(row_of(t))
+                idx, vals = stored
+                assert idx.dtype == np.int32 and idx.tolist() == nz.tolist()
+                assert vals.tobytes() == row_of(t)[nz].tobytes()
+            else:
+                assert stored.tobytes() == row_of(t).tobytes()

@@ -185,3 +185,35 @@ def test_segment_match_is_token_match_of_each_text(query: str, texts: list[str])
     text's value is its own `token_match` (to float32 rounding). The example has more distinct tokens
     than one block holds for a long query."""
     assert np.allclose(segment_match(query, texts), token_match(query, texts), rtol=0, atol=1e-5)
+
+
+@settings(max_examples=400, derandomize=True, deadline=None)
+@given(st.text(alphabet=st.characters(max_codepoint=255), max_size=40) | st.text(max_size=20))
+@example("Caf\u00e9 \u00e2\x80\x99s \u00c5NGSTR\u00d6M\u00ad x\u00a0y \u00df\u00e6\u00ff\u00b4\u00a8")
+@example("".join(map(chr, range(256))))
+def test_latin1_text_is_normalised_as_the_character_rule_normalises_it(text: str) -> None:
+    """Latin-1 text (accents, mojibake) is cleaned and stripped of its accents with one bytes
+    translation; it gives what the per-character translations and the decomposition give."""
+    import unicodedata
+
+    from rag_rerank.embed.static import _CLEAN, _UNMARK, _normalise
+
+    plain = unicodedata.normalize("NFD", text.translate(_CLEAN)).translate(_UNMARK).lower()
+    assert _normalise(text) == plain
+
+
+@settings(max_examples=60, derandomize=True, deadline=None)
+@given(st.lists(st.lists(st.integers(0, 3000), max_size=40), max_size=8))
+@example([[5, 5, 5], [], [17]])
+def test_mean_vectors_are_each_texts_own_mean_bit_for_bit(ids_per_text: list[list[int]]) -> None:
+    """The vectors of all texts are gathered at once and summed text by text: each row is still
+    the mean of that text's vectors alone, normalised, to the bit."""
+    from rag_rerank.embed.static import _mean_vectors, _table
+
+    vectors = _table().vectors
+    got = _mean_vectors(ids_per_text)
+    for row, ids in zip(got, ids_per_text, strict=True):
+        mean = vectors[ids].mean(axis=0) if ids else np.zeros(vectors.shape[1], dtype=np.float32)
+        norm = np.linalg.norm(mean[None, :], axis=1, keepdims=True)
+        alone = np.divide(mean[None, :], norm, out=np.zeros((1, len(mean)), dtype=np.float32), where=norm > 0)
+        assert row.tobytes() == alone[0].tobytes()

@@ -691,3 +691,44 @@ def test_property_non_blank_is_the_schemas_pattern(text: str) -> None:
     from rag_rerank.guard.output import _non_blank
 
     assert _non_blank(text) == (re.search(r"\S", text) is not None)
+
+
+# --- issue 37, first sight: a chunk's text tokenised and normalised once -------------------------------
+
+_SHOWN_CHARS = list("aZé 1_\n\t\x00\x85\u0301\u0308\u00a8\u200b\u00adﬁＡİΣς\u1100\u1161\uac00中 ,.\"")
+_SHOWN_TEXT = st.text(alphabet=st.sampled_from(_SHOWN_CHARS), max_size=12) | st.text(max_size=20)
+
+
+@hypothesis.settings(derandomize=True)
+@hypothesis.example(text="Hello, World_foo-bar 42\x00x")
+@hypothesis.example(text="caf\u00e9 \u00bd")
+@hypothesis.example(text="it\u00e2 s caf\u00e9 \u00bd \u00b2 \u00aa\u00ba \u00d7\u00f7 \u00b5_x")
+@hypothesis.given(text=_SHOWN_TEXT | st.text(alphabet=st.characters(max_codepoint=127), max_size=40)
+                  | st.text(alphabet=st.characters(max_codepoint=255), max_size=40))
+def test_property_words_are_the_regex_words(text: str) -> None:
+    """An ASCII or Latin-1 text's words are split with a translation; they are `\\w+` as the regex
+    finds them."""
+    import re
+
+    from rag_rerank.guard.output import _word_list
+
+    assert _word_list(text) == re.findall(r"\w+", text)
+
+
+@hypothesis.settings(derandomize=True, max_examples=300)
+@hypothesis.example(text="a\u0301", cid="\u0301b", meta=None, query="\u00a8x")
+@hypothesis.example(text=" ", cid="", meta="", query=" \u200b")
+@hypothesis.example(text="\u1100", cid="\u1161", meta=None, query=None)
+@hypothesis.given(text=_SHOWN_TEXT, cid=_SHOWN_TEXT, meta=st.none() | _SHOWN_TEXT,
+                  query=st.none() | _SHOWN_TEXT)
+def test_property_shown_text_is_compared_as_the_whole_text_would_be(
+        text: str, cid: str, meta: str | None, query: str | None) -> None:
+    """What a chunk's reason may quote is compared in `comparable` of the whole text the model was
+    shown (text, id, meta, query, a line each); `_shown` puts that form together from the parts'
+    forms, each made once. They are the same string."""
+    from rag_rerank.guard.output import _joined, _shown
+    from rag_rerank.text import comparable
+
+    joined = _joined(text, cid, meta, query)
+    hypothesis.assume(" […] " not in joined)
+    assert _shown(text, cid, meta, query) == ((joined,), (comparable(joined),))

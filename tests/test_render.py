@@ -236,8 +236,9 @@ def _reference_line(record: dict[str, object]) -> str:
     return json.dumps(record, ensure_ascii=False).translate(table)
 
 
-ESCAPED_CHARS = [*"<>&\u2028\u2029\x85\x1c\x1d\x1e\x0b\x0c", "\u202a", "\u202e", "\u202f", "\u2027", "\u2066",
-                 "\u2069", "\u206a", "\U000e0000", "\U000e0041", "\U000e007f", "\U000e0080", "\U000dffff"]
+ESCAPED_CHARS = [*"<>&\u2028\u2029\x85\x1c\x1d\x1e\x0b\x0c", "\u00e2", "\x80", "\x84", "\x86", "\u00ff",
+                 "\u0100", "\u202a", "\u202e", "\u202f", "\u2027", "\u2066", "\u2069", "\u206a", "\U000e0000",
+                 "\U000e0041", "\U000e007f", "\U000e0080", "\U000dffff"]
 
 
 @hypothesis.settings(derandomize=True, max_examples=300)
@@ -245,6 +246,8 @@ ESCAPED_CHARS = [*"<>&\u2028\u2029\x85\x1c\x1d\x1e\x0b\x0c", "\u202a", "\u202e",
                   cid=ids)
 @hypothesis.example(text="Itâ s a <b>long</b> flea & tick\u2028life \U000e0041\u202e", cid="é<1>")
 @hypothesis.example(text="plain ascii, nothing to escape", cid="1")
+@hypothesis.example(text="Itâ\x80\x99s caf\u00e9, nothing to escape", cid="1")
+@hypothesis.example(text="Latin-1 caf\u00e9 with \x85 and >", cid="1")
 @hypothesis.example(text="ascii with & only", cid="1")
 def test_property_chunk_line_is_the_contracts_escaping(text: str, cid: str) -> None:
     """The chunk line (found by a character class, then replaced character by character) is the

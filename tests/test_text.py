@@ -8,7 +8,7 @@ import json
 import unicodedata
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from rag_rerank.guard.output import cites_chunk, misquoted
@@ -67,3 +67,15 @@ def test_cites_chunk_compares_in_the_same_form() -> None:
     # backend dropped a relevant chunk as no_citable_phrase and an LLM's reason was re-asked.
     assert cites_chunk("mentions café prices", "Le cafe\u0301 est cher")
     assert cites_chunk("names the fairly secure pairing", "Bluetooth is \u00e2\u0080\u009cfairly\u00e2")
+
+
+@settings(max_examples=300, derandomize=True, deadline=None)
+@given(st.text(alphabet=st.characters(max_codepoint=255), max_size=40) | st.text(max_size=20))
+@example("It\u00e2\x80\x99s caf\u00e9\u00ad \x85next\u00a0line\x00\x1b[0m")
+@example("".join(map(chr, range(256))))
+def test_latin1_text_is_cleaned_as_the_character_table_cleans_it(text: str) -> None:
+    """Latin-1 text is cleaned with one bytes translation: the same text as the per-character
+    table (controls a space, format characters gone), then NFKC and one space per run."""
+    from rag_rerank.text import _CLEAN
+
+    assert readable(text) == " ".join(unicodedata.normalize("NFKC", text.translate(_CLEAN)).split())

@@ -95,24 +95,43 @@ class TextRows:
         found, missing = self._lookup(keys)
         if not missing and not self.sparse:  # every row cached, in order: one conversion
             return np.array([row for _, row in found], dtype=dtype).reshape(len(texts), dim)
-        out = np.zeros((len(texts), dim), dtype=dtype)
-        if found:
-            self._fill(out, found, dim)
-        if missing:
-            firsts = [at[0] for at in missing.values()]
-            fresh = np.asarray(compute([texts[k] for k in firsts]), dtype=np.float32)
-            with self._lock:
-                for (key, at), row in zip(missing.items(), fresh, strict=True):
-                    out[at] = row
-                    if self.sparse:
-                        nz = np.flatnonzero(row)
-                        self._rows[key] = (nz.astype(np.int32), row[nz])
-                    else:
-                        self._rows[key] = row.copy()
-                    self._rows.move_to_end(key)
-                while len(self._rows) > self.max_texts:
-                    self._rows.popitem(last=False)
+        if not missing:
+            out = np.zeros((len(texts), dim), dtype=dtype)
+            if found:
+                self._fill(out, found, dim)
+            return out
+        firsts = [at[0] for at in missing.values()]
+        fresh = np.asarray(compute([texts[k] for k in firsts]), dtype=np.float32)
+        if not found and fresh.shape == (len(texts), dim):  # each text new and once (first sight)
+            out = fresh.astype(dtype)
+        else:
+            out = np.zeros((len(texts), dim), dtype=dtype)
+            if found:
+                self._fill(out, found, dim)
+            places = [k for at in missing.values() for k in at]  # each key's places, in key order
+            out[places] = fresh[np.repeat(np.arange(len(firsts)), [len(at) for at in missing.values()])]
+        stored = self._stored(fresh)
+        with self._lock:
+            for key, row in zip(missing, stored, strict=True):
+                self._rows[key] = row
+                self._rows.move_to_end(key)
+            while len(self._rows) > self.max_texts:
+                self._rows.popitem(last=False)
         return out
+
+    def _stored(self, fresh: np.ndarray) -> list[Any]:
+        """What is kept of each row of `fresh`: a copy of its own (not a view holding the whole
+        block), or, `sparse`, its non-zero entries as (int32 indices, float32 values). The non-zero
+        entries of all rows are found in one pass over the block, not one pass per row."""
+        if not self.sparse:
+            return [row.copy() for row in fresh]
+        dim = fresh.shape[1]
+        mask = fresh != 0  # the entries `np.flatnonzero` keeps (NaN too; -0.0 not)
+        flat = np.flatnonzero(mask)
+        bounds = np.cumsum(np.count_nonzero(mask, axis=1))[:-1]
+        columns = np.split((flat % dim).astype(np.int32), bounds)
+        values = np.split(fresh.reshape(-1)[flat], bounds)
+        return [(c.copy(), v.copy()) for c, v in zip(columns, values, strict=True)]
 
     def _lookup(self, keys: list[Any]) -> tuple[list[tuple[int, Any]], dict[Any, list[int]]]:
         """(place and stored row of each key stored, each key not stored -> its places); the

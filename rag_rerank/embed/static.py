@@ -106,11 +106,39 @@ _CLEAN, _UNMARK = _CharMap(), _MarkMap()
 
 def _normalise(text: str) -> str:
     """BERT's normaliser: control characters out, white space to ' ', CJK spaced, no accents, lower.
-    ASCII text (most text) skips the decomposition, which cannot change it."""
+    Latin-1 text (ASCII, accents, and mojibake such as "â\x80\x99": most text) takes one bytes
+    translation (`_latin1_table`) instead of a dictionary look-up per character (per distinct
+    character for ASCII) in each of two translations."""
+    try:
+        raw = text.encode("latin-1")
+    except UnicodeEncodeError:
+        return _normalise_unicode(text)
+    table, deleted = _latin1_table()
+    return raw.translate(table, deleted).decode("latin-1").lower()
+
+
+def _normalise_unicode(text: str) -> str:
+    """`_normalise`'s rule before lower case, for any text."""
     cleaned = text.translate(_CLEAN)
     if cleaned.isascii():
         return cleaned.lower()
     return unicodedata.normalize("NFD", cleaned).translate(_UNMARK).lower()
+
+
+@lru_cache(maxsize=1)
+def _latin1_table() -> tuple[bytes, bytes]:
+    """(byte table, bytes deleted) that make `_normalise_unicode` of Latin-1 text, one character at a
+    time: each character cleaned, decomposed and stripped of its marks by the same rule. Exact for
+    whole texts: no Latin-1 character composes with another or is a combining mark, and the marks a
+    decomposition makes (the only characters canonical reordering moves) are all deleted."""
+    table, deleted = bytearray(range(256)), bytearray()
+    for c in range(256):
+        out = unicodedata.normalize("NFD", chr(c).translate(_CLEAN)).translate(_UNMARK)
+        if not out:
+            deleted.append(c)
+        else:
+            table[c] = ord(out)  # one Latin-1 character for each kept one (tests/test_embed_static.py)
+    return bytes(table), bytes(deleted)
 
 
 _ASCII_WORDS = re.compile(r"[A-Za-z0-9]+|[^A-Za-z0-9]")
@@ -332,11 +360,22 @@ def _rows(ids: Sequence[int] | np.ndarray, unit: bool = False) -> np.ndarray:
 
 
 def _mean_vectors(ids_per_text: Sequence[Sequence[int] | np.ndarray]) -> np.ndarray:
+    """Each text's mean token vector, L2-normalised (a zero row for a text without tokens).
+
+    The token vectors of all texts are looked up in one gather; each text's are then summed with
+    `np.add.reduce` over its own rows (what `mean(axis=0)` sums with: one row after another, in
+    float32; `np.add.reduceat` adds in another order and gives other bits), and all sums are
+    divided by their counts at once (the same correctly rounded float32 quotients)."""
     table = _table()
     out = np.zeros((len(ids_per_text), table.vectors.shape[1]), dtype=np.float32)
-    for row, ids in enumerate(ids_per_text):
-        if len(ids):
-            out[row] = _rows(ids).mean(axis=0)
+    counts = np.fromiter(map(len, ids_per_text), dtype=np.int64, count=len(ids_per_text))
+    have = np.flatnonzero(counts)
+    if len(have):
+        rows = _rows(np.concatenate([np.asarray(ids_per_text[k], dtype=np.int64) for k in have]))
+        ends = np.cumsum(counts[have]).tolist()
+        for k, start, end in zip(have.tolist(), [0, *ends[:-1]], ends, strict=True):
+            out[k] = np.add.reduce(rows[start:end], axis=0)
+        out[have] /= counts[have, None].astype(np.float32)
     norms = np.linalg.norm(out, axis=1, keepdims=True)
     return np.divide(out, norms, out=np.zeros_like(out), where=norms > 0)
 
