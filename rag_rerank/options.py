@@ -41,7 +41,7 @@ from .fusion import (
     meta_fusion,
 )
 from .guard import validate_request
-from .guard.input import ChunkSource, duplicate_threshold_violations
+from .guard.input import NO_CONTEXT_BUDGET, ChunkSource, duplicate_threshold_violations
 from .guard.limits import Limits, as_limits
 from .models import RerankRequest
 from .postpass import LAYOUTS, layout_violations
@@ -699,7 +699,6 @@ def check_request_options(query: Any, chunks: ChunkSource, options: Options, lim
     return Checked(request, fields, fusion, prices, budget, settings_of(options))
 
 
-UNBOUNDED = 2**62
 # The last (limits, the same without a context budget): a session's requests share one `Limits`
 # object, and `dataclasses.replace` costs 7 us a request. Keyed by identity, not equality: limits
 # equal as numbers may be written differently (1 and 1.0), and messages quote them as written.
@@ -711,7 +710,7 @@ def _without_context_budget(limits: Limits) -> Limits:
     last = _UNBOUNDED_OF[0]
     if last is not None and last[0] is limits:
         return last[1]
-    unbounded = replace(limits, max_context_tokens=UNBOUNDED)
+    unbounded = replace(limits, max_context_tokens=NO_CONTEXT_BUDGET)
     _UNBOUNDED_OF[0] = (limits, unbounded)
     return unbounded
 

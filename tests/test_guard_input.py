@@ -10,6 +10,7 @@ import pytest
 
 from rag_rerank.errors import InputError
 from rag_rerank.guard import load_limits, parse_chunks, validate_request
+from rag_rerank.guard.input import NO_CONTEXT_BUDGET
 from rag_rerank.models import Chunk, RerankRequest
 from rag_rerank.shortening import prompt_tokens, shorten
 
@@ -250,6 +251,25 @@ def test_fifty_chunks_pass_fifty_one_fail() -> None:
     assert out == ["chunks: 51 chunks is over the limit of 50 (max_chunks); pass window_size (CLI "
                    "--window-size N, e.g. 20; at most 50) to rank up to 1000 in windows, or split the set "
                    "or pre-filter it"]
+
+
+def test_no_context_budget_counts_no_tokens() -> None:
+    """A request whose long chunks may be shortened is guarded with `NO_CONTEXT_BUDGET` (the
+    shortening counts against the real budget): its texts are not counted at all. One token less
+    is a budget again, counted and enforced by the same tokenizer."""
+    asked: list[str] = []
+
+    def words(text: str) -> int:
+        asked.append(text)
+        return NO_CONTEXT_BUDGET  # a count that would be over any budget below it
+
+    chunks = [{"id": "a", "text": "one two"}, {"id": "b", "text": "three"}]
+    none = load_limits().with_overrides(max_context_tokens=NO_CONTEXT_BUDGET)
+    assert validate_request("qq", chunks, limits=none, tokenizer=words).ids == ("a", "b")
+    assert asked == []
+    some = load_limits().with_overrides(max_context_tokens=NO_CONTEXT_BUDGET - 1)
+    assert reject(query="qq", chunks=chunks, limits=some, tokenizer=words)
+    assert asked
 
 
 def test_token_budget_is_configurable_and_inclusive() -> None:

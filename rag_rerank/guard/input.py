@@ -633,6 +633,13 @@ def _longest(chunks: list[Chunk], where: Places, lim: Limits, count: Tokenizer) 
     return f"; the longest: {named}" if named else ""
 
 
+NO_CONTEXT_BUDGET = 2**62
+"""A `max_context_tokens` this large is no budget: the guard does not count the texts' tokens
+against it. No prompt held in memory comes near it (4 EiB of text), so no count could cross it; a
+request that may be shortened is checked so (`options.check_request_options`), and its texts
+were counted twice a call, here for nothing and then by `shortening.shorten` for the real budget."""
+
+
 def _size_violations(
     chunks: list[Chunk], where: Places, n_records: int, lim: Limits, query: str, window_size: int | None,
     count: Tokenizer,
@@ -662,7 +669,10 @@ def _size_violations(
         )
     size = len(chunks) if window_size is None else window_size
     over: list[tuple[int, int, int]] = []  # (first, end, estimated tokens) of each prompt over budget
-    for first in range(0, max(len(chunks), 1), max(size, 1)):
+    # No budget (`NO_CONTEXT_BUDGET`: a request whose long chunks may be shortened, which
+    # `shortening.shorten` fits to the real budget): nothing to count the texts against.
+    firsts = range(0, max(len(chunks), 1), max(size, 1)) if lim.max_context_tokens < NO_CONTEXT_BUDGET else ()
+    for first in firsts:
         part = chunks[first : first + size]
         est = tokens_over(query, part, lim.max_context_tokens, count)
         if est is not None:
