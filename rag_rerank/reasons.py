@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from functools import lru_cache
 
 REDUNDANT_WITH = "redundant_with"
 BELOW_MIN_SCORE = "below_min_score"
@@ -43,6 +44,7 @@ TOKENS: Mapping[str, str] = {
 }
 
 _HEAD = re.compile(r"[a-z][a-z0-9_]*")
+_LONGEST = max(map(len, TOKENS))
 # What starts a `redundant_with:<id>` reason: made once, as the guard and the post-pass ask of
 # every reason whether it names a chunk (`redundant_target`), and of some reasons twice.
 _REDUNDANT_PREFIX = f"{REDUNDANT_WITH}:"
@@ -78,6 +80,14 @@ def score_detail(score: float) -> str:
 def score_in(text: str) -> float | None:
     """The score a `below_min_score: 0.150` / `not_selected: 0.410` reason carries, or None: the
     scored backends write every chunk's score there, so a dropped chunk's number is not lost."""
+    return _score_of(text) if isinstance(text, str) else None
+
+
+@lru_cache(maxsize=4096)
+def _score_of(text: str) -> float | None:
+    """`score_in` of a text, memoised: `scores` reads every dropped reason of every answer, and
+    reasons recur (a scored backend's `not_selected: 0.410` has a thousand spellings at most; a
+    service meets the same passages, and so the same answers, again)."""
     parts = split(text)
     if parts is None or parts[0] not in (BELOW_MIN_SCORE, NOT_SELECTED) or parts[1] is None:
         return None
@@ -93,16 +103,20 @@ def split(text: str) -> tuple[str, str | None] | None:
 
     The token is what comes before the first `:` (or the whole text without one), and it must be
     one of `TOKENS` itself: every token is lowercase letters, digits and `_`, so a head that is a
-    token has the token's shape, and no shorter head can end at a `:` either. A partition and a
-    dict lookup instead of a regular expression: the guard, the post-pass and `scores` ask this of
-    every reason of every answer."""
+    token has the token's shape, and no shorter head can end at a `:` either. A search for the
+    colon and a dict lookup instead of a regular expression: the guard, the post-pass and `scores`
+    ask this of every reason of every answer."""
     if not isinstance(text, str):
         return None
-    token, colon, rest = text.partition(":")
+    # Only the first `_LONGEST + 1` characters are looked at: a head longer than every token is
+    # none of them, so free text (`outside top_k`, a model's sentence) is not copied or hashed whole.
+    colon = text.find(":", 0, _LONGEST + 1)
+    token = text[:colon] if colon >= 0 else text[:_LONGEST + 1]
     if token not in TOKENS:
         return None
-    if not colon:
+    if colon < 0:  # the head is a token, so shorter than what was taken: the whole text
         return token, None
+    rest = text[colon + 1:]
     if token == REDUNDANT_WITH:
         return (token, rest) if rest else None
     if not rest.startswith(" ") or not rest.strip():
@@ -114,10 +128,10 @@ def problem(text: str) -> str | None:
     """Why a reason that *uses* a known token breaks the grammar (`below_min_score (0.1)`,
     `not_selected:0.4`), or None. A reason not starting with a token is free text: not judged
     here (a model may explain in its own words; `normalise` files that under `dropped_by_model`)."""
-    if not isinstance(text, str) or split(text) is not None:  # grammatical (nearly all): no regex run
+    if not isinstance(text, str):
         return None
     head = _HEAD.match(text)
-    if head is None or head.group(0) not in TOKENS:
+    if head is None or head.group(0) not in TOKENS or split(text) is not None:
         return None
     token = head.group(0)
     want = f"'{token}:<id>'" if token == REDUNDANT_WITH else f"'{token}' or '{token}: detail'"

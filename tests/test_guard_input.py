@@ -742,3 +742,36 @@ def test_the_guard_and_the_shortening_agree_on_what_fits(
         short_ok = False
     hypothesis.event(f"fits: {guard_ok}")
     assert guard_ok == short_ok
+
+
+class _NotPlain(dict):  # type: ignore[type-arg]
+    """A dict the guard's memo of plain records does not take (`type(item) is dict` fails): the
+    full checks read it, as they read every record that is not a plain dict."""
+
+
+def _outcome(chunks: object) -> object:
+    try:
+        return parse_chunks(chunks)
+    except InputError as exc:
+        return [str(v) for v in exc.violations]
+
+
+plain_records = st.fixed_dictionaries(
+    {"id": st.text(max_size=4), "text": st.text(max_size=8)},
+    optional={"score": st.none() | st.floats() | st.integers() | st.booleans()
+              | st.sampled_from([0, 0.0, -0.0, 1, 1.0])},
+)
+
+
+@hypothesis.settings(max_examples=300, derandomize=True, deadline=None)
+@given(st.lists(plain_records, max_size=4))
+@hypothesis.example([{"id": "a", "text": "t", "score": 1}, {"id": "b", "text": "t", "score": 1.0}])
+@hypothesis.example([{"id": "a", "text": "t\ud800"}, {"id": "", "text": "t"}])
+@hypothesis.example([{"id": "a", "text": "t", "score": None}, {"id": "b", "text": "t", "score": math.nan}])
+def test_property_plain_records_memo_reads_as_the_full_checks(recs: list[dict[str, object]]) -> None:
+    """A plain `{"id", "text"[, "score"]}` dict takes its `Chunk` from a memo (typed when it has a
+    score, keyed on the call's own arguments when not): asked twice (the second time from the memo),
+    it gives the chunks or the messages the full checks give for the same records."""
+    full = _outcome([_NotPlain(r) for r in recs])
+    assert _outcome(recs) == full
+    assert _outcome(recs) == full

@@ -81,6 +81,10 @@ _REASONS = st.one_of(
 @example("below_min_score:\n0.1")
 @example("not_selected: \u2003")
 @example("dropped_by_model: a: b")
+@example("no_citable_phrase")
+@example("no_citable_phrase: x")
+@example("no_citable_phrasee: x")
+@example("outside top_k")
 def test_split_reads_the_grammar_as_the_regular_expression_does(text: str) -> None:
     """`split` takes a partition at the first colon and looks the head up, not a regular
     expression: it must answer exactly as the expression did, for any text."""
