@@ -37,8 +37,8 @@ def scores_of(request: RerankRequest, answers: Sequence[Mapping[str, Any]], rank
             score = reasons.score_in(item["reason"])
             if score is not None:
                 out[item["id"]] = score
-            elif not isinstance(out.get(item["id"]), float):
-                out[item["id"]] = NO_NUMBER
+            else:  # kept when an earlier answer gave a number (`out` holds numbers and NO_NUMBER)
+                out.setdefault(item["id"], NO_NUMBER)
     for item in ranked:
         out[item.id] = item.score
     return {c.id: out.get(c.id, UNSCORED) for c in request.chunks}

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextvars
 import dataclasses
+import operator
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -41,7 +42,7 @@ from .fusion import (
     meta_fusion,
 )
 from .guard import validate_request
-from .guard.input import ChunkSource, duplicate_threshold_violations
+from .guard.input import NO_CONTEXT_BUDGET, ChunkSource, duplicate_threshold_violations
 from .guard.limits import Limits, as_limits
 from .models import RerankRequest
 from .postpass import LAYOUTS, layout_violations
@@ -633,14 +634,32 @@ class Settings:
 _DEFAULT_POLICY = RetryPolicy()
 
 
+# The last (option values, their Settings): a session's calls share their defaults, and a call's
+# options are the session's copied with its own `top_k` (`Options.merged`), so each call built the
+# same Settings again (22 K instructions; the fallback chain read each time). Keyed by identity:
+# the values are the very objects the session holds, and equal values written differently (1 and
+# True) are not taken for each other. Only a fallback given by name (or none) is remembered: a
+# caller's list of steps may change between calls, and its chain is then read again.
+_SETTINGS_OF: list[tuple[tuple[Any, ...], Settings] | None] = [None]  # one slot, read and written whole
+
+
 def settings_of(options: Options) -> Settings:
     """`options` (checked: `option_violations` found nothing) as the flow's typed `Settings`."""
+    given = (options.fallback, options.policy, options.layout, options.duplicate_threshold, options.strict,
+             options.concurrency, options.consistency)
+    last = _SETTINGS_OF[0]
+    named = options.fallback is None or type(options.fallback) is str
+    if named and last is not None and all(map(operator.is_, last[0], given)):
+        return last[1]
     threshold = options.duplicate_threshold
-    return Settings(fallback=options.fallback, policy=options.policy or _DEFAULT_POLICY,
-                    layout=options.layout,
-                    duplicate_threshold=None if threshold is None else float(threshold),
-                    strict=bool(options.strict), concurrency=int(options.concurrency),
-                    consistency=int(options.consistency))
+    settings = Settings(fallback=options.fallback, policy=options.policy or _DEFAULT_POLICY,
+                        layout=options.layout,
+                        duplicate_threshold=None if threshold is None else float(threshold),
+                        strict=bool(options.strict), concurrency=int(options.concurrency),
+                        consistency=int(options.consistency))
+    if named:
+        _SETTINGS_OF[0] = (given, settings)
+    return settings
 
 
 @dataclass(frozen=True)
@@ -699,7 +718,6 @@ def check_request_options(query: Any, chunks: ChunkSource, options: Options, lim
     return Checked(request, fields, fusion, prices, budget, settings_of(options))
 
 
-UNBOUNDED = 2**62
 # The last (limits, the same without a context budget): a session's requests share one `Limits`
 # object, and `dataclasses.replace` costs 7 us a request. Keyed by identity, not equality: limits
 # equal as numbers may be written differently (1 and 1.0), and messages quote them as written.
@@ -711,7 +729,7 @@ def _without_context_budget(limits: Limits) -> Limits:
     last = _UNBOUNDED_OF[0]
     if last is not None and last[0] is limits:
         return last[1]
-    unbounded = replace(limits, max_context_tokens=UNBOUNDED)
+    unbounded = replace(limits, max_context_tokens=NO_CONTEXT_BUDGET)
     _UNBOUNDED_OF[0] = (limits, unbounded)
     return unbounded
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from functools import lru_cache
 
 REDUNDANT_WITH = "redundant_with"
 BELOW_MIN_SCORE = "below_min_score"
@@ -42,8 +43,12 @@ TOKENS: Mapping[str, str] = {
     "or dropped there) and never reached the final pass; the detail names the window and its score",
 }
 
-_SHAPE = re.compile(r"\A([a-z][a-z0-9_]*)(?::(.*))?\Z", re.DOTALL)
 _HEAD = re.compile(r"[a-z][a-z0-9_]*")
+_LONGEST = max(map(len, TOKENS))
+# What starts a `redundant_with:<id>` reason: made once, as the guard and the post-pass ask of
+# every reason whether it names a chunk (`redundant_target`), and of some reasons twice.
+_REDUNDANT_PREFIX = f"{REDUNDANT_WITH}:"
+_REDUNDANT_AT = len(_REDUNDANT_PREFIX)
 
 
 def reason(token: str, detail: object = None) -> str:
@@ -64,8 +69,7 @@ def redundant_with(chunk_id: str) -> str:
 
 def redundant_target(text: str) -> str | None:
     """The id a `redundant_with:<id>` reason names ("" for one naming none), None for any other reason."""
-    prefix = f"{REDUNDANT_WITH}:"
-    return text[len(prefix):] if isinstance(text, str) and text.startswith(prefix) else None
+    return text[_REDUNDANT_AT:] if isinstance(text, str) and text.startswith(_REDUNDANT_PREFIX) else None
 
 
 def score_detail(score: float) -> str:
@@ -76,6 +80,14 @@ def score_detail(score: float) -> str:
 def score_in(text: str) -> float | None:
     """The score a `below_min_score: 0.150` / `not_selected: 0.410` reason carries, or None: the
     scored backends write every chunk's score there, so a dropped chunk's number is not lost."""
+    return _score_of(text) if isinstance(text, str) else None
+
+
+@lru_cache(maxsize=4096)
+def _score_of(text: str) -> float | None:
+    """`score_in` of a text, memoised: `scores` reads every dropped reason of every answer, and
+    reasons recur (a scored backend's `not_selected: 0.410` has a thousand spellings at most; a
+    service meets the same passages, and so the same answers, again)."""
     parts = split(text)
     if parts is None or parts[0] not in (BELOW_MIN_SCORE, NOT_SELECTED) or parts[1] is None:
         return None
@@ -87,15 +99,24 @@ def score_in(text: str) -> float | None:
 
 
 def split(text: str) -> tuple[str, str | None] | None:
-    """(token, detail or None) for a reason that follows the grammar with a known token, else None."""
+    """(token, detail or None) for a reason that follows the grammar with a known token, else None.
+
+    The token is what comes before the first `:` (or the whole text without one), and it must be
+    one of `TOKENS` itself: every token is lowercase letters, digits and `_`, so a head that is a
+    token has the token's shape, and no shorter head can end at a `:` either. A search for the
+    colon and a dict lookup instead of a regular expression: the guard, the post-pass and `scores`
+    ask this of every reason of every answer."""
     if not isinstance(text, str):
         return None
-    found = _SHAPE.match(text)
-    if found is None or found.group(1) not in TOKENS:
+    # Only the first `_LONGEST + 1` characters are looked at: a head longer than every token is
+    # none of them, so free text (`outside top_k`, a model's sentence) is not copied or hashed whole.
+    colon = text.find(":", 0, _LONGEST + 1)
+    token = text[:colon] if colon >= 0 else text[:_LONGEST + 1]
+    if token not in TOKENS:
         return None
-    token, rest = found.group(1), found.group(2)
-    if rest is None:
+    if colon < 0:  # the head is a token, so shorter than what was taken: the whole text
         return token, None
+    rest = text[colon + 1:]
     if token == REDUNDANT_WITH:
         return (token, rest) if rest else None
     if not rest.startswith(" ") or not rest.strip():

@@ -10,6 +10,7 @@ import pytest
 
 from rag_rerank.errors import InputError
 from rag_rerank.guard import load_limits, parse_chunks, validate_request
+from rag_rerank.guard.input import NO_CONTEXT_BUDGET
 from rag_rerank.models import Chunk, RerankRequest
 from rag_rerank.shortening import prompt_tokens, shorten
 
@@ -250,6 +251,25 @@ def test_fifty_chunks_pass_fifty_one_fail() -> None:
     assert out == ["chunks: 51 chunks is over the limit of 50 (max_chunks); pass window_size (CLI "
                    "--window-size N, e.g. 20; at most 50) to rank up to 1000 in windows, or split the set "
                    "or pre-filter it"]
+
+
+def test_no_context_budget_counts_no_tokens() -> None:
+    """A request whose long chunks may be shortened is guarded with `NO_CONTEXT_BUDGET` (the
+    shortening counts against the real budget): its texts are not counted at all. One token less
+    is a budget again, counted and enforced by the same tokenizer."""
+    asked: list[str] = []
+
+    def words(text: str) -> int:
+        asked.append(text)
+        return NO_CONTEXT_BUDGET  # a count that would be over any budget below it
+
+    chunks = [{"id": "a", "text": "one two"}, {"id": "b", "text": "three"}]
+    none = load_limits().with_overrides(max_context_tokens=NO_CONTEXT_BUDGET)
+    assert validate_request("qq", chunks, limits=none, tokenizer=words).ids == ("a", "b")
+    assert asked == []
+    some = load_limits().with_overrides(max_context_tokens=NO_CONTEXT_BUDGET - 1)
+    assert reject(query="qq", chunks=chunks, limits=some, tokenizer=words)
+    assert asked
 
 
 def test_token_budget_is_configurable_and_inclusive() -> None:
@@ -722,3 +742,36 @@ def test_the_guard_and_the_shortening_agree_on_what_fits(
         short_ok = False
     hypothesis.event(f"fits: {guard_ok}")
     assert guard_ok == short_ok
+
+
+class _NotPlain(dict):  # type: ignore[type-arg]
+    """A dict the guard's memo of plain records does not take (`type(item) is dict` fails): the
+    full checks read it, as they read every record that is not a plain dict."""
+
+
+def _outcome(chunks: object) -> object:
+    try:
+        return parse_chunks(chunks)
+    except InputError as exc:
+        return [str(v) for v in exc.violations]
+
+
+plain_records = st.fixed_dictionaries(
+    {"id": st.text(max_size=4), "text": st.text(max_size=8)},
+    optional={"score": st.none() | st.floats() | st.integers() | st.booleans()
+              | st.sampled_from([0, 0.0, -0.0, 1, 1.0])},
+)
+
+
+@hypothesis.settings(max_examples=300, derandomize=True, deadline=None)
+@given(st.lists(plain_records, max_size=4))
+@hypothesis.example([{"id": "a", "text": "t", "score": 1}, {"id": "b", "text": "t", "score": 1.0}])
+@hypothesis.example([{"id": "a", "text": "t\ud800"}, {"id": "", "text": "t"}])
+@hypothesis.example([{"id": "a", "text": "t", "score": None}, {"id": "b", "text": "t", "score": math.nan}])
+def test_property_plain_records_memo_reads_as_the_full_checks(recs: list[dict[str, object]]) -> None:
+    """A plain `{"id", "text"[, "score"]}` dict takes its `Chunk` from a memo (typed when it has a
+    score, keyed on the call's own arguments when not): asked twice (the second time from the memo),
+    it gives the chunks or the messages the full checks give for the same records."""
+    full = _outcome([_NotPlain(r) for r in recs])
+    assert _outcome(recs) == full
+    assert _outcome(recs) == full

@@ -198,3 +198,41 @@ def test_merged_is_what_dataclasses_replace_makes(overrides: dict[str, Any]) -> 
         [type(getattr(expected, f.name)) for f in dataclasses.fields(Options)]
     assert vars(out).keys() == vars(expected).keys()
     assert dataclasses.astuple(base) == before
+
+
+_SETTING_VALUES = st.fixed_dictionaries({
+    "fallback": st.sampled_from([None, "local", ["local"]]),
+    "duplicate_threshold": st.sampled_from([None, 1, 1.0, 0.5]),
+    "strict": st.sampled_from([False, True, 0, 1]),
+    "concurrency": st.sampled_from([1, 3, True]),
+    "consistency": st.sampled_from([1, 2]),
+    "layout": st.sampled_from(["mmr", "diversity"]),
+})
+
+
+@settings(max_examples=80, deadline=None, derandomize=True)
+@given(st.lists(_SETTING_VALUES, min_size=1, max_size=6), st.data())
+def test_settings_of_remembers_the_last_options_only_by_identity(given_values: list[dict[str, Any]],
+                                                                  data: st.DataObject) -> None:
+    """`settings_of` hands back the last Settings when every value is the very object it was read
+    from (a session's calls): for any sequence of options, some sharing the last one's objects,
+    each Settings is the one read afresh, field by field, value and type (1 and True, 1 and 1.0
+    are not taken for each other; a list of fallback steps is read again)."""
+    from rag_rerank.options import Settings, settings_of
+    from rag_rerank.retry import RetryPolicy
+
+    previous: Options | None = None
+    for values in given_values:
+        if previous is not None and data.draw(st.booleans(), label="reuse the last options' objects"):
+            options = previous.merged({"top_k": 3})
+        else:
+            options = Options(**values)
+        threshold = options.duplicate_threshold
+        fresh = Settings(fallback=options.fallback, policy=options.policy or RetryPolicy(),
+                         layout=options.layout,
+                         duplicate_threshold=None if threshold is None else float(threshold),
+                         strict=bool(options.strict), concurrency=int(options.concurrency),
+                         consistency=int(options.consistency))
+        got = settings_of(options)
+        assert got == fresh and repr(got) == repr(fresh) and got.chain == fresh.chain
+        previous = options

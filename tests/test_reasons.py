@@ -8,6 +8,8 @@ import re
 from pathlib import Path
 
 import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 
 from rag_rerank import reasons, rerank
 from rag_rerank.backends.local import LocalBackend
@@ -42,6 +44,56 @@ def _grammatical(reason: str) -> bool:
 )
 def test_split(text: str, parsed: tuple[str, str | None] | None) -> None:
     assert reasons.split(text) == parsed
+
+
+# The grammar as a regular expression, as `split` read it before it took a partition: the reference
+# its fast reading is held to.
+_SHAPE = re.compile(r"\A([a-z][a-z0-9_]*)(?::(.*))?\Z", re.DOTALL)
+
+
+def _split_by_regex(text: str) -> tuple[str, str | None] | None:
+    found = _SHAPE.match(text)
+    if found is None or found.group(1) not in reasons.TOKENS:
+        return None
+    token, rest = found.group(1), found.group(2)
+    if rest is None:
+        return token, None
+    if token == reasons.REDUNDANT_WITH:
+        return (token, rest) if rest else None
+    if not rest.startswith(" ") or not rest.strip():
+        return None
+    return token, rest[1:]
+
+
+_REASONS = st.one_of(
+    st.text(),
+    st.builds(lambda t, sep, rest: t + sep + rest, st.sampled_from([*reasons.TOKENS, "not_selecte", "x"]),
+              st.sampled_from(["", ":", ": ", ":  ", " :", "\n:", ":\n", "::", " (", "_x:"]), st.text()),
+)
+
+
+@settings(max_examples=600, derandomize=True, deadline=None)
+@given(_REASONS)
+@example("not_selected: 0.410")
+@example("redundant_with:")
+@example("redundant_with: c1")
+@example("below_min_score\n")
+@example("below_min_score:\n0.1")
+@example("not_selected: \u2003")
+@example("dropped_by_model: a: b")
+@example("no_citable_phrase")
+@example("no_citable_phrase: x")
+@example("no_citable_phrasee: x")
+@example("outside top_k")
+def test_split_reads_the_grammar_as_the_regular_expression_does(text: str) -> None:
+    """`split` takes a partition at the first colon and looks the head up, not a regular
+    expression: it must answer exactly as the expression did, for any text."""
+    assert reasons.split(text) == _split_by_regex(text)
+    head = re.match(r"[a-z][a-z0-9_]*", text)
+    uses_token = head is not None and head.group(0) in reasons.TOKENS
+    assert (reasons.problem(text) is not None) == (uses_token and _split_by_regex(text) is None)
+    expected = text[len("redundant_with:"):] if text.startswith("redundant_with:") else None
+    assert reasons.redundant_target(text) == expected
 
 
 def test_reason_writes_the_grammar() -> None:

@@ -75,3 +75,19 @@ def test_the_cards_json_is_unchanged_unless_the_flag_is_given(tmp_path: Path,
     assert main(["batch", "-i", str(lines), "-o", str(out), "--no-progress", "--scores"]) == 0
     rec = json.loads(out.read_text(encoding="utf-8"))
     assert rec["result"] == plain and set(rec["scores"]) == {"c1", "c2", "c3", "c4", "c5"}
+
+
+def test_a_later_answer_without_a_number_keeps_an_earlier_number() -> None:
+    """`meta.scores_of` reads the answers in order (the windows', then the final pass's): a chunk a
+    later answer drops without a number keeps the number an earlier one gave it, and a chunk no
+    answer gave a number says so; every id in input order, an unanswered one as unscored."""
+    from rag_rerank.meta import NO_NUMBER, UNSCORED, scores_of
+    from rag_rerank.models import Chunk, RerankRequest
+
+    request = RerankRequest("q", tuple(Chunk(i, "t") for i in ("a", "b", "c", "d", "e")), 1, 0.7)
+    first = {"ranked": [{"id": "a", "score": 0.9, "reason": "r"}],
+             "dropped": [{"id": "b", "reason": "not_selected: 0.400"}, {"id": "c", "reason": "off topic"}]}
+    final = {"ranked": [], "dropped": [{"id": "a", "reason": "outside top_k"}, {"id": "b", "reason": "x"},
+                                       {"id": "c", "reason": "y"}, {"id": "d", "reason": "below_min_score"}]}
+    assert scores_of(request, [first, final], []) == {"a": 0.9, "b": 0.4, "c": NO_NUMBER, "d": NO_NUMBER,
+                                                      "e": UNSCORED}

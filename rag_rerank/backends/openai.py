@@ -187,6 +187,8 @@ def _sdk() -> Any:
 
 
 CHAT_PATH = "/chat/completions"
+_CAPABILITIES = {scored: Capabilities(scored=scored, cacheable=True, timeout=True, closes=True,
+                                      needs_key=True) for scored in (False, True)}
 
 
 def request_options(sdk: Any, timeout: dict[str, Any]) -> dict[str, Any]:
@@ -333,8 +335,9 @@ class OpenAIBackend(ClosableBackend):
 
     @property
     def capabilities(self) -> Capabilities:
-        """An LLM server's (cacheable, timeout, clients to close, a key), scored while `scored`."""
-        return Capabilities(scored=self.scored, cacheable=True, timeout=True, closes=True, needs_key=True)
+        """An LLM server's (cacheable, timeout, clients to close, a key), scored while `scored`
+        (one of two frozen values: a call reads them three times)."""
+        return _CAPABILITIES[self.scored]
 
     @property
     def scored(self) -> bool:

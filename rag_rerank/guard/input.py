@@ -502,7 +502,7 @@ def parse_chunks(
 
 def _known_plain(item: dict[str, Any]) -> Chunk | None:
     """The `Chunk` of a Python caller's plain record (`{"id", "text"}` and maybe a number `score`,
-    exact types) from `_plain_chunk`'s memo, or None for any other record (the full checks then
+    exact types) from `_scored_chunk`'s memo, or None for any other record (the full checks then
     explain or accept it). A zero score is left to the full path: 0.0 and -0.0 share a memo key."""
     cid, text = item.get("id"), item.get("text")
     if type(cid) is not str or type(text) is not str:
@@ -518,12 +518,20 @@ def _known_plain(item: dict[str, Any]) -> Chunk | None:
     if kind is float or kind is int:
         if not score:
             return None
-        return _plain_chunk(cid, text, score)
-    return _plain_chunk(cid, text, None) if score is None else None
+        return _scored_chunk(cid, text, score)
+    return _plain_chunk(cid, text) if score is None else None
+
+
+@lru_cache(maxsize=4096)
+def _plain_chunk(cid: str, text: str) -> Chunk | None:
+    """`_scored_chunk` of a record without a score, in a memo of its own: both arguments are exact
+    `str`s, so the memo's key is the call's own argument tuple (no typed key of six items to build
+    and hash for each of a request's records)."""
+    return _scored_chunk(cid, text, None)
 
 
 @lru_cache(maxsize=4096, typed=True)
-def _plain_chunk(cid: str, text: str, score: float | None) -> Chunk | None:
+def _scored_chunk(cid: str, text: str, score: float | None) -> Chunk | None:
     """A plain record's `Chunk` when it passes every check of `parse_chunks` (its id non-empty, no
     lone surrogate, a finite score), else None. Memoised per (id, text, score), typed, as a chunk's
     prompt line and vectors are: a service sees the same passages again, and a chunk's checks
@@ -633,6 +641,13 @@ def _longest(chunks: list[Chunk], where: Places, lim: Limits, count: Tokenizer) 
     return f"; the longest: {named}" if named else ""
 
 
+NO_CONTEXT_BUDGET = 2**62
+"""A `max_context_tokens` this large is no budget: the guard does not count the texts' tokens
+against it. No prompt held in memory comes near it (4 EiB of text), so no count could cross it; a
+request that may be shortened is checked so (`options.check_request_options`), and its texts
+were counted twice a call, here for nothing and then by `shortening.shorten` for the real budget."""
+
+
 def _size_violations(
     chunks: list[Chunk], where: Places, n_records: int, lim: Limits, query: str, window_size: int | None,
     count: Tokenizer,
@@ -662,7 +677,10 @@ def _size_violations(
         )
     size = len(chunks) if window_size is None else window_size
     over: list[tuple[int, int, int]] = []  # (first, end, estimated tokens) of each prompt over budget
-    for first in range(0, max(len(chunks), 1), max(size, 1)):
+    # No budget (`NO_CONTEXT_BUDGET`: a request whose long chunks may be shortened, which
+    # `shortening.shorten` fits to the real budget): nothing to count the texts against.
+    firsts = range(0, max(len(chunks), 1), max(size, 1)) if lim.max_context_tokens < NO_CONTEXT_BUDGET else ()
+    for first in firsts:
         part = chunks[first : first + size]
         est = tokens_over(query, part, lim.max_context_tokens, count)
         if est is not None:
