@@ -29,8 +29,8 @@ from functools import lru_cache
 Tokenizer = Callable[[str], int]
 
 # One piece of a GPT-2 style pre-tokenizer: a contraction, a run of letters, of digits, of other
-# symbols (each optionally after one space), or a run of white space.
-_PIECE = re.compile(r"""'(?:[sdmt]|ll|ve|re)| ?[^\W\d_]+| ?\d+| ?[^\s\w]+|\s+""", re.UNICODE)
+# symbols, the underscore among them (each optionally after one space), or a run of white space.
+_PIECE = re.compile(r"""'(?:[sdmt]|ll|ve|re)| ?[^\W\d_]+| ?\d+| ?(?:[^\s\w]|_)+|\s+""", re.UNICODE)
 # A run of letters longer than this is split by BPE into about one token per this many characters:
 # the largest value (0.1 steps) at which the estimate is not below SmolLM2's tokenizer on average over
 # bench/tokens.py's development requests (even DL19 queries); the other splits are only reported.
