@@ -22,15 +22,28 @@ from rag_rerank.guard import validate_request
 from rag_rerank.models import Ranked
 from rag_rerank.postpass import postpass
 from rag_rerank.redundancy import (
+    _DIGIT_GROUP,
+    _INITIALS,
+    _INTERJECTION,
+    _OPENERS,
+    _ORDINALS,
+    _TOKEN,
+    _TOKENS,
+    FUNCTION_WORDS,
     RULES,
     SHORT_WORDS,
+    _alike,
+    _cleaned,
+    _fold_numbers,
+    _key,
+    _raw_tokens,
     judge,
     read,
     redundancy,
     rules_for,
     surely_passage,
 )
-from rag_rerank.text import NEGATIONS
+from rag_rerank.text import NEGATIONS, readable
 from tests.support.shared_data import data_dir, need
 
 GOLDEN = Path(__file__).resolve().parent.parent / "golden" / "redundancy"
@@ -298,5 +311,74 @@ def test_a_text_without_a_negation_word_has_no_negation_in_any_sentence(text: st
     reading = read(text)
     if not NEGATIONS.isdisjoint(reading.words):
         return
+    assert not _INTERJECTION.search(readable(text))  # what lets `read` skip looking for one
     assert reading.negations == 0
     assert all(read(s).negations == 0 for s in reading.sentences)
+
+
+_SPELLINGS = st.sampled_from(["recieve", "receive", "govt", "government", "U.S.", "u.n.", "A.B.C.", "e.g.",
+                              "1,000", "1 000", "2\u202f500", "3rd", "third", "forty", "five", "Paris", "It",
+                              "No,", "no.", "(The", "\u201cThe", "\u00abLe", "x.y.", "1.5", "1.5Ab", "ǅ",
+                              "İ"])
+_READABLE = st.lists(st.one_of(_SPELLINGS, _PIECES, st.text(max_size=8)), max_size=40).map(" ".join)
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(_READABLE)
+@example("U.S. sales rose 1,000 units. The U.N. (Paris) said so.")
+def test_cleaning_only_texts_with_a_core_is_cleaning_every_text(text: str) -> None:
+    """`_cleaned` runs each rewrite only on a text holding its core: the same text as running both
+    on every text."""
+    everywhere = _INITIALS.sub(lambda m: m.group().replace(".", ""), _DIGIT_GROUP.sub("", text))
+    assert _cleaned(text) == everywhere
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(_READABLE)
+@example("No. The U.S. said: Two hundred and five, \u201cThird\u201d time. (It) works, IBM says 3rd.")
+@example("  Hello World")
+def test_reading_in_c_agrees_with_reading_word_by_word(text: str) -> None:
+    """`read` takes its words from one `split` and asks only a capitalised word where it stands,
+    and counts with `map` and `Counter`: the same reading as a loop over every word (the rule as
+    the module docstring states it: a capitalised word is a name unless it opens a sentence)."""
+    cleaned = _cleaned(readable(text))
+    tokens, end = [], 0
+    for m in _TOKEN.finditer(cleaned):
+        gap = cleaned[end:m.start()].rstrip()
+        opens = gap[-1] in _OPENERS if gap else end == 0
+        word = m.group()
+        anywhere = any(ch.isdigit() for ch in word) or (len(word) > 1 and word.isupper())
+        tokens.append((word.casefold(), anywhere or (word[0].isupper() and not opens)))
+        end = m.end()
+    words, names = _raw_tokens(_TOKENS.split(cleaned))
+    assert list(zip(words, names, strict=True)) == tokens
+    reading = read(text)
+    counts: dict[str, int] = {}
+    surface: dict[str, str] = {}
+    for word, name in zip(*_fold_numbers(words, names), strict=True):
+        word, name = (_ORDINALS[word], True) if word in _ORDINALS else (word, name)
+        if name or (word not in FUNCTION_WORDS and word not in NEGATIONS):
+            counts[_key(word)] = counts.get(_key(word), 0) + 1
+            surface.setdefault(_key(word), word)
+    assert list(reading.content.items()) == list(counts.items()) and reading.surface == surface
+    negations = sum(1 for w in reading.words if w in NEGATIONS) - len(_INTERJECTION.findall(readable(text)))
+    assert reading.negations == negations
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(st.text(min_size=1, max_size=10), st.integers(0, 12),
+       st.sampled_from(["replace", "insert", "delete", "swap", "prefix", "other"]),
+       st.text(min_size=1, max_size=10))
+@example("receive", 3, "swap", "x")
+@example("government", 4, "prefix", "x")
+def test_alike_words_share_an_end(word: str, at: int, edit: str, other: str) -> None:
+    """What lets the spelling search skip most pairs of words before `_alike` (`_unalike`): two
+    words alike share their first letter, or their last letter and their length within one."""
+    i = at % (len(word) + 1)
+    edited = {"replace": word[:i] + other[0] + word[i + 1:], "insert": word[:i] + other[0] + word[i:],
+              "delete": word[:i] + word[i + 1:],
+              "swap": word[:i] + word[i + 1:i + 2] + word[i:i + 1] + word[i + 2:],
+              "prefix": word[:i], "other": other}[edit]
+    for a, b in ((word, edited), (edited, word)):
+        if _alike(a, b):
+            assert a[:1] == b[:1] or (a[-1:] == b[-1:] and abs(len(a) - len(b)) <= 1)
