@@ -49,7 +49,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
-from itertools import compress, filterfalse
+from itertools import compress, filterfalse, pairwise
 
 import numpy as np
 
@@ -151,20 +151,8 @@ class Reading:
         by `str.find` (one initial is one character, so the first match is the first stretch).
         Built once per text, when a pair's differences first need it, so a lookup replaces a scan of
         the words for every word compared."""
-        words = self.words
-        joined: dict[str, tuple[str, ...]] = {}
-        for i in range(len(words) - 1):
-            joined.setdefault(words[i] + words[i + 1], (words[i], words[i + 1]))
-        return joined, "".join(w[0] for w in words)
-
-    @cached_property
-    def spelled(self) -> frozenset[str]:
-        """Every word `_spelled_out` finds written another way in these words (two adjacent words
-        joined, or the initials of 2 to 6 adjacent ones): a word outside it is no other spelling
-        of them, so a pair whose lone words are all outside skips the search word by word."""
-        joined, initials = self.spellings
-        return frozenset(joined).union(initials[i:i + size] for size in range(2, 7)
-                                       for i in range(len(initials) - size + 1))
+        pairs = list(pairwise(self.words))[::-1]  # from the end: the first pair of a join is set last
+        return dict(zip(map("".join, pairs), pairs, strict=True)), "".join([w[0] for w in self.words])
 
 
 @lru_cache(maxsize=65536)
@@ -220,21 +208,21 @@ def _raw_tokens(pieces: list[str]) -> tuple[list[str], list[bool]]:
 
 
 def _fold_numbers(words: list[str], names: list[bool]) -> tuple[list[str], list[bool]]:
-    """Number words as the number they spell ("forty five" -> "45", "two" -> "2"), a name."""
+    """Number words as the number they spell ("forty five" -> "45", "two" -> "2"), a name; the
+    words between two numbers are copied as they stand, a slice at a time."""
     if _NUMBER_WORDS.isdisjoint(words):
         return words, names  # most texts spell no number: nothing to fold
+    starts = [k for k, w in enumerate(words) if w in _NUMBER_WORDS]
     out: list[str] = []
     out_names: list[bool] = []
     i = 0
-    while i < len(words):
-        word = words[i]
-        if word not in _UNITS and word not in _TENS and word not in _SCALES:
-            out.append(word)
-            out_names.append(names[i])
-            i += 1
-            continue
+    for start in starts:
+        if start < i:
+            continue  # folded into the number before it
+        out += words[i:start]
+        out_names += names[i:start]
         value = current = 0
-        j = i
+        j = start
         while j < len(words):
             w = words[j]
             if w in _UNITS:
@@ -244,7 +232,7 @@ def _fold_numbers(words: list[str], names: list[bool]) -> tuple[list[str], list[
             elif w in _SCALES:
                 value += max(current, 1) * _SCALES[w]
                 current = 0
-            elif (w == "and" and j > i and words[j - 1] in _SCALES and j + 1 < len(words)
+            elif (w == "and" and j > start and words[j - 1] in _SCALES and j + 1 < len(words)
                   and (words[j + 1] in _UNITS or words[j + 1] in _TENS)):
                 pass  # "two hundred and five"
             else:
@@ -253,7 +241,7 @@ def _fold_numbers(words: list[str], names: list[bool]) -> tuple[list[str], list[
         out.append(str(value + current))
         out_names.append(True)
         i = j
-    return out, out_names
+    return out + words[i:], out_names + names[i:]
 
 
 # Tokens `_fold_numbers` may fold into the number before them.
@@ -383,6 +371,9 @@ def differences(a: Reading, b: Reading) -> tuple[list[str], list[str]]:
         if not mine:
             continue
         spelt = list(map(own.surface.get, mine, mine))
+        joined, initials = other.spellings
+        if joined.keys().isdisjoint(spelt) and not any(map(initials.__contains__, spelt)):
+            continue  # no word of `mine` is two of the other's words joined, nor their initials
         for x, sx in zip(list(mine), spelt, strict=True):
             parts = _spelled_out(sx, other)
             if parts:

@@ -9,6 +9,7 @@ recall of restatements is a figure (docs/postpass.md, `python bench/redundancy.p
 from __future__ import annotations
 
 import json
+from itertools import pairwise
 from pathlib import Path
 
 import numpy as np
@@ -37,6 +38,7 @@ from rag_rerank.redundancy import (
     _fold_numbers,
     _key,
     _raw_tokens,
+    _spelled_out,
     judge,
     read,
     redundancy,
@@ -333,9 +335,40 @@ def test_cleaning_only_texts_with_a_core_is_cleaning_every_text(text: str) -> No
     assert _cleaned(text) == everywhere
 
 
+def _fold_word_by_word(tokens: list[tuple[str, bool]]) -> list[tuple[str, bool]]:
+    """Number words folded as the module docstring says, looking at every word in turn."""
+    units = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven",
+             "twelve", "thirteen", "fourteen", "fifteen", "sixteen", "seventeen", "eighteen", "nineteen")
+    tens = ("twenty", "thirty", "forty", "fifty", "sixty", "seventy", "eighty", "ninety")
+    numbers = {**{w: i for i, w in enumerate(units)}, **{w: 10 * i for i, w in enumerate(tens, 2)}}
+    scales = {"hundred": 100, "thousand": 1000, "million": 10**6, "billion": 10**9}
+    out, i = [], 0
+    while i < len(tokens):
+        if tokens[i][0] not in numbers and tokens[i][0] not in scales:
+            out.append(tokens[i])
+            i += 1
+            continue
+        value = current = 0
+        j = i
+        while j < len(tokens):
+            w = tokens[j][0]
+            if w in numbers:
+                current += numbers[w]
+            elif w in scales:
+                value, current = value + max(current, 1) * scales[w], 0
+            elif not (w == "and" and j > i and tokens[j - 1][0] in scales and j + 1 < len(tokens)
+                      and tokens[j + 1][0] in numbers):
+                break
+            j += 1
+        out.append((str(value + current), True))
+        i = j
+    return out
+
+
 @settings(max_examples=300, deadline=None, derandomize=True)
 @given(_READABLE)
 @example("No. The U.S. said: Two hundred and five, \u201cThird\u201d time. (It) works, IBM says 3rd.")
+@example("one two and three hundred and five thousand and x forty and")
 @example("  Hello World")
 def test_reading_in_c_agrees_with_reading_word_by_word(text: str) -> None:
     """`read` takes its words from one `split` and asks only a capitalised word where it stands,
@@ -352,10 +385,12 @@ def test_reading_in_c_agrees_with_reading_word_by_word(text: str) -> None:
         end = m.end()
     words, names = _raw_tokens(_TOKENS.split(cleaned))
     assert list(zip(words, names, strict=True)) == tokens
+    folded = _fold_word_by_word(list(zip(words, names, strict=True)))
+    assert list(zip(*_fold_numbers(words, names), strict=True)) == folded
     reading = read(text)
     counts: dict[str, int] = {}
     surface: dict[str, str] = {}
-    for word, name in zip(*_fold_numbers(words, names), strict=True):
+    for word, name in folded:
         word, name = (_ORDINALS[word], True) if word in _ORDINALS else (word, name)
         if name or (word not in FUNCTION_WORDS and word not in NEGATIONS):
             counts[_key(word)] = counts.get(_key(word), 0) + 1
@@ -382,3 +417,19 @@ def test_alike_words_share_an_end(word: str, at: int, edit: str, other: str) -> 
     for a, b in ((word, edited), (edited, word)):
         if _alike(a, b):
             assert a[:1] == b[:1] or (a[-1:] == b[-1:] and abs(len(a) - len(b)) <= 1)
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(_READABLE, st.one_of(_SPELLINGS, _PIECES, st.text(max_size=7)))
+@example("the tie break was a global interpreter lock tie break", "tiebreak")
+@example("the global interpreter lock", "gil")
+def test_a_word_spelled_out_is_a_join_or_a_stretch_of_initials(text: str, word: str) -> None:
+    """What lets `differences` skip the search for spelled-out words when no lone word is one of
+    the other text's joins or a stretch of its initials; and the joins keep each join's first pair."""
+    reading = read(text)
+    joined, initials = reading.spellings
+    words = reading.words
+    first = next(((x, y) for x, y in pairwise(words) if x + y == word), None)
+    assert joined.get(word) == first
+    if _spelled_out(word, reading):
+        assert word in joined or word in initials
