@@ -435,12 +435,16 @@ def _negations_toward(own: Reading, other: Reading) -> int:
     """The negations of the sentences of `own` that speak of what `other` says: those sharing a
     content word with it, and those with no content word at all ("No.", "Not really."), which
     belong to every claim of the text. A longer text's sentence on another matter does not count."""
-    if len(own.sentences) < 2 or NEGATIONS.isdisjoint(own.words):
-        # One sentence; or no negation word anywhere, so none in any sentence (a sentence's words
-        # are the text's, and a "No," it discounts is itself the word "no"): all of them count 0.
+    if NEGATIONS.isdisjoint(own.words) or len(own.sentences) < 2:
+        # No negation word anywhere, so none in any sentence (a sentence's words are the text's,
+        # and a "No," it discounts is itself the word "no"): all of them count 0; or one sentence.
+        # Asked in this order, a text without a negation word is never split into sentences.
         return own.negations
     parts = [read(s) for s in own.sentences]
-    return sum(p.negations for p in parts if not p.content or (p.content & other.content))
+    # A sentence counting no negation adds nothing, whatever it speaks of; two counters share a
+    # content word exactly when their keys meet (both hold positive counts only).
+    return sum(p.negations for p in parts
+               if p.negations and (not p.content or not p.content.keys().isdisjoint(other.content)))
 
 
 
@@ -518,12 +522,14 @@ def judge(a: Reading, b: Reading, semantic: float, rules: Rules, lexical: float 
     if a_in_b or b_in_a:
         return Verdict(True, "contained", 1 if a_in_b else 0)
     # Why not (for notes and tests): another value, another subject, another word.
-    if (a.numbers - b.numbers) and (b.numbers - a.numbers):
+    # Numbers one text has more often than the other (the Counter difference, without building it).
+    more_a, more_b = bool(_missing(a.numbers, b.numbers)), bool(_missing(b.numbers, a.numbers))
+    if more_a and more_b:
         return Verdict(False, "numbers")
     if any(a.surface.get(x, x) in a.names for x in only_a) or \
             any(b.surface.get(y, y) in b.names for y in only_b):
         return Verdict(False, "names")
-    if (a.numbers - b.numbers) or (b.numbers - a.numbers):
+    if more_a or more_b:
         return Verdict(False, "numbers")
     return Verdict(False, "substitution" if close else "meaning")
 

@@ -37,6 +37,7 @@ from rag_rerank.redundancy import (
     _cleaned,
     _fold_numbers,
     _key,
+    _negations_toward,
     _raw_tokens,
     _spelled_out,
     judge,
@@ -433,3 +434,15 @@ def test_a_word_spelled_out_is_a_join_or_a_stretch_of_initials(text: str, word: 
     assert joined.get(word) == first
     if _spelled_out(word, reading):
         assert word in joined or word in initials
+
+
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(_READABLE, _READABLE)
+@example("It works. No, it does not. The cache is not warm.", "The cache is warm. It works.")
+@example("Never. Not the cache. No.", "The cache.")
+def test_negations_toward_another_text_count_sentence_by_sentence(a: str, b: str) -> None:
+    """`_negations_toward` skips the sentences of a text without a negation word, and those that
+    count none: the same count as every sentence read and asked."""
+    own, other = read(a), read(b)
+    every = sum(p.negations for p in map(read, own.sentences) if not p.content or (p.content & other.content))
+    assert _negations_toward(own, other) == (every if len(own.sentences) > 1 else own.negations)
