@@ -301,7 +301,7 @@ def read(text: str) -> Reading:
         # Each key's first word (the last assignment wins, so they are made from the end).
         surface=dict(zip(reversed(keys), reversed(content), strict=True)),
         names=frozenset(filterfalse(_is_number, compress(words, names))),
-        numbers=Counter(map(_number, filter(_is_number, words))),
+        numbers=Counter(map(_key, filter(_is_number, words))),  # a number's key is `_number` of it, memoised
         negations=negations,
         shown=shown,
         length=len(shown),
