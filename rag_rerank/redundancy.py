@@ -375,7 +375,7 @@ def differences(a: Reading, b: Reading) -> tuple[list[str], list[str]]:
         if joined.keys().isdisjoint(spelt) and not any(map(initials.__contains__, spelt)):
             continue  # no word of `mine` is two of the other's words joined, nor their initials
         for x, sx in zip(list(mine), spelt, strict=True):
-            parts = _spelled_out(sx, other)
+            parts = _spelled_out(sx, other) if sx in joined or sx in initials else ()  # as above
             if parts:
                 mine.remove(x)
                 for part in parts:
