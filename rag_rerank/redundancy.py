@@ -49,6 +49,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
+from itertools import compress, filterfalse, pairwise
 
 import numpy as np
 
@@ -56,8 +57,13 @@ from .embed.static import StaticEmbedder, in_vocabulary
 from .text import NEGATIONS, STOPWORDS, inflection_key, readable
 
 _TOKEN = re.compile(r"\d+(?:\.\d+)+|\w+")  # a decimal number is one word
+# The same words kept by `split`, which then gives the gap before each word too: gap, word, gap, ...
+_TOKENS = re.compile(f"({_TOKEN.pattern})")
 _SENTENCE_END = re.compile(r"(?<=[.!?;])\s+")
 _DIGIT_GROUP = re.compile(r"(?<=\d)[,' \u00a0\u202f_](?=\d{3}(?!\d))")
+# What any match of `_DIGIT_GROUP` holds, found faster (a pattern opening with its character set is
+# searched for that set first): most texts have no digit group, and are not scanned for one.
+_DIGIT_GROUP_CORE = re.compile(r"\d[,' \u00a0\u202f_]\d{3}")
 _UNITS = {w: i for i, w in enumerate(("zero one two three four five six seven eight nine ten eleven "  # noqa: SIM905
                                         "twelve thirteen fourteen fifteen sixteen seventeen eighteen "
                                         "nineteen").split())}
@@ -79,6 +85,8 @@ LEXICAL_COPY = 0.49
 _INTERJECTION = re.compile(r"(?<!\w)no\s*[,.!;:]", re.IGNORECASE)
 # Initials written with dots ("U.S.", "u.n.") are one word, as their undotted spelling is.
 _INITIALS = re.compile(r"(?<!\w)(?:[^\W\d_]\.){2,}(?!\w)")
+# What any match of `_INITIALS` holds ("U.S." holds ".S."), found by its opening "." at once.
+_INITIALS_CORE = re.compile(r"\.[^\W\d_]\.")
 # Function words that still carry a claim: an order in time or space, a quantity ("before" /
 # "after", "all" / "each"): content words here, though not evidence in a quotation (`STOPWORDS`).
 _MEANINGFUL = frozenset(("above", "after", "against", "before", "below", "down", "during", "few", "more",
@@ -88,6 +96,7 @@ _MEANINGFUL = frozenset(("above", "after", "against", "before", "below", "down",
 FUNCTION_WORDS = (STOPWORDS - _MEANINGFUL) | frozenset(
     "s d ll m re ve don doesn didn isn aren wasn weren hasn haven hadn us said says say".split())  # noqa: SIM905
 _OPENERS = '.!?:;"(\u201c\u00ab'
+_NOT_CONTENT = FUNCTION_WORDS | NEGATIONS  # a word in it is content only as a name
 
 
 @dataclass(frozen=True)
@@ -119,9 +128,15 @@ class Reading:
     names: frozenset[str]  # words kept as names (capitalised inside a sentence, acronyms, with a digit)
     numbers: Counter[str] = field(hash=False)
     negations: int
-    sentences: tuple[str, ...]
+    shown: str  # the text as read (`readable`)
     folded: str  # the text as read, case-folded: what tells two texts without a word apart
     length: int  # characters, white space folded: what "more concise" compares
+
+    @cached_property
+    def sentences(self) -> tuple[str, ...]:
+        """The text's sentences, split only when asked (`_negations_toward`, for a text with a
+        negation word and another text to speak of)."""
+        return tuple(s for s in _SENTENCE_END.split(self.shown) if s.strip())
 
     @cached_property
     def keys(self) -> frozenset[str]:
@@ -136,11 +151,8 @@ class Reading:
         by `str.find` (one initial is one character, so the first match is the first stretch).
         Built once per text, when a pair's differences first need it, so a lookup replaces a scan of
         the words for every word compared."""
-        words = self.words
-        joined: dict[str, tuple[str, ...]] = {}
-        for i in range(len(words) - 1):
-            joined.setdefault(words[i] + words[i + 1], (words[i], words[i + 1]))
-        return joined, "".join(w[0] for w in words)
+        pairs = list(pairwise(self.words))[::-1]  # from the end: the first pair of a join is set last
+        return dict(zip(map("".join, pairs), pairs, strict=True)), "".join([w[0] for w in self.words])
 
 
 @lru_cache(maxsize=65536)
@@ -177,39 +189,42 @@ def _word(word: str) -> tuple[str, bool, bool]:
     return word.casefold(), anywhere, word[0].isupper()
 
 
-def _raw_tokens(text: str) -> list[tuple[str, bool]]:
-    """(word, is a name) in reading order: a name is capitalised inside a sentence, an acronym, or
-    holds a digit. A word opens a sentence when nothing but white space stands before it, or the
-    last other character before it is one of `_OPENERS`: looked for in the gap since the previous
-    word only (a word's own last character is never an opener), so a text is read in one pass."""
-    out = []
-    end = 0
-    for m in _TOKEN.finditer(text):
-        start = m.start()
-        gap = text[end:start].rstrip()
-        initial = gap[-1] in _OPENERS if gap else end == 0
-        folded, anywhere, capital = _word(m.group())
-        out.append((folded, anywhere or (capital and not initial)))
-        end = m.end()
-    return out
+def _raw_tokens(pieces: list[str]) -> tuple[list[str], list[bool]]:
+    """The words of a text split by `_TOKENS` (gap, word, gap, ..., gap), case-folded, in reading
+    order, and whether each is a name: capitalised inside a sentence, an acronym, or holding a
+    digit. A word opens a sentence when nothing but white space stands before it, or the last
+    other character before it is one of `_OPENERS`: looked for in the gap since the previous word
+    only (a word's own last character is never an opener), and only for a capitalised word, the
+    one kind whose place decides. The words' facts are memoised lookups (`_word`)."""
+    if len(pieces) == 1:
+        return [], []
+    words, anywhere, capital = zip(*map(_word, pieces[1::2]), strict=True)
+    names = list(anywhere)
+    for k in compress(range(len(names)), capital):
+        if not names[k]:
+            gap = pieces[2 * k].rstrip()
+            names[k] = gap[-1] not in _OPENERS if gap else k > 0
+    return list(words), names
 
 
-def _fold_numbers(tokens: list[tuple[str, bool]]) -> list[tuple[str, bool]]:
-    """Number words as the number they spell ("forty five" -> "45", "two" -> "2")."""
-    if _NUMBER_WORDS.isdisjoint([w for w, _ in tokens]):
-        return tokens  # most texts spell no number: nothing to fold
-    out: list[tuple[str, bool]] = []
+def _fold_numbers(words: list[str], names: list[bool]) -> tuple[list[str], list[bool]]:
+    """Number words as the number they spell ("forty five" -> "45", "two" -> "2"), a name; the
+    words between two numbers are copied as they stand, a slice at a time."""
+    if _NUMBER_WORDS.isdisjoint(words):
+        return words, names  # most texts spell no number: nothing to fold
+    starts = [k for k, w in enumerate(words) if w in _NUMBER_WORDS]
+    out: list[str] = []
+    out_names: list[bool] = []
     i = 0
-    while i < len(tokens):
-        word = tokens[i][0]
-        if word not in _UNITS and word not in _TENS and word not in _SCALES:
-            out.append(tokens[i])
-            i += 1
-            continue
+    for start in starts:
+        if start < i:
+            continue  # folded into the number before it
+        out += words[i:start]
+        out_names += names[i:start]
         value = current = 0
-        j = i
-        while j < len(tokens):
-            w = tokens[j][0]
+        j = start
+        while j < len(words):
+            w = words[j]
             if w in _UNITS:
                 current += _UNITS[w]
             elif w in _TENS:
@@ -217,15 +232,16 @@ def _fold_numbers(tokens: list[tuple[str, bool]]) -> list[tuple[str, bool]]:
             elif w in _SCALES:
                 value += max(current, 1) * _SCALES[w]
                 current = 0
-            elif (w == "and" and j > i and tokens[j - 1][0] in _SCALES and j + 1 < len(tokens)
-                  and (tokens[j + 1][0] in _UNITS or tokens[j + 1][0] in _TENS)):
+            elif (w == "and" and j > start and words[j - 1] in _SCALES and j + 1 < len(words)
+                  and (words[j + 1] in _UNITS or words[j + 1] in _TENS)):
                 pass  # "two hundred and five"
             else:
                 break
             j += 1
-        out.append((str(value + current), True))
+        out.append(str(value + current))
+        out_names.append(True)
         i = j
-    return out
+    return out + words[i:], out_names + names[i:]
 
 
 # Tokens `_fold_numbers` may fold into the number before them.
@@ -233,8 +249,22 @@ _FOLDABLE = _NUMBER_WORDS | {"and"}
 
 
 def _cleaned(shown: str) -> str:
-    """Digit groups joined ("1,000" -> "1000") and dotted initials undotted ("U.S." -> "US")."""
-    return _INITIALS.sub(lambda m: m.group().replace(".", ""), _DIGIT_GROUP.sub("", shown))
+    """Digit groups joined ("1,000" -> "1000") and dotted initials undotted ("U.S." -> "US"); each
+    rewrite runs only on a text holding its core (most hold neither)."""
+    if _DIGIT_GROUP_CORE.search(shown):
+        shown = _DIGIT_GROUP.sub("", shown)
+    if _INITIALS_CORE.search(shown):
+        shown = _INITIALS.sub(lambda m: m.group().replace(".", ""), shown)
+    return shown
+
+
+@lru_cache(maxsize=256)
+def _pieces(text: str) -> tuple[str, list[str]]:
+    """`readable(text)`, and its cleaned text split into gaps and words (`_TOKENS`): where both
+    `surely_passage` and `read` start, made once for a text both look at (a list's texts are asked
+    the one, then read; a short memo: it hands over within one list)."""
+    shown = readable(text)
+    return shown, _TOKENS.split(_cleaned(shown))
 
 
 @lru_cache(maxsize=8192)
@@ -243,38 +273,37 @@ def surely_passage(text: str) -> bool:
     words are the `_TOKEN` matches of the same cleaned text, less at most one per number word or
     "and" (folded into a number); False when that lower bound does not settle it. A list of
     passages is then judged on the lexical cosine alone, without reading any of them."""
-    tokens = _TOKEN.findall(_cleaned(readable(text)))
+    tokens = _pieces(text)[1][1::2]
     if len(tokens) <= SHORT_WORDS:
         return False
-    foldable = sum(1 for t in tokens if t.casefold() in _FOLDABLE)
+    foldable = sum(map(_FOLDABLE.__contains__, map(str.casefold, tokens)))
     return len(tokens) - foldable > SHORT_WORDS
 
 
 @lru_cache(maxsize=8192)
 def read(text: str) -> Reading:
-    """`text` read for the judgement (memoised: a chunk is compared with many others)."""
-    shown = readable(text)
-    tokens = [(_ORDINALS[w], True) if w in _ORDINALS else (w, name)
-              for w, name in _fold_numbers(_raw_tokens(_cleaned(shown)))]
-    words = tuple(w for w, _ in tokens)
-    counts: dict[str, int] = {}  # counted in a dict (a Counter's missing key is a Python call)
-    surface: dict[str, str] = {}
-    for word, name in tokens:
-        if name or (word not in FUNCTION_WORDS and word not in NEGATIONS):
-            k = _key(word)
-            if k in counts:
-                counts[k] += 1
-            else:
-                counts[k] = 1
-                surface[k] = word
+    """`text` read for the judgement (memoised: a chunk is compared with many others). Word by word
+    only where a word needs it: each step runs over the words in C (`map`, `compress`, `Counter`)."""
+    shown, pieces = _pieces(text)
+    words, names = _fold_numbers(*_raw_tokens(pieces))
+    if not _ORDINALS.keys().isdisjoint(words):
+        for k, w in enumerate(words):
+            if w in _ORDINALS:
+                words[k], names[k] = _ORDINALS[w], True
+    content = [w for w, name in zip(words, names, strict=True) if name or w not in _NOT_CONTENT]
+    keys = list(map(_key, content))
+    negations = sum(map(NEGATIONS.__contains__, words))
+    if negations:  # a "No," it discounts is the word "no": without a negation word, there is none
+        negations -= len(_INTERJECTION.findall(shown))
     return Reading(
-        words=words,
-        content=Counter(counts),
-        surface=surface,
-        names=frozenset(w for w, name in tokens if name and not _is_number(w)),
-        numbers=Counter(_number(w) for w in words if _is_number(w)),
-        negations=sum(1 for w in words if w in NEGATIONS) - len(_INTERJECTION.findall(shown)),
-        sentences=tuple(s for s in _SENTENCE_END.split(shown) if s.strip()),
+        words=tuple(words),
+        content=Counter(keys),
+        # Each key's first word (the last assignment wins, so they are made from the end).
+        surface=dict(zip(reversed(keys), reversed(content), strict=True)),
+        names=frozenset(filterfalse(_is_number, compress(words, names))),
+        numbers=Counter(map(_key, filter(_is_number, words))),  # a number's key is `_number` of it, memoised
+        negations=negations,
+        shown=shown,
         length=len(shown),
         folded=shown.casefold(),
     )
@@ -337,44 +366,58 @@ def differences(a: Reading, b: Reading) -> tuple[list[str], list[str]]:
     only_a = _missing(a.content, b.content)
     only_b = _missing(b.content, a.content)
     if only_a and only_b:
-        # Which words are one word written two ways (`_alike`), decided from facts read once per
-        # word: a number is never another spelling, nor are two vocabulary words, so a vocabulary
-        # word of `a` is compared only with `b`'s unknown words, and not at all when `b` has none.
-        spelt_b = [b.surface.get(y, y) for y in only_b]  # these three kept in step with only_b
-        known_b = [in_vocabulary(sy) for sy in spelt_b]
-        number_b = [_is_number(sy) for sy in spelt_b]
-        unknown_b = sum(1 for kb, nb in zip(known_b, number_b, strict=True) if not kb and not nb)
-        for x in list(only_a):
-            sx = a.surface.get(x, x)
-            if _is_number(sx):
-                continue  # a number is never another spelling of a word
-            known = in_vocabulary(sx)
-            if known and not unknown_b:
-                continue
-            first, size = sx[:1], len(sx)
-            for k, sy in enumerate(spelt_b):
-                if (known and known_b[k]) or number_b[k]:
-                    continue
-                # A typo keeps the length within one letter, an abbreviation shares the first
-                # letter: most pairs end at this test, before `_alike`.
-                if (sy[:1] != first and not -1 <= size - len(sy) <= 1) or not _alike(sx, sy):
-                    continue
-                only_a.remove(x)
-                del only_b[k]  # the first occurrence of its key: an earlier one would have matched
-                del spelt_b[k]
-                del number_b[k]  # not a number (it matched)
-                unknown_b -= not known_b.pop(k)
-                break
-    for mine, theirs, other in ((only_a, only_b, b), (only_b, only_a, a)):
-        own = a if other is b else b
-        for x in list(mine):
-            parts = _spelled_out(own.surface.get(x, x), other)
+        only_a, only_b = _unalike(only_a, a, only_b, b)
+    for mine, theirs, own, other in ((only_a, only_b, a, b), (only_b, only_a, b, a)):
+        if not mine:
+            continue
+        spelt = list(map(own.surface.get, mine, mine))
+        joined, initials = other.spellings
+        if joined.keys().isdisjoint(spelt) and not any(map(initials.__contains__, spelt)):
+            continue  # no word of `mine` is two of the other's words joined, nor their initials
+        for x, sx in zip(list(mine), spelt, strict=True):
+            parts = _spelled_out(sx, other) if sx in joined or sx in initials else ()  # as above
             if parts:
                 mine.remove(x)
                 for part in parts:
                     if _key(part) in theirs:
                         theirs.remove(_key(part))
     return only_a, only_b
+
+
+def _unalike(only_a: list[str], a: Reading, only_b: list[str], b: Reading) -> tuple[list[str], list[str]]:
+    """`only_a` and `only_b` less the pairs of words that are one word written two ways (`_alike`),
+    each word of `a` matched with the first word of `b` still unmatched, in their order.
+
+    Decided from facts read once per word: a number is never another spelling, nor are two
+    vocabulary words, so a vocabulary word of `a` is compared only with `b`'s unknown words (few:
+    most pairs compare none), any other word of `a` with all of `b`'s words but numbers."""
+    spelt_b = list(map(b.surface.get, only_b, only_b))
+    loose = [k for k, sy in enumerate(spelt_b) if not _is_number(sy)]  # what an unknown word may match
+    unknown = [k for k in loose if not in_vocabulary(spelt_b[k])]  # what a vocabulary word may match
+    if not loose:
+        return only_a, only_b
+    taken: set[int] = set()  # positions in only_b matched
+    kept_a = []
+    for x, sx in zip(only_a, map(a.surface.get, only_a, only_a), strict=True):
+        match = None
+        if not _is_number(sx):
+            first, last, size = sx[:1], sx[-1:], len(sx)
+            for k in unknown if in_vocabulary(sx) else loose:
+                sy = spelt_b[k]
+                # An abbreviation shares the first letter, a typo the first or the last (one
+                # edit leaves one end as it was) and the length within one letter: most pairs end
+                # at this test, before `_alike` (`test_alike_words_share_an_end`).
+                if k not in taken and (sy[:1] == first or (sy[-1:] == last and -1 <= size - len(sy) <= 1)) \
+                        and _alike(sx, sy):
+                    match = k
+                    break
+        if match is None:
+            kept_a.append(x)
+        else:
+            taken.add(match)
+    if not taken:
+        return only_a, only_b
+    return kept_a, [y for k, y in enumerate(only_b) if k not in taken]
 
 
 def copies(a: Reading, b: Reading) -> bool:
@@ -392,12 +435,16 @@ def _negations_toward(own: Reading, other: Reading) -> int:
     """The negations of the sentences of `own` that speak of what `other` says: those sharing a
     content word with it, and those with no content word at all ("No.", "Not really."), which
     belong to every claim of the text. A longer text's sentence on another matter does not count."""
-    if len(own.sentences) < 2 or NEGATIONS.isdisjoint(own.words):
-        # One sentence; or no negation word anywhere, so none in any sentence (a sentence's words
-        # are the text's, and a "No," it discounts is itself the word "no"): all of them count 0.
+    if NEGATIONS.isdisjoint(own.words) or len(own.sentences) < 2:
+        # No negation word anywhere, so none in any sentence (a sentence's words are the text's,
+        # and a "No," it discounts is itself the word "no"): all of them count 0; or one sentence.
+        # Asked in this order, a text without a negation word is never split into sentences.
         return own.negations
     parts = [read(s) for s in own.sentences]
-    return sum(p.negations for p in parts if not p.content or (p.content & other.content))
+    # A sentence counting no negation adds nothing, whatever it speaks of; two counters share a
+    # content word exactly when their keys meet (both hold positive counts only).
+    return sum(p.negations for p in parts
+               if p.negations and (not p.content or not p.content.keys().isdisjoint(other.content)))
 
 
 
@@ -457,9 +504,9 @@ def judge(a: Reading, b: Reading, semantic: float, rules: Rules, lexical: float 
         return Verdict(True, "copy")  # whatever it says, it is said twice
     if not a.content or not b.content:
         return Verdict(False, "no content")  # a text that says nothing is not said by another
-    only_a, only_b = differences(a, b)
     if _negations_toward(a, b) != _negations_toward(b, a):
-        return Verdict(False, "negation")
+        return Verdict(False, "negation")  # settled before the word-by-word comparison it needs not
+    only_a, only_b = differences(a, b)
     # Each text's words the other lacks, each with a close substitute there (or none to account for).
     passage = len(a.words) > SHORT_WORDS or len(b.words) > SHORT_WORDS
     close = lexical >= LEXICAL_COPY if passage else semantic >= rules.tau
@@ -475,12 +522,14 @@ def judge(a: Reading, b: Reading, semantic: float, rules: Rules, lexical: float 
     if a_in_b or b_in_a:
         return Verdict(True, "contained", 1 if a_in_b else 0)
     # Why not (for notes and tests): another value, another subject, another word.
-    if (a.numbers - b.numbers) and (b.numbers - a.numbers):
+    # Numbers one text has more often than the other (the Counter difference, without building it).
+    more_a, more_b = bool(_missing(a.numbers, b.numbers)), bool(_missing(b.numbers, a.numbers))
+    if more_a and more_b:
         return Verdict(False, "numbers")
     if any(a.surface.get(x, x) in a.names for x in only_a) or \
             any(b.surface.get(y, y) in b.names for y in only_b):
         return Verdict(False, "names")
-    if (a.numbers - b.numbers) or (b.numbers - a.numbers):
+    if more_a or more_b:
         return Verdict(False, "numbers")
     return Verdict(False, "substitution" if close else "meaning")
 

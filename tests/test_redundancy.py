@@ -9,6 +9,7 @@ recall of restatements is a figure (docs/postpass.md, `python bench/redundancy.p
 from __future__ import annotations
 
 import json
+from itertools import pairwise
 from pathlib import Path
 
 import numpy as np
@@ -22,15 +23,30 @@ from rag_rerank.guard import validate_request
 from rag_rerank.models import Ranked
 from rag_rerank.postpass import postpass
 from rag_rerank.redundancy import (
+    _DIGIT_GROUP,
+    _INITIALS,
+    _INTERJECTION,
+    _OPENERS,
+    _ORDINALS,
+    _TOKEN,
+    _TOKENS,
+    FUNCTION_WORDS,
     RULES,
     SHORT_WORDS,
+    _alike,
+    _cleaned,
+    _fold_numbers,
+    _key,
+    _negations_toward,
+    _raw_tokens,
+    _spelled_out,
     judge,
     read,
     redundancy,
     rules_for,
     surely_passage,
 )
-from rag_rerank.text import NEGATIONS
+from rag_rerank.text import NEGATIONS, readable
 from tests.support.shared_data import data_dir, need
 
 GOLDEN = Path(__file__).resolve().parent.parent / "golden" / "redundancy"
@@ -298,5 +314,135 @@ def test_a_text_without_a_negation_word_has_no_negation_in_any_sentence(text: st
     reading = read(text)
     if not NEGATIONS.isdisjoint(reading.words):
         return
+    assert not _INTERJECTION.search(readable(text))  # what lets `read` skip looking for one
     assert reading.negations == 0
     assert all(read(s).negations == 0 for s in reading.sentences)
+
+
+_SPELLINGS = st.sampled_from(["recieve", "receive", "govt", "government", "U.S.", "u.n.", "A.B.C.", "e.g.",
+                              "1,000", "1 000", "2\u202f500", "3rd", "third", "forty", "five", "Paris", "It",
+                              "No,", "no.", "(The", "\u201cThe", "\u00abLe", "x.y.", "1.5", "1.5Ab", "ǅ",
+                              "İ"])
+_READABLE = st.lists(st.one_of(_SPELLINGS, _PIECES, st.text(max_size=8)), max_size=40).map(" ".join)
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(_READABLE)
+@example("U.S. sales rose 1,000 units. The U.N. (Paris) said so.")
+def test_cleaning_only_texts_with_a_core_is_cleaning_every_text(text: str) -> None:
+    """`_cleaned` runs each rewrite only on a text holding its core: the same text as running both
+    on every text."""
+    everywhere = _INITIALS.sub(lambda m: m.group().replace(".", ""), _DIGIT_GROUP.sub("", text))
+    assert _cleaned(text) == everywhere
+
+
+def _fold_word_by_word(tokens: list[tuple[str, bool]]) -> list[tuple[str, bool]]:
+    """Number words folded as the module docstring says, looking at every word in turn."""
+    units = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven",
+             "twelve", "thirteen", "fourteen", "fifteen", "sixteen", "seventeen", "eighteen", "nineteen")
+    tens = ("twenty", "thirty", "forty", "fifty", "sixty", "seventy", "eighty", "ninety")
+    numbers = {**{w: i for i, w in enumerate(units)}, **{w: 10 * i for i, w in enumerate(tens, 2)}}
+    scales = {"hundred": 100, "thousand": 1000, "million": 10**6, "billion": 10**9}
+    out, i = [], 0
+    while i < len(tokens):
+        if tokens[i][0] not in numbers and tokens[i][0] not in scales:
+            out.append(tokens[i])
+            i += 1
+            continue
+        value = current = 0
+        j = i
+        while j < len(tokens):
+            w = tokens[j][0]
+            if w in numbers:
+                current += numbers[w]
+            elif w in scales:
+                value, current = value + max(current, 1) * scales[w], 0
+            elif not (w == "and" and j > i and tokens[j - 1][0] in scales and j + 1 < len(tokens)
+                      and tokens[j + 1][0] in numbers):
+                break
+            j += 1
+        out.append((str(value + current), True))
+        i = j
+    return out
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(_READABLE)
+@example("No. The U.S. said: Two hundred and five, \u201cThird\u201d time. (It) works, IBM says 3rd.")
+@example("one two and three hundred and five thousand and x forty and")
+@example("  Hello World")
+def test_reading_in_c_agrees_with_reading_word_by_word(text: str) -> None:
+    """`read` takes its words from one `split` and asks only a capitalised word where it stands,
+    and counts with `map` and `Counter`: the same reading as a loop over every word (the rule as
+    the module docstring states it: a capitalised word is a name unless it opens a sentence)."""
+    cleaned = _cleaned(readable(text))
+    tokens, end = [], 0
+    for m in _TOKEN.finditer(cleaned):
+        gap = cleaned[end:m.start()].rstrip()
+        opens = gap[-1] in _OPENERS if gap else end == 0
+        word = m.group()
+        anywhere = any(ch.isdigit() for ch in word) or (len(word) > 1 and word.isupper())
+        tokens.append((word.casefold(), anywhere or (word[0].isupper() and not opens)))
+        end = m.end()
+    words, names = _raw_tokens(_TOKENS.split(cleaned))
+    assert list(zip(words, names, strict=True)) == tokens
+    folded = _fold_word_by_word(list(zip(words, names, strict=True)))
+    assert list(zip(*_fold_numbers(words, names), strict=True)) == folded
+    reading = read(text)
+    counts: dict[str, int] = {}
+    surface: dict[str, str] = {}
+    for word, name in folded:
+        word, name = (_ORDINALS[word], True) if word in _ORDINALS else (word, name)
+        if name or (word not in FUNCTION_WORDS and word not in NEGATIONS):
+            counts[_key(word)] = counts.get(_key(word), 0) + 1
+            surface.setdefault(_key(word), word)
+    assert list(reading.content.items()) == list(counts.items()) and reading.surface == surface
+    negations = sum(1 for w in reading.words if w in NEGATIONS) - len(_INTERJECTION.findall(readable(text)))
+    assert reading.negations == negations
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(st.text(min_size=1, max_size=10), st.integers(0, 12),
+       st.sampled_from(["replace", "insert", "delete", "swap", "prefix", "other"]),
+       st.text(min_size=1, max_size=10))
+@example("receive", 3, "swap", "x")
+@example("government", 4, "prefix", "x")
+def test_alike_words_share_an_end(word: str, at: int, edit: str, other: str) -> None:
+    """What lets the spelling search skip most pairs of words before `_alike` (`_unalike`): two
+    words alike share their first letter, or their last letter and their length within one."""
+    i = at % (len(word) + 1)
+    edited = {"replace": word[:i] + other[0] + word[i + 1:], "insert": word[:i] + other[0] + word[i:],
+              "delete": word[:i] + word[i + 1:],
+              "swap": word[:i] + word[i + 1:i + 2] + word[i:i + 1] + word[i + 2:],
+              "prefix": word[:i], "other": other}[edit]
+    for a, b in ((word, edited), (edited, word)):
+        if _alike(a, b):
+            assert a[:1] == b[:1] or (a[-1:] == b[-1:] and abs(len(a) - len(b)) <= 1)
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(_READABLE, st.one_of(_SPELLINGS, _PIECES, st.text(max_size=7)))
+@example("the tie break was a global interpreter lock tie break", "tiebreak")
+@example("the global interpreter lock", "gil")
+def test_a_word_spelled_out_is_a_join_or_a_stretch_of_initials(text: str, word: str) -> None:
+    """What lets `differences` skip the search for spelled-out words when no lone word is one of
+    the other text's joins or a stretch of its initials; and the joins keep each join's first pair."""
+    reading = read(text)
+    joined, initials = reading.spellings
+    words = reading.words
+    first = next(((x, y) for x, y in pairwise(words) if x + y == word), None)
+    assert joined.get(word) == first
+    if _spelled_out(word, reading):
+        assert word in joined or word in initials
+
+
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(_READABLE, _READABLE)
+@example("It works. No, it does not. The cache is not warm.", "The cache is warm. It works.")
+@example("Never. Not the cache. No.", "The cache.")
+def test_negations_toward_another_text_count_sentence_by_sentence(a: str, b: str) -> None:
+    """`_negations_toward` skips the sentences of a text without a negation word, and those that
+    count none: the same count as every sentence read and asked."""
+    own, other = read(a), read(b)
+    every = sum(p.negations for p in map(read, own.sentences) if not p.content or (p.content & other.content))
+    assert _negations_toward(own, other) == (every if len(own.sentences) > 1 else own.negations)
