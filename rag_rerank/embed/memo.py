@@ -96,18 +96,13 @@ class TextRows:
         if not missing and not self.sparse:  # every row cached, in order: one conversion
             return np.array([row for _, row in found], dtype=dtype).reshape(len(texts), dim)
         if not missing:
-            out = np.zeros((len(texts), dim), dtype=dtype)
-            if found:
-                self._fill(out, found, dim)
-            return out
+            return self._placed(found, len(texts), dim, dtype)
         firsts = [at[0] for at in missing.values()]
         fresh = np.asarray(compute([texts[k] for k in firsts]), dtype=np.float32)
         if not found and fresh.shape == (len(texts), dim):  # each text new and once (first sight)
             out = fresh.astype(dtype)
         else:
-            out = np.zeros((len(texts), dim), dtype=dtype)
-            if found:
-                self._fill(out, found, dim)
+            out = self._placed(found, len(texts), dim, dtype)
             places = [k for at in missing.values() for k in at]  # each key's places, in key order
             out[places] = fresh[np.repeat(np.arange(len(firsts)), [len(at) for at in missing.values()])]
         stored = self._stored(fresh)
@@ -148,22 +143,19 @@ class TextRows:
                     found.append((k, row))
         return found, missing
 
-    def _fill(self, out: np.ndarray, found: list[tuple[int, Any]], dim: int) -> None:
-        """The cached rows into their places in `out`, in one assignment."""
+    def _placed(self, found: list[tuple[int, Any]], n: int, dim: int, dtype: Any) -> np.ndarray:
+        """An (n, dim) matrix of zeros with the cached rows `found` in their places, placed in one
+        assignment (a sparse row's entries through the matrix's flat view)."""
+        out = np.zeros((n, dim), dtype=dtype)
+        if not found:
+            return out
         at = [k for k, _ in found]
         if not self.sparse:
-            out[at] = np.array([row for _, row in found], dtype=out.dtype)
-            return
-        flat, values = scatter(at, [row for _, row in found], dim, out.dtype)
-        out.reshape(-1)[flat] = values
-
-
-def scatter(at: list[int], rows: list[tuple[np.ndarray, np.ndarray]], dim: int, dtype: Any
-            ) -> tuple[np.ndarray, np.ndarray]:
-    """(flat positions, values as `dtype`) of sparse rows (indices, values) placed at rows `at` of
-    a `dim`-wide matrix: what one assignment into its flat view needs (`TextRows._fill`)."""
-    idx = [row[0] for row in rows]
-    starts = np.repeat(np.array(at, dtype=np.int64) * dim, [len(i) for i in idx])
-    flat = np.concatenate(idx).astype(np.int64) + starts  # one conversion, not one per row
-    # the values converted first: a scatter that converts as it goes is about twice as slow
-    return flat, np.concatenate([vals for _, vals in rows]).astype(dtype, copy=False)
+            out[at] = np.array([row for _, row in found], dtype=dtype)
+            return out
+        idx = [row[0] for _, row in found]
+        starts = np.repeat(np.array(at, dtype=np.int64) * dim, [len(i) for i in idx])
+        flat = np.concatenate(idx).astype(np.int64) + starts  # one conversion, not one per row
+        # the values converted first: a scatter that converts as it goes is about twice as slow
+        out.reshape(-1)[flat] = np.concatenate([vals for _, (_, vals) in found]).astype(dtype, copy=False)
+        return out
