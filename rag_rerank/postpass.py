@@ -320,19 +320,13 @@ def _embed_rows(embedder: Any, texts: Sequence[str], rows: Sequence[int]) -> np.
         return embed_texts(embedder, list(texts))[list(rows)].astype(np.float64)
     sub = [texts[i] for i in rows]
     kind = "lexical" if isinstance(embedder, LexicalEmbedder) else "static"
-    setting = _setting(embedder)
-    return UNIT_ROWS[kind].rows([(setting, t) for t in sub], sub, lambda fresh: embed_texts(embedder, fresh),
-                                embedder.dim, dtype=np.float64)
-
-
-def _setting(embedder: Any) -> int:
-    """The number of a numpy embedder's setting (`_SETTING`)."""
     setting = _SETTING.get(embedder)
     if setting is None:
         if len(_SETTING) >= 64:
             _SETTING.clear()
         setting = _SETTING.setdefault(embedder, next(_NUMBERS))
-    return setting
+    return UNIT_ROWS[kind].rows([(setting, t) for t in sub], sub, lambda fresh: embed_texts(embedder, fresh),
+                                embedder.dim, dtype=np.float64)
 
 
 def _resolve_vectors(
