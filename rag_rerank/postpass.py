@@ -577,10 +577,7 @@ def _postpass(
     # (a stable sort keeps input order among equal scores, reverse=True too: the (-score, index) order)
     rel_at = {j: pos for pos, j in enumerate(sorted(range(len(cand)), key=rel_of.__getitem__, reverse=True))}
     ids = [chunks[i].id for i in cand]
-    moved = sel.replaced.keys() | sel.promoted_over.keys()
     ranked = tuple(_ranked_item(ids, scored[ids[j]], sel, sel_at[j], pos, rel_at[j], j, rel_of, layout)
-                   if j in moved or sel_at[j] != pos or sel_at[j] > rel_at[j]
-                   else Ranked(ids[j], *scored[ids[j]])  # no note to add (`_ranked_item`'s cases)
                    for pos, j in enumerate(final))
 
     for i, chunk in enumerate(chunks):
@@ -644,6 +641,9 @@ def _ranked_item(
     """The model's score and reason verbatim, plus a note when this stage moved the chunk: it is
     `sel_pos`-th in the selection, `pos`-th in the final layout and `rel_pos`-th by relevance
     (`ids` and `rel`: the candidates' ids and scores, `local` this one's place among them)."""
+    if (sel_pos == pos and sel_pos <= rel_pos and local not in sel.replaced
+            and local not in sel.promoted_over):  # none of the cases below: the model's words as they are
+        return Ranked(ids[local], *said)
     notes: list[str] = []
     if local in sel.replaced:
         other = sel.replaced[local]

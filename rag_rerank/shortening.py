@@ -222,8 +222,8 @@ runs across a cut."""
 
 
 def marks_shown(request: RerankRequest) -> RerankRequest:
-    """`request` with each `[…]` of its chunks' texts shown as `LITERAL_MARK` (the same request
-    when no text holds one: an ASCII text is passed over without a search)."""
+    """`request` with each `[…]` of its chunks' texts shown as `LITERAL_MARK` (the same request,
+    not a copy, when no text holds one)."""
     if not any(_MARK in c.text for c in request.chunks):
         return request
     return replace(request, chunks=tuple(replace(c, text=c.text.replace(_MARK, LITERAL_MARK))
