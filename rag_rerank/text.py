@@ -25,6 +25,7 @@ This module is a leaf: it imports nothing from the package.
 from __future__ import annotations
 
 import unicodedata
+from collections.abc import Callable
 from functools import lru_cache
 
 
@@ -52,25 +53,44 @@ def readable(text: str) -> str:
     space, format characters gone, NFKC, whitespace runs one space, no space at either end."""
     if text.isascii() and text.isprintable():
         return " ".join(text.split())
-    try:  # Latin-1 text (accents, mojibake with C1 controls): one bytes translation, same characters
-        cleaned = text.encode("latin-1").translate(*_latin1_clean()).decode("latin-1")
-    except UnicodeEncodeError:
+    cleaned = latin1_translate(text, _latin1_clean())  # accents, mojibake with C1 controls
+    if cleaned is None:
         cleaned = text.translate(_CLEAN)  # a dictionary look-up per character
     return " ".join(unicodedata.normalize("NFKC", cleaned).split())
 
 
-@lru_cache(maxsize=1)
-def _latin1_clean() -> tuple[bytes, bytes]:
-    """(byte table, bytes deleted) doing `_CLEAN`'s work on Latin-1 text: each of its characters
-    maps to itself, a space or nothing there."""
+Latin1Table = tuple[bytes, bytes]  # (a byte for each of the 256 Latin-1 characters, the bytes deleted)
+
+
+def latin1_table(rule: Callable[[str], str]) -> Latin1Table:
+    """`rule` (one character to at most one) for every Latin-1 character, as `latin1_translate`
+    reads it: built once per rule, from the rule itself, so the two cannot drift apart."""
     table, deleted = bytearray(range(256)), bytearray()
     for c in range(256):
-        out = _CLEAN[c]
-        if out is None:
-            deleted.append(c)
+        out = rule(chr(c))
+        if out:
+            table[c] = ord(out)  # more than one character is refused here (a TypeError)
         else:
-            table[c] = ord(out)
+            deleted.append(c)
     return bytes(table), bytes(deleted)
+
+
+def latin1_translate(text: str, table: Latin1Table) -> str | None:
+    """`text` through `table` (`latin1_table`) when every character of it is Latin-1, else None
+    (the caller applies its rule the slow way). Latin-1 is most text (ASCII, accents, web mojibake
+    such as "\u00e2\u0080\u0099"), and one bytes translation is a pass in C, where `str.translate`
+    or a regex looks every character up on its own."""
+    try:
+        raw = text.encode("latin-1")
+    except UnicodeEncodeError:
+        return None
+    return raw.translate(*table).decode("latin-1")
+
+
+@lru_cache(maxsize=1)
+def _latin1_clean() -> Latin1Table:
+    """`_CLEAN` for Latin-1 text: each character to itself, a space or nothing."""
+    return latin1_table(lambda ch: ch.translate(_CLEAN))
 
 
 def comparable(text: str) -> str:
@@ -203,5 +223,6 @@ def intent_stem(word: str) -> str:
     return word
 
 
-__all__ = ["INTENT_STOPWORDS", "NEGATIONS", "SCORER_STOPWORDS", "STOPWORDS", "comparable", "inflection_key",
-           "intent_stem", "quote", "readable", "scorer_stem"]
+__all__ = ["INTENT_STOPWORDS", "NEGATIONS", "SCORER_STOPWORDS", "STOPWORDS", "Latin1Table", "comparable",
+           "inflection_key", "intent_stem", "latin1_table", "latin1_translate", "quote", "readable",
+           "scorer_stem"]

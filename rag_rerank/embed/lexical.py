@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import InputError, Violation
-from ..text import STOPWORDS, comparable
+from ..text import STOPWORDS, comparable, latin1_table, latin1_translate
 
 _P = np.uint64(0x100000001B3)  # FNV-64 prime: odd, hence invertible modulo 2**64
 _P_INV = np.uint64(pow(0x100000001B3, -1, 2**64))
@@ -70,8 +70,7 @@ def _mix(h: np.ndarray) -> np.ndarray:
 
 # `_NON_WORD` as a bytes table for Latin-1 text: every character it matches a space, the others
 # kept, and an ASCII capital in lower case (`comparable`'s fold, for ASCII text, which skips it).
-_WORD_BYTES = bytes(32 if _NON_WORD.fullmatch(chr(c)) else ord(chr(c).lower()) if c < 128 else c
-                    for c in range(256))
+_WORD_BYTES = latin1_table(lambda ch: " " if _NON_WORD.fullmatch(ch) else ch.lower() if ch.isascii() else ch)
 
 
 def normalise_text(text: str) -> str:
@@ -86,11 +85,10 @@ def normalise_text(text: str) -> str:
     holds both short cuts to the rule.
     """
     folded = text if text.isascii() else comparable(text)
-    try:
-        words = folded.encode("latin-1").translate(_WORD_BYTES).decode("latin-1").split()
-    except UnicodeEncodeError:
+    spaced = latin1_translate(folded, _WORD_BYTES)
+    if spaced is None:
         return " " + _NON_WORD.sub(" ", folded).strip() + " "
-    return " " + " ".join(words) + " "
+    return " " + " ".join(spaced.split()) + " "
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..text import Latin1Table, latin1_table, latin1_translate
 from .memo import TextRows
 from .units import WORD, clean_word, kind, reads_foreign, split_word
 
@@ -109,12 +110,8 @@ def _normalise(text: str) -> str:
     Latin-1 text (ASCII, accents, and mojibake such as "â\x80\x99": most text) takes one bytes
     translation (`_latin1_table`) instead of a dictionary look-up per character (per distinct
     character for ASCII) in each of two translations."""
-    try:
-        raw = text.encode("latin-1")
-    except UnicodeEncodeError:
-        return _normalise_unicode(text)
-    table, deleted = _latin1_table()
-    return raw.translate(table, deleted).decode("latin-1").lower()
+    normalised = latin1_translate(text, _latin1_table())
+    return _normalise_unicode(text) if normalised is None else normalised.lower()
 
 
 def _normalise_unicode(text: str) -> str:
@@ -126,19 +123,13 @@ def _normalise_unicode(text: str) -> str:
 
 
 @lru_cache(maxsize=1)
-def _latin1_table() -> tuple[bytes, bytes]:
-    """(byte table, bytes deleted) that make `_normalise_unicode` of Latin-1 text, one character at a
-    time: each character cleaned, decomposed and stripped of its marks by the same rule. Exact for
-    whole texts: no Latin-1 character composes with another or is a combining mark, and the marks a
-    decomposition makes (the only characters canonical reordering moves) are all deleted."""
-    table, deleted = bytearray(range(256)), bytearray()
-    for c in range(256):
-        out = unicodedata.normalize("NFD", chr(c).translate(_CLEAN)).translate(_UNMARK)
-        if not out:
-            deleted.append(c)
-        else:
-            table[c] = ord(out)  # one Latin-1 character for each kept one (tests/test_embed_static.py)
-    return bytes(table), bytes(deleted)
+def _latin1_table() -> Latin1Table:
+    """`_normalise_unicode` of Latin-1 text before lower case, one character at a time: each
+    character cleaned, decomposed and stripped of its marks by the same rule. Exact for whole texts:
+    no Latin-1 character composes with another or is a combining mark, and the marks a decomposition
+    makes (the only characters canonical reordering moves) are all deleted. Each kept character
+    stays one Latin-1 character (`latin1_table` refuses more; tests/test_embed_static.py)."""
+    return latin1_table(lambda ch: unicodedata.normalize("NFD", ch.translate(_CLEAN)).translate(_UNMARK))
 
 
 _ASCII_WORDS = re.compile(r"[A-Za-z0-9]+|[^A-Za-z0-9]")
