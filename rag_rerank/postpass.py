@@ -62,7 +62,7 @@ from .embed import (
 )
 from .embed.lexical import LexicalEmbedder
 from .embed.memo import TextRows
-from .embed.static import SINGLE_THREAD_MNK, StaticEmbedder
+from .embed.static import SINGLE_THREAD_MNK, SINGLE_THREAD_SYRK, StaticEmbedder
 from .errors import InputError, Violation
 from .guard.limits import load_limits
 from .models import Dropped, Ranked, RerankRequest, RerankResult, RunMeta
@@ -365,20 +365,30 @@ def _similarity(vectors: np.ndarray) -> np.ndarray:
 
 
 def _gram(v: np.ndarray) -> np.ndarray:
-    """`v @ v.T`, exactly symmetric, in square blocks small enough that the BLAS runs each on the
-    calling thread (`SINGLE_THREAD_MNK`).
+    """`v @ v.T`, exactly symmetric, in products small enough that the BLAS runs each on the
+    calling thread (`SINGLE_THREAD_SYRK`, `SINGLE_THREAD_MNK`).
 
-    Why blocks of matrix products: one product reads each row once per block instead of once per
-    row as matrix-vector products do (half the time at 20 rows of 4096, a quarter at 50); and a
-    product above the threshold wakes the BLAS's threads, which on a busy 2-core machine wait for
-    a core (the post-pass's p95 at 50 chunks was once 128 ms against a 2.6 ms median,
-    `bench/overhead.py`) and, idle, spin on the core a local model server needs. A block on the
-    diagonal is `x @ x.T` (numpy's symmetric product fills both halves alike); one above it is
-    mirrored below, so `sim[i, j] == sim[j, i]`."""
-    n = len(v)
-    side = max(1, math.isqrt(SINGLE_THREAD_MNK // max(v.shape[1], 1)))
-    if n <= side:
+    Why not one product: above the threshold the BLAS wakes its threads, which on a busy 2-core
+    machine wait for a core (the post-pass's p95 at 50 chunks was once 128 ms against a 2.6 ms
+    median, `bench/overhead.py`) and, idle, spin on the core a local model server needs.
+
+    A list of up to about 60 rows is summed over slices of columns, each slice's `x @ x.T` one
+    symmetric product of all the rows (numpy's syrk: half the multiplications, both halves filled
+    alike): the few products read each row once in all. A longer list is cut into square blocks of
+    rows (a slice of columns would be too thin to pay for its call): a block on the diagonal is its
+    symmetric product, one above it is mirrored below. Either way `sim[i, j] == sim[j, i]`."""
+    n, k = v.shape
+    step = SINGLE_THREAD_SYRK // max(n * (n + 1), 1)
+    if step >= k:
         return v @ v.T
+    if step >= _MIN_SLICE:
+        x = v[:, :step]
+        out = x @ x.T
+        for a in range(step, k, step):
+            x = v[:, a:a + step]
+            out += x @ x.T
+        return out
+    side = max(1, math.isqrt(SINGLE_THREAD_MNK // max(k, 1)))
     out = np.empty((n, n))
     for a in range(0, n, side):
         rows = v[a:a + side]
@@ -388,6 +398,11 @@ def _gram(v: np.ndarray) -> np.ndarray:
             out[a:a + side, b:b + side] = block
             out[b:b + side, a:a + side] = block.T
     return out
+
+
+# The thinnest slice of columns `_gram` sums over (about 60 rows at most): thinner ones cost more
+# in calls than the row blocks they replace (`bench/gram.py`, 10 to 100 rows of 4096 columns).
+_MIN_SLICE = 128
 
 
 def _redundancy(texts: list[str], emb_name: str, embedder: Any, vectors: np.ndarray | None,

@@ -139,6 +139,14 @@ class Reading:
         return tuple(s for s in _SENTENCE_END.split(self.shown) if s.strip())
 
     @cached_property
+    def copy_key(self) -> str:
+        """Equal for two readings exactly when `copies` says they are copies: the words joined by a
+        space (no word holds one), or, without a word, the folded text behind a NUL (no word opens
+        with one). A string, made once per text: it hashes once, where the tuple of words it stands
+        for would be hashed again, word by word, every time a list groups its copies."""
+        return " ".join(self.words) if self.words else "\x00" + self.folded
+
+    @cached_property
     def keys(self) -> frozenset[str]:
         """The distinct content-word keys (the prefilter `_sharing`), made once per text."""
         return frozenset(self.content)
@@ -426,11 +434,6 @@ def copies(a: Reading, b: Reading) -> bool:
     return a.words == b.words and (bool(a.words) or a.folded == b.folded)
 
 
-def _copy_key(r: Reading) -> tuple[str, ...]:
-    """Equal for two readings exactly when `copies` says they are copies."""
-    return r.words if r.words else ("", r.folded)
-
-
 def _negations_toward(own: Reading, other: Reading) -> int:
     """The negations of the sentences of `own` that speak of what `other` says: those sharing a
     content word with it, and those with no content word at all ("No.", "Not really."), which
@@ -555,19 +558,28 @@ def rules_for(family: str) -> Rules:
 def _sharing(texts: Sequence[str], short: Sequence[bool]) -> list[tuple[int, int]]:
     """The pairs (i < j) with a short text (`short[i]` or `short[j]`) of which the text with fewer
     distinct content words shares at least half of them with the other (it may be inside it, or a
-    copy). Only such pairs are asked about (`redundancy`), so the sets are intersected for those
-    alone: a short text has a few dozen words, and a list holds a few short texts at most."""
-    keys = [read(t).keys for t in texts]
+    copy). Only such pairs are asked about (`redundancy`): a short text has a few dozen words, and
+    a list holds a few short texts at most. Each pair's answer is `_shares_half`'s."""
     found = []
     for i in (i for i, s in enumerate(short) if s):
-        mine = keys[i]
-        for j, theirs in enumerate(keys):
+        mine = texts[i]
+        for j, theirs in enumerate(texts):
             if j == i or (j < i and short[j]):  # itself, or a pair already seen from the other side
                 continue
-            smaller = min(len(mine), len(theirs))
-            if smaller and 2 * len(mine & theirs) >= smaller:
+            if _shares_half(mine, theirs):
                 found.append((i, j) if i < j else (j, i))
     return found
+
+
+@lru_cache(maxsize=65536)
+def _shares_half(a: str, b: str) -> bool:
+    """Whether the text of `a` and `b` with fewer distinct content words shares at least half of
+    them with the other: a fact of the two texts alone, memoised as the judgement is (`_judged`),
+    so a pair met again (the same passages retrieved for another question) costs a lookup instead
+    of a set intersection. Symmetric; each pair is asked in one order by `_sharing`."""
+    mine, theirs = read(a).keys, read(b).keys
+    smaller = min(len(mine), len(theirs))
+    return bool(smaller) and 2 * len(mine & theirs) >= smaller
 
 
 def redundancy(texts: Sequence[str], semantic: np.ndarray | Callable[[], np.ndarray], rules: Rules,
@@ -603,9 +615,9 @@ def redundancy(texts: Sequence[str], semantic: np.ndarray | Callable[[], np.ndar
             for i, j in _sharing(texts, short):
                 candidates[i, j] = True
         judged = candidates.copy()
-        groups: dict[tuple[str, ...], list[int]] = {}
+        groups: dict[str, list[int]] = {}
         for i, t in enumerate(texts):  # copies are judged whatever their cosines (a zero vector has none)
-            groups.setdefault(_copy_key(read(t)), []).append(i)
+            groups.setdefault(read(t).copy_key, []).append(i)
         for members in (m for m in groups.values() if len(m) > 1):
             for x, i in enumerate(members):
                 for j in members[x + 1:]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import ClassVar
 
 import numpy as np
 import pytest
@@ -550,16 +551,30 @@ def test_sibling_chunks_sharing_an_embedded_title_are_not_near_duplicates() -> N
 # --------------------------------------------------------------------------- issue 37: blocked products
 
 
+class _Recorded(np.ndarray):
+    """An array that notes the shape of every matrix product asked of it (`_gram`'s BLAS calls)."""
+
+    products: ClassVar[list[tuple[int, int, int, bool]]] = []
+
+    def __matmul__(self, other: np.ndarray) -> np.ndarray:
+        left, right = np.asarray(self), np.asarray(other)
+        symmetric = bool(np.shares_memory(left, right)) and left.shape == right.shape[::-1]
+        _Recorded.products.append((left.shape[0], left.shape[1], right.shape[1], symmetric))
+        return left @ right
+
+
 @pytest.mark.parametrize("dim", [16, 384, 4096])
 def test_similarity_in_blocks_is_the_product_exactly_symmetric(dim: int) -> None:
-    """`_similarity` multiplies square blocks (a single BLAS thread each): whatever the number of
-    rows around the block size, it is `v @ v.T` (within rounding: another summation order) and
-    exactly symmetric, as MMR and the redundancy judgement read `sim[i, j]` from either side."""
+    """`_similarity` sums symmetric products over slices of columns, or multiplies square blocks of
+    rows for a long list: whatever the number of rows around either regime's edges, it is `v @ v.T`
+    (within rounding: another summation order), exactly symmetric (MMR and the redundancy judgement
+    read `sim[i, j]` from either side), and every product it asks of the BLAS is one the BLAS runs
+    on the calling thread (OpenBLAS's bounds: m * n * k for a product, (n + 1) * n * k for x @ x.T)."""
     from rag_rerank import postpass as pp
 
     rng = np.random.default_rng(dim)
     side = max(1, int(np.sqrt(pp.SINGLE_THREAD_MNK // dim)))
-    for n in sorted({1, 2, side - 1, side, side + 1, 2 * side + 3, 50}):
+    for n in sorted({1, 2, side - 1, side, side + 1, 2 * side + 3, 19, 20, 21, 50, 57, 58, 59, 60, 90}):
         v = rng.standard_normal((max(n, 1), dim))
         v = (v / np.linalg.norm(v, axis=1, keepdims=True)).astype(np.float32)
         sim = pp._similarity(v)
@@ -567,6 +582,15 @@ def test_similarity_in_blocks_is_the_product_exactly_symmetric(dim: int) -> None
         assert np.array_equal(sim, sim.T)
         exact = v.astype(np.float64) @ v.astype(np.float64).T
         assert np.allclose(sim, exact, rtol=0, atol=1e-12)
+        _Recorded.products = []
+        pp._gram(v.astype(np.float64).view(_Recorded))
+        assert _Recorded.products, n
+        for m, k, p, symmetric in _Recorded.products:
+            assert k <= dim
+            if symmetric:
+                assert (m + 1) * m * k <= pp.SINGLE_THREAD_SYRK, (n, m, k)
+            else:
+                assert m * p * k <= pp.SINGLE_THREAD_MNK, (n, m, k, p)
     assert pp._similarity(np.zeros((0, dim))).shape == (0, 0)
 
 

@@ -39,7 +39,9 @@ from rag_rerank.redundancy import (
     _key,
     _negations_toward,
     _raw_tokens,
+    _sharing,
     _spelled_out,
+    copies,
     judge,
     read,
     redundancy,
@@ -261,6 +263,30 @@ def test_the_matrix_is_symmetric_and_a_text_is_redundant_with_its_copy(texts: li
     assert (same == same.T).all() and not prefer.diagonal().any()
     for i, text in enumerate(texts):
         assert same[i, i + len(texts)], text
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(st.lists(st.one_of(st.sampled_from(["No.", "two hundred", "and", "\u00a0", "A.", "1,000", "\U0001f600",
+                                           "Caf\u00e9", "cafe\u0301", "x x", "\x00", " "]),
+                          st.text(max_size=20)), min_size=2, max_size=6))
+def test_the_copy_key_is_equal_exactly_for_copies_and_sharing_is_the_set_test(texts: list[str]) -> None:
+    """The string a list groups its copies by says what `copies` says, for every pair; and the
+    memoised `_sharing` finds the pairs the set intersection it stands for finds."""
+    readings = [read(t) for t in texts]
+    for a in readings:
+        for b in readings:
+            assert (a.copy_key == b.copy_key) == copies(a, b), (a.words, b.words)
+    short = [len(r.words) <= SHORT_WORDS for r in readings]
+    expected = []
+    for i in (i for i, s in enumerate(short) if s):
+        for j in range(len(texts)):
+            if j == i or (j < i and short[j]):
+                continue
+            mine, theirs = readings[i].keys, readings[j].keys
+            smaller = min(len(mine), len(theirs))
+            if smaller and 2 * len(mine & theirs) >= smaller:
+                expected.append((min(i, j), max(i, j)))
+    assert _sharing(texts, short) == expected
 
 
 # Words that make the cheap passage test's bound loose: number words fold into one number.

@@ -453,6 +453,9 @@ def segment_match(query: str, texts: list[str]) -> np.ndarray:
 # hundred columns of a chunk's tokens that costs far more CPU than it saves (waking and spinning
 # threads: 7.9 ms of CPU instead of 0.3 ms for 10 x 384 x 600 on a loaded 2-core machine).
 SINGLE_THREAD_MNK = 65536 * 4
+# Its bound for a symmetric product `x @ x.T` (numpy calls the BLAS's syrk for it), x of n rows and
+# k columns: one thread while (n + 1) * n * k <= 109944 * 4 (OpenBLAS interface/syrk.c).
+SINGLE_THREAD_SYRK = 109944 * 4
 
 
 def _single_thread_product(left: np.ndarray, rows: np.ndarray) -> np.ndarray:
