@@ -35,7 +35,7 @@ import numpy as np
 
 from .errors import InputError, Violation
 from .evidence import ELISION, MIN_TOKENS_PER_CHUNK, Evidence, Scorer, TokenCounter, select
-from .models import Chunk, RerankRequest
+from .models import Chunk, RerankRequest, direct_init
 from .tokens import estimate_tokens
 
 
@@ -204,6 +204,7 @@ def scorer_for(embedder: Any) -> Scorer:
     return Scorer(embedder if name.startswith("sentence-transformers") else None)
 
 
+@direct_init
 @dataclass(frozen=True)
 class Shortened:
     """The request as the model is shown it, and the evidence of each chunk that was shortened."""
