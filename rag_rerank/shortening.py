@@ -225,7 +225,9 @@ runs across a cut."""
 def marks_shown(request: RerankRequest) -> RerankRequest:
     """`request` with each `[…]` of its chunks' texts shown as `LITERAL_MARK` (the same request,
     not a copy, when no text holds one)."""
-    if not any(_MARK in c.text for c in request.chunks):
+    # One search over the texts joined by a character the mark does not hold (so no mark spans two
+    # texts): half the instructions of a search per text (issue 37: every request asks).
+    if _MARK not in "\x00".join(map(_TEXT, request.chunks)):
         return request
     return replace(request, chunks=tuple(replace(c, text=c.text.replace(_MARK, LITERAL_MARK))
                                          if _MARK in c.text else c for c in request.chunks))

@@ -222,6 +222,21 @@ def test_marks_shown_keeps_every_offset(parts: list[str]) -> None:
     assert (shown is request) == (ELISION.strip() not in text)
 
 
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(st.lists(st.lists(st.sampled_from(["[…]", "[", "…", "]", "…]", "[…", "\x00", "a", "é"]), max_size=5),
+                min_size=1, max_size=5))
+@example([["["], ["…]"]])  # a mark split across two texts is no mark
+@example([["[…", "\x00"], ["]"]])
+def test_marks_shown_finds_a_mark_only_inside_one_text(texts: list[list[str]]) -> None:
+    """`marks_shown` looks for the mark in the texts joined by NUL (issue 37, one search): it hands
+    back the very request exactly when no single text holds the mark, whatever the texts' ends are."""
+    chunks = tuple(Chunk(f"c{i}", "".join(parts)) for i, parts in enumerate(texts))
+    request = RerankRequest("q", chunks, 1, 0.7)
+    shown = marks_shown(request)
+    assert (shown is request) == (not any(ELISION.strip() in c.text for c in chunks))
+    assert [c.text for c in shown.chunks] == [c.text.replace(ELISION.strip(), LITERAL_MARK) for c in chunks]
+
+
 def test_the_cli_and_the_tool_take_the_budget(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     chunks = [_long_chunk(0, ANSWER, tokens=600), {"id": "short", "text": "A short note on vaccines."}]
     path = tmp_path / "chunks.jsonl"
