@@ -27,8 +27,6 @@ import numbers
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import lru_cache
-from itertools import filterfalse
-from operator import attrgetter
 from typing import Any
 
 import numpy as np
@@ -156,23 +154,34 @@ def most_tokens(text: str) -> int:
 
 def _surely_fits(query: str, chunks: Sequence[Chunk], max_context_tokens: int, cap: int | None) -> bool:
     """Whether every chunk is within `cap` and the prompt within the budget by the upper bound alone
-    (`most_tokens`: the UTF-8 bytes). The loops over the chunks run in C, and the texts' bytes are
-    first bounded by their lengths (four bytes at most per non-ASCII text's character), encoding
-    the non-ASCII texts only when that rough bound does not fit: the input guard asks this of every
-    request."""
-    texts = list(map(_TEXT, chunks))
-    total = most_tokens(query) + _bytes(list(map(_ID, chunks)))
-    total += 32 * (len(chunks) - list(map(_SCORE, chunks)).count(None))  # a float's repr: < 32 characters
-    for meta in filter(None, map(_META, chunks)):
-        try:
-            total += most_tokens(json.dumps(meta, ensure_ascii=False, default=str))
-        except (TypeError, ValueError, RecursionError):
-            return False  # counted the long way (`_overhead`)
+    (`most_tokens`: the UTF-8 bytes). The texts' bytes are first bounded by their lengths (four
+    bytes at most per non-ASCII text's character), encoding the non-ASCII texts only when that rough
+    bound does not fit: the input guard asks this of every request. One plain loop over the chunks:
+    Python 3.11 reads a frozen value's fields in a loop for a fraction of what a `map` of an
+    `attrgetter` costs per item, and this asked six such passes (69 K instructions at 20 DL19
+    passages, 25 K now; `tests/test_shortening.py` pins it against the six passes)."""
+    total = most_tokens(query)
+    length = 0  # the texts' characters
+    wide: list[str] = []  # the texts that are not ASCII
+    for chunk in chunks:
+        cid = chunk.id
+        total += len(cid) if cid.isascii() else most_tokens(cid)  # `most_tokens`, without its call
+        if chunk.score is not None:
+            total += 32  # a float's repr: < 32 characters
+        meta = chunk.meta
+        if meta:
+            try:
+                total += most_tokens(json.dumps(meta, ensure_ascii=False, default=str))
+            except (TypeError, ValueError, RecursionError):
+                return False  # counted the long way (`_overhead`)
+        text = chunk.text
+        length += len(text)
+        if not text.isascii():
+            wide.append(text)
     if cap is not None:
-        sizes = list(map(_text_bytes, texts))
+        sizes = [_text_bytes(chunk.text) for chunk in chunks]
         return not (sizes and max(sizes) > cap) and total + sum(sizes) <= max_context_tokens
-    wide = list(filterfalse(str.isascii, texts))
-    total += sum(map(len, texts))
+    total += length
     wide_chars = sum(map(len, wide))
     if total + 3 * wide_chars <= max_context_tokens:
         return True
@@ -185,15 +194,6 @@ def _text_bytes(text: str) -> int:
     the one part of the bound that grows with the text (a third of its instructions at 50 DL19
     passages), and a service meets the same passages again, as the chunk memos assume."""
     return most_tokens(text)
-
-
-def _bytes(texts: list[str]) -> int:
-    """The UTF-8 bytes of `texts` together: their lengths, plus the extra bytes of the non-ASCII ones."""
-    wide = list(filterfalse(str.isascii, texts))
-    return sum(map(len, texts)) + (sum(map(most_tokens, wide)) - sum(map(len, wide)) if wide else 0)
-
-
-_TEXT, _ID, _SCORE, _META = (attrgetter(name) for name in ("text", "id", "score", "meta"))
 
 
 def scorer_for(embedder: Any) -> Scorer:
@@ -225,9 +225,7 @@ runs across a cut."""
 def marks_shown(request: RerankRequest) -> RerankRequest:
     """`request` with each `[…]` of its chunks' texts shown as `LITERAL_MARK` (the same request,
     not a copy, when no text holds one)."""
-    # One search over the texts joined by a character the mark does not hold (so no mark spans two
-    # texts): half the instructions of a search per text (issue 37: every request asks).
-    if _MARK not in "\x00".join(map(_TEXT, request.chunks)):
+    if not any(_MARK in c.text for c in request.chunks):
         return request
     return replace(request, chunks=tuple(replace(c, text=c.text.replace(_MARK, LITERAL_MARK))
                                          if _MARK in c.text else c for c in request.chunks))

@@ -228,8 +228,8 @@ def test_marks_shown_keeps_every_offset(parts: list[str]) -> None:
 @example([["["], ["…]"]])  # a mark split across two texts is no mark
 @example([["[…", "\x00"], ["]"]])
 def test_marks_shown_finds_a_mark_only_inside_one_text(texts: list[list[str]]) -> None:
-    """`marks_shown` looks for the mark in the texts joined by NUL (issue 37, one search): it hands
-    back the very request exactly when no single text holds the mark, whatever the texts' ends are."""
+    """`marks_shown` hands back the very request exactly when no single text holds the mark, whatever
+    the texts' ends are (a mark split across two texts is none)."""
     chunks = tuple(Chunk(f"c{i}", "".join(parts)) for i, parts in enumerate(texts))
     request = RerankRequest("q", chunks, 1, 0.7)
     shown = marks_shown(request)
@@ -389,3 +389,55 @@ def test_a_tokenizer_returning_no_count_is_named(count: object, strict: bool) ->
                tokenizer=lambda text: count)
     (violation,) = caught.value.violations
     assert violation.path == "tokenizer" and repr(count) in violation.message
+
+
+def _surely_fits_by_passes(query: str, chunks: list[Chunk], max_context_tokens: int, cap: int | None) -> bool:
+    """The bound as it was written before issue 37's fourth round: six passes of `map` over the chunks."""
+    import json as json_
+    from itertools import filterfalse
+    from operator import attrgetter
+
+    def utf8(texts: list[str]) -> int:
+        wide = list(filterfalse(str.isascii, texts))
+        return sum(map(len, texts)) + (sum(map(most_tokens, wide)) - sum(map(len, wide)) if wide else 0)
+
+    texts = list(map(attrgetter("text"), chunks))
+    total = most_tokens(query) + utf8(list(map(attrgetter("id"), chunks)))
+    total += 32 * (len(chunks) - list(map(attrgetter("score"), chunks)).count(None))
+    for meta in filter(None, map(attrgetter("meta"), chunks)):
+        try:
+            total += most_tokens(json_.dumps(meta, ensure_ascii=False, default=str))
+        except (TypeError, ValueError, RecursionError):
+            return False
+    if cap is not None:
+        sizes = list(map(most_tokens, texts))
+        return not (sizes and max(sizes) > cap) and total + sum(sizes) <= max_context_tokens
+    wide = list(filterfalse(str.isascii, texts))
+    total += sum(map(len, texts))
+    wide_chars = sum(map(len, wide))
+    if total + 3 * wide_chars <= max_context_tokens:
+        return True
+    return bool(wide) and total + sum(map(most_tokens, wide)) - wide_chars <= max_context_tokens
+
+
+_BOUND_CHUNKS = st.lists(st.builds(
+    Chunk, st.text(min_size=1, max_size=6), st.text(max_size=40),
+    st.one_of(st.none(), st.floats(allow_nan=False, allow_infinity=False)),
+    st.one_of(st.none(), st.just({}), st.dictionaries(st.text(max_size=3), st.text(max_size=5), max_size=2),
+              st.just({"set": {1}}), st.just({(1, 2): "a key json refuses"}))), max_size=8)
+
+
+@settings(max_examples=150, deadline=None, derandomize=True)
+@given(st.text(max_size=20), _BOUND_CHUNKS, st.one_of(st.none(), st.integers(min_value=0, max_value=60)))
+@example("q", [Chunk("é", "ü" * 30)], None)  # over by the rough bound, within by the bytes for some budgets
+@example("q", [Chunk("a", "x", meta={(1, 2): "t"})], None)
+@example("q", [Chunk("a", "x", 0.5), Chunk("b", "y", meta={"k": "v"})], 3)
+def test_the_sure_fit_in_one_loop_answers_as_the_six_passes_did(query: str, chunks: list[Chunk],
+                                                                  cap: int | None) -> None:
+    """`_surely_fits` reads every chunk in one loop (issue 37): for any chunks (ids and texts in any
+    Unicode, scores, metadata that does or does not serialise), any cap and every budget up to past
+    the largest bound they can need (so each threshold is crossed), the same answer."""
+    from rag_rerank.shortening import _surely_fits
+
+    for budget in range(0, 1400):
+        assert _surely_fits(query, chunks, budget, cap) == _surely_fits_by_passes(query, chunks, budget, cap)
