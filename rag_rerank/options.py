@@ -670,9 +670,6 @@ class _OptionsRead:
     settings: Settings
 
 
-# Every option but the request's own `top_k` and `lambda_` (the input guard checks those with the
-# request): the values `_options_read` depends on, read in one C call.
-_READ_FROM = operator.attrgetter(*(name for name in REQUEST_OPTIONS if name not in ("top_k", "lambda_")))
 # Types whose value cannot change while the object stays the same (our frozen option values included):
 # only options made of these are remembered, so a caller's list or dict changed between calls is read again.
 _FIXED = frozenset({type(None), bool, int, float, str, Limits, RetryPolicy, Budget, Prices})
@@ -680,14 +677,17 @@ _FIXED = frozenset({type(None), bool, int, float, str, Limits, RetryPolicy, Budg
 # call's options are the session's copied with its own `top_k` (`Options.merged`), so every call
 # checked the same options again and built the same values (41 K instructions a call). Keyed by
 # identity, as `_without_context_budget`: equal values written differently (1 and True, 1 and 1.0)
-# are not taken for each other, and messages and settings keep the values as written.
+# are not taken for each other, and messages and settings keep the values as written. The key is
+# every field's value, `top_k` and `lambda_` too (read from the instance dict in one C call: a
+# getter of the other names alone cost twice as much); a call's `top_k` is the same int object
+# each time, so it seldom makes a read again.
 _READ_OF: list[tuple[tuple[Any, ...], _OptionsRead] | None] = [None]  # one slot, read and written whole
 
 
 def _options_read(options: Options, problems: list[Violation]) -> _OptionsRead | None:
     """The options read as typed values, or None with every problem added to `problems` (each option
     by its check in the table, then the embedded meta fields, metadata fusion, prices, budget)."""
-    given = _READ_FROM(options)
+    given = tuple(vars(options).values())
     last = _READ_OF[0]
     if last is not None and all(map(operator.is_, last[0], given)):
         return last[1]

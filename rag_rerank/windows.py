@@ -48,7 +48,6 @@ from __future__ import annotations
 import contextvars
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from operator import attrgetter
 from typing import Any
 
 from .backends.factory import model_of
@@ -69,7 +68,6 @@ from .tokens import estimate_tokens
 from .wording import counted, scorer_words
 
 BELOW_MIN = BELOW_MIN_SCORE
-_TEXT = attrgetter("text")
 _REASON_CHARS = 120  # a window model's own reason quoted in a loser's detail is cut to this
 
 # Called as `progress(calls_done, calls_total)` after each window call and after the final pass, in
@@ -97,7 +95,7 @@ def candidate_k(n_chunks: int, top_k: int, copies: int = 0) -> int:
 def asked(request: RerankRequest) -> RerankRequest:
     """`request` as one call is asked it: top_k = its candidate_k."""
     chunks = request.chunks
-    copies = len(chunks) - len(set(map(_TEXT, chunks)))
+    copies = len(chunks) - len({c.text for c in chunks})
     return request.with_top_k(candidate_k(len(chunks), request.top_k, copies))
 
 
