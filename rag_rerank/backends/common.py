@@ -55,7 +55,8 @@ _DROP_KEYWORDS = ("$schema", "$id", "title", "minLength", "pattern")
 def ids_enum(request: RerankRequest) -> list[str] | None:
     """The input ids as an enum, when the set is small enough for structured-output limits."""
     ids = list(dict.fromkeys([c.id for c in request.chunks]))  # not `request.ids`: no tuple made
-    if not ids or len(ids) > _MAX_ENUM_VALUES or sum(map(len, ids)) > _MAX_ENUM_CHARS:
+    # Their characters counted as one string's (one C pass) rather than summed id by id.
+    if not ids or len(ids) > _MAX_ENUM_VALUES or len("".join(ids)) > _MAX_ENUM_CHARS:
         return None
     return ids
 
