@@ -137,17 +137,19 @@ def _planned_calls(plan: Plan) -> list[PlannedCall]:
 
 
 def flow(plan: Plan) -> Flow:
-    """The whole rerank as steps for a driver (module docstring)."""
+    """The whole rerank as steps for a driver (module docstring). The flow that does it, handed back
+    as it is rather than delegated to (`yield from`): each step a driver sends then goes straight to
+    it, not through two more generator frames."""
     if plan.settings.consistency > 1:
-        return (yield from consistent_flow(plan, _one_pass))
-    return (yield from _one_pass(plan))
+        return consistent_flow(plan, _one_pass)
+    return _one_pass(plan)
 
 
 def _one_pass(plan: Plan) -> Flow:
     """One ranking of the request in its own order: in windows, or in one call."""
     if plan.window_size is not None:
-        return (yield from windowed_flow(plan))
-    return (yield from _single(plan))
+        return windowed_flow(plan)
+    return _single(plan)
 
 
 def _single(plan: Plan) -> Flow:

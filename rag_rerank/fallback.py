@@ -28,7 +28,7 @@ from .errors import BackendError, EmbedderError, RerankError
 from .fallback_chain import CROSS_ENCODER, as_chain, build_step, step_name
 from .fusion import fuse
 from .meta import cache_meta, embedder_name, run_meta, scores_of, scoring_notes
-from .models import CallRecord, Dropped, Ranked, RerankRequest, RerankResult, add_usage
+from .models import CallRecord, Dropped, Ranked, RerankRequest, RerankResult, add_usage, direct_init
 from .postpass import postpass, postpass_guarded
 from .redaction import failure_summary, redacted
 from .retry import Outcome
@@ -36,6 +36,7 @@ from .steps import Call, Calls, Flow, Plan, Step, Work
 from .wording import counted
 
 
+@direct_init
 @dataclass(frozen=True)
 class Answer:
     """How one ask was answered: by the session's backend (`outcome`), by a step of the fallback
@@ -116,14 +117,16 @@ def answers(plan: Plan, asks: Sequence[tuple[RerankRequest, str, str]], *, worke
     asked_model = model_of(plan.backend)
     records = [[_record(plan, where[i], asks[i][0], asks[i][2], plan.backend_name, "primary", o, span,
                         asked_model)] for i, o in enumerate(outcomes)]
+    # ask -> (the plan it scores under, the step to try)
+    pending: dict[int, tuple[Plan, int]] = {i: (offline(plan, o) if isinstance(o, EmbedderError) else plan, 0)
+                                            for i, o in enumerate(outcomes)
+                                            if not isinstance(o, Outcome) and falls_back(plan, o)}
     # The calibration maps the session backend's scores (it was fitted on them), not the fallback's.
+    if not pending:  # nearly every call: answered by the session's backend, or failed with no step to try
+        return [Answer(_calibrated(plan, o), None, None, None, tuple(r)) if isinstance(o, Outcome)
+                else Answer(None, o, None, None, tuple(r)) for o, r in zip(outcomes, records, strict=True)]
     out = [Answer(_calibrated(plan, o)) if isinstance(o, Outcome) else Answer(None, o) for o in outcomes]
     chain = plan.chain
-    pending: dict[int, tuple[Plan, int]] = {}  # ask -> (the plan it scores under, the step to try)
-    for i, answer in enumerate(out):
-        error = answer.error
-        if error is not None and falls_back(plan, error):
-            pending[i] = (offline(plan, error) if isinstance(error, EmbedderError) else plan, 0)
     for _ in range(2 * len(chain)):  # each step at most twice: the second time on lexical vectors
         if not pending:
             break

@@ -12,11 +12,11 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from . import reasons
 from .backends.factory import capabilities, model_of
 from .calibration_map import describe
 from .cost import usage_tokens
 from .models import CallRecord, Ranked, RerankRequest, RunMeta
+from .reasons import score_in_text
 from .shortening import evidence_meta
 from .steps import Plan
 
@@ -34,7 +34,8 @@ def scores_of(request: RerankRequest, answers: Sequence[Mapping[str, Any]], rank
         for item in obj.get("ranked", ()):
             out[item["id"]] = float(item["score"])
         for item in obj.get("dropped", ()) or ():
-            score = reasons.score_in(item["reason"])
+            reason = item["reason"]
+            score = score_in_text(reason) if isinstance(reason, str) else None  # `reasons.score_in`
             if score is not None:
                 out[item["id"]] = score
             else:  # kept when an earlier answer gave a number (`out` holds numbers and NO_NUMBER)

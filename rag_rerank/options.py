@@ -44,7 +44,7 @@ from .fusion import (
 from .guard import validate_request
 from .guard.input import NO_CONTEXT_BUDGET, ChunkSource, duplicate_threshold_violations
 from .guard.limits import Limits, as_limits
-from .models import RerankRequest
+from .models import RerankRequest, direct_init
 from .postpass import LAYOUTS, layout_violations
 from .retry import RetryPolicy
 from .shortening import check_max_tokens_per_chunk, token_counter
@@ -634,34 +634,17 @@ class Settings:
 _DEFAULT_POLICY = RetryPolicy()
 
 
-# The last (option values, their Settings): a session's calls share their defaults, and a call's
-# options are the session's copied with its own `top_k` (`Options.merged`), so each call built the
-# same Settings again (22 K instructions; the fallback chain read each time). Keyed by identity:
-# the values are the very objects the session holds, and equal values written differently (1 and
-# True) are not taken for each other. Only a fallback given by name (or none) is remembered: a
-# caller's list of steps may change between calls, and its chain is then read again.
-_SETTINGS_OF: list[tuple[tuple[Any, ...], Settings] | None] = [None]  # one slot, read and written whole
-
-
 def settings_of(options: Options) -> Settings:
     """`options` (checked: `option_violations` found nothing) as the flow's typed `Settings`."""
-    given = (options.fallback, options.policy, options.layout, options.duplicate_threshold, options.strict,
-             options.concurrency, options.consistency)
-    last = _SETTINGS_OF[0]
-    named = options.fallback is None or type(options.fallback) is str
-    if named and last is not None and all(map(operator.is_, last[0], given)):
-        return last[1]
     threshold = options.duplicate_threshold
-    settings = Settings(fallback=options.fallback, policy=options.policy or _DEFAULT_POLICY,
-                        layout=options.layout,
-                        duplicate_threshold=None if threshold is None else float(threshold),
-                        strict=bool(options.strict), concurrency=int(options.concurrency),
-                        consistency=int(options.consistency))
-    if named:
-        _SETTINGS_OF[0] = (given, settings)
-    return settings
+    return Settings(fallback=options.fallback, policy=options.policy or _DEFAULT_POLICY,
+                    layout=options.layout,
+                    duplicate_threshold=None if threshold is None else float(threshold),
+                    strict=bool(options.strict), concurrency=int(options.concurrency),
+                    consistency=int(options.consistency))
 
 
+@direct_init
 @dataclass(frozen=True)
 class Checked:
     """A request and its options as typed values: the guarded request, the fields embedded into
@@ -675,33 +658,77 @@ class Checked:
     settings: Settings
 
 
-def check_request_options(query: Any, chunks: ChunkSource, options: Options, limits: Limits) -> Checked:
-    """The request and the options (each option by its check in the table, then the embedded meta
-    fields, metadata fusion, prices, budget), every problem with any of them in one `InputError`,
-    before any request is made."""
+@direct_init
+@dataclass(frozen=True)
+class _OptionsRead:
+    """What the options alone decide, read and checked (the request's own part is the input guard's)."""
+
+    embed_fields: tuple[str, ...]
+    fusion: MetaFusion | None
+    prices: Prices | None
+    budget: Budget | None
+    settings: Settings
+
+
+# Types whose value cannot change while the object stays the same (our frozen option values included):
+# only options made of these are remembered, so a caller's list or dict changed between calls is read again.
+_FIXED = frozenset({type(None), bool, int, float, str, Limits, RetryPolicy, Budget, Prices})
+# The last (option values, what they read as): a session's calls share its default objects, and a
+# call's options are the session's copied with its own `top_k` (`Options.merged`), so every call
+# checked the same options again and built the same values (41 K instructions a call). Keyed by
+# identity, as `_without_context_budget`: equal values written differently (1 and True, 1 and 1.0)
+# are not taken for each other, and messages and settings keep the values as written. The key is
+# every field's value, `top_k` and `lambda_` too (read from the instance dict in one C call: a
+# getter of the other names alone cost twice as much); a call's `top_k` is the same int object
+# each time, so it seldom makes a read again.
+_READ_OF: list[tuple[tuple[Any, ...], _OptionsRead] | None] = [None]  # one slot, read and written whole
+
+
+def _options_read(options: Options, problems: list[Violation]) -> _OptionsRead | None:
+    """The options read as typed values, or None with every problem added to `problems` (each option
+    by its check in the table, then the embedded meta fields, metadata fusion, prices, budget)."""
+    given = tuple(vars(options).values())
+    last = _READ_OF[0]
+    if last is not None and all(map(operator.is_, last[0], given)):
+        return last[1]
     opts = options.scoring()
-    problems = option_violations(options)
+    found = option_violations(options)
     prices: Prices | None = None
     budget: Budget | None = None
     try:
         prices = as_prices(options.prices)
     except InputError as exc:
-        problems.extend(exc.violations)
+        found.extend(exc.violations)
         prices = Prices(0.0, 0.0)  # given, if wrong: a cost limit is not also reported as without prices
     try:
         budget = as_budget(options.budget, prices)
     except InputError as exc:
-        problems.extend(exc.violations)
+        found.extend(exc.violations)
     fields: tuple[str, ...] = ()
     fusion: MetaFusion | None = None
     try:
         fields = check_embed_meta_fields(opts.pop("embed_meta_fields", None))
     except InputError as exc:
-        problems.extend(exc.violations)
+        found.extend(exc.violations)
     try:
         fusion = meta_fusion(**opts)
     except InputError as exc:
-        problems.extend(exc.violations)
+        found.extend(exc.violations)
+    if found:
+        problems.extend(found)
+        return None
+    read = _OptionsRead(fields, fusion, prices, budget, settings_of(options))
+    if all(type(value) in _FIXED for value in given):
+        _READ_OF[0] = (given, read)
+    return read
+
+
+def check_request_options(query: Any, chunks: ChunkSource, options: Options, limits: Limits) -> Checked:
+    """The request and the options (each option by its check in the table, then the embedded meta
+    fields, metadata fusion, prices, budget), every problem with any of them in one `InputError`,
+    before any request is made."""
+    problems: list[Violation] = []
+    read = _options_read(options, problems)
     # Over the context budget is not refused here when the chunks may be shortened to fit
     # (`shortening.shorten`, after the request is read): it checks the budget itself.
     # Otherwise (strict, no cap) the guard counts as `shorten` would, with the caller's tokenizer.
@@ -715,7 +742,8 @@ def check_request_options(query: Any, chunks: ChunkSource, options: Options, lim
         problems.extend(exc.violations)
     if problems:
         raise InputError(problems)
-    return Checked(request, fields, fusion, prices, budget, settings_of(options))
+    assert read is not None
+    return Checked(request, read.embed_fields, read.fusion, read.prices, read.budget, read.settings)
 
 
 # The last (limits, the same without a context budget): a session's requests share one `Limits`

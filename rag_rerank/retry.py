@@ -49,7 +49,7 @@ from .errors import (
 from .guard.limits import Limits
 from .guard.output import judge, output_violations, parse_output
 from .guard.repair import repair_output
-from .models import RerankRequest, add_usage
+from .models import RerankRequest, add_usage, direct_init
 from .tokens import answer_budget, answer_tokens, estimate_tokens
 from .wording import counted
 
@@ -121,6 +121,7 @@ class RetryPolicy:
         return answer_budget(len(request.chunks), guard_top_k, request.ids, self.max_tokens_cap)
 
 
+@direct_init
 @dataclass(frozen=True)
 class Outcome:
     """A guard-valid answer and how it was obtained."""

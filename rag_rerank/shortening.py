@@ -27,15 +27,13 @@ import numbers
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import lru_cache
-from itertools import filterfalse
-from operator import attrgetter
 from typing import Any
 
 import numpy as np
 
 from .errors import InputError, Violation
 from .evidence import ELISION, MIN_TOKENS_PER_CHUNK, Evidence, Scorer, TokenCounter, select
-from .models import Chunk, RerankRequest
+from .models import Chunk, RerankRequest, direct_init
 from .tokens import estimate_tokens
 
 
@@ -156,27 +154,49 @@ def most_tokens(text: str) -> int:
 
 def _surely_fits(query: str, chunks: Sequence[Chunk], max_context_tokens: int, cap: int | None) -> bool:
     """Whether every chunk is within `cap` and the prompt within the budget by the upper bound alone
-    (`most_tokens`: the UTF-8 bytes). The loops over the chunks run in C, and the texts' bytes are
-    first bounded by their lengths (four bytes at most per non-ASCII text's character), encoding
-    the non-ASCII texts only when that rough bound does not fit: the input guard asks this of every
-    request."""
-    texts = list(map(_TEXT, chunks))
-    total = most_tokens(query) + _bytes(list(map(_ID, chunks)))
-    total += 32 * (len(chunks) - list(map(_SCORE, chunks)).count(None))  # a float's repr: < 32 characters
-    for meta in filter(None, map(_META, chunks)):
-        try:
-            total += most_tokens(json.dumps(meta, ensure_ascii=False, default=str))
-        except (TypeError, ValueError, RecursionError):
-            return False  # counted the long way (`_overhead`)
+    (`_sure_fit`)."""
+    return _sure_fit(query, chunks, max_context_tokens, cap)[0]
+
+
+def _sure_fit(query: str, chunks: Sequence[Chunk], max_context_tokens: int, cap: int | None
+              ) -> tuple[bool, bool]:
+    """Whether every chunk is within `cap` and the prompt within the budget by the upper bound alone
+    (`most_tokens`: the UTF-8 bytes), and, when it is, whether any text holds the elision mark (what
+    `marks_shown` asks; the bound is the same either way: `…` and `⋯` are one character and three
+    UTF-8 bytes each). The texts' bytes are first bounded by their lengths (four bytes at most per
+    non-ASCII text's character), encoding the non-ASCII texts only when that rough bound does not
+    fit: every request asks this. One plain loop over the chunks: Python 3.11 reads a frozen value's
+    fields in a loop for a fraction of what a `map` of an `attrgetter` costs per item, and this asked
+    six such passes and `marks_shown` a seventh (`tests/test_shortening.py` pins it against them)."""
+    total = most_tokens(query)
+    length = 0  # the texts' characters
+    wide: list[str] = []  # the texts that are not ASCII
+    marked = False
+    for chunk in chunks:
+        cid = chunk.id
+        total += len(cid) if cid.isascii() else most_tokens(cid)  # `most_tokens`, without its call
+        if chunk.score is not None:
+            total += 32  # a float's repr: < 32 characters
+        meta = chunk.meta
+        if meta:
+            try:
+                total += most_tokens(json.dumps(meta, ensure_ascii=False, default=str))
+            except (TypeError, ValueError, RecursionError):
+                return False, False  # counted the long way (`_overhead`)
+        text = chunk.text
+        length += len(text)
+        if not text.isascii():
+            wide.append(text)
+            marked = marked or _MARK in text  # the mark is not ASCII
     if cap is not None:
-        sizes = list(map(_text_bytes, texts))
-        return not (sizes and max(sizes) > cap) and total + sum(sizes) <= max_context_tokens
-    wide = list(filterfalse(str.isascii, texts))
-    total += sum(map(len, texts))
+        sizes = [_text_bytes(chunk.text) for chunk in chunks]
+        return not (sizes and max(sizes) > cap) and total + sum(sizes) <= max_context_tokens, marked
+    total += length
     wide_chars = sum(map(len, wide))
     if total + 3 * wide_chars <= max_context_tokens:
-        return True
-    return bool(wide) and total + sum(map(_text_bytes, wide)) - wide_chars <= max_context_tokens
+        return True, marked
+    fits = bool(wide) and total + sum(map(_text_bytes, wide)) - wide_chars <= max_context_tokens
+    return fits, marked
 
 
 @lru_cache(maxsize=4096)
@@ -187,15 +207,6 @@ def _text_bytes(text: str) -> int:
     return most_tokens(text)
 
 
-def _bytes(texts: list[str]) -> int:
-    """The UTF-8 bytes of `texts` together: their lengths, plus the extra bytes of the non-ASCII ones."""
-    wide = list(filterfalse(str.isascii, texts))
-    return sum(map(len, texts)) + (sum(map(most_tokens, wide)) - sum(map(len, wide)) if wide else 0)
-
-
-_TEXT, _ID, _SCORE, _META = (attrgetter(name) for name in ("text", "id", "score", "meta"))
-
-
 def scorer_for(embedder: Any) -> Scorer:
     """The evidence scorer of a session's embedder: a sentence-transformers model reads passages
     itself; every other embedder (lexical, static, an HTTP endpoint, the caller's vectors) through the
@@ -204,6 +215,7 @@ def scorer_for(embedder: Any) -> Scorer:
     return Scorer(embedder if name.startswith("sentence-transformers") else None)
 
 
+@direct_init
 @dataclass(frozen=True)
 class Shortened:
     """The request as the model is shown it, and the evidence of each chunk that was shortened."""
@@ -235,11 +247,13 @@ def shorten(request: RerankRequest, *, max_context_tokens: int, max_tokens_per_c
     """Fit `request` to its budgets (module docstring); an `InputError` naming the limit when it cannot.
     A caller's own elision mark is shown as `LITERAL_MARK` (counted so, and chosen from so)."""
     count = token_counter(tokenizer)
+    cap = max_tokens_per_chunk
+    if count is estimate_tokens:
+        fits, marked = _sure_fit(request.query, request.chunks, max_context_tokens, cap)
+        if fits:  # the common case, without counting every chunk's tokens
+            return Shortened(marks_shown(request) if marked else request, {})
     request = marks_shown(request)
     chunks = request.chunks
-    cap = max_tokens_per_chunk
-    if count is estimate_tokens and _surely_fits(request.query, chunks, max_context_tokens, cap):
-        return Shortened(request, {})  # the common case, without counting every chunk's tokens
     size = window_size or max(len(chunks), 1)
     query = count(request.query)
     sizes = [count(c.text) for c in chunks]

@@ -28,13 +28,14 @@ from .cache import ResponseCache, call_key
 from .cost import Budget, Prices, Spending
 from .fusion import MetaFusion
 from .guard.limits import Limits
-from .models import RerankRequest, RerankResult
+from .models import RerankRequest, RerankResult, direct_init
 from .options import Options, Settings
 from .retry import RetryPolicy
 
 # --------------------------------------------------------------------------- the steps a flow yields
 
 
+@direct_init
 @dataclass(frozen=True)
 class Call:
     """One backend call with its retries: `ask` shown through `prompt`, judged for `guard_top_k`.
@@ -55,6 +56,7 @@ class Call:
     spending: Spending | None = None
 
 
+@direct_init
 @dataclass(frozen=True)
 class Calls:
     """Calls to make, at most `workers` at once (sync) or under `limit` slots (async: the batch's
@@ -67,6 +69,7 @@ class Calls:
     progress: tuple[int, int] | None = None  # (calls done before these, calls in all)
 
 
+@direct_init
 @dataclass(frozen=True)
 class Work:
     """A computation for the driver to run: inline, or in a worker thread from async code when
@@ -109,6 +112,7 @@ class Setup:
 # --------------------------------------------------------------------------- the plan
 
 
+@direct_init
 @dataclass(frozen=True)
 class Plan:
     """Everything decided before any call, and the options the flow follows."""
@@ -162,7 +166,8 @@ class Plan:
         repair = (not self.settings.strict) if repair is None else repair
         key = self.key(ask, prompt, repair) if backend is None else None
         # The budget meters the session backend's requests; the local fallback's calls cost nothing.
-        spending = self.spending if backend is None and capabilities(self.backend).makes_requests else None
+        spending = (self.spending if self.spending is not None and backend is None
+                    and capabilities(self.backend).makes_requests else None)
         return Call(backend or self.backend, ask, prompt, self.settings.policy, self.limits, repair, label,
                     self.setup.cache if key is not None else None, key, spending)
 

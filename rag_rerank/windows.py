@@ -94,8 +94,9 @@ def candidate_k(n_chunks: int, top_k: int, copies: int = 0) -> int:
 
 def asked(request: RerankRequest) -> RerankRequest:
     """`request` as one call is asked it: top_k = its candidate_k."""
-    copies = len(request.chunks) - len({c.text for c in request.chunks})
-    return replace(request, top_k=candidate_k(len(request.chunks), request.top_k, copies))
+    chunks = request.chunks
+    copies = len(chunks) - len({c.text for c in chunks})
+    return request.with_top_k(candidate_k(len(chunks), request.top_k, copies))
 
 
 @dataclass(frozen=True)

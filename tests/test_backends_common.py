@@ -224,3 +224,38 @@ def test_an_unknown_transport_or_a_missing_aiohttp_is_named(monkeypatch: pytest.
     for name in NAMES:
         with pytest.raises(MissingDependencyError, match=r"rag-rerank\[aiohttp\]"):
             make_backend(name, base_url="http://127.0.0.1:9/v1", api_key=KEY, http="aiohttp")
+
+
+def test_the_generation_schemas_are_the_output_schema_rewritten_and_fresh_each_call() -> None:
+    """`strict_schema` / `generation_schema` build the schema from a literal compiled once (issue 37):
+    equal, key order included, to the output schema stripped (and made strict) afresh, with the ids
+    as an enum; a new object each call, down to every dict and list (a caller may change it)."""
+    import json
+
+    from rag_rerank.backends.common import _strictify, _strip, generation_schema, strict_schema
+    from rag_rerank.guard.limits import load_schema
+    from rag_rerank.models import Chunk, RerankRequest
+
+    request = RerankRequest("q", (Chunk("a", "x"), Chunk("ñ b", "y")), 2, 0.7)
+    for make, strict in ((strict_schema, True), (generation_schema, False)):
+        expected = _strip(copy.deepcopy(load_schema("output")))
+        expected = _strictify(expected) if strict else expected
+        for section in ("ranked", "dropped"):
+            props = expected["properties"].get(section, {}).get("items", {}).get("properties", {})
+            if "id" in props:
+                props["id"]["enum"] = ["a", "ñ b"]
+        first, second = make(request), make(request)
+        assert json.dumps(first) == json.dumps(expected) and first == expected
+        assert "enum" in first["properties"]["ranked"]["items"]["properties"]["id"]
+
+        def every(node: Any) -> list[Any]:
+            if isinstance(node, dict):
+                return [node, *(c for v in node.values() for c in every(v))]
+            if isinstance(node, list):
+                return [node, *(c for v in node for c in every(v))]
+            return []
+
+        ours, theirs = every(first), every(second)
+        assert len(ours) == len(theirs) and not {id(c) for c in ours} & {id(c) for c in theirs}
+        first["properties"]["ranked"]["items"]["properties"]["id"]["enum"].append("z")
+        assert make(request) == expected

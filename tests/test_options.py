@@ -203,29 +203,46 @@ def test_merged_is_what_dataclasses_replace_makes(overrides: dict[str, Any]) -> 
 _SETTING_VALUES = st.fixed_dictionaries({
     "fallback": st.sampled_from([None, "local", ["local"]]),
     "duplicate_threshold": st.sampled_from([None, 1, 1.0, 0.5]),
-    "strict": st.sampled_from([False, True, 0, 1]),
-    "concurrency": st.sampled_from([1, 3, True]),
+    "strict": st.sampled_from([False, True]),
+    "concurrency": st.sampled_from([1, 3]),
     "consistency": st.sampled_from([1, 2]),
     "layout": st.sampled_from(["mmr", "diversity"]),
+    "embed_meta_fields": st.sampled_from([None, ("source",), ["source"]]),
+    "meta_field": st.sampled_from([None, "year"]),
+    "meta_weight": st.sampled_from([1.0, 0.5, 1]),
+    "prices": st.sampled_from([None, {"input": 1, "output": 2}, "prices"]),
+    "budget": st.sampled_from([None, {"max_calls": 3}]),
 })
 
 
-@settings(max_examples=80, deadline=None, derandomize=True)
+@settings(max_examples=120, deadline=None, derandomize=True)
 @given(st.lists(_SETTING_VALUES, min_size=1, max_size=6), st.data())
-def test_settings_of_remembers_the_last_options_only_by_identity(given_values: list[dict[str, Any]],
-                                                                  data: st.DataObject) -> None:
-    """`settings_of` hands back the last Settings when every value is the very object it was read
-    from (a session's calls): for any sequence of options, some sharing the last one's objects,
-    each Settings is the one read afresh, field by field, value and type (1 and True, 1 and 1.0
-    are not taken for each other; a list of fallback steps is read again)."""
-    from rag_rerank.options import Settings, settings_of
+def test_the_options_are_read_again_unless_they_are_the_same_fixed_objects(
+        given_values: list[dict[str, Any]], data: st.DataObject) -> None:
+    """`check_request_options` remembers the last options read when every value is the very object
+    it was read from and cannot change in place (a session's calls share its defaults): for any
+    sequence of options, some sharing the last one's objects, some of those changed in place (a
+    list, a dict), what it reads is what a fresh read gives, field by field, value and type (1 and
+    True, 1 and 1.0 are not taken for each other; a list of fallback steps is read again)."""
+    from rag_rerank.cost import Prices, as_budget, as_prices
+    from rag_rerank.fusion import check_embed_meta_fields, meta_fusion
+    from rag_rerank.guard.limits import as_limits
+    from rag_rerank.options import Settings, check_request_options
     from rag_rerank.retry import RetryPolicy
 
+    chunks = [{"id": "a", "text": "t", "meta": {"year": 2020, "source": "s", "title": "x"}}]
     previous: Options | None = None
     for values in given_values:
         if previous is not None and data.draw(st.booleans(), label="reuse the last options' objects"):
             options = previous.merged({"top_k": 3})
+            fields = options.embed_meta_fields
+            if isinstance(fields, list) and data.draw(st.booleans(), label="add a field"):
+                fields.append("title")
+            if isinstance(options.prices, dict) and data.draw(st.booleans(), label="change the price"):
+                options.prices["input"] += 1
         else:
+            given_prices = values["prices"]
+            values = {**values, "prices": Prices(1.0, 2.0) if given_prices == "prices" else given_prices}
             options = Options(**values)
         threshold = options.duplicate_threshold
         fresh = Settings(fallback=options.fallback, policy=options.policy or RetryPolicy(),
@@ -233,6 +250,14 @@ def test_settings_of_remembers_the_last_options_only_by_identity(given_values: l
                          duplicate_threshold=None if threshold is None else float(threshold),
                          strict=bool(options.strict), concurrency=int(options.concurrency),
                          consistency=int(options.consistency))
-        got = settings_of(options)
-        assert got == fresh and repr(got) == repr(fresh) and got.chain == fresh.chain
+        got = check_request_options("q", chunks, options, as_limits(options.limits))
+        assert got.settings == fresh and repr(got.settings) == repr(fresh)
+        assert got.settings.chain == fresh.chain
+        prices = as_prices(options.prices)
+        assert got.prices == prices and repr(got.prices) == repr(prices)
+        assert got.budget == as_budget(options.budget, prices)
+        assert got.embed_fields == check_embed_meta_fields(options.embed_meta_fields)
+        scoring = {k: v for k, v in options.scoring().items() if k != "embed_meta_fields"}
+        fusion = meta_fusion(**scoring)
+        assert got.fusion == fusion and repr(got.fusion) == repr(fusion)
         previous = options

@@ -222,6 +222,21 @@ def test_marks_shown_keeps_every_offset(parts: list[str]) -> None:
     assert (shown is request) == (ELISION.strip() not in text)
 
 
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(st.lists(st.lists(st.sampled_from(["[…]", "[", "…", "]", "…]", "[…", "\x00", "a", "é"]), max_size=5),
+                min_size=1, max_size=5))
+@example([["["], ["…]"]])  # a mark split across two texts is no mark
+@example([["[…", "\x00"], ["]"]])
+def test_marks_shown_finds_a_mark_only_inside_one_text(texts: list[list[str]]) -> None:
+    """`marks_shown` hands back the very request exactly when no single text holds the mark, whatever
+    the texts' ends are (a mark split across two texts is none)."""
+    chunks = tuple(Chunk(f"c{i}", "".join(parts)) for i, parts in enumerate(texts))
+    request = RerankRequest("q", chunks, 1, 0.7)
+    shown = marks_shown(request)
+    assert (shown is request) == (not any(ELISION.strip() in c.text for c in chunks))
+    assert [c.text for c in shown.chunks] == [c.text.replace(ELISION.strip(), LITERAL_MARK) for c in chunks]
+
+
 def test_the_cli_and_the_tool_take_the_budget(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     chunks = [_long_chunk(0, ANSWER, tokens=600), {"id": "short", "text": "A short note on vaccines."}]
     path = tmp_path / "chunks.jsonl"
@@ -374,3 +389,62 @@ def test_a_tokenizer_returning_no_count_is_named(count: object, strict: bool) ->
                tokenizer=lambda text: count)
     (violation,) = caught.value.violations
     assert violation.path == "tokenizer" and repr(count) in violation.message
+
+
+def _surely_fits_by_passes(query: str, chunks: list[Chunk], max_context_tokens: int, cap: int | None) -> bool:
+    """The bound as it was written before issue 37's fourth round: six passes of `map` over the chunks."""
+    import json as json_
+    from itertools import filterfalse
+    from operator import attrgetter
+
+    def utf8(texts: list[str]) -> int:
+        wide = list(filterfalse(str.isascii, texts))
+        return sum(map(len, texts)) + (sum(map(most_tokens, wide)) - sum(map(len, wide)) if wide else 0)
+
+    texts = list(map(attrgetter("text"), chunks))
+    total = most_tokens(query) + utf8(list(map(attrgetter("id"), chunks)))
+    total += 32 * (len(chunks) - list(map(attrgetter("score"), chunks)).count(None))
+    for meta in filter(None, map(attrgetter("meta"), chunks)):
+        try:
+            total += most_tokens(json_.dumps(meta, ensure_ascii=False, default=str))
+        except (TypeError, ValueError, RecursionError):
+            return False
+    if cap is not None:
+        sizes = list(map(most_tokens, texts))
+        return not (sizes and max(sizes) > cap) and total + sum(sizes) <= max_context_tokens
+    wide = list(filterfalse(str.isascii, texts))
+    total += sum(map(len, texts))
+    wide_chars = sum(map(len, wide))
+    if total + 3 * wide_chars <= max_context_tokens:
+        return True
+    return bool(wide) and total + sum(map(most_tokens, wide)) - wide_chars <= max_context_tokens
+
+
+_BOUND_CHUNKS = st.lists(st.builds(
+    Chunk, st.text(min_size=1, max_size=6),
+    st.one_of(st.text(max_size=40), st.sampled_from(["a […] b", "[…]", "[ü…]", "plain"])),
+    st.one_of(st.none(), st.floats(allow_nan=False, allow_infinity=False)),
+    st.one_of(st.none(), st.just({}), st.dictionaries(st.text(max_size=3), st.text(max_size=5), max_size=2),
+              st.just({"set": {1}}), st.just({(1, 2): "a key json refuses"}))), max_size=8)
+
+
+@settings(max_examples=80, deadline=None, derandomize=True)
+@given(st.text(max_size=20), _BOUND_CHUNKS, st.one_of(st.none(), st.integers(min_value=0, max_value=60)))
+@example("q", [Chunk("é", "ü" * 30)], None)  # over by the rough bound, within by the bytes for some budgets
+@example("q", [Chunk("a", "x", meta={(1, 2): "t"})], None)
+@example("q", [Chunk("a", "x", 0.5), Chunk("b", "y", meta={"k": "v"})], 3)
+def test_the_sure_fit_in_one_loop_answers_as_the_six_passes_did(query: str, chunks: list[Chunk],
+                                                                  cap: int | None) -> None:
+    """`_sure_fit` reads every chunk in one loop (issue 37): for any chunks (ids and texts in any
+    Unicode, scores, metadata that does or does not serialise), any cap and every budget up to past
+    the largest bound they can need (so each threshold is crossed), the same answer as the six
+    passes over the texts `marks_shown` made, and when it fits, whether `marks_shown` has a mark to show."""
+    from rag_rerank.shortening import _sure_fit, _surely_fits
+
+    shown = list(marks_shown(RerankRequest(query, tuple(chunks), 1, 0.7)).chunks)
+    marked = any(ELISION.strip() in c.text for c in chunks)
+    for budget in range(0, 1400):
+        fits, said = _sure_fit(query, chunks, budget, cap)
+        assert fits == _surely_fits(query, chunks, budget, cap)
+        assert fits == _surely_fits_by_passes(query, shown, budget, cap)
+        assert not fits or said == marked

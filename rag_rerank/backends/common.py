@@ -7,6 +7,7 @@ agree on which HTTP statuses are worth another try.
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import contextlib
 import contextvars
@@ -18,7 +19,6 @@ import importlib.util
 import ipaddress
 import json
 import os
-import pickle
 import re
 import socket
 import ssl
@@ -55,7 +55,8 @@ _DROP_KEYWORDS = ("$schema", "$id", "title", "minLength", "pattern")
 def ids_enum(request: RerankRequest) -> list[str] | None:
     """The input ids as an enum, when the set is small enough for structured-output limits."""
     ids = list(dict.fromkeys([c.id for c in request.chunks]))  # not `request.ids`: no tuple made
-    if not ids or len(ids) > _MAX_ENUM_VALUES or sum(map(len, ids)) > _MAX_ENUM_CHARS:
+    # Their characters counted as one string's (one C pass) rather than summed id by id.
+    if not ids or len(ids) > _MAX_ENUM_VALUES or len("".join(ids)) > _MAX_ENUM_CHARS:
         return None
     return ids
 
@@ -79,19 +80,26 @@ def _constrain_ids(schema: dict[str, Any], enum: list[str] | None) -> None:
 
 def generation_schema(request: RerankRequest) -> dict[str, Any]:
     """The card's output schema with ids constrained to the input ids (Anthropic tool input_schema)."""
-    schema = pickle.loads(_schema_pickle(strict=False))
+    schema = _schema_maker(strict=False)()
     _constrain_ids(schema, ids_enum(request))
     return schema
 
 
 @functools.cache
-def _schema_pickle(*, strict: bool) -> bytes:
-    """The generation schema without ids, pickled, made once: a call loads it (a fresh object at C
-    speed: the SDK and the enum may not share it, and a caller may change what it is given)
-    instead of reading the schema file, deep-copying and rewriting it again. A pickle of our own
-    object, not JSON text: loading it takes about 40% fewer instructions than `json.loads`."""
+def _schema_maker(*, strict: bool) -> Callable[[], dict[str, Any]]:
+    """A function that builds the generation schema without ids, compiled once from the schema
+    itself: a call makes a fresh object (the SDK and the enum may not share it, and a caller may
+    change what it is given) without reading the schema file, deep-copying and rewriting it again.
+    The schema is JSON data (dicts, lists, strings, numbers, booleans, None), whose `repr` is a
+    Python literal of the same value in the same order; building that literal takes about 60%
+    fewer instructions than unpickling it, and unpickling 40% fewer than `json.loads`
+    (`tests/test_backends_common.py` pins that it equals the schema read afresh)."""
     schema = _strip(copy.deepcopy(load_schema("output")))
-    return pickle.dumps(_strictify(schema) if strict else schema, protocol=pickle.HIGHEST_PROTOCOL)
+    made = _strictify(schema) if strict else schema
+    literal = repr(made)
+    if ast.literal_eval(literal) != made:  # only JSON data reaches here; a guard all the same
+        raise AssertionError("the output schema is not plain JSON data")
+    return eval(f"lambda: {literal}", {"__builtins__": {}})  # type: ignore[no-any-return]
 
 
 def _strictify(node: dict[str, Any]) -> dict[str, Any]:
@@ -117,7 +125,7 @@ def _strictify(node: dict[str, Any]) -> dict[str, Any]:
 
 def strict_schema(request: RerankRequest) -> dict[str, Any]:
     """The schema for OpenAI `response_format: json_schema, strict: true`."""
-    schema = pickle.loads(_schema_pickle(strict=True))
+    schema = _schema_maker(strict=True)()
     _constrain_ids(schema, ids_enum(request))
     return schema
 
