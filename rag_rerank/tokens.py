@@ -91,7 +91,7 @@ def answer_tokens(n_chunks: int, top_k: int, ids: Sequence[str], tokenizer: Toke
     """Completion tokens of a card's answer for `n_chunks` chunks of which `top_k` are ranked."""
     ranked = min(top_k, n_chunks)
     if tokenizer is None:
-        id_tokens = _ids_tokens(ids) if type(ids) is tuple else sum(map(_id_tokens, ids))
+        id_tokens = sum(map(_id_tokens, ids))
     else:
         id_tokens = sum(estimate_tokens(i, tokenizer) for i in ids)
     entries = ranked * RANKED_ENTRY_TOKENS + (n_chunks - ranked) * DROPPED_ENTRY_TOKENS
@@ -103,14 +103,6 @@ def _id_tokens(chunk_id: str) -> int:
     """An id's estimated tokens, memoised: every call of a request counts the same ids again (its
     output budget, the budget's meter), and a corpus's ids recur from request to request."""
     return estimate_tokens(chunk_id)
-
-
-@lru_cache(maxsize=1024)
-def _ids_tokens(ids: tuple[str, ...]) -> int:
-    """A request's ids' estimated tokens summed (`_id_tokens`), memoised per id list: each call
-    sums the same list again (the first attempt's budget, the budget's meter, the cache key), and
-    a service meets the same candidate lists again; one lookup of the tuple instead of one per id."""
-    return sum(map(_id_tokens, ids))
 
 
 def answer_budget(n_chunks: int, top_k: int, ids: Sequence[str], cap: int,
