@@ -685,12 +685,14 @@ def test_property_a_chunks_reason_is_judged_as_misquoted_judges_it(reason: str, 
                                                               "\u3000\ufeffa")), max_size=6) | st.text())
 def test_property_non_blank_is_the_schemas_pattern(text: str) -> None:
     """The fast schema check reads "non-blank" with str.isspace, as the schema's `\\S` pattern
-    (jsonschema: re.search) reads it."""
+    (jsonschema: re.search) reads it, for a ranked reason and a dropped one alike."""
     import re
 
-    from rag_rerank.guard.output import _non_blank
+    from rag_rerank.guard.output import _plain_dropped, _plain_ranked
 
-    assert _non_blank(text) == (re.search(r"\S", text) is not None)
+    non_blank = re.search(r"\S", text) is not None
+    assert _plain_ranked({"id": "c1", "score": 0.5, "reason": text}) == non_blank
+    assert _plain_dropped({"id": "c1", "reason": text}) == non_blank
 
 
 # --- issue 37, first sight: a chunk's text tokenised and normalised once -------------------------------
@@ -732,3 +734,61 @@ def test_property_shown_text_is_compared_as_the_whole_text_would_be(
     joined = _joined(text, cid, meta, query)
     hypothesis.assume(" […] " not in joined)
     assert _shown(text, cid, meta, query) == ((joined,), (comparable(joined),))
+
+
+# --- issue 37, warm: a quotation found verbatim in an ASCII chunk skips the normalised search ---------
+
+_VERBATIM_CHARS = [*"aZ 1.\n\t\x00\x1f\x7f\"\\\u2026\u00e9\u0301\u00a0\u200b[]()", " […] ", "...", "ﬁ"]
+_VERBATIM_TEXT = (st.lists(st.sampled_from(_VERBATIM_CHARS), max_size=12).map("".join)
+                  | st.text(max_size=16))
+
+
+@hypothesis.settings(derandomize=True, max_examples=400)
+@hypothesis.example(text="IVF is  preferred\x00here", cut=(0, 11), query=None, cid="c1", meta=None)
+@hypothesis.example(text="a [x] b", cut=(0, 7), query="q […] r", cid="c1", meta=None)
+@hypothesis.example(text="a [x] b", cut=(0, 7), query=None, cid="c […] 1", meta=None)
+@hypothesis.example(text="abc. def", cut=(1, 8), query=None, cid="c1", meta={"k": "abc"})
+@hypothesis.example(text="a [x] b", cut=(0, 7), query=None, cid="c1", meta={"k": " [\u2026] "})
+@hypothesis.given(text=_VERBATIM_TEXT | st.text(alphabet=st.characters(max_codepoint=127), max_size=40),
+                  cut=st.tuples(st.integers(0, 40), st.integers(0, 40)),
+                  query=st.none() | st.just("") | _VERBATIM_TEXT, cid=st.just("c1") | _VERBATIM_TEXT,
+                  meta=st.none() | st.sampled_from([{"k": "abc"}, {"k": " [\u2026] "}]))
+def test_property_verbatim_short_cut_equals_the_full_quotation_check(
+        text: str, cut: tuple[int, int], query: str | None, cid: str, meta: Any) -> None:
+    """`_Quotable._verbatim` says "nothing misquoted" without normalising when every quotation
+    piece is in the chunk's ASCII text as written; the verdict is the full check's (`misquoted`
+    against what the model was shown), whatever the text, id, meta, query and quotation hold:
+    a slice of the text (the short cut's case), the slice with an ellipsis or an elision mark,
+    and arbitrary Unicode."""
+    import re
+
+    from rag_rerank.guard.output import _joined, _Quotable
+    from rag_rerank.models import Chunk
+
+    hypothesis.assume(cid)
+    chunk = Chunk(id=cid, text=text, meta=meta)
+    meta_json = None if meta is None else json.dumps(meta, ensure_ascii=False, default=str)
+    shown = _joined(text, cid, meta_json, query)
+    lo, hi = sorted(cut)
+    piece = text[lo:hi].replace('"', "").replace("\\", "")  # a quotation cannot hold its closing mark
+    quotable = _Quotable([chunk], query)
+    elided = re.sub(r"\[[^\]]*\]", "[\u2026]", piece)  # "a [x] b" as "a […] b": the pieces are in the text
+    half = len(piece) // 2
+    for quoted in (piece, piece[:half] + "..." + piece[half:], elided, piece + "...zebra quilt",
+                   piece + " [\u2026] " + piece, piece + "\u2026"):
+        for reason in (f'quotes "{quoted}"', f'quotes "{quoted}" and "{piece[::-1]}"'):
+            assert quotable.misquoted(cid, reason) == misquoted(reason, shown)
+
+
+@hypothesis.settings(derandomize=True, max_examples=300)
+@hypothesis.example(text="IVF\tIs  Preferred.", lo=0, hi=13)
+@hypothesis.example(text="x\x1c\x1dy", lo=1, hi=4)
+@hypothesis.given(text=st.text(alphabet=st.characters(max_codepoint=127), max_size=40),
+                  lo=st.integers(0, 40), hi=st.integers(0, 40))
+def test_property_an_ascii_slice_stays_inside_the_comparable_text(text: str, lo: int, hi: int) -> None:
+    """The reasoning behind `_verbatim`: a piece of an ASCII text, in its comparable form and
+    stripped of edge punctuation, lies inside the text's comparable form."""
+    from rag_rerank.guard.output import _EDGE
+    from rag_rerank.text import comparable
+
+    assert comparable(text[lo:hi]).strip(_EDGE) in comparable(text)

@@ -77,7 +77,7 @@ def cites_chunk(reason: str, chunk_text: str) -> bool:
     """True when the reason names something concrete (a word, entity, number) from the chunk; both
     compared in the one `text.comparable` form, so an NFD accent or a control character in the
     chunk does not hide a word the reason names."""
-    if _content_tokens(reason) & _content_tokens(chunk_text):
+    if not _content_tokens(reason).isdisjoint(_content_tokens(chunk_text)):  # no intersection built
         return True
     grams = _non_ascii_runs(comparable(reason))
     return bool(grams) and any(g in _comparable(chunk_text) for g in grams)
@@ -327,8 +327,11 @@ class _Quotable:
     without a quotation mark costs one regex search, not a JSON dump of its chunk's meta."""
 
     def __init__(self, chunks: Sequence[Chunk], query: str | None = None) -> None:
-        self._chunks = {c.id: c for c in chunks}
+        self.chunks = {c.id: c for c in chunks}
         self._query = query
+        # Whether a chunk with an ASCII text and no meta is shown as one passage whatever its id:
+        # the query (when shown) holds no elision mark. Settled once per answer (`_verbatim`).
+        self._one_passage = not query or ELISION not in query
 
     @property
     def where(self) -> str:
@@ -343,7 +346,7 @@ class _Quotable:
         """The violation's message for quotation `bad` in chunk `cid`'s reason: where it was looked
         for, and, for a chunk shown as its evidence, that a quotation stays inside one passage."""
         shown = bad if len(bad) <= 60 else bad[:57] + "..."
-        chunk = self._chunks.get(cid)
+        chunk = self.chunks.get(cid)
         if chunk is not None and ELISION in chunk.text:
             if spans_elision(bad):
                 return (f"reason quotes {shown!r}, which copies the elision mark {_MARK}: it joins passages "
@@ -357,14 +360,41 @@ class _Quotable:
     def misquoted(self, cid: str, reason: str) -> str | None:
         """`misquoted(reason, ...)` against what chunk `cid`'s reason may quote; None for an id
         that is not an input (that violation is reported on its own)."""
-        chunk = self._chunks.get(cid)
-        if chunk is None:
-            return None
+        chunk = self.chunks.get(cid)
+        return None if chunk is None else self.chunk_misquoted(chunk, reason)
+
+    def chunk_misquoted(self, chunk: Chunk, reason: str) -> str | None:
+        """`misquoted` for an input chunk's reason."""
         quotes = _quotations(reason)
         if not quotes:  # most reasons: no JSON dump of the chunk's meta, no look-up
             return None
+        if self._verbatim(chunk, quotes):
+            return None
         meta = None if chunk.meta is None else json.dumps(chunk.meta, ensure_ascii=False, default=str)
         return _misquoted(quotes, *_shown(chunk.text, chunk.id, meta, self._query))
+
+    def _verbatim(self, chunk: Chunk, quotes: list[str]) -> bool:
+        """Whether each quotation piece is, character for character, in the chunk's ASCII text, for
+        a chunk shown as one passage: then `_misquoted` finds every piece (or finds it too short
+        to judge) and the verdict is None, without normalising a piece or searching the shown text.
+
+        Why that holds: for ASCII text, `comparable` maps each character on its own (a control to
+        a space, a letter to its lower case), then makes whitespace runs one space and trims the
+        ends; each of those keeps a substring a substring, and the edge strip only shortens the
+        piece. The chunk's comparable form is part of what `_shown` compares with, and with one
+        passage (no elision mark in the text, which is ASCII and cannot hold it, nor in the id or
+        the query, and no meta) no piece is refused for spanning a mark. A property test holds the
+        short cut equal to the full check on arbitrary Unicode."""
+        text = chunk.text
+        if not (self._one_passage and text.isascii() and chunk.meta is None and ELISION not in chunk.id):
+            return False
+        for quote in quotes:
+            if "..." in quote or "\u2026" in quote:  # as `_misquoted` splits it, each piece in the text
+                if not all(part in text for part in _ELLIPSIS.split(quote)):
+                    return False
+            elif quote not in text:
+                return False
+        return True
 
 
 def _fold(cid: str) -> str:
@@ -561,26 +591,23 @@ def _sections(obj: Any) -> tuple[list[Any], list[Any]] | None:
 
 
 def _plain_ranked(item: Any) -> bool:
+    """A ranked item the schema accepts, checked in one function (each item of each answer passes
+    here): a non-empty string id, a non-blank string reason (str.isspace reads the same Unicode
+    property as the schema's `\\S`), a string diversity note if any, a number score in [0, 1]."""
     if type(item) is not dict or not _RANKED_REQUIRED <= item.keys() <= _RANKED_KEYS:
         return False
-    score = item["score"]
-    return (_good_id_and_reason(item) and type(item.get("diversity_note", "")) is str
-            and type(score) in (int, float) and 0 <= score <= 1)
+    cid, reason, score = item["id"], item["reason"], item["score"]
+    return (type(cid) is str and cid != "" and type(reason) is str and reason != "" and not reason.isspace()
+            and (len(item) == 3 or type(item["diversity_note"]) is str)  # 4 keys: the note is the 4th
+            and (type(score) is float or type(score) is int) and 0 <= score <= 1)
 
 
 def _plain_dropped(item: Any) -> bool:
-    return type(item) is dict and item.keys() == _DROPPED_KEYS and _good_id_and_reason(item)
-
-
-def _good_id_and_reason(item: Mapping[str, Any]) -> bool:
-    cid, reason = item.get("id"), item.get("reason")
-    return type(cid) is str and cid != "" and type(reason) is str and _non_blank(reason)
-
-
-def _non_blank(text: str) -> bool:
-    """Whether `text` holds a character that is not white space: what the schema's pattern `\\S`
-    finds, without a regex (str.isspace and the regex's `\\s` read the same Unicode property)."""
-    return text != "" and not text.isspace()
+    """A dropped item the schema accepts: exactly a non-empty string id and a non-blank string reason."""
+    if type(item) is not dict or item.keys() != _DROPPED_KEYS:
+        return False
+    cid, reason = item["id"], item["reason"]
+    return type(cid) is str and cid != "" and type(reason) is str and reason != "" and not reason.isspace()
 
 
 def output_violations(
@@ -649,8 +676,8 @@ def _plain_violations(obj: Any, chunks: Sequence[Chunk], top_k: int, lim: Limits
         return None
     ranked, dropped = sections
     out: list[Violation] = []
-    texts = {c.id: c.text for c in chunks}
-    quotable: _Quotable | None = None
+    quotable = _Quotable(chunks, query)
+    texts = quotable.chunks  # id -> chunk, one map for the id, citation and quotation checks
     folded: dict[str, str] | None = None
     seen: dict[str, int] = {}  # id -> where it was first: its index, dropped ones after the ranked
     floor = lim.min_score
@@ -658,7 +685,8 @@ def _plain_violations(obj: Any, chunks: Sequence[Chunk], top_k: int, lim: Limits
         if not _plain_ranked(item):
             return None
         cid = item["id"]
-        if cid not in texts or cid in seen:
+        chunk = texts.get(cid)
+        if chunk is None or cid in seen:
             folded = _id_violations(out, "ranked", i, cid, texts, seen, len(ranked), folded)
         else:
             seen[cid] = i
@@ -666,16 +694,17 @@ def _plain_violations(obj: Any, chunks: Sequence[Chunk], top_k: int, lim: Limits
         if score <= floor:
             msg = f"score {score} is not above the minimum {floor}; such a chunk belongs in dropped"
             out.append(Violation(path=f"$.ranked[{i}].score", message=msg, value=score, id=cid))
-        if cid in texts and not cites_chunk(reason, texts[cid]):
+        if chunk is None:
+            continue  # an unknown id: its violation above says so; nothing to cite or quote
+        if not cites_chunk(reason, chunk.text):
             msg = (f"reason {reason[:60]!r} cites nothing concrete from the chunk's text "
                    "(name a phrase, entity or claim)")
             out.append(Violation(path=f"$.ranked[{i}].reason", message=msg, value=reason, id=cid))
-            continue
-        quotable = quotable or _Quotable(chunks, query)
-        if bad := quotable.misquoted(cid, reason):
+        elif bad := quotable.chunk_misquoted(chunk, reason):
             msg = quotable.refusal(cid, bad)
             out.append(Violation(path=f"$.ranked[{i}].reason", message=msg, value=reason, id=cid))
     ranked_ids = {it["id"] for it in ranked}
+    problems: dict[str, str | None] = {}  # a dropped reason's grammar problem, once per answer
     for i, item in enumerate(dropped):
         if not _plain_dropped(item):
             return None
@@ -688,7 +717,10 @@ def _plain_violations(obj: Any, chunks: Sequence[Chunk], top_k: int, lim: Limits
             if target not in ranked_ids:
                 msg = f"{reason!r} must name a ranked id"
                 out.append(Violation(path=f"$.dropped[{i}].reason", message=msg, value=reason, id=cid))
-        elif (bad := reasons.problem(reason)) is not None:
+            continue
+        # Models give many dropped chunks one reason ("off topic"): its grammar is read once.
+        bad = problems[reason] if reason in problems else problems.setdefault(reason, reasons.problem(reason))
+        if bad is not None:
             out.append(Violation(path=f"$.dropped[{i}].reason", message=bad, value=reason, id=cid))
     if len(ranked) > top_k:
         msg = f"{len(ranked)} ranked items is more than top_k={top_k}"
@@ -696,7 +728,7 @@ def _plain_violations(obj: Any, chunks: Sequence[Chunk], top_k: int, lim: Limits
     return _unique(out) if out else out
 
 
-def _id_violations(out: list[Violation], section: str, i: int, cid: str, texts: Mapping[str, str],
+def _id_violations(out: list[Violation], section: str, i: int, cid: str, texts: Mapping[str, Any],
                    seen: dict[str, int], n_ranked: int, folded: dict[str, str] | None
                    ) -> dict[str, str] | None:
     """An item's unknown id (with the hint of the input id it may have meant) and its repeated id,
