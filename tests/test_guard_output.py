@@ -792,3 +792,65 @@ def test_property_an_ascii_slice_stays_inside_the_comparable_text(text: str, lo:
     from rag_rerank.text import comparable
 
     assert comparable(text[lo:hi]).strip(_EDGE) in comparable(text)
+
+
+# --- issue 37, warm: an answer decoded without a hook per object, duplicate keys still found ----------
+
+_KEYS = st.sampled_from(["ranked", "dropped", "id", "score", "reason"]) | st.text(max_size=3)
+_SPACE = st.sampled_from(["", " ", "\n", "\t ", "\r\n"])
+
+
+def _escaped_key(key: str, how: int) -> str:
+    """A key as JSON text: as json.dumps writes it, every character escaped, or with a quote-colon
+    of its own (\\":) that the key count must not take for a key's end."""
+    if how == 1:
+        return '"' + "".join(f"\\u{ord(ch):04x}" if ord(ch) < 0x10000 else ch for ch in key) + '"'
+    return json.dumps(key + '":' if how == 2 else key)
+
+
+@st.composite
+def _json_texts(draw: Any, depth: int = 0) -> str:
+    """JSON text whose objects are written pair by pair, a key possibly twice, with any spacing."""
+    space = draw(_SPACE)
+    kind = draw(st.integers(0, 3 if depth < 3 else 1))
+    if kind == 0:
+        return json.dumps(draw(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False)
+                               | st.text(alphabet=st.sampled_from(list('a":\\ \u00e9')), max_size=6)))
+    if kind == 1:
+        return json.dumps(draw(st.text(max_size=8)))
+    if kind == 2:
+        items = draw(st.lists(_json_texts(depth + 1), max_size=3))
+        return "[" + f",{space}".join(items) + "]"
+    pairs = draw(st.lists(st.tuples(_KEYS, st.integers(0, 2), _json_texts(depth + 1)), max_size=4))
+    if pairs and draw(st.booleans()):
+        pairs.append(draw(st.sampled_from(pairs)))  # a key written twice
+    body = f",{space}".join(f"{_escaped_key(k, how)}{space}:{space}{v}" for k, how, v in pairs)
+    return "{" + space + body + space + "}"
+
+
+@hypothesis.settings(derandomize=True, max_examples=400)
+@hypothesis.example(text='{"ranked": [{"id": "a", "id": "b"}], "dropped": []}')
+@hypothesis.example(text='{"ranked": [{"id": "a", "\\u0069d": "b", "reason": "x\\": y"}]}')
+@hypothesis.example(text='{"ranked": [{"id": {"x": 1, "x": 2}}]} trailing "k": 1')
+@hypothesis.example(text='{"a" :1, "a"\n:2}')
+@hypothesis.example(text='{"a":1, "a" :2, "b": "x:y"}')
+@hypothesis.example(text='{"a":1,\n"a"\t:2, "b": "x:y"}')
+@hypothesis.example(text='{"a": NaN}')
+@hypothesis.example(text='{"a": [1, ')
+@hypothesis.given(text=st.builds(lambda t, tail: (t if t.startswith("{") else '{"v": ' + t + "}") + tail,
+                                 _json_texts(), st.sampled_from(["", " ", ' x "k": 1', "}"])))
+def test_property_decoding_without_a_hook_finds_what_the_hook_finds(text: str) -> None:
+    """`_decoded` gives the value, its end and the duplicate keys (or raises the error) that the
+    decoder with a hook on every object gives (`_hooked`), on texts with keys written twice,
+    escaped keys, quote-colons inside strings, nesting and any spacing."""
+    from rag_rerank.guard.output import _decoded, _hooked
+
+    try:
+        expected: Any = _hooked(text)
+    except (ValueError, RecursionError) as exc:
+        expected = (type(exc), str(exc))
+    try:
+        got: Any = _decoded(text)
+    except (ValueError, RecursionError) as exc:
+        got = (type(exc), str(exc))
+    assert repr(got) == repr(expected)
