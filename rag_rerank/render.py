@@ -108,13 +108,25 @@ def _escaped(found: re.Match[str]) -> str:
 def chunk_line(chunk: Chunk) -> str:
     """One chunk as a single, markup-free JSON line."""
     if chunk.meta is None:  # memoised: the same chunk recurs (in a corpus, a window's survivors)
-        return _plain_line(chunk.id, chunk.text, chunk.score, repr(chunk.score))
+        score = chunk.score
+        if score is None or (type(score) is float and score):  # what the input guard makes (0.0 aside)
+            return _plain_line(chunk.id, chunk.text, score)
+        return _spelled_line(chunk.id, chunk.text, score, repr(score))
     return _line(chunk.prompt_record())
 
 
 @lru_cache(maxsize=4096)
-def _plain_line(cid: str, text: str, score: float | None, score_repr: str) -> str:
-    # `score_repr` keeps apart keys equal as numbers but written differently (1, 1.0, True, -0.0)
+def _plain_line(cid: str, text: str, score: float | None) -> str:
+    """The line of a chunk without meta whose score is None or a non-zero float: two such scores
+    that are equal are written alike (only 0.0 and -0.0 are equal floats written differently),
+    so the key needs no spelling of the score (`_spelled_line`)."""
+    return _line(Chunk(cid, text, score).prompt_record())
+
+
+@lru_cache(maxsize=1024)
+def _spelled_line(cid: str, text: str, score: float | None, score_repr: str) -> str:
+    """`_plain_line` of any other score: `score_repr` keeps apart keys equal as numbers but
+    written differently (1, 1.0, True, 0.0, -0.0)."""
     return _line(Chunk(cid, text, score).prompt_record())
 
 
@@ -146,7 +158,9 @@ def _is_latin1(line: str) -> bool:
 
 
 def chunks_jsonl(chunks: Iterable[Chunk]) -> str:
-    return "".join(chunk_line(c) + "\n" for c in chunks)
+    """The chunks' lines, each ended by a line break (joined in C: no string built per line)."""
+    lines = list(map(chunk_line, chunks))
+    return "\n".join(lines) + "\n" if lines else ""
 
 
 def xml_text(value: str) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import html
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -257,3 +258,21 @@ def test_property_chunk_line_is_the_contracts_escaping(text: str, cid: str) -> N
 
     chunk = Chunk(cid, text, None)
     assert chunk_line(chunk) == _reference_line(chunk.prompt_record())
+
+
+_SCORES = st.sampled_from([None, 0.0, -0.0, 1, 1.0, True, False, 0, 0.5, float("nan"), float("inf"), -2])
+_SCORES = _SCORES | st.floats() | st.integers()
+
+
+@hypothesis.settings(derandomize=True, max_examples=300)
+@hypothesis.given(scores=st.lists(_SCORES, min_size=1, max_size=6), text=st.sampled_from(["t", "é <b>"]))
+@hypothesis.example(scores=[0.0, -0.0, 0, False, 1, 1.0, True], text="t")
+def test_property_a_memoised_line_writes_its_own_score(scores: list[Any], text: str) -> None:
+    """The line memo is keyed without the score's spelling for None and non-zero floats and with it
+    for the rest: scores equal as numbers but written differently (1, 1.0, True, 0.0, -0.0), met in
+    any order, each get the line of their own record."""
+    from rag_rerank.models import Chunk
+
+    for score in scores:
+        chunk = Chunk("c", text, score)
+        assert chunk_line(chunk) == _reference_line(chunk.prompt_record())
