@@ -322,6 +322,17 @@ def _shown(text: str, cid: str, meta: str | None, query: str | None
     return (source,), (" ".join(form for form in forms if form),)
 
 
+@lru_cache(maxsize=4096)
+def _latin1(text: str) -> bool:
+    """Whether every character of a non-ASCII chunk text is below U+0100 (`_Quotable._verbatim`),
+    once per text: finding out copies the text."""
+    try:
+        text.encode("latin-1")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 class _Quotable:
     """What each chunk's reason may quote, built only for a reason that quotes something: a reason
     without a quotation mark costs one regex search, not a JSON dump of its chunk's meta."""
@@ -374,19 +385,24 @@ class _Quotable:
         return _misquoted(quotes, *_shown(chunk.text, chunk.id, meta, self._query))
 
     def _verbatim(self, chunk: Chunk, quotes: list[str]) -> bool:
-        """Whether each quotation piece is, character for character, in the chunk's ASCII text, for
-        a chunk shown as one passage: then `_misquoted` finds every piece (or finds it too short
-        to judge) and the verdict is None, without normalising a piece or searching the shown text.
+        """Whether each quotation piece is, character for character, in the chunk's Latin-1 text
+        (ASCII, accents, web mojibake: DL19's passages all are), for a chunk shown as one passage:
+        then `_misquoted` finds every piece (or finds it too short to judge) and the verdict is
+        None, without normalising a piece or searching the shown text.
 
-        Why that holds: for ASCII text, `comparable` maps each character on its own (a control to
-        a space, a letter to its lower case), then makes whitespace runs one space and trims the
-        ends; each of those keeps a substring a substring, and the edge strip only shortens the
-        piece. The chunk's comparable form is part of what `_shown` compares with, and with one
-        passage (no elision mark in the text, which is ASCII and cannot hold it, nor in the id or
-        the query, and no meta) no piece is refused for spanning a mark. A property test holds the
+        Why that holds: for Latin-1 text, `comparable` maps each character on its own (a control
+        to a space, a soft hyphen to nothing, NFKC and the case fold to a fixed text: no Latin-1
+        character combines with its neighbour, and the accents that NFKC splits off, such as
+        "\u00a8", come after a space), then makes whitespace runs one space and trims the ends;
+        each of those keeps a substring a substring, and the edge strip only shortens the piece
+        (checked for every pair of Latin-1 characters and each of their slices). The chunk's
+        comparable form is part of what `_shown` compares with, and with one passage (no elision
+        mark in the text, which is Latin-1 and cannot hold its "\u2026", nor in the id or the
+        query, and no meta) no piece is refused for spanning a mark. A property test holds the
         short cut equal to the full check on arbitrary Unicode."""
         text = chunk.text
-        if not (self._one_passage and text.isascii() and chunk.meta is None and ELISION not in chunk.id):
+        if not (self._one_passage and (text.isascii() or _latin1(text)) and chunk.meta is None
+                and ELISION not in chunk.id):
             return False
         for quote in quotes:
             if "..." in quote or "\u2026" in quote:  # as `_misquoted` splits it, each piece in the text
