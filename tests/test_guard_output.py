@@ -378,6 +378,9 @@ def test_property_fast_schema_path_agrees_with_jsonschema(value: Any) -> None:
         assert not list(_output_validator().iter_errors(value))
 
 
+@hypothesis.example(items=[{"id": "c1", "score": 0.5, "reason": "IVF", "diversity_note": "x", "extra": None}],
+                    dropped=[])
+@hypothesis.example(items=[], dropped=[{"id": "c4", "reason": "x", "score": 0.5}])
 @hypothesis.given(
     items=st.lists(
         st.fixed_dictionaries(
