@@ -666,23 +666,23 @@ def _plain_ranked(item: Any) -> bool:
     """A ranked item the schema accepts, checked in one function (each item of each answer passes
     here): a non-empty string id, a non-blank string reason (str.isspace reads the same Unicode
     property as the schema's `\\S`), a string diversity note if any, a number score in [0, 1]."""
-    # Exactly the required keys, or those and the note: four look-ups of constant keys, not two
-    # set comparisons that each walk a set or the dict's keys.
-    if type(item) is not dict or "id" not in item or "score" not in item or "reason" not in item:
+    if type(item) is not dict:
         return False
+    # A missing key reads as None, which no type test below accepts: so the three required keys
+    # are there, and with three keys nothing else is; a fourth must be a string note. (Look-ups of
+    # constant keys, not two set comparisons that each walk a set or the dict's keys.)
+    cid, reason, score = item.get("id"), item.get("reason"), item.get("score")
     size = len(item)
-    if size != 3 and (size != 4 or type(item.get("diversity_note")) is not str):
-        return False
-    cid, reason, score = item["id"], item["reason"], item["score"]
     return (type(cid) is str and cid != "" and type(reason) is str and reason != "" and not reason.isspace()
-            and (type(score) is float or type(score) is int) and 0 <= score <= 1)
+            and (type(score) is float or type(score) is int) and 0 <= score <= 1
+            and (size == 3 or (size == 4 and type(item.get("diversity_note")) is str)))
 
 
 def _plain_dropped(item: Any) -> bool:
     """A dropped item the schema accepts: exactly a non-empty string id and a non-blank string reason."""
-    if type(item) is not dict or len(item) != 2 or "id" not in item or "reason" not in item:
+    if type(item) is not dict or len(item) != 2:
         return False
-    cid, reason = item["id"], item["reason"]
+    cid, reason = item.get("id"), item.get("reason")  # a missing one reads as None: refused below
     return type(cid) is str and cid != "" and type(reason) is str and reason != "" and not reason.isspace()
 
 
