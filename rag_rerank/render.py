@@ -17,6 +17,7 @@ from collections.abc import Iterable
 from functools import cache, lru_cache
 
 import jinja2
+from jinja2 import nodes
 
 from .models import Chunk, RerankRequest
 from .paths import prompts_dir
@@ -108,13 +109,25 @@ def _escaped(found: re.Match[str]) -> str:
 def chunk_line(chunk: Chunk) -> str:
     """One chunk as a single, markup-free JSON line."""
     if chunk.meta is None:  # memoised: the same chunk recurs (in a corpus, a window's survivors)
-        return _plain_line(chunk.id, chunk.text, chunk.score, repr(chunk.score))
+        score = chunk.score
+        if score is None or (type(score) is float and score):  # what the input guard makes (0.0 aside)
+            return _plain_line(chunk.id, chunk.text, score)
+        return _spelled_line(chunk.id, chunk.text, score, repr(score))
     return _line(chunk.prompt_record())
 
 
 @lru_cache(maxsize=4096)
-def _plain_line(cid: str, text: str, score: float | None, score_repr: str) -> str:
-    # `score_repr` keeps apart keys equal as numbers but written differently (1, 1.0, True, -0.0)
+def _plain_line(cid: str, text: str, score: float | None) -> str:
+    """The line of a chunk without meta whose score is None or a non-zero float: two such scores
+    that are equal are written alike (only 0.0 and -0.0 are equal floats written differently),
+    so the key needs no spelling of the score (`_spelled_line`)."""
+    return _line(Chunk(cid, text, score).prompt_record())
+
+
+@lru_cache(maxsize=1024)
+def _spelled_line(cid: str, text: str, score: float | None, score_repr: str) -> str:
+    """`_plain_line` of any other score: `score_repr` keeps apart keys equal as numbers but
+    written differently (1, 1.0, True, 0.0, -0.0)."""
     return _line(Chunk(cid, text, score).prompt_record())
 
 
@@ -146,7 +159,9 @@ def _is_latin1(line: str) -> bool:
 
 
 def chunks_jsonl(chunks: Iterable[Chunk]) -> str:
-    return "".join(chunk_line(c) + "\n" for c in chunks)
+    """The chunks' lines, each ended by a line break (joined in C: no string built per line)."""
+    lines = list(map(chunk_line, chunks))
+    return "\n".join(lines) + "\n" if lines else ""
 
 
 def xml_text(value: str) -> str:
@@ -157,20 +172,61 @@ def format_lambda(value: float) -> str:
     return repr(float(value))
 
 
+def _substitution_form(env: jinja2.Environment, source: str) -> tuple[str, frozenset[str]] | None:
+    """A template that only puts values into text (`{{ name }}`, comments, white-space control; no
+    tag, filter, attribute or expression) as a `str.format` string and the names it reads; None for
+    any other template. Jinja writes such a template's value with `str()` (autoescape off), which
+    is what `format` does for the strings and integers `render` passes: the same text, made by one
+    C call instead of a template context and a generator per prompt."""
+    pieces: list[str] = []
+    names: set[str] = set()
+    for node in env.parse(source).body:
+        if type(node) is not nodes.Output:
+            return None
+        for child in node.nodes:
+            if type(child) is nodes.TemplateData:
+                pieces.append(child.data.replace("{", "{{").replace("}", "}}"))
+            elif type(child) is nodes.Name and child.ctx == "load":
+                pieces.append("{" + child.name + "}")
+                names.add(child.name)
+            else:
+                return None
+    return "".join(pieces), frozenset(names)
+
+
+@lru_cache(maxsize=16)
+def _substitution(template: str) -> tuple[str, frozenset[str]] | None:
+    """`_substitution_form` of a packaged template, read once (the templates ship with the package
+    and are not reloaded: `auto_reload=False`)."""
+    env = _environment()
+    assert env.loader is not None  # set in `_environment`
+    source, _, _ = env.loader.get_source(env, template)
+    return _substitution_form(env, source)
+
+
+def _render(template: str, values: dict[str, str | int]) -> str:
+    """`template` filled with `values`: by its format string when it is a plain substitution and
+    every name it reads is given, else by Jinja (which then names what is missing)."""
+    form = _substitution(template)
+    if form is not None and form[1] <= values.keys():
+        return form[0].format_map(values)
+    return _environment().get_template(template).render(values)
+
+
 def render(request: RerankRequest, template: str = TEMPLATE_NAME) -> str:
     """The complete `<task>…</task>` prompt for a guarded request."""
-    return _environment().get_template(template).render(
-        query=xml_text(request.query),
-        chunks=chunks_jsonl(request.chunks),
-        top_k=int(request.top_k),
-        lambda_=format_lambda(request.lambda_),
-    )
+    return _render(template, {
+        "query": xml_text(request.query),
+        "chunks": chunks_jsonl(request.chunks),
+        "top_k": int(request.top_k),
+        "lambda_": format_lambda(request.lambda_),
+    })
 
 
 def render_relevance(query: str, chunk: Chunk, template: str = RELEVANCE_TEMPLATE) -> str:
     """The yes/no relevance question about one chunk (log-probability scoring), escaped as the
     reranking task is: the query XML-escaped, the chunk one markup-free JSON record."""
-    return _environment().get_template(template).render(query=xml_text(query), passage=chunk_line(chunk))
+    return _render(template, {"query": xml_text(query), "passage": chunk_line(chunk)})
 
 
 def extract_chunk_lines(prompt: str) -> list[str]:

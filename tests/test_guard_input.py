@@ -775,3 +775,51 @@ def test_property_plain_records_memo_reads_as_the_full_checks(recs: list[dict[st
     full = _outcome([_NotPlain(r) for r in recs])
     assert _outcome(recs) == full
     assert _outcome(recs) == full
+
+
+# --- issue 37, warm: a list of plain records goes straight to its chunks ----------------------------------
+
+
+def _limited_outcome(chunks: object, limits: dict[str, int], window_size: int | None) -> object:
+    try:
+        return parse_chunks(chunks, limits=limits, query="q", window_size=window_size)
+    except InputError as exc:
+        return [(v.path, v.message, v.value, v.line) for v in exc.violations]
+
+
+@hypothesis.settings(max_examples=200, derandomize=True, deadline=None)
+@given(recs=st.lists(st.fixed_dictionaries({"id": st.sampled_from(["a", "b", "c", "\u00e9"]),
+                                            "text": st.text(max_size=60)},
+                                           optional={"score": st.floats() | st.integers()}), max_size=5),
+       max_chunks=st.integers(1, 5), max_context_tokens=st.integers(1, 40),
+       window_size=st.none() | st.integers(1, 3))
+@hypothesis.example(recs=[{"id": "a", "text": "x" * 50}, {"id": "a", "text": "y"}], max_chunks=1,
+                    max_context_tokens=5, window_size=None)
+def test_property_a_plain_list_is_read_as_the_record_by_record_path(
+        recs: list[dict[str, object]], max_chunks: int, max_context_tokens: int,
+        window_size: int | None) -> None:
+    """A list (or tuple) of plain, valid records becomes its chunks in one loop, its record places
+    made only when a violation names one; the chunks, or every violation (path, message, value,
+    line: duplicate ids, too many chunks, over the budget, whole or per window), are those of the
+    record-by-record path (records the memo does not take: `_NotPlain`)."""
+    limits = {"max_chunks": max_chunks, "max_context_tokens": max_context_tokens}
+    full = _limited_outcome([_NotPlain(r) for r in recs], limits, window_size)
+    assert _limited_outcome(recs, limits, window_size) == full
+    assert _limited_outcome(tuple(recs), limits, window_size) == full
+
+
+@hypothesis.settings(derandomize=True)
+@given(value=st.sampled_from([1, 0, -1, True, False, 1.0, 0.5, -0.0, 2**70, math.nan, math.inf, "1", None])
+       | st.floats() | st.integers())
+def test_property_exact_type_short_cuts_keep_the_rules(value: object) -> None:
+    """`top_k` and `lambda` are judged by their exact type first (an int, a float), then by the
+    abstract number classes: the verdict is the rule's either way (a positive integer, not bool;
+    a finite number in [0, 1], not bool)."""
+    import numbers
+
+    from rag_rerank.guard.input import lambda_violations, top_k_violations
+
+    integral = isinstance(value, numbers.Integral) and not isinstance(value, bool)
+    assert (not top_k_violations(value)) == (integral and value >= 1)  # type: ignore[operator]
+    real = isinstance(value, numbers.Real) and not isinstance(value, bool)
+    assert (not lambda_violations(value)) == (real and math.isfinite(value) and 0 <= value <= 1)  # type: ignore[arg-type]

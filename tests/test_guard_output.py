@@ -378,6 +378,9 @@ def test_property_fast_schema_path_agrees_with_jsonschema(value: Any) -> None:
         assert not list(_output_validator().iter_errors(value))
 
 
+@hypothesis.example(items=[{"id": "c1", "score": 0.5, "reason": "IVF", "diversity_note": "x", "extra": None}],
+                    dropped=[])
+@hypothesis.example(items=[], dropped=[{"id": "c4", "reason": "x", "score": 0.5}])
 @hypothesis.given(
     items=st.lists(
         st.fixed_dictionaries(
@@ -685,12 +688,14 @@ def test_property_a_chunks_reason_is_judged_as_misquoted_judges_it(reason: str, 
                                                               "\u3000\ufeffa")), max_size=6) | st.text())
 def test_property_non_blank_is_the_schemas_pattern(text: str) -> None:
     """The fast schema check reads "non-blank" with str.isspace, as the schema's `\\S` pattern
-    (jsonschema: re.search) reads it."""
+    (jsonschema: re.search) reads it, for a ranked reason and a dropped one alike."""
     import re
 
-    from rag_rerank.guard.output import _non_blank
+    from rag_rerank.guard.output import _plain_dropped, _plain_ranked
 
-    assert _non_blank(text) == (re.search(r"\S", text) is not None)
+    non_blank = re.search(r"\S", text) is not None
+    assert _plain_ranked({"id": "c1", "score": 0.5, "reason": text}) == non_blank
+    assert _plain_dropped({"id": "c1", "reason": text}) == non_blank
 
 
 # --- issue 37, first sight: a chunk's text tokenised and normalised once -------------------------------
@@ -732,3 +737,129 @@ def test_property_shown_text_is_compared_as_the_whole_text_would_be(
     joined = _joined(text, cid, meta, query)
     hypothesis.assume(" […] " not in joined)
     assert _shown(text, cid, meta, query) == ((joined,), (comparable(joined),))
+
+
+# --- issue 37, warm: a quotation found verbatim in a Latin-1 chunk skips the normalised search -------
+
+_VERBATIM_CHARS = [*"aZ 1.\n\t\x00\x1f\x7f\"\\\u2026\u00e9\u0301\u00a0\u200b[]()",
+                   *"\xa8\xb4\xad\xaa\xb5\xdf\xbd\xb2\x85\xb8", " […] ", "...", "ﬁ", "\u00e2\u0080\u0099"]
+_VERBATIM_TEXT = (st.lists(st.sampled_from(_VERBATIM_CHARS), max_size=12).map("".join)
+                  | st.text(max_size=16))
+
+
+@hypothesis.settings(derandomize=True, max_examples=400)
+@hypothesis.example(text="IVF is  preferred\x00here", cut=(0, 11), query=None, cid="c1", meta=None)
+@hypothesis.example(text="a [x] b", cut=(0, 7), query="q […] r", cid="c1", meta=None)
+@hypothesis.example(text="a [x] b", cut=(0, 7), query=None, cid="c […] 1", meta=None)
+@hypothesis.example(text="abc. def", cut=(1, 8), query=None, cid="c1", meta={"k": "abc"})
+@hypothesis.example(text="a [x] b", cut=(0, 7), query=None, cid="c1", meta={"k": " [\u2026] "})
+@hypothesis.example(text="It\u00e2\u0080\u0099s caf\u00e9 \u00a8x\u00adY \u00bd", cut=(1, 22), query=None,
+                    cid="c1", meta=None)
+@hypothesis.given(text=_VERBATIM_TEXT | st.text(alphabet=st.characters(max_codepoint=127), max_size=40)
+                  | st.text(alphabet=st.characters(max_codepoint=255), max_size=40),
+                  cut=st.tuples(st.integers(0, 40), st.integers(0, 40)),
+                  query=st.none() | st.just("") | _VERBATIM_TEXT, cid=st.just("c1") | _VERBATIM_TEXT,
+                  meta=st.none() | st.sampled_from([{"k": "abc"}, {"k": " [\u2026] "}]))
+def test_property_verbatim_short_cut_equals_the_full_quotation_check(
+        text: str, cut: tuple[int, int], query: str | None, cid: str, meta: Any) -> None:
+    """`_Quotable._verbatim` says "nothing misquoted" without normalising when every quotation
+    piece is in the chunk's ASCII text as written; the verdict is the full check's (`misquoted`
+    against what the model was shown), whatever the text, id, meta, query and quotation hold:
+    a slice of the text (the short cut's case), the slice with an ellipsis or an elision mark,
+    and arbitrary Unicode."""
+    import re
+
+    from rag_rerank.guard.output import _joined, _Quotable
+    from rag_rerank.models import Chunk
+
+    hypothesis.assume(cid)
+    chunk = Chunk(id=cid, text=text, meta=meta)
+    meta_json = None if meta is None else json.dumps(meta, ensure_ascii=False, default=str)
+    shown = _joined(text, cid, meta_json, query)
+    lo, hi = sorted(cut)
+    piece = text[lo:hi].replace('"', "").replace("\\", "")  # a quotation cannot hold its closing mark
+    quotable = _Quotable([chunk], query)
+    elided = re.sub(r"\[[^\]]*\]", "[\u2026]", piece)  # "a [x] b" as "a […] b": the pieces are in the text
+    half = len(piece) // 2
+    for quoted in (piece, piece[:half] + "..." + piece[half:], elided, piece + "...zebra quilt",
+                   piece + " [\u2026] " + piece, piece + "\u2026"):
+        for reason in (f'quotes "{quoted}"', f'quotes "{quoted}" and "{piece[::-1]}"'):
+            assert quotable.misquoted(cid, reason) == misquoted(reason, shown)
+
+
+@hypothesis.settings(derandomize=True, max_examples=500)
+@hypothesis.example(text="IVF\tIs  Preferred.", lo=0, hi=13)
+@hypothesis.example(text="x\x1c\x1dy", lo=1, hi=4)
+@hypothesis.example(text="a\u00a8b\u00b4 \u00b8c\u00adD\u00df\u00b5", lo=2, hi=9)
+@hypothesis.given(text=st.text(alphabet=st.characters(max_codepoint=127), max_size=40)
+                  | st.text(alphabet=st.characters(max_codepoint=255), max_size=40),
+                  lo=st.integers(0, 40), hi=st.integers(0, 40))
+def test_property_a_latin1_slice_stays_inside_the_comparable_text(text: str, lo: int, hi: int) -> None:
+    """The reasoning behind `_verbatim`: a piece of a Latin-1 text, in its comparable form and
+    stripped of edge punctuation, lies inside the text's comparable form."""
+    from rag_rerank.guard.output import _EDGE
+    from rag_rerank.text import comparable
+
+    assert comparable(text[lo:hi]).strip(_EDGE) in comparable(text)
+
+
+# --- issue 37, warm: an answer decoded without a hook per object, duplicate keys still found ----------
+
+_KEYS = st.sampled_from(["ranked", "dropped", "id", "score", "reason"]) | st.text(max_size=3)
+_SPACE = st.sampled_from(["", " ", "\n", "\t ", "\r\n"])
+
+
+def _escaped_key(key: str, how: int) -> str:
+    """A key as JSON text: as json.dumps writes it, every character escaped, or with a quote-colon
+    of its own (\\":) that the key count must not take for a key's end."""
+    if how == 1:
+        return '"' + "".join(f"\\u{ord(ch):04x}" if ord(ch) < 0x10000 else ch for ch in key) + '"'
+    return json.dumps(key + '":' if how == 2 else key)
+
+
+@st.composite
+def _json_texts(draw: Any, depth: int = 0) -> str:
+    """JSON text whose objects are written pair by pair, a key possibly twice, with any spacing."""
+    space = draw(_SPACE)
+    kind = draw(st.integers(0, 3 if depth < 3 else 1))
+    if kind == 0:
+        return json.dumps(draw(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False)
+                               | st.text(alphabet=st.sampled_from(list('a":\\ \u00e9')), max_size=6)))
+    if kind == 1:
+        return json.dumps(draw(st.text(max_size=8)))
+    if kind == 2:
+        items = draw(st.lists(_json_texts(depth + 1), max_size=3))
+        return "[" + f",{space}".join(items) + "]"
+    pairs = draw(st.lists(st.tuples(_KEYS, st.integers(0, 2), _json_texts(depth + 1)), max_size=4))
+    if pairs and draw(st.booleans()):
+        pairs.append(draw(st.sampled_from(pairs)))  # a key written twice
+    body = f",{space}".join(f"{_escaped_key(k, how)}{space}:{space}{v}" for k, how, v in pairs)
+    return "{" + space + body + space + "}"
+
+
+@hypothesis.settings(derandomize=True, max_examples=400)
+@hypothesis.example(text='{"ranked": [{"id": "a", "id": "b"}], "dropped": []}')
+@hypothesis.example(text='{"ranked": [{"id": "a", "\\u0069d": "b", "reason": "x\\": y"}]}')
+@hypothesis.example(text='{"ranked": [{"id": {"x": 1, "x": 2}}]} trailing "k": 1')
+@hypothesis.example(text='{"a" :1, "a"\n:2}')
+@hypothesis.example(text='{"a":1, "a" :2, "b": "x:y"}')
+@hypothesis.example(text='{"a":1,\n"a"\t:2, "b": "x:y"}')
+@hypothesis.example(text='{"a": NaN}')
+@hypothesis.example(text='{"a": [1, ')
+@hypothesis.given(text=st.builds(lambda t, tail: (t if t.startswith("{") else '{"v": ' + t + "}") + tail,
+                                 _json_texts(), st.sampled_from(["", " ", ' x "k": 1', "}"])))
+def test_property_decoding_without_a_hook_finds_what_the_hook_finds(text: str) -> None:
+    """`_decoded` gives the value, its end and the duplicate keys (or raises the error) that the
+    decoder with a hook on every object gives (`_hooked`), on texts with keys written twice,
+    escaped keys, quote-colons inside strings, nesting and any spacing."""
+    from rag_rerank.guard.output import _decoded, _hooked
+
+    try:
+        expected: Any = _hooked(text)
+    except (ValueError, RecursionError) as exc:
+        expected = (type(exc), str(exc))
+    try:
+        got: Any = _decoded(text)
+    except (ValueError, RecursionError) as exc:
+        got = (type(exc), str(exc))
+    assert repr(got) == repr(expected)

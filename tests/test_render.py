@@ -5,6 +5,7 @@ from __future__ import annotations
 import html
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -257,3 +258,91 @@ def test_property_chunk_line_is_the_contracts_escaping(text: str, cid: str) -> N
 
     chunk = Chunk(cid, text, None)
     assert chunk_line(chunk) == _reference_line(chunk.prompt_record())
+
+
+_SCORES = st.sampled_from([None, 0.0, -0.0, 1, 1.0, True, False, 0, 0.5, float("nan"), float("inf"), -2])
+_SCORES = _SCORES | st.floats() | st.integers()
+
+
+@hypothesis.settings(derandomize=True, max_examples=300)
+@hypothesis.given(scores=st.lists(_SCORES, min_size=1, max_size=6), text=st.sampled_from(["t", "é <b>"]))
+@hypothesis.example(scores=[0.0, -0.0, 0, False, 1, 1.0, True], text="t")
+def test_property_a_memoised_line_writes_its_own_score(scores: list[Any], text: str) -> None:
+    """The line memo is keyed without the score's spelling for None and non-zero floats and with it
+    for the rest: scores equal as numbers but written differently (1, 1.0, True, 0.0, -0.0), met in
+    any order, each get the line of their own record."""
+    from rag_rerank.models import Chunk
+
+    for score in scores:
+        chunk = Chunk("c", text, score)
+        assert chunk_line(chunk) == _reference_line(chunk.prompt_record())
+
+
+# --- issue 37, warm: a template that only substitutes values is filled by str.format ------------------
+
+_FRAGMENTS = ["<a>", "{{ query }}", "{{ top_k }}", "{{query}}", "{# note #}", "{#- trim -#}\n", "text {",
+              "} }}x", "{{ query|upper }}", "{% if top_k %}y{% endif %}", "{{ top_k + 1 }}", "{{ missing }}",
+              "\n", "  ", "{{- query }}", "{{ query -}} ", "{{ 'lit' }}", "%s {0} {{ '{' }}",
+              "{%raw%}{{ q }}{%endraw%}"]
+
+
+@hypothesis.settings(derandomize=True, max_examples=300)
+@hypothesis.given(parts=st.lists(st.sampled_from(_FRAGMENTS) | st.text(alphabet="{}%# \nab-", max_size=6),
+                                 max_size=8),
+                  query=st.text(max_size=12), top_k=st.integers(1, 100))
+@hypothesis.example(parts=["<q>{{ query }}</q>{# c #}\n", "{{ top_k }}"], query="{x} }{", top_k=3)
+def test_property_a_substitution_template_renders_as_jinja_renders_it(
+        parts: list[str], query: str, top_k: int) -> None:
+    """A template read as a format string (`_substitution_form`) gives Jinja's own text for any
+    values; a template with a tag, filter, expression or unknown name is left to Jinja."""
+    import jinja2
+
+    from rag_rerank.render import _environment, _substitution_form
+
+    source = "".join(parts)
+    env = _environment()
+    try:
+        expected = env.from_string(source).render(query=query, top_k=top_k)
+    except jinja2.TemplateError:
+        expected = None
+    try:
+        form = _substitution_form(env, source)
+    except jinja2.TemplateSyntaxError:
+        assert expected is None
+        return
+    if form is None:
+        return
+    names, values = form[1], {"query": query, "top_k": top_k}
+    if names <= values.keys():
+        assert form[0].format_map(values) == expected
+    else:
+        assert expected is None  # StrictUndefined: Jinja refuses what the format string cannot fill
+
+
+@hypothesis.settings(derandomize=True, max_examples=200)
+@hypothesis.given(query=st.text(max_size=30), text=st.text(max_size=30), top_k=st.integers(1, 50),
+                  lambda_=st.floats(0, 1))
+@hypothesis.example(query="{query} {{ x }}", text="}{", top_k=1, lambda_=0.5)
+def test_property_packaged_templates_render_as_jinja_renders_them(
+        query: str, text: str, top_k: int, lambda_: float) -> None:
+    """The packaged task and relevance templates are plain substitutions; their prompts are byte for
+    byte the ones Jinja renders, whatever the query and chunk hold."""
+    from rag_rerank.models import Chunk
+    from rag_rerank.render import (
+        RELEVANCE_TEMPLATE,
+        TEMPLATE_NAME,
+        _environment,
+        _substitution,
+        chunks_jsonl,
+        render_relevance,
+        xml_text,
+    )
+
+    assert _substitution(TEMPLATE_NAME) is not None and _substitution(RELEVANCE_TEMPLATE) is not None
+    chunk = Chunk("c1", text, None)
+    req = RerankRequest(query=query, chunks=(chunk,), top_k=top_k, lambda_=lambda_, min_score=0.2)
+    env = _environment()
+    assert render(req) == env.get_template(TEMPLATE_NAME).render(
+        query=xml_text(query), chunks=chunks_jsonl((chunk,)), top_k=top_k, lambda_=format_lambda(lambda_))
+    assert render_relevance(query, chunk) == env.get_template(RELEVANCE_TEMPLATE).render(
+        query=xml_text(query), passage=chunk_line(chunk))

@@ -22,7 +22,7 @@ import numbers
 import os
 import re
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from functools import lru_cache
 from operator import attrgetter
 from pathlib import Path
@@ -70,6 +70,8 @@ def _finite_real(value: Any) -> bool:
 
 def _surrogate_at(text: str) -> int | None:
     """Index of the first code point UTF-8 cannot encode (a lone surrogate), or None."""
+    if text.isascii():  # no surrogate, and no copy made to find none
+        return None
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as exc:
@@ -291,6 +293,8 @@ def _records_from(source: Any) -> tuple[list[tuple[Any, int | None, int]], list[
     """(record, line number or None, index) triples, the lines that are not JSON, and the count of
     records including those bad lines. The index counts every non-blank line, so `chunks[3]` is
     the fourth record the caller wrote even when an earlier line was not JSON."""
+    if type(source) is list or type(source) is tuple:  # a Python caller's records: no ABC checks first
+        return [(item, None, i) for i, item in enumerate(source)], [], len(source)
     if isinstance(source, os.PathLike):
         source = _read_path(Path(source))
     if isinstance(source, (bytes, bytearray)):
@@ -457,6 +461,13 @@ def parse_chunks(
     except InputError as exc:
         violations.extend(exc.violations)
         count = token_counter(None)
+    known = _all_known_plain(source)
+    if known is not None:  # every record plain and valid (most calls): no entries, no second loop
+        problems = _collection_violations(known, _Entries(source), len(known), lim, query, window_size, count)
+        violations.extend(problems)
+        if violations:
+            raise InputError(violations, headline="invalid chunks")
+        return known
     records, found, n_records = _records_from(source)
     violations.extend(found)
     chunks: list[Chunk] = []
@@ -498,6 +509,35 @@ def parse_chunks(
     if violations:
         raise InputError(violations, headline="invalid chunks")
     return chunks
+
+
+def _all_known_plain(source: Any) -> list[Chunk] | None:
+    """The chunks of a non-empty list (or tuple) of records that are all plain and valid
+    (`_known_plain`), else None: then `parse_chunks` reads the source record by record, and finds
+    the same chunks for the plain ones and explains the rest."""
+    if (type(source) is not list and type(source) is not tuple) or not source:
+        return None
+    chunks: list[Chunk] = []
+    for item in source:
+        if type(item) is not dict or (chunk := _known_plain(item)) is None:
+            return None
+        chunks.append(chunk)
+    return chunks
+
+
+class _Entries(Sequence[tuple[Any, None, int]]):
+    """The record entries (`_records_from`) of a list whose every record became a chunk, made only
+    when a violation names a place (`_place`): the i-th is (source[i], None, i)."""
+
+    def __init__(self, source: Sequence[Any]) -> None:
+        self._source = source
+
+    def __len__(self) -> int:
+        return len(self._source)
+
+    def __getitem__(self, i: int) -> tuple[Any, None, int]:  # type: ignore[override]  (no slices)
+        i = range(len(self._source))[i]  # a negative index counts from the end; past it, IndexError
+        return self._source[i], None, i
 
 
 def _known_plain(item: dict[str, Any]) -> Chunk | None:
@@ -582,7 +622,7 @@ def _first(items: list[str], what: str) -> str:
     return shown + (f" and {len(items) - _SHOWN} {what}" if len(items) > _SHOWN else "")
 
 
-Places = list[tuple[Any, int | None, int]]  # each chunk's record entry (`_records_from`), for `_place`
+Places = Sequence[tuple[Any, int | None, int]]  # each chunk's record entry (`_records_from`), for `_place`
 
 
 def _collection_violations(
@@ -744,6 +784,8 @@ def duplicate_threshold_violations(value: Any) -> list[Violation]:
 
 def _usable_window(window_size: Any, lim: Limits) -> bool:
     """A window size the count and budget checks can apply (it may still be below top_k)."""
+    if window_size is None:  # one prompt (most calls)
+        return False
     ok_type = not isinstance(window_size, bool) and isinstance(window_size, numbers.Integral)
     return ok_type and 1 <= window_size <= lim.max_chunks
 
@@ -766,6 +808,8 @@ def _param_violations(query: Any, top_k: Any, lambda_: Any, lim: Limits) -> list
 
 def lambda_violations(lambda_: Any) -> list[Violation]:
     """MMR's `lambda` is a finite number in [0, 1]: the one rule for `rerank`, `arerank` and `eval`."""
+    if type(lambda_) is float and 0.0 <= lambda_ <= 1.0:  # most calls: no abstract-class check
+        return []
     if not _finite_real(lambda_) or not 0.0 <= lambda_ <= 1.0:
         return [Violation(path="lambda", value=lambda_,
                           message=f"lambda must be a number in [0, 1], got {_short(lambda_)}")]
@@ -782,6 +826,8 @@ def normal_top_k(top_k: Any) -> Any:
 
 def top_k_violations(top_k: Any) -> list[Violation]:
     """Why `top_k` (after `normal_top_k`) is not a positive integer; empty when it is."""
+    if type(top_k) is int and top_k >= 1:  # most calls: no abstract-class check
+        return []
     if isinstance(top_k, bool) or not isinstance(top_k, numbers.Integral) or top_k < 1:
         return [Violation(path="top_k", message=f"top_k must be a positive integer, got {_short(top_k)}",
                           value=top_k)]

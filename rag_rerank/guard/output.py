@@ -77,7 +77,7 @@ def cites_chunk(reason: str, chunk_text: str) -> bool:
     """True when the reason names something concrete (a word, entity, number) from the chunk; both
     compared in the one `text.comparable` form, so an NFD accent or a control character in the
     chunk does not hide a word the reason names."""
-    if _content_tokens(reason) & _content_tokens(chunk_text):
+    if not _content_tokens(reason).isdisjoint(_content_tokens(chunk_text)):  # no intersection built
         return True
     grams = _non_ascii_runs(comparable(reason))
     return bool(grams) and any(g in _comparable(chunk_text) for g in grams)
@@ -322,13 +322,27 @@ def _shown(text: str, cid: str, meta: str | None, query: str | None
     return (source,), (" ".join(form for form in forms if form),)
 
 
+@lru_cache(maxsize=4096)
+def _latin1(text: str) -> bool:
+    """Whether every character of a non-ASCII chunk text is below U+0100 (`_Quotable._verbatim`),
+    once per text: finding out copies the text."""
+    try:
+        text.encode("latin-1")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 class _Quotable:
     """What each chunk's reason may quote, built only for a reason that quotes something: a reason
     without a quotation mark costs one regex search, not a JSON dump of its chunk's meta."""
 
     def __init__(self, chunks: Sequence[Chunk], query: str | None = None) -> None:
-        self._chunks = {c.id: c for c in chunks}
+        self.chunks = {c.id: c for c in chunks}
         self._query = query
+        # Whether a chunk with an ASCII text and no meta is shown as one passage whatever its id:
+        # the query (when shown) holds no elision mark. Settled once per answer (`_verbatim`).
+        self._one_passage = not query or ELISION not in query
 
     @property
     def where(self) -> str:
@@ -343,7 +357,7 @@ class _Quotable:
         """The violation's message for quotation `bad` in chunk `cid`'s reason: where it was looked
         for, and, for a chunk shown as its evidence, that a quotation stays inside one passage."""
         shown = bad if len(bad) <= 60 else bad[:57] + "..."
-        chunk = self._chunks.get(cid)
+        chunk = self.chunks.get(cid)
         if chunk is not None and ELISION in chunk.text:
             if spans_elision(bad):
                 return (f"reason quotes {shown!r}, which copies the elision mark {_MARK}: it joins passages "
@@ -357,14 +371,46 @@ class _Quotable:
     def misquoted(self, cid: str, reason: str) -> str | None:
         """`misquoted(reason, ...)` against what chunk `cid`'s reason may quote; None for an id
         that is not an input (that violation is reported on its own)."""
-        chunk = self._chunks.get(cid)
-        if chunk is None:
-            return None
+        chunk = self.chunks.get(cid)
+        return None if chunk is None else self.chunk_misquoted(chunk, reason)
+
+    def chunk_misquoted(self, chunk: Chunk, reason: str) -> str | None:
+        """`misquoted` for an input chunk's reason."""
         quotes = _quotations(reason)
         if not quotes:  # most reasons: no JSON dump of the chunk's meta, no look-up
             return None
+        if self._verbatim(chunk, quotes):
+            return None
         meta = None if chunk.meta is None else json.dumps(chunk.meta, ensure_ascii=False, default=str)
         return _misquoted(quotes, *_shown(chunk.text, chunk.id, meta, self._query))
+
+    def _verbatim(self, chunk: Chunk, quotes: list[str]) -> bool:
+        """Whether each quotation piece is, character for character, in the chunk's Latin-1 text
+        (ASCII, accents, web mojibake: DL19's passages all are), for a chunk shown as one passage:
+        then `_misquoted` finds every piece (or finds it too short to judge) and the verdict is
+        None, without normalising a piece or searching the shown text.
+
+        Why that holds: for Latin-1 text, `comparable` maps each character on its own (a control
+        to a space, a soft hyphen to nothing, NFKC and the case fold to a fixed text: no Latin-1
+        character combines with its neighbour, and the accents that NFKC splits off, such as
+        "\u00a8", come after a space), then makes whitespace runs one space and trims the ends;
+        each of those keeps a substring a substring, and the edge strip only shortens the piece
+        (checked for every pair of Latin-1 characters and each of their slices). The chunk's
+        comparable form is part of what `_shown` compares with, and with one passage (no elision
+        mark in the text, which is Latin-1 and cannot hold its "\u2026", nor in the id or the
+        query, and no meta) no piece is refused for spanning a mark. A property test holds the
+        short cut equal to the full check on arbitrary Unicode."""
+        text = chunk.text
+        if not (self._one_passage and (text.isascii() or _latin1(text)) and chunk.meta is None
+                and ELISION not in chunk.id):
+            return False
+        for quote in quotes:
+            if "..." in quote or "\u2026" in quote:  # as `_misquoted` splits it, each piece in the text
+                if not all(part in text for part in _ELLIPSIS.split(quote)):
+                    return False
+            elif quote not in text:
+                return False
+        return True
 
 
 def _fold(cid: str) -> str:
@@ -429,6 +475,69 @@ def _value_message(exc: ValueError) -> str:
     return text
 
 
+# The decoder of an answer whose keys are each written once (most): no Python call per object.
+_PLAIN_DECODER = json.JSONDecoder(parse_constant=_reject_constant)
+# A key's closing quotation mark, then its colon, or the last white space before a colon: a text
+# without the latter (`_spaced_colon`) writes each of its keys with the former, so it holds the
+# former at least as often as it writes keys (more often when a string holds an escaped \":).
+_KEY_END = '":'
+
+
+def _spaced_colon(text: str) -> bool:
+    """Whether one of JSON's four white-space characters comes right before a colon in `text`. A
+    line break, tab or carriage return stands raw only between tokens (a string escapes it), so a
+    compact answer has none, found by a one-character search, before the pair is looked for."""
+    return (" :" in text or ("\n" in text and "\n:" in text) or ("\t" in text and "\t:" in text)
+            or ("\r" in text and "\r:" in text))
+
+
+def _decoded(text: str) -> tuple[Any, int, list[str]]:
+    """`text`'s leading JSON value, where it ends and the keys written twice in one of its objects,
+    as `_hooked` reads them, without a Python call per object (a hook cost the guard a third of
+    its time on a 50-chunk answer). Duplicates are ruled out by counting, in C: a text holds at
+    least as many colons as it writes keys (each key has its own), and, when no white space comes
+    before a colon, at least as many `_KEY_END`s; it writes at least as many keys as its objects
+    hold. So when either count equals the keys of the objects at an answer's two levels (`_sizes`,
+    a part of all of them), every object holds every key written in it. The colons settle most
+    answers in one scan; a colon in a reason ("redundant_with:c3") leaves it to the second count.
+    Anything else (counts that differ, a spaced colon, a decoding error, another shape) is decoded
+    again with the hook, which names the duplicates and raises the error the caller reports. (A
+    regular expression for the keys cost more than the hook it saved.)"""
+    try:
+        obj, end = _PLAIN_DECODER.raw_decode(text)
+    except (ValueError, RecursionError):
+        return _hooked(text)
+    size = _sizes(obj)
+    if size is not None and (text.count(":", 0, end) == size or (  # each key has a colon of its own
+            text.count(_KEY_END, 0, end) == size and not _spaced_colon(text))):
+        return obj, end, []
+    return _hooked(text)
+
+
+def _sizes(obj: Any) -> int | None:
+    """The keys of a top-level object and of the objects in its arrays (an answer's whole shape),
+    or None for an object holding anything else that is a container (then `_decoded` uses the
+    hook: a duplicate could hide in it)."""
+    if type(obj) is not dict:
+        return None
+    size = len(obj)
+    for value in obj.values():
+        if type(value) is list:
+            if value and set(map(type, value)) != {dict}:
+                return None
+            size += sum(map(len, value))
+        elif type(value) is dict:
+            return None
+    return size
+
+
+def _hooked(text: str) -> tuple[Any, int, list[str]]:
+    """`_decoded` with a hook on every object, naming each key written twice."""
+    hook = _DuplicateKeys()
+    obj, end = json.JSONDecoder(object_pairs_hook=hook, parse_constant=_reject_constant).raw_decode(text)
+    return obj, end, hook.found
+
+
 def parse_output(raw: str) -> tuple[dict[str, Any] | None, list[Violation]]:
     """Strict parse: one JSON object, nothing before or after it (surrounding whitespace aside)."""
     if not isinstance(raw, str):
@@ -438,10 +547,8 @@ def parse_output(raw: str) -> tuple[dict[str, Any] | None, list[Violation]]:
         return None, [Violation(path="$", message="output is empty")]
     if not text.startswith("{"):
         return None, [Violation(path="$", message=_leading_problem(text))]
-    hook = _DuplicateKeys()
-    decoder = json.JSONDecoder(object_pairs_hook=hook, parse_constant=_reject_constant)
     try:
-        obj, end = decoder.raw_decode(text)
+        obj, end, duplicates = _decoded(text)
     except json.JSONDecodeError as exc:
         what = exc.msg.removesuffix(" at")  # "Unterminated string starting at" + " at char N"
         if exc.pos >= len(text) - 1 or "Unterminated" in exc.msg:
@@ -457,8 +564,8 @@ def parse_output(raw: str) -> tuple[dict[str, Any] | None, list[Violation]]:
     rest = text[end:].strip()
     if rest:
         violations.append(Violation(path="$", message=f"text after the JSON object: {rest[:40]!r}"))
-    if hook.found:
-        keys = sorted(set(hook.found))
+    if duplicates:
+        keys = sorted(set(duplicates))
         violations.append(Violation(path="$", message=f"duplicate keys in an object: {keys}"))
     return obj, violations
 
@@ -537,11 +644,6 @@ def _item_violations(
     return out
 
 
-_RANKED_KEYS = frozenset({"id", "score", "reason", "diversity_note"})
-_RANKED_REQUIRED = frozenset({"id", "score", "reason"})
-_DROPPED_KEYS = frozenset({"id", "reason"})
-
-
 def _plainly_conformant(obj: Any) -> bool:
     """The schema checked by hand for the common, valid case; False sends the object through
     jsonschema, which explains what is wrong. Saves most of the guard's time on a good answer."""
@@ -561,26 +663,27 @@ def _sections(obj: Any) -> tuple[list[Any], list[Any]] | None:
 
 
 def _plain_ranked(item: Any) -> bool:
-    if type(item) is not dict or not _RANKED_REQUIRED <= item.keys() <= _RANKED_KEYS:
+    """A ranked item the schema accepts, checked in one function (each item of each answer passes
+    here): a non-empty string id, a non-blank string reason (str.isspace reads the same Unicode
+    property as the schema's `\\S`), a string diversity note if any, a number score in [0, 1]."""
+    if type(item) is not dict:
         return False
-    score = item["score"]
-    return (_good_id_and_reason(item) and type(item.get("diversity_note", "")) is str
-            and type(score) in (int, float) and 0 <= score <= 1)
+    # A missing key reads as None, which no type test below accepts: so the three required keys
+    # are there, and with three keys nothing else is; a fourth must be a string note. (Look-ups of
+    # constant keys, not two set comparisons that each walk a set or the dict's keys.)
+    cid, reason, score = item.get("id"), item.get("reason"), item.get("score")
+    size = len(item)
+    return (type(cid) is str and cid != "" and type(reason) is str and reason != "" and not reason.isspace()
+            and (type(score) is float or type(score) is int) and 0 <= score <= 1
+            and (size == 3 or (size == 4 and type(item.get("diversity_note")) is str)))
 
 
 def _plain_dropped(item: Any) -> bool:
-    return type(item) is dict and item.keys() == _DROPPED_KEYS and _good_id_and_reason(item)
-
-
-def _good_id_and_reason(item: Mapping[str, Any]) -> bool:
-    cid, reason = item.get("id"), item.get("reason")
-    return type(cid) is str and cid != "" and type(reason) is str and _non_blank(reason)
-
-
-def _non_blank(text: str) -> bool:
-    """Whether `text` holds a character that is not white space: what the schema's pattern `\\S`
-    finds, without a regex (str.isspace and the regex's `\\s` read the same Unicode property)."""
-    return text != "" and not text.isspace()
+    """A dropped item the schema accepts: exactly a non-empty string id and a non-blank string reason."""
+    if type(item) is not dict or len(item) != 2:
+        return False
+    cid, reason = item.get("id"), item.get("reason")  # a missing one reads as None: refused below
+    return type(cid) is str and cid != "" and type(reason) is str and reason != "" and not reason.isspace()
 
 
 def output_violations(
@@ -649,8 +752,8 @@ def _plain_violations(obj: Any, chunks: Sequence[Chunk], top_k: int, lim: Limits
         return None
     ranked, dropped = sections
     out: list[Violation] = []
-    texts = {c.id: c.text for c in chunks}
-    quotable: _Quotable | None = None
+    quotable = _Quotable(chunks, query)
+    texts = quotable.chunks  # id -> chunk, one map for the id, citation and quotation checks
     folded: dict[str, str] | None = None
     seen: dict[str, int] = {}  # id -> where it was first: its index, dropped ones after the ranked
     floor = lim.min_score
@@ -658,7 +761,8 @@ def _plain_violations(obj: Any, chunks: Sequence[Chunk], top_k: int, lim: Limits
         if not _plain_ranked(item):
             return None
         cid = item["id"]
-        if cid not in texts or cid in seen:
+        chunk = texts.get(cid)
+        if chunk is None or cid in seen:
             folded = _id_violations(out, "ranked", i, cid, texts, seen, len(ranked), folded)
         else:
             seen[cid] = i
@@ -666,16 +770,17 @@ def _plain_violations(obj: Any, chunks: Sequence[Chunk], top_k: int, lim: Limits
         if score <= floor:
             msg = f"score {score} is not above the minimum {floor}; such a chunk belongs in dropped"
             out.append(Violation(path=f"$.ranked[{i}].score", message=msg, value=score, id=cid))
-        if cid in texts and not cites_chunk(reason, texts[cid]):
+        if chunk is None:
+            continue  # an unknown id: its violation above says so; nothing to cite or quote
+        if not cites_chunk(reason, chunk.text):
             msg = (f"reason {reason[:60]!r} cites nothing concrete from the chunk's text "
                    "(name a phrase, entity or claim)")
             out.append(Violation(path=f"$.ranked[{i}].reason", message=msg, value=reason, id=cid))
-            continue
-        quotable = quotable or _Quotable(chunks, query)
-        if bad := quotable.misquoted(cid, reason):
+        elif bad := quotable.chunk_misquoted(chunk, reason):
             msg = quotable.refusal(cid, bad)
             out.append(Violation(path=f"$.ranked[{i}].reason", message=msg, value=reason, id=cid))
     ranked_ids = {it["id"] for it in ranked}
+    problems: dict[str, str | None] = {}  # a dropped reason's grammar problem, once per answer
     for i, item in enumerate(dropped):
         if not _plain_dropped(item):
             return None
@@ -688,7 +793,10 @@ def _plain_violations(obj: Any, chunks: Sequence[Chunk], top_k: int, lim: Limits
             if target not in ranked_ids:
                 msg = f"{reason!r} must name a ranked id"
                 out.append(Violation(path=f"$.dropped[{i}].reason", message=msg, value=reason, id=cid))
-        elif (bad := reasons.problem(reason)) is not None:
+            continue
+        # Models give many dropped chunks one reason ("off topic"): its grammar is read once.
+        bad = problems[reason] if reason in problems else problems.setdefault(reason, reasons.problem(reason))
+        if bad is not None:
             out.append(Violation(path=f"$.dropped[{i}].reason", message=bad, value=reason, id=cid))
     if len(ranked) > top_k:
         msg = f"{len(ranked)} ranked items is more than top_k={top_k}"
@@ -696,7 +804,7 @@ def _plain_violations(obj: Any, chunks: Sequence[Chunk], top_k: int, lim: Limits
     return _unique(out) if out else out
 
 
-def _id_violations(out: list[Violation], section: str, i: int, cid: str, texts: Mapping[str, str],
+def _id_violations(out: list[Violation], section: str, i: int, cid: str, texts: Mapping[str, Any],
                    seen: dict[str, int], n_ranked: int, folded: dict[str, str] | None
                    ) -> dict[str, str] | None:
     """An item's unknown id (with the hint of the input id it may have meant) and its repeated id,
