@@ -42,27 +42,11 @@ from rag_rerank.embed.lexical import LexicalEmbedder  # noqa: E402
 
 
 def blocks(v: np.ndarray) -> np.ndarray:
-    n, k = v.shape
-    side = max(1, math.isqrt(postpass.SINGLE_THREAD_MNK // max(k, 1)))
-    out = np.empty((n, n))
-    for a in range(0, n, side):
-        rows = v[a:a + side]
-        out[a:a + side, a:a + side] = rows @ rows.T
-        for b in range(a + side, n, side):
-            block = rows @ v[b:b + side].T
-            out[a:a + side, b:b + side] = block
-            out[b:b + side, a:a + side] = block.T
-    return out
+    return postpass._row_blocks(v)
 
 
 def slices(v: np.ndarray) -> np.ndarray:
-    n, k = v.shape
-    step = max(1, postpass.SINGLE_THREAD_SYRK // (n * (n + 1)))
-    out = np.zeros((n, n))
-    for a in range(0, k, step):
-        x = v[:, a:a + step]
-        out += x @ x.T
-    return out
+    return postpass._column_slices(v, max(1, postpass.SINGLE_THREAD_SYRK // (len(v) * (len(v) + 1))))
 
 
 def one(v: np.ndarray) -> np.ndarray:

@@ -381,13 +381,22 @@ def _gram(v: np.ndarray) -> np.ndarray:
     step = SINGLE_THREAD_SYRK // max(n * (n + 1), 1)
     if step >= k:
         return v @ v.T
-    if step >= _MIN_SLICE:
-        x = v[:, :step]
-        out = x @ x.T
-        for a in range(step, k, step):
-            x = v[:, a:a + step]
-            out += x @ x.T
-        return out
+    return _column_slices(v, step) if step >= _MIN_SLICE else _row_blocks(v)
+
+
+def _column_slices(v: np.ndarray, step: int) -> np.ndarray:
+    """`v @ v.T` summed over slices of `step` columns, each slice's symmetric product of all rows."""
+    x = v[:, :step]
+    out = x @ x.T
+    for a in range(step, v.shape[1], step):
+        x = v[:, a:a + step]
+        out += x @ x.T
+    return out
+
+
+def _row_blocks(v: np.ndarray) -> np.ndarray:
+    """`v @ v.T` in square blocks of rows, each under `SINGLE_THREAD_MNK`; mirrored below the diagonal."""
+    n, k = v.shape
     side = max(1, math.isqrt(SINGLE_THREAD_MNK // max(k, 1)))
     out = np.empty((n, n))
     for a in range(0, n, side):
