@@ -689,7 +689,7 @@ def _options_read(options: Options, problems: list[Violation]) -> _OptionsRead |
     by its check in the table, then the embedded meta fields, metadata fusion, prices, budget)."""
     given = tuple(vars(options).values())
     last = _READ_OF[0]
-    if last is not None and all(map(operator.is_, last[0], given)):
+    if last is not None and len(last[0]) == len(given) and all(map(operator.is_, last[0], given)):
         return last[1]
     opts = options.scoring()
     found = option_violations(options)
