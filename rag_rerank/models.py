@@ -4,7 +4,6 @@ what an earlier stage decided."""
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import json
 import math
 from collections.abc import Callable, Mapping
@@ -30,7 +29,8 @@ def direct_init(cls: type[_T]) -> type[_T]:
     generated = cls.__init__
     fields = dataclasses.fields(cls)  # type: ignore[arg-type]
     given = [f for f in fields if f.init]
-    if len(inspect.signature(generated).parameters) != len(given) + 1 or \
+    code = generated.__code__
+    if code.co_argcount + code.co_kwonlyargcount != len(given) + 1 or \
             {"self_", "fields_"} & {f.name for f in fields}:
         raise TypeError(f"direct_init does not handle {cls.__name__}'s fields (an InitVar, a reserved name)")
     env: dict[str, Any] = {"_FACTORY": _FACTORY}
@@ -64,7 +64,7 @@ def direct_init(cls: type[_T]) -> type[_T]:
     init = env["__init__"]
     init.__qualname__ = f"{cls.__qualname__}.__init__"
     init.__module__ = cls.__module__
-    init.__signature__ = inspect.signature(generated)  # what the caller's tools and the docs read
+    init.__wrapped__ = generated  # `inspect.signature` reads the generated one's: callers' tools, the docs
     _GENERATED[cls] = generated
     cls.__init__ = init  # type: ignore[misc]
     return cls
