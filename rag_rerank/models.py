@@ -25,7 +25,7 @@ def direct_init(cls: type[_T]) -> type[_T]:
     call per field, which a frozen dataclass pays to get past its own `__setattr__`. A call builds
     a dozen such values (its plan, calls, outcomes, records, meta): about 0.2 us a field each.
     `inspect.signature(cls)` is unchanged; `generated_init(cls)` is the one it replaces (for the
-    tests that pin the two alike, as `Ranked.__init__` is pinned)."""
+    test that pins the two alike)."""
     generated = cls.__init__
     fields = dataclasses.fields(cls)  # type: ignore[arg-type]
     given = [f for f in fields if f.init]
@@ -100,6 +100,7 @@ class Chunk:
         return rec
 
 
+@direct_init
 @dataclass(frozen=True)
 class Ranked:
     """One kept chunk of a result: its id byte for byte, a score in (min_score, 1], a reason that
@@ -111,16 +112,6 @@ class Ranked:
     reason: str
     diversity_note: str | None = None
 
-    def __init__(self, id: str, score: float, reason: str, diversity_note: str | None = None) -> None:
-        # The generated __init__'s work (each field set, nothing checked), straight into the
-        # instance dict: a call makes one per chunk, and object.__setattr__ per field, which a
-        # frozen dataclass's __init__ calls, cost a third of it (`bench/instructions.py`).
-        fields = self.__dict__
-        fields["id"] = id
-        fields["score"] = score
-        fields["reason"] = reason
-        fields["diversity_note"] = diversity_note
-
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"id": self.id, "score": self.score, "reason": self.reason}
         if self.diversity_note:
@@ -128,6 +119,7 @@ class Ranked:
         return out
 
 
+@direct_init
 @dataclass(frozen=True)
 class Dropped:
     """One chunk left out of `ranked`, with a machine-readable reason (`token` or `token: detail`,
@@ -135,11 +127,6 @@ class Dropped:
 
     id: str
     reason: str
-
-    def __init__(self, id: str, reason: str) -> None:
-        fields = self.__dict__  # as `Ranked.__init__`: the generated one's work, without its calls
-        fields["id"] = id
-        fields["reason"] = reason
 
     def to_dict(self) -> dict[str, Any]:
         return {"id": self.id, "reason": self.reason}
