@@ -21,6 +21,7 @@ from jinja2 import nodes
 
 from .models import Chunk, RerankRequest
 from .paths import prompts_dir
+from .text import is_latin1
 
 TEMPLATE_NAME = "rag-chunk-reranker.xml.j2"
 # The one-passage yes/no question of log-probability scoring (`OpenAIBackend(scoring="logprobs")`).
@@ -143,19 +144,9 @@ def _line(record: dict[str, object]) -> str:
     if line.isascii():
         if not any(ch in line for ch in _ASCII_ESCAPED):
             return line
-    elif _is_latin1(line) and not any(ch in line for ch in _LATIN1_ESCAPED):
+    elif is_latin1(line) and not any(ch in line for ch in _LATIN1_ESCAPED):
         return line
     return _ESCAPED.sub(_escaped, line)
-
-
-def _is_latin1(line: str) -> bool:
-    """Whether every character of `line` is below U+0100 (the text is stored one byte a character,
-    so the encoding is a copy; a wider one stops at its first character outside)."""
-    try:
-        line.encode("latin-1")
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 def chunks_jsonl(chunks: Iterable[Chunk]) -> str:

@@ -87,6 +87,17 @@ def latin1_translate(text: str, table: Latin1Table) -> str | None:
     return raw.translate(*table).decode("latin-1")
 
 
+def is_latin1(text: str) -> bool:
+    """Whether every character of `text` is below U+0100 (the fast paths above, and the ones that
+    only ask: the text is stored one byte a character, so the encoding is a copy; a wider one stops
+    at its first character outside)."""
+    try:
+        text.encode("latin-1")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 @lru_cache(maxsize=1)
 def _latin1_clean() -> Latin1Table:
     """`_CLEAN` for Latin-1 text: each character to itself, a space or nothing."""
@@ -224,5 +235,5 @@ def intent_stem(word: str) -> str:
 
 
 __all__ = ["INTENT_STOPWORDS", "NEGATIONS", "SCORER_STOPWORDS", "STOPWORDS", "Latin1Table", "comparable",
-           "inflection_key", "intent_stem", "latin1_table", "latin1_translate", "quote", "readable",
-           "scorer_stem"]
+           "inflection_key", "intent_stem", "is_latin1", "latin1_table", "latin1_translate", "quote",
+           "readable", "scorer_stem"]

@@ -23,7 +23,7 @@ from .. import reasons
 from ..errors import InputError, OutputError, Violation
 from ..evidence import ELISION
 from ..models import Chunk
-from ..text import NEGATIONS, STOPWORDS, comparable, inflection_key, latin1_table, latin1_translate
+from ..text import NEGATIONS, STOPWORDS, comparable, inflection_key, is_latin1, latin1_table, latin1_translate
 from .input import ChunkSource, normal_top_k, parse_chunks, top_k_violations
 from .limits import Limits, as_limits, load_schema
 
@@ -322,15 +322,8 @@ def _shown(text: str, cid: str, meta: str | None, query: str | None
     return (source,), (" ".join(form for form in forms if form),)
 
 
-@lru_cache(maxsize=4096)
-def _latin1(text: str) -> bool:
-    """Whether every character of a non-ASCII chunk text is below U+0100 (`_Quotable._verbatim`),
-    once per text: finding out copies the text."""
-    try:
-        text.encode("latin-1")
-    except UnicodeEncodeError:
-        return False
-    return True
+# `text.is_latin1` of a chunk text, once per text (`_Quotable._verbatim`): finding out copies the text.
+_latin1 = lru_cache(maxsize=4096)(is_latin1)
 
 
 class _Quotable:
