@@ -145,6 +145,7 @@ def select(
     max_src = [-1] * n
     sum_sim = [0.0] * n
     weighted_rel = [lambda_ * r for r in rel_of]
+    score = [0.0] * n  # each candidate's MMR score, made when its `max_sim` is (`_updated_trade_off`)
     by_rel = sorted(range(n), key=rel_of.__getitem__, reverse=True)  # most relevant first, ties in order
     top = 0  # by_rel[top]: the most relevant candidate left (`_first_max` of rel; only moves on)
     weight = 1.0 - lambda_
@@ -153,6 +154,7 @@ def select(
     replaced: dict[int, int] = {}
     promoted: dict[int, tuple[int, float, int, float, int]] = {}
     containing: set[int] = set()
+    following = -1  # the next MMR choice, found while the last pick's similarities were read
     while len(picked) < k and open_:
         if not picked:
             opener = query_sim.tolist() if layout == "diversity" and query_sim is not None else rel_of
@@ -160,7 +162,7 @@ def select(
         elif layout == "diversity":  # least similar on average to those picked (same divisor for all)
             choice = _first_max(open_, [-s for s in sum_sim])
         else:
-            choice = _best_trade_off(open_, weighted_rel, weight, max_sim)
+            choice = following
         members = [j for j in dup_of[choice] if available[j] and j != choice]
         if members:
             members = sorted([*members, choice])
@@ -190,13 +192,14 @@ def select(
             open_.remove(j)
         if len(picked) < k and open_:  # the next step reads the similarities to this pick
             row = sim[keep].tolist()
-            for j in open_:  # only an available candidate's running figures are read again
-                if row[j] > max_sim[j]:
-                    max_sim[j] = row[j]
-                    max_src[j] = keep
             if layout == "diversity":
-                for j in open_:
+                for j in open_:  # only an available candidate's running figures are read again
+                    if row[j] > max_sim[j]:
+                        max_sim[j] = row[j]
+                        max_src[j] = keep
                     sum_sim[j] += row[j]
+            else:
+                following = _updated_trade_off(open_, row, keep, weighted_rel, weight, max_sim, max_src, score)
     return Selection(tuple(picked), redundant, replaced, promoted, frozenset(containing))
 
 
@@ -210,16 +213,29 @@ def _first_max(indices: list[int], values: list[float]) -> int:
     return best
 
 
-def _best_trade_off(indices: list[int], weighted_rel: list[float], weight: float,
-                    max_sim: list[float]) -> int:
-    """`_first_max` of the MMR score `weighted_rel - weight * max_sim` over `indices`, computed as
-    numpy computes it elementwise (a product, then a difference)."""
-    best = indices[0]
-    top = weighted_rel[best] - weight * max_sim[best]
-    for j in indices:
-        score = weighted_rel[j] - weight * max_sim[j]
-        if score > top:
-            best, top = j, score
+def _updated_trade_off(indices: list[int], row: list[float], pick: int, weighted_rel: list[float],
+                       weight: float, max_sim: list[float], max_src: list[int], score: list[float]) -> int:
+    """Each of `indices`' running maximum similarity raised by its similarity to `pick` (`row`,
+    strictly greater: the first source of a maximum stays) and its MMR score `weighted_rel -
+    weight * max_sim` (a product, then a difference, as numpy computes it elementwise) made
+    again when it was, and, in the same pass, `_first_max` of the scores over them: the next
+    choice. One pass instead of two, and a score is only made when its maximum moved."""
+    it = iter(indices)
+    best = next(it)  # `indices` is not empty
+    r = row[best]
+    if r > max_sim[best]:
+        max_sim[best] = r
+        max_src[best] = pick
+        score[best] = weighted_rel[best] - weight * r
+    top = score[best]
+    for j in it:
+        r = row[j]
+        if r > max_sim[j]:
+            max_sim[j] = r
+            max_src[j] = pick
+            score[j] = weighted_rel[j] - weight * r
+        if score[j] > top:
+            best, top = j, score[j]
     return best
 
 
