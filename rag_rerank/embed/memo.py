@@ -149,13 +149,13 @@ class TextRows:
         out = np.zeros((n, dim), dtype=dtype)
         if not found:
             return out
-        at = [k for k, _ in found]
+        at, rows = zip(*found)
         if not self.sparse:
-            out[at] = np.array([row for _, row in found], dtype=dtype)
+            out[list(at)] = np.array(rows, dtype=dtype)
             return out
-        idx = [row[0] for _, row in found]
-        starts = np.repeat(np.array(at, dtype=np.int64) * dim, [len(i) for i in idx])
+        idx, vals = zip(*rows)
+        starts = np.repeat(np.array(at, dtype=np.int64) * dim, list(map(len, idx)))
         flat = np.concatenate(idx).astype(np.int64) + starts  # one conversion, not one per row
         # the values converted first: a scatter that converts as it goes is about twice as slow
-        out.reshape(-1)[flat] = np.concatenate([vals for _, (_, vals) in found]).astype(dtype, copy=False)
+        out.reshape(-1)[flat] = np.concatenate(vals).astype(dtype, copy=False)
         return out
