@@ -199,7 +199,8 @@ def select(
                         max_src[j] = keep
                     sum_sim[j] += row[j]
             else:
-                following = _updated_trade_off(open_, row, keep, weighted_rel, weight, max_sim, max_src, score)
+                following = _updated_trade_off(open_, row, keep, weighted_rel, weight, max_sim, max_src,
+                                               score)
     return Selection(tuple(picked), redundant, replaced, promoted, frozenset(containing))
 
 

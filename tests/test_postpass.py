@@ -155,6 +155,88 @@ def test_mmr_matches_reference(rel, k, lam, dim, rnd):
     assert got == expected
 
 
+def reference_full_selection(rel, sim, k, lam, lengths, dup, prefer, layout):
+    """`select`'s whole `Selection`, every step's figures made from scratch: each available
+    candidate's maximum similarity to the picks so far (the first pick at it), its MMR score
+    `lam * rel - (1 - lam) * max_sim` as numpy computes it, the first of the largest; nothing
+    carried from one step to the next. The grouping rules are the docstring's."""
+    n = len(rel)
+    available = [True] * n
+    picked, redundant, replaced, promoted, containing = [], {}, {}, {}, set()
+
+    def closest(j):
+        m, src = -math.inf, -1
+        for p in picked:
+            if sim[p][j] > m:
+                m, src = sim[p][j], p
+        return m, src
+
+    while len(picked) < k and any(available):
+        open_ = [j for j in range(n) if available[j]]
+        if not picked:
+            values = {j: rel[j] for j in open_}
+        elif layout == "diversity":
+            values = {j: -sum(sim[p][j] for p in picked) for j in open_}
+        else:
+            values = {j: float(np.float64(lam) * rel[j] - (1.0 - lam) * closest(j)[0]) for j in open_}
+        choice = max(open_, key=lambda j: (values[j], -j))
+        members = sorted({choice, *(j for j in open_ if dup[choice][j])})
+        contains = {m: sum(1 for o in members if prefer[m][o]) for m in members}
+        keep = min(members, key=lambda m: (-contains[m], lengths[m], -rel[m], m))
+        if picked:
+            best = max(open_, key=lambda j: (rel[j], -j))
+            if rel[best] > rel[choice] and best != keep and best not in members:
+                promoted[keep] = (best, *closest(best), *closest(keep))
+        if keep != choice:
+            replaced[keep] = choice
+            if prefer[keep][choice]:
+                containing.add(keep)
+        picked.append(keep)
+        available[keep] = False
+        for j in open_:
+            if available[j] and (dup[keep][j] or (j == choice and keep != choice)):
+                redundant[j] = keep
+                available[j] = False
+    return tuple(picked), redundant, replaced, promoted, frozenset(containing)
+
+
+@settings(deadline=None, max_examples=400)
+@given(
+    st.integers(1, 14).flatmap(lambda n: st.tuples(
+        st.lists(_score, min_size=n, max_size=n),
+        # few directions: equal similarities to two picks, equal scores, as real lists of copies have
+        st.lists(st.lists(st.integers(-1, 1), min_size=2, max_size=2), min_size=n, max_size=n),
+        st.lists(st.integers(1, 4), min_size=n, max_size=n),
+        st.sets(st.tuples(st.integers(0, n - 1), st.integers(0, n - 1))),
+        st.sets(st.tuples(st.integers(0, n - 1), st.integers(0, n - 1))),
+    )),
+    st.integers(0, 15),
+    st.one_of(st.sampled_from([0.0, 0.5, 0.7, 1.0]), st.floats(0.0, 1.0)),
+    st.sampled_from(["mmr", "diversity", "lost_in_the_middle"]),
+)
+def test_selection_matches_a_from_scratch_reference(case, k, lam, layout):
+    """Every field of `select`'s result (picks, duplicates, stand-ins, the numbers behind each MMR
+    note) equals the from-scratch reference's, on lists with ties, duplicate groups and containment:
+    the running figures `select` carries from step to step change nothing."""
+    rel, raw, lengths, dup_pairs, prefer_pairs = case
+    n = len(rel)
+    unit = l2_normalise(np.array(raw, dtype=np.float64)).astype(np.float64)
+    sim = unit @ unit.T
+    sim = (sim + sim.T) * 0.5
+    dup = np.zeros((n, n), dtype=bool)
+    for i, j in dup_pairs:
+        if i != j:
+            dup[i, j] = dup[j, i] = True
+    prefer = np.zeros((n, n), dtype=bool)
+    for i, j in prefer_pairs:
+        if dup[i, j] and not prefer[j, i]:
+            prefer[i, j] = True
+    got = select(np.array(rel), sim, k, lambda_=lam, lengths=np.array(lengths), threshold=math.inf,
+                 layout=layout, duplicate=dup, prefer=prefer)
+    want = reference_full_selection(rel, sim.tolist(), k, lam, lengths, dup.tolist(), prefer.tolist(), layout)
+    assert (got.picked, got.redundant, got.replaced, got.promoted_over, got.containing) == want
+
+
 # --------------------------------------------------------------------------- edge cases
 
 

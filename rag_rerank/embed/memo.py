@@ -149,11 +149,11 @@ class TextRows:
         out = np.zeros((n, dim), dtype=dtype)
         if not found:
             return out
-        at, rows = zip(*found)
+        at, rows = zip(*found, strict=True)
         if not self.sparse:
             out[list(at)] = np.array(rows, dtype=dtype)
             return out
-        idx, vals = zip(*rows)
+        idx, vals = zip(*rows, strict=True)
         starts = np.repeat(np.array(at, dtype=np.int64) * dim, list(map(len, idx)))
         flat = np.concatenate(idx).astype(np.int64) + starts  # one conversion, not one per row
         # the values converted first: a scatter that converts as it goes is about twice as slow
