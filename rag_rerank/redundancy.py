@@ -602,7 +602,7 @@ def redundancy(texts: Sequence[str], semantic: np.ndarray | Callable[[], np.ndar
         return redundant, prefer
     copy = lexical >= LEXICAL_COPY
     given = candidates
-    if all(surely_passage(t) for t in texts):  # every pair is two passages: only near copies are candidates
+    if all(map(surely_passage, texts)):  # every pair is two passages: only near copies are candidates
         judged = copy if candidates is None else copy & candidates
         semantic_of: np.ndarray | None = None
     else:

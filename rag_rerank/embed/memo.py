@@ -12,8 +12,10 @@ it has not seen.
 
 from __future__ import annotations
 
+import operator
 import threading
 from collections import OrderedDict
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -62,6 +64,9 @@ class Memo:
         if item == "inner":  # not set yet (unpickling): looking it up here would recurse forever
             raise AttributeError(item)
         return getattr(self.inner, item)
+
+
+_is_none = partial(operator.is_, None)  # `row is None`, for `map` (a row may be an array)
 
 
 class TextRows:
@@ -132,10 +137,15 @@ class TextRows:
         """(place and stored row of each key stored, each key not stored -> its places); the
         stored ones become the most recently used."""
         missing: dict[Any, list[int]] = {}
-        found: list[tuple[int, Any]] = []
         with self._lock:
-            for k, key in enumerate(keys):
-                row = self._rows.get(key)
+            rows = list(map(self._rows.get, keys))
+            if not any(map(_is_none, rows)):  # every key stored (a list seen before)
+                move = self._rows.move_to_end
+                for key in keys:
+                    move(key)
+                return list(enumerate(rows)), missing
+            found: list[tuple[int, Any]] = []
+            for k, (key, row) in enumerate(zip(keys, rows, strict=True)):
                 if row is None:
                     missing.setdefault(key, []).append(k)
                 else:
