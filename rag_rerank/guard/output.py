@@ -647,7 +647,7 @@ def _plainly_conformant(obj: Any) -> bool:
     """The schema checked by hand for the common, valid case; False sends the object through
     jsonschema, which explains what is wrong. Saves most of the guard's time on a good answer."""
     sections = _sections(obj)
-    return sections is not None and all(map(_plain_ranked, sections[0])) and all(
+    return sections is not None and None not in map(_plain_ranked, sections[0]) and all(
         map(_plain_dropped, sections[1]))
 
 
@@ -661,20 +661,23 @@ def _sections(obj: Any) -> tuple[list[Any], list[Any]] | None:
     return ranked, dropped
 
 
-def _plain_ranked(item: Any) -> bool:
-    """A ranked item the schema accepts, checked in one function (each item of each answer passes
-    here): a non-empty string id, a non-blank string reason (str.isspace reads the same Unicode
+def _plain_ranked(item: Any) -> tuple[str, float, str] | None:
+    """A ranked item the schema accepts as its (id, score, reason), else None; checked in one
+    function (each item of each answer passes here), which hands the fields it read on to the
+    caller: a non-empty string id, a non-blank string reason (str.isspace reads the same Unicode
     property as the schema's `\\S`), a string diversity note if any, a number score in [0, 1]."""
     if type(item) is not dict:
-        return False
+        return None
     # A missing key reads as None, which no type test below accepts: so the three required keys
     # are there, and with three keys nothing else is; a fourth must be a string note. (Look-ups of
     # constant keys, not two set comparisons that each walk a set or the dict's keys.)
     cid, reason, score = item.get("id"), item.get("reason"), item.get("score")
     size = len(item)
-    return (type(cid) is str and cid != "" and type(reason) is str and reason != "" and not reason.isspace()
+    if (type(cid) is str and cid != "" and type(reason) is str and reason != "" and not reason.isspace()
             and (type(score) is float or type(score) is int) and 0 <= score <= 1
-            and (size == 3 or (size == 4 and type(item.get("diversity_note")) is str)))
+            and (size == 3 or (size == 4 and type(item.get("diversity_note")) is str))):
+        return cid, score, reason
+    return None
 
 
 def _plain_dropped(item: Any) -> bool:
@@ -757,15 +760,15 @@ def _plain_violations(obj: Any, chunks: Sequence[Chunk], top_k: int, lim: Limits
     seen: dict[str, int] = {}  # id -> where it was first: its index, dropped ones after the ranked
     floor = lim.min_score
     for i, item in enumerate(ranked):
-        if not _plain_ranked(item):
+        fields = _plain_ranked(item)
+        if fields is None:
             return None
-        cid = item["id"]
+        cid, score, reason = fields
         chunk = texts.get(cid)
         if chunk is None or cid in seen:
             folded = _id_violations(out, "ranked", i, cid, texts, seen, len(ranked), folded)
         else:
             seen[cid] = i
-        score, reason = item["score"], item["reason"]
         if score <= floor:
             msg = f"score {score} is not above the minimum {floor}; such a chunk belongs in dropped"
             out.append(Violation(path=f"$.ranked[{i}].score", message=msg, value=score, id=cid))
@@ -778,7 +781,7 @@ def _plain_violations(obj: Any, chunks: Sequence[Chunk], top_k: int, lim: Limits
         elif bad := quotable.chunk_misquoted(chunk, reason):
             msg = quotable.refusal(cid, bad)
             out.append(Violation(path=f"$.ranked[{i}].reason", message=msg, value=reason, id=cid))
-    ranked_ids = {it["id"] for it in ranked}
+    ranked_ids = set(seen)  # every ranked item's id went into `seen`, and nothing else yet
     problems: dict[str, str | None] = {}  # a dropped reason's grammar problem, once per answer
     for i, item in enumerate(dropped):
         if not _plain_dropped(item):
