@@ -694,7 +694,8 @@ def test_property_non_blank_is_the_schemas_pattern(text: str) -> None:
     from rag_rerank.guard.output import _plain_dropped, _plain_ranked
 
     non_blank = re.search(r"\S", text) is not None
-    assert _plain_ranked({"id": "c1", "score": 0.5, "reason": text}) == (("c1", 0.5, text) if non_blank else None)
+    fields = ("c1", 0.5, text) if non_blank else None
+    assert _plain_ranked({"id": "c1", "score": 0.5, "reason": text}) == fields
     assert _plain_dropped({"id": "c1", "reason": text}) == non_blank
 
 
