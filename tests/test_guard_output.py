@@ -381,22 +381,25 @@ def test_property_fast_schema_path_agrees_with_jsonschema(value: Any) -> None:
 @hypothesis.example(items=[{"id": "c1", "score": 0.5, "reason": "IVF", "diversity_note": "x", "extra": None}],
                     dropped=[])
 @hypothesis.example(items=[], dropped=[{"id": "c4", "reason": "x", "score": 0.5}])
+@hypothesis.example(items=[{"id": "c1", "score": 0.5, "note": "IVF"}], dropped=[])
+@hypothesis.example(items=[], dropped=[{"id": "c4", "text": "x"}])
 @hypothesis.given(
     items=st.lists(
         st.fixed_dictionaries(
             {
                 "id": st.sampled_from(["c1", "", "c2"]) | st.integers(),
                 "score": st.floats() | st.booleans() | st.integers(),
-                "reason": st.sampled_from(["IVF", "", " ", "\u2028"]),
             },
-            optional={"diversity_note": st.text(max_size=3) | st.integers(), "extra": st.none()},
+            optional={"reason": st.sampled_from(["IVF", "", " ", "\u2028"]),
+                      "diversity_note": st.text(max_size=3) | st.integers(), "extra": st.none(),
+                      "note": st.just("IVF")},
         ),
         max_size=3,
     ),
     dropped=st.lists(
         st.fixed_dictionaries(
-            {"id": st.sampled_from(["c4", ""]), "reason": st.sampled_from(["x", " "])},
-            optional={"score": st.floats()},
+            {"id": st.sampled_from(["c4", ""])},
+            optional={"reason": st.sampled_from(["x", " "]), "score": st.floats(), "text": st.just("x")},
         ),
         max_size=2,
     ),
@@ -696,7 +699,7 @@ def test_property_non_blank_is_the_schemas_pattern(text: str) -> None:
     non_blank = re.search(r"\S", text) is not None
     fields = ("c1", 0.5, text) if non_blank else None
     assert _plain_ranked({"id": "c1", "score": 0.5, "reason": text}) == fields
-    assert _plain_dropped({"id": "c1", "reason": text}) == non_blank
+    assert _plain_dropped({"id": "c1", "reason": text}) == (("c1", text) if non_blank else None)
 
 
 # --- issue 37, first sight: a chunk's text tokenised and normalised once -------------------------------
@@ -763,11 +766,11 @@ _VERBATIM_TEXT = (st.lists(st.sampled_from(_VERBATIM_CHARS), max_size=12).map(""
                   meta=st.none() | st.sampled_from([{"k": "abc"}, {"k": " [\u2026] "}]))
 def test_property_verbatim_short_cut_equals_the_full_quotation_check(
         text: str, cut: tuple[int, int], query: str | None, cid: str, meta: Any) -> None:
-    """`_Quotable._verbatim` says "nothing misquoted" without normalising when every quotation
-    piece is in the chunk's ASCII text as written; the verdict is the full check's (`misquoted`
-    against what the model was shown), whatever the text, id, meta, query and quotation hold:
-    a slice of the text (the short cut's case), the slice with an ellipsis or an elision mark,
-    and arbitrary Unicode."""
+    """`_Quotable.chunk_misquoted`'s short cut says "nothing misquoted" without normalising
+    when every quotation piece is in the chunk's Latin-1 text as written; the verdict is the full
+    check's (`misquoted` against what the model was shown), whatever the text, id, meta, query
+    and quotation hold: a slice of the text (the short cut's case), the slice with an ellipsis or
+    an elision mark, and arbitrary Unicode."""
     import re
 
     from rag_rerank.guard.output import _joined, _Quotable
@@ -796,8 +799,8 @@ def test_property_verbatim_short_cut_equals_the_full_quotation_check(
                   | st.text(alphabet=st.characters(max_codepoint=255), max_size=40),
                   lo=st.integers(0, 40), hi=st.integers(0, 40))
 def test_property_a_latin1_slice_stays_inside_the_comparable_text(text: str, lo: int, hi: int) -> None:
-    """The reasoning behind `_verbatim`: a piece of a Latin-1 text, in its comparable form and
-    stripped of edge punctuation, lies inside the text's comparable form."""
+    """The reasoning behind `chunk_misquoted`'s short cut: a piece of a Latin-1 text, in its
+    comparable form and stripped of edge punctuation, lies inside the text's comparable form."""
     from rag_rerank.guard.output import _EDGE
     from rag_rerank.text import comparable
 

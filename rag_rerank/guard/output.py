@@ -322,7 +322,7 @@ def _shown(text: str, cid: str, meta: str | None, query: str | None
     return (source,), (" ".join(form for form in forms if form),)
 
 
-# `text.is_latin1` of a chunk text, once per text (`_Quotable._verbatim`): finding out copies the text.
+# `text.is_latin1` of a chunk text, once per text (`_Quotable.chunk_misquoted`): finding out copies the text.
 _latin1 = lru_cache(maxsize=4096)(is_latin1)
 
 
@@ -334,7 +334,7 @@ class _Quotable:
         self.chunks = {c.id: c for c in chunks}
         self._query = query
         # Whether a chunk with an ASCII text and no meta is shown as one passage whatever its id:
-        # the query (when shown) holds no elision mark. Settled once per answer (`_verbatim`).
+        # the query (when shown) holds no elision mark. Settled once per answer (`chunk_misquoted`).
         self._one_passage = not query or ELISION not in query
 
     @property
@@ -368,20 +368,14 @@ class _Quotable:
         return None if chunk is None else self.chunk_misquoted(chunk, reason)
 
     def chunk_misquoted(self, chunk: Chunk, reason: str) -> str | None:
-        """`misquoted` for an input chunk's reason."""
-        quotes = _quotations(reason)
-        if not quotes:  # most reasons: no JSON dump of the chunk's meta, no look-up
-            return None
-        if self._verbatim(chunk, quotes):
-            return None
-        meta = None if chunk.meta is None else json.dumps(chunk.meta, ensure_ascii=False, default=str)
-        return _misquoted(quotes, *_shown(chunk.text, chunk.id, meta, self._query))
+        """`misquoted` for an input chunk's reason.
 
-    def _verbatim(self, chunk: Chunk, quotes: list[str]) -> bool:
-        """Whether each quotation piece is, character for character, in the chunk's Latin-1 text
-        (ASCII, accents, web mojibake: DL19's passages all are), for a chunk shown as one passage:
-        then `_misquoted` finds every piece (or finds it too short to judge) and the verdict is
-        None, without normalising a piece or searching the shown text.
+        Short cut (in this method: it runs for each ranked item of each answer, and a call more
+        cost about 450 instructions each time): when each quotation piece is, character for
+        character, in the chunk's Latin-1 text (ASCII, accents, web mojibake: DL19's passages all
+        are), for a chunk shown as one passage, `_misquoted` would find every piece (or find it too
+        short to judge) and the verdict is None, without normalising a piece or searching the
+        shown text.
 
         Why that holds: for Latin-1 text, `comparable` maps each character on its own (a control
         to a space, a soft hyphen to nothing, NFKC and the case fold to a fixed text: no Latin-1
@@ -393,17 +387,22 @@ class _Quotable:
         mark in the text, which is Latin-1 and cannot hold its "\u2026", nor in the id or the
         query, and no meta) no piece is refused for spanning a mark. A property test holds the
         short cut equal to the full check on arbitrary Unicode."""
+        quotes = _quotations(reason)
+        if not quotes:  # most reasons: no JSON dump of the chunk's meta, no look-up
+            return None
         text = chunk.text
-        if not (self._one_passage and (text.isascii() or _latin1(text)) and chunk.meta is None
+        if (self._one_passage and (text.isascii() or _latin1(text)) and chunk.meta is None
                 and ELISION not in chunk.id):
-            return False
-        for quote in quotes:
-            if "..." in quote or "\u2026" in quote:  # as `_misquoted` splits it, each piece in the text
-                if not all(part in text for part in _ELLIPSIS.split(quote)):
-                    return False
-            elif quote not in text:
-                return False
-        return True
+            for quote in quotes:
+                if "..." in quote or "\u2026" in quote:  # as `_misquoted` splits it, each piece in the text
+                    if not all(part in text for part in _ELLIPSIS.split(quote)):
+                        break
+                elif quote not in text:
+                    break
+            else:
+                return None  # every quotation as written in the text (the short cut above)
+        meta = None if chunk.meta is None else json.dumps(chunk.meta, ensure_ascii=False, default=str)
+        return _misquoted(quotes, *_shown(chunk.text, chunk.id, meta, self._query))
 
 
 def _fold(cid: str) -> str:
@@ -647,8 +646,8 @@ def _plainly_conformant(obj: Any) -> bool:
     """The schema checked by hand for the common, valid case; False sends the object through
     jsonschema, which explains what is wrong. Saves most of the guard's time on a good answer."""
     sections = _sections(obj)
-    return sections is not None and None not in map(_plain_ranked, sections[0]) and all(
-        map(_plain_dropped, sections[1]))
+    return (sections is not None and None not in map(_plain_ranked, sections[0])
+            and None not in map(_plain_dropped, sections[1]))
 
 
 def _sections(obj: Any) -> tuple[list[Any], list[Any]] | None:
@@ -668,11 +667,15 @@ def _plain_ranked(item: Any) -> tuple[str, float, str] | None:
     property as the schema's `\\S`), a string diversity note if any, a number score in [0, 1]."""
     if type(item) is not dict:
         return None
-    # A missing key reads as None, which no type test below accepts: so the three required keys
-    # are there, and with three keys nothing else is; a fourth must be a string note. (Look-ups of
-    # constant keys, not two set comparisons that each walk a set or the dict's keys.)
-    cid, reason, score = item.get("id"), item.get("reason"), item.get("score")
+    # The three required keys read by subscript (a missing one refuses the item): with three keys
+    # nothing else is there; a fourth must be a string note. (Look-ups of constant keys, not two
+    # set comparisons that each walk a set or the dict's keys; subscripts, not `dict.get`'s
+    # method calls, which cost several times more.)
     size = len(item)
+    try:
+        cid, reason, score = item["id"], item["reason"], item["score"]
+    except KeyError:
+        return None
     if (type(cid) is str and cid != "" and type(reason) is str and reason != "" and not reason.isspace()
             and (type(score) is float or type(score) is int) and 0 <= score <= 1
             and (size == 3 or (size == 4 and type(item.get("diversity_note")) is str))):
@@ -680,12 +683,18 @@ def _plain_ranked(item: Any) -> tuple[str, float, str] | None:
     return None
 
 
-def _plain_dropped(item: Any) -> bool:
-    """A dropped item the schema accepts: exactly a non-empty string id and a non-blank string reason."""
+def _plain_dropped(item: Any) -> tuple[str, str] | None:
+    """A dropped item the schema accepts as its (id, reason), else None: exactly a non-empty
+    string id and a non-blank string reason (read by subscript, as `_plain_ranked` reads them)."""
     if type(item) is not dict or len(item) != 2:
-        return False
-    cid, reason = item.get("id"), item.get("reason")  # a missing one reads as None: refused below
-    return type(cid) is str and cid != "" and type(reason) is str and reason != "" and not reason.isspace()
+        return None
+    try:
+        cid, reason = item["id"], item["reason"]
+    except KeyError:
+        return None
+    if type(cid) is str and cid != "" and type(reason) is str and reason != "" and not reason.isspace():
+        return cid, reason
+    return None
 
 
 def output_violations(
@@ -784,9 +793,10 @@ def _plain_violations(obj: Any, chunks: Sequence[Chunk], top_k: int, lim: Limits
     ranked_ids = set(seen)  # every ranked item's id went into `seen`, and nothing else yet
     problems: dict[str, str | None] = {}  # a dropped reason's grammar problem, once per answer
     for i, item in enumerate(dropped):
-        if not _plain_dropped(item):
+        fields = _plain_dropped(item)
+        if fields is None:
             return None
-        cid, reason = item["id"], item["reason"]
+        cid, reason = fields
         if cid not in texts or cid in seen:
             folded = _id_violations(out, "dropped", i, cid, texts, seen, len(ranked), folded)
         else:
