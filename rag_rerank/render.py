@@ -151,8 +151,16 @@ def _line(record: dict[str, object]) -> str:
 
 
 def chunks_jsonl(chunks: Iterable[Chunk]) -> str:
-    """The chunks' lines, each ended by a line break (joined in C: no string built per line)."""
-    lines = list(map(chunk_line, chunks))
+    """The chunks' lines, each ended by a line break (joined in C: no string built per line). A
+    chunk's memoised line is looked up here, `chunk_line`'s first case without its call (each
+    chunk of each prompt passes here)."""
+    lines = []
+    for chunk in chunks:
+        score = chunk.score
+        if chunk.meta is None and (score is None or (type(score) is float and score)):
+            lines.append(_plain_line(chunk.id, chunk.text, score))
+        else:
+            lines.append(chunk_line(chunk))
     return "\n".join(lines) + "\n" if lines else ""
 
 

@@ -278,6 +278,22 @@ def test_property_a_memoised_line_writes_its_own_score(scores: list[Any], text: 
         assert chunk_line(chunk) == _reference_line(chunk.prompt_record())
 
 
+@hypothesis.settings(derandomize=True, max_examples=300)
+@hypothesis.given(specs=st.lists(st.tuples(_SCORES, st.none() | st.just({"k": "<v>"})), max_size=6),
+                  text=st.sampled_from(["t", "é <b>", "\u2028"]) | st.text(max_size=8))
+@hypothesis.example(specs=[(0.0, None), (-0.0, None), (1, None), (1.0, None), (True, None),
+                           (0.5, {"k": "<v>"})], text="t")
+def test_property_chunks_jsonl_writes_each_chunks_own_line(specs: list[tuple[Any, Any]], text: str) -> None:
+    """The chunks' JSONL, which looks up a chunk's memoised line itself for the common case (no
+    meta; no score or a non-zero float), is each chunk's own line ended by a line break, whatever
+    the scores (equal as numbers, written differently) and metas."""
+    from rag_rerank.models import Chunk
+    from rag_rerank.render import chunks_jsonl
+
+    chunks = [Chunk("c", text, score, meta) for score, meta in specs]  # one id: the memo's keys meet
+    assert chunks_jsonl(chunks) == "".join(_reference_line(c.prompt_record()) + "\n" for c in chunks)
+
+
 # --- issue 37, warm: a template that only substitutes values is filled by a join of its pieces ----------
 
 _FRAGMENTS = ["<a>", "{{ query }}", "{{ top_k }}", "{{query}}", "{# note #}", "{#- trim -#}\n", "text {",

@@ -519,7 +519,13 @@ def _all_known_plain(source: Any) -> list[Chunk] | None:
         return None
     chunks: list[Chunk] = []
     for item in source:
-        if type(item) is not dict or (chunk := _known_plain(item)) is None:
+        if type(item) is not dict:
+            return None
+        if len(item) == 2 and type(cid := item.get("id")) is str and type(text := item.get("text")) is str:
+            chunk = _plain_chunk(cid, text)  # `_known_plain`'s first case, without its call
+        else:
+            chunk = _known_plain(item)
+        if chunk is None:
             return None
         chunks.append(chunk)
     return chunks
