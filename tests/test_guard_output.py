@@ -871,3 +871,30 @@ def test_property_decoding_without_a_hook_finds_what_the_hook_finds(text: str) -
     except (ValueError, RecursionError) as exc:
         got = (type(exc), str(exc))
     assert repr(got) == repr(expected)
+
+
+_CITING_CHARS = st.sampled_from([*"ab IVF 12", "\u5411\u91cf", "\u68c0\u7d22", "\u5012\u6392", "\u7d22\u5f15",
+                                 '"', "\u00e9", "\u0301", "\u3002", "..."])
+_CITING_TEXT = st.lists(_CITING_CHARS, max_size=10).map("".join) | st.text(max_size=12)
+
+
+@hypothesis.settings(derandomize=True, max_examples=300)
+@hypothesis.example(texts=["\u5411\u91cf\u68c0\u7d22\u7684\u5012\u6392\u7d22\u5f15", "IVF"],
+                    reasons=["\u63d0\u5230\u5012\u6392\u7d22\u5f15", "\u63d0\u5230\u56fe\u7ed3\u6784"])
+@hypothesis.given(texts=st.lists(_CITING_TEXT.filter(str.strip), min_size=2, max_size=2),
+                  reasons=st.lists(_CITING_TEXT.filter(str.strip), min_size=1, max_size=2))
+def test_property_one_pass_citations_and_quotations_equal_the_general_path(
+        texts: list[str], reasons: list[str]) -> None:
+    """The one-pass path asks `cites_chunk`'s first test (a shared content word) itself and takes
+    the verbatim quotation short cut; on chunks and reasons of any text (CJK without spaces, whose
+    citation is a shared bigram, quotations, accents), its violations are the general path's."""
+    from rag_rerank.guard.limits import as_limits
+    from rag_rerank.guard.output import _general_violations, _plain_violations
+
+    chunks = [Chunk(id=f"c{i}", text=text) for i, text in enumerate(texts)]
+    ranked = [{"id": f"c{i % 2}", "score": 0.5, "reason": reason} for i, reason in enumerate(reasons)]
+    obj = {"ranked": ranked, "dropped": []}
+    lim = as_limits(None)
+    fast = _plain_violations(obj, chunks, 3, lim, None)
+    assert fast is not None
+    assert fast == _general_violations(obj, chunks, 3, lim, None)
