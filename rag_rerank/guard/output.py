@@ -793,7 +793,9 @@ def _plain_violations(obj: Any, chunks: Sequence[Chunk], top_k: int, lim: Limits
             msg = quotable.refusal(cid, bad)
             out.append(Violation(path=f"$.ranked[{i}].reason", message=msg, value=reason, id=cid))
     ranked_ids = set(seen)  # every ranked item's id went into `seen`, and nothing else yet
-    problems: dict[str, str | None] = {}  # a dropped reason's grammar problem, once per answer
+    # Models give many dropped chunks one reason ("off topic", "outside top_k"): what it says (the
+    # id a `redundant_with:` names, else its grammar problem) is read once per answer.
+    readings: dict[str, tuple[str | None, str | None]] = {}
     for i, item in enumerate(dropped):
         fields = _plain_dropped(item)
         if fields is None:
@@ -803,14 +805,16 @@ def _plain_violations(obj: Any, chunks: Sequence[Chunk], top_k: int, lim: Limits
             folded = _id_violations(out, "dropped", i, cid, texts, seen, len(ranked), folded)
         else:
             seen[cid] = len(ranked) + i
-        if (target := reasons.redundant_target(reason)) is not None:
+        reading = readings.get(reason)
+        if reading is None:
+            target = reasons.redundant_target(reason)
+            reading = readings[reason] = (target, None if target is not None else reasons.problem(reason))
+        target, bad = reading
+        if target is not None:
             if target not in ranked_ids:
                 msg = f"{reason!r} must name a ranked id"
                 out.append(Violation(path=f"$.dropped[{i}].reason", message=msg, value=reason, id=cid))
-            continue
-        # Models give many dropped chunks one reason ("off topic"): its grammar is read once.
-        bad = problems[reason] if reason in problems else problems.setdefault(reason, reasons.problem(reason))
-        if bad is not None:
+        elif bad is not None:
             out.append(Violation(path=f"$.dropped[{i}].reason", message=bad, value=reason, id=cid))
     if len(ranked) > top_k:
         msg = f"{len(ranked)} ranked items is more than top_k={top_k}"
