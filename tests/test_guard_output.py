@@ -787,7 +787,8 @@ def test_property_verbatim_short_cut_equals_the_full_quotation_check(
     half = len(piece) // 2
     for quoted in (piece, piece[:half] + "..." + piece[half:], elided, piece + "...zebra quilt",
                    piece + " [\u2026] " + piece, piece + "\u2026"):
-        for reason in (f'quotes "{quoted}"', f'quotes "{quoted}" and "{piece[::-1]}"'):
+        for reason in (f'quotes "{quoted}"', f'quotes "{quoted}" and "{piece[::-1]}"',
+                       f'quotes "{quoted}" and "zebra quilt'):  # a last quote left open quotes nothing
             assert quotable.misquoted(cid, reason) == misquoted(reason, shown)
 
 
