@@ -463,7 +463,8 @@ def parse_chunks(
         count = token_counter(None)
     known = _all_known_plain(source)
     if known is not None:  # every record plain and valid (most calls): no entries, no second loop
-        problems = _collection_violations(known, _Entries(source), len(known), lim, query, window_size, count)
+        problems = _collection_violations(known, _Entries(source), len(known), lim, query, window_size, count,
+                                          embedded=False)  # plain records: {"id", "text"[, "score"]}
         violations.extend(problems)
         if violations:
             raise InputError(violations, headline="invalid chunks")
@@ -630,8 +631,10 @@ Places = Sequence[tuple[Any, int | None, int]]  # each chunk's record entry (`_r
 
 def _collection_violations(
     chunks: list[Chunk], where: Places, n_records: int, lim: Limits, query: str, window_size: int | None,
-    count: Tokenizer,
+    count: Tokenizer, *, embedded: bool = True,
 ) -> list[Violation]:
+    """The rules about the chunks together: unique ids, the count and token limits, one embedding
+    dimension (`embedded=False`: the caller knows no chunk has an embedding, as for plain records)."""
     out: list[Violation] = []
     # The fields read in a comprehension: Python 3.11 reads a frozen value's field there for a
     # fraction of what `map` of an `attrgetter` costs per item.
@@ -645,7 +648,7 @@ def _collection_violations(
         out.append(Violation(path="chunks", message=f"duplicate ids (ids must be unique): {named}{more}",
                              value=list(dupes)))
     out.extend(_size_violations(chunks, where, n_records, lim, query, window_size, count))
-    dims = {len(chunk.embedding) for chunk in chunks if chunk.embedding is not None}
+    dims = {len(chunk.embedding) for chunk in chunks if chunk.embedding is not None} if embedded else set()
     if len(dims) > 1:
         out.append(Violation(path="chunks[*].embedding", message=f"embeddings have different dimensions: "
                              f"{sorted(dims)}", value=sorted(dims)))
