@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from functools import cache, lru_cache
 
 import jinja2
@@ -150,12 +151,25 @@ def _line(record: dict[str, object]) -> str:
 
 
 def chunks_jsonl(chunks: Iterable[Chunk]) -> str:
-    """The chunks' lines, each ended by a line break (joined in C: no string built per line)."""
-    lines = list(map(chunk_line, chunks))
+    """The chunks' lines, each ended by a line break (joined in C: no string built per line). A
+    chunk's memoised line is looked up here, `chunk_line`'s first case without its call (each
+    chunk of each prompt passes here)."""
+    lines = []
+    for chunk in chunks:
+        score = chunk.score
+        if chunk.meta is None and (score is None or (type(score) is float and score)):
+            lines.append(_plain_line(chunk.id, chunk.text, score))
+        else:
+            lines.append(chunk_line(chunk))
     return "\n".join(lines) + "\n" if lines else ""
 
 
 def xml_text(value: str) -> str:
+    """`value` with markup and invisible characters escaped. An ASCII text without `&`, `<` or `>`
+    (most queries) has nothing to escape and is returned as it is: `str.translate` with a table
+    that lengthens characters looks each character up in the table's dict."""
+    if value.isascii() and "<" not in value and ">" not in value and "&" not in value:
+        return value
     return value.translate(_XML_ESCAPES)
 
 
@@ -163,30 +177,49 @@ def format_lambda(value: float) -> str:
     return repr(float(value))
 
 
-def _substitution_form(env: jinja2.Environment, source: str) -> tuple[str, frozenset[str]] | None:
+@dataclass(frozen=True)
+class _Substitution:
+    """A template that only puts values into text: its text pieces around the names it reads
+    (`texts` has one more item than `names`). Filled by joining the pieces with the values: one
+    C join, where `str.format` parsed the whole template's text again for each prompt."""
+
+    texts: tuple[str, ...]
+    names: tuple[str, ...]
+    needs: frozenset[str]
+
+    def fill(self, values: Mapping[str, str | int]) -> str:
+        """The template's text with each name's value written as Jinja writes it, by `str()`."""
+        out = [self.texts[0]]
+        for name, text in zip(self.names, self.texts[1:], strict=True):
+            out.append(str(values[name]))
+            out.append(text)
+        return "".join(out)
+
+
+def _substitution_form(env: jinja2.Environment, source: str) -> _Substitution | None:
     """A template that only puts values into text (`{{ name }}`, comments, white-space control; no
-    tag, filter, attribute or expression) as a `str.format` string and the names it reads; None for
-    any other template. Jinja writes such a template's value with `str()` (autoescape off), which
-    is what `format` does for the strings and integers `render` passes: the same text, made by one
-    C call instead of a template context and a generator per prompt."""
-    pieces: list[str] = []
-    names: set[str] = set()
+    tag, filter, attribute or expression) as its pieces and names, read from Jinja's own parse;
+    None for any other template. Jinja writes such a template's value with `str()` (autoescape
+    off), as `_Substitution.fill` does: the same text, without a template context and a generator
+    per prompt."""
+    texts: list[str] = [""]
+    names: list[str] = []
     for node in env.parse(source).body:
         if type(node) is not nodes.Output:
             return None
         for child in node.nodes:
             if type(child) is nodes.TemplateData:
-                pieces.append(child.data.replace("{", "{{").replace("}", "}}"))
+                texts[-1] += child.data
             elif type(child) is nodes.Name and child.ctx == "load":
-                pieces.append("{" + child.name + "}")
-                names.add(child.name)
+                names.append(child.name)
+                texts.append("")
             else:
                 return None
-    return "".join(pieces), frozenset(names)
+    return _Substitution(tuple(texts), tuple(names), frozenset(names))
 
 
 @lru_cache(maxsize=16)
-def _substitution(template: str) -> tuple[str, frozenset[str]] | None:
+def _substitution(template: str) -> _Substitution | None:
     """`_substitution_form` of a packaged template, read once (the templates ship with the package
     and are not reloaded: `auto_reload=False`)."""
     env = _environment()
@@ -196,11 +229,11 @@ def _substitution(template: str) -> tuple[str, frozenset[str]] | None:
 
 
 def _render(template: str, values: dict[str, str | int]) -> str:
-    """`template` filled with `values`: by its format string when it is a plain substitution and
-    every name it reads is given, else by Jinja (which then names what is missing)."""
+    """`template` filled with `values`: by its pieces when it is a plain substitution and every
+    name it reads is given, else by Jinja (which then names what is missing)."""
     form = _substitution(template)
-    if form is not None and form[1] <= values.keys():
-        return form[0].format_map(values)
+    if form is not None and form.needs <= values.keys():
+        return form.fill(values)
     return _environment().get_template(template).render(values)
 
 

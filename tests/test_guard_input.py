@@ -823,3 +823,25 @@ def test_property_exact_type_short_cuts_keep_the_rules(value: object) -> None:
     assert (not top_k_violations(value)) == (integral and value >= 1)  # type: ignore[operator]
     real = isinstance(value, numbers.Real) and not isinstance(value, bool)
     assert (not lambda_violations(value)) == (real and math.isfinite(value) and 0 <= value <= 1)  # type: ignore[arg-type]
+
+
+@hypothesis.settings(max_examples=200, derandomize=True, deadline=None)
+@given(specs=st.lists(st.tuples(st.sampled_from(["a", "b", "\u00e9", "a "]),
+                                st.none() | st.integers(1, 3)), min_size=1, max_size=6))
+@hypothesis.example(specs=[("a", None), ("a", 2)])
+@hypothesis.example(specs=[("a", 1), ("b", None), ("\u00e9", 2)])
+def test_property_duplicate_ids_and_dimensions_are_found_from_the_fields(
+        specs: list[tuple[str, int | None]]) -> None:
+    """The collection rules read each chunk's id and embedding in a loop: a duplicate-id violation
+    exactly when an id repeats, a dimensions violation exactly when the embeddings given have more
+    than one length (chunks without one do not count)."""
+    chunks = [Chunk(cid, "text", None, None, None if dim is None else (0.5,) * dim) for cid, dim in specs]
+    try:
+        parse_chunks(chunks)
+        paths: list[str] = []
+    except InputError as exc:
+        paths = [v.path for v in exc.violations]
+    ids = [cid for cid, _ in specs]
+    dims = {dim for _, dim in specs if dim is not None}
+    assert ("chunks" in paths) == (len(set(ids)) < len(ids))
+    assert ("chunks[*].embedding" in paths) == (len(dims) > 1)

@@ -381,22 +381,25 @@ def test_property_fast_schema_path_agrees_with_jsonschema(value: Any) -> None:
 @hypothesis.example(items=[{"id": "c1", "score": 0.5, "reason": "IVF", "diversity_note": "x", "extra": None}],
                     dropped=[])
 @hypothesis.example(items=[], dropped=[{"id": "c4", "reason": "x", "score": 0.5}])
+@hypothesis.example(items=[{"id": "c1", "score": 0.5, "note": "IVF"}], dropped=[])
+@hypothesis.example(items=[], dropped=[{"id": "c4", "text": "x"}])
 @hypothesis.given(
     items=st.lists(
         st.fixed_dictionaries(
             {
                 "id": st.sampled_from(["c1", "", "c2"]) | st.integers(),
                 "score": st.floats() | st.booleans() | st.integers(),
-                "reason": st.sampled_from(["IVF", "", " ", "\u2028"]),
             },
-            optional={"diversity_note": st.text(max_size=3) | st.integers(), "extra": st.none()},
+            optional={"reason": st.sampled_from(["IVF", "", " ", "\u2028"]),
+                      "diversity_note": st.text(max_size=3) | st.integers(), "extra": st.none(),
+                      "note": st.just("IVF")},
         ),
         max_size=3,
     ),
     dropped=st.lists(
         st.fixed_dictionaries(
-            {"id": st.sampled_from(["c4", ""]), "reason": st.sampled_from(["x", " "])},
-            optional={"score": st.floats()},
+            {"id": st.sampled_from(["c4", ""])},
+            optional={"reason": st.sampled_from(["x", " "]), "score": st.floats(), "text": st.just("x")},
         ),
         max_size=2,
     ),
@@ -694,8 +697,9 @@ def test_property_non_blank_is_the_schemas_pattern(text: str) -> None:
     from rag_rerank.guard.output import _plain_dropped, _plain_ranked
 
     non_blank = re.search(r"\S", text) is not None
-    assert _plain_ranked({"id": "c1", "score": 0.5, "reason": text}) == non_blank
-    assert _plain_dropped({"id": "c1", "reason": text}) == non_blank
+    fields = ("c1", 0.5, text) if non_blank else None
+    assert _plain_ranked({"id": "c1", "score": 0.5, "reason": text}) == fields
+    assert _plain_dropped({"id": "c1", "reason": text}) == (("c1", text) if non_blank else None)
 
 
 # --- issue 37, first sight: a chunk's text tokenised and normalised once -------------------------------
@@ -762,11 +766,11 @@ _VERBATIM_TEXT = (st.lists(st.sampled_from(_VERBATIM_CHARS), max_size=12).map(""
                   meta=st.none() | st.sampled_from([{"k": "abc"}, {"k": " [\u2026] "}]))
 def test_property_verbatim_short_cut_equals_the_full_quotation_check(
         text: str, cut: tuple[int, int], query: str | None, cid: str, meta: Any) -> None:
-    """`_Quotable._verbatim` says "nothing misquoted" without normalising when every quotation
-    piece is in the chunk's ASCII text as written; the verdict is the full check's (`misquoted`
-    against what the model was shown), whatever the text, id, meta, query and quotation hold:
-    a slice of the text (the short cut's case), the slice with an ellipsis or an elision mark,
-    and arbitrary Unicode."""
+    """`_Quotable.chunk_misquoted`'s short cut says "nothing misquoted" without normalising
+    when every quotation piece is in the chunk's Latin-1 text as written; the verdict is the full
+    check's (`misquoted` against what the model was shown), whatever the text, id, meta, query
+    and quotation hold: a slice of the text (the short cut's case), the slice with an ellipsis or
+    an elision mark, and arbitrary Unicode."""
     import re
 
     from rag_rerank.guard.output import _joined, _Quotable
@@ -783,7 +787,8 @@ def test_property_verbatim_short_cut_equals_the_full_quotation_check(
     half = len(piece) // 2
     for quoted in (piece, piece[:half] + "..." + piece[half:], elided, piece + "...zebra quilt",
                    piece + " [\u2026] " + piece, piece + "\u2026"):
-        for reason in (f'quotes "{quoted}"', f'quotes "{quoted}" and "{piece[::-1]}"'):
+        for reason in (f'quotes "{quoted}"', f'quotes "{quoted}" and "{piece[::-1]}"',
+                       f'quotes "{quoted}" and "zebra quilt'):  # a last quote left open quotes nothing
             assert quotable.misquoted(cid, reason) == misquoted(reason, shown)
 
 
@@ -795,8 +800,8 @@ def test_property_verbatim_short_cut_equals_the_full_quotation_check(
                   | st.text(alphabet=st.characters(max_codepoint=255), max_size=40),
                   lo=st.integers(0, 40), hi=st.integers(0, 40))
 def test_property_a_latin1_slice_stays_inside_the_comparable_text(text: str, lo: int, hi: int) -> None:
-    """The reasoning behind `_verbatim`: a piece of a Latin-1 text, in its comparable form and
-    stripped of edge punctuation, lies inside the text's comparable form."""
+    """The reasoning behind `chunk_misquoted`'s short cut: a piece of a Latin-1 text, in its
+    comparable form and stripped of edge punctuation, lies inside the text's comparable form."""
     from rag_rerank.guard.output import _EDGE
     from rag_rerank.text import comparable
 
@@ -844,6 +849,10 @@ def _json_texts(draw: Any, depth: int = 0) -> str:
 @hypothesis.example(text='{"a" :1, "a"\n:2}')
 @hypothesis.example(text='{"a":1, "a" :2, "b": "x:y"}')
 @hypothesis.example(text='{"a":1,\n"a"\t:2, "b": "x:y"}')
+@hypothesis.example(text='{"a" : 1, "a": 2}')
+@hypothesis.example(text='{"a"\r\n :1,"a":2, "r": "x :"}')
+@hypothesis.example(text='{"ranked": [{"id": "a", "reason": "Series : Flea"}], "dropped": []}')
+@hypothesis.example(text='{"r": "\\" :", "a": 1, "a": 2}')
 @hypothesis.example(text='{"a": NaN}')
 @hypothesis.example(text='{"a": [1, ')
 @hypothesis.given(text=st.builds(lambda t, tail: (t if t.startswith("{") else '{"v": ' + t + "}") + tail,
@@ -863,3 +872,30 @@ def test_property_decoding_without_a_hook_finds_what_the_hook_finds(text: str) -
     except (ValueError, RecursionError) as exc:
         got = (type(exc), str(exc))
     assert repr(got) == repr(expected)
+
+
+_CITING_CHARS = st.sampled_from([*"ab IVF 12", "\u5411\u91cf", "\u68c0\u7d22", "\u5012\u6392", "\u7d22\u5f15",
+                                 '"', "\u00e9", "\u0301", "\u3002", "..."])
+_CITING_TEXT = st.lists(_CITING_CHARS, max_size=10).map("".join) | st.text(max_size=12)
+
+
+@hypothesis.settings(derandomize=True, max_examples=300)
+@hypothesis.example(texts=["\u5411\u91cf\u68c0\u7d22\u7684\u5012\u6392\u7d22\u5f15", "IVF"],
+                    reasons=["\u63d0\u5230\u5012\u6392\u7d22\u5f15", "\u63d0\u5230\u56fe\u7ed3\u6784"])
+@hypothesis.given(texts=st.lists(_CITING_TEXT.filter(str.strip), min_size=2, max_size=2),
+                  reasons=st.lists(_CITING_TEXT.filter(str.strip), min_size=1, max_size=2))
+def test_property_one_pass_citations_and_quotations_equal_the_general_path(
+        texts: list[str], reasons: list[str]) -> None:
+    """The one-pass path asks `cites_chunk`'s first test (a shared content word) itself and takes
+    the verbatim quotation short cut; on chunks and reasons of any text (CJK without spaces, whose
+    citation is a shared bigram, quotations, accents), its violations are the general path's."""
+    from rag_rerank.guard.limits import as_limits
+    from rag_rerank.guard.output import _general_violations, _plain_violations
+
+    chunks = [Chunk(id=f"c{i}", text=text) for i, text in enumerate(texts)]
+    ranked = [{"id": f"c{i % 2}", "score": 0.5, "reason": reason} for i, reason in enumerate(reasons)]
+    obj = {"ranked": ranked, "dropped": []}
+    lim = as_limits(None)
+    fast = _plain_violations(obj, chunks, 3, lim, None)
+    assert fast is not None
+    assert fast == _general_violations(obj, chunks, 3, lim, None)

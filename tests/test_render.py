@@ -278,7 +278,23 @@ def test_property_a_memoised_line_writes_its_own_score(scores: list[Any], text: 
         assert chunk_line(chunk) == _reference_line(chunk.prompt_record())
 
 
-# --- issue 37, warm: a template that only substitutes values is filled by str.format ------------------
+@hypothesis.settings(derandomize=True, max_examples=300)
+@hypothesis.given(specs=st.lists(st.tuples(_SCORES, st.none() | st.just({"k": "<v>"})), max_size=6),
+                  text=st.sampled_from(["t", "é <b>", "\u2028"]) | st.text(max_size=8))
+@hypothesis.example(specs=[(0.0, None), (-0.0, None), (1, None), (1.0, None), (True, None),
+                           (0.5, {"k": "<v>"})], text="t")
+def test_property_chunks_jsonl_writes_each_chunks_own_line(specs: list[tuple[Any, Any]], text: str) -> None:
+    """The chunks' JSONL, which looks up a chunk's memoised line itself for the common case (no
+    meta; no score or a non-zero float), is each chunk's own line ended by a line break, whatever
+    the scores (equal as numbers, written differently) and metas."""
+    from rag_rerank.models import Chunk
+    from rag_rerank.render import chunks_jsonl
+
+    chunks = [Chunk("c", text, score, meta) for score, meta in specs]  # one id: the memo's keys meet
+    assert chunks_jsonl(chunks) == "".join(_reference_line(c.prompt_record()) + "\n" for c in chunks)
+
+
+# --- issue 37, warm: a template that only substitutes values is filled by a join of its pieces ----------
 
 _FRAGMENTS = ["<a>", "{{ query }}", "{{ top_k }}", "{{query}}", "{# note #}", "{#- trim -#}\n", "text {",
               "} }}x", "{{ query|upper }}", "{% if top_k %}y{% endif %}", "{{ top_k + 1 }}", "{{ missing }}",
@@ -293,8 +309,8 @@ _FRAGMENTS = ["<a>", "{{ query }}", "{{ top_k }}", "{{query}}", "{# note #}", "{
 @hypothesis.example(parts=["<q>{{ query }}</q>{# c #}\n", "{{ top_k }}"], query="{x} }{", top_k=3)
 def test_property_a_substitution_template_renders_as_jinja_renders_it(
         parts: list[str], query: str, top_k: int) -> None:
-    """A template read as a format string (`_substitution_form`) gives Jinja's own text for any
-    values; a template with a tag, filter, expression or unknown name is left to Jinja."""
+    """A template read as its text pieces and names (`_substitution_form`) gives Jinja's own text
+    for any values; a template with a tag, filter, expression or unknown name is left to Jinja."""
     import jinja2
 
     from rag_rerank.render import _environment, _substitution_form
@@ -312,9 +328,10 @@ def test_property_a_substitution_template_renders_as_jinja_renders_it(
         return
     if form is None:
         return
-    names, values = form[1], {"query": query, "top_k": top_k}
+    names, values = form.needs, {"query": query, "top_k": top_k}
+    assert names == frozenset(form.names) and len(form.texts) == len(form.names) + 1
     if names <= values.keys():
-        assert form[0].format_map(values) == expected
+        assert form.fill(values) == expected
     else:
         assert expected is None  # StrictUndefined: Jinja refuses what the format string cannot fill
 
@@ -346,3 +363,16 @@ def test_property_packaged_templates_render_as_jinja_renders_them(
         query=xml_text(query), chunks=chunks_jsonl((chunk,)), top_k=top_k, lambda_=format_lambda(lambda_))
     assert render_relevance(query, chunk) == env.get_template(RELEVANCE_TEMPLATE).render(
         query=xml_text(query), passage=chunk_line(chunk))
+
+
+@hypothesis.settings(derandomize=True, max_examples=300)
+@hypothesis.given(value=st.text() | st.text(alphabet="ab <>&\"'\u202e\U000e0041\u00e9 "))
+@hypothesis.example(value="plain ascii query")
+@hypothesis.example(value="a < b & c > d")
+@hypothesis.example(value="\u202eevil")
+def test_property_xml_text_is_the_escape_table(value: str) -> None:
+    """The query's XML text is the escape table applied, whether or not the text takes the short
+    cut for an ASCII text without markup characters (which is then returned unchanged)."""
+    from rag_rerank.render import _XML_ESCAPES, xml_text
+
+    assert xml_text(value) == value.translate(_XML_ESCAPES)

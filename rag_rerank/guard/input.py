@@ -463,7 +463,8 @@ def parse_chunks(
         count = token_counter(None)
     known = _all_known_plain(source)
     if known is not None:  # every record plain and valid (most calls): no entries, no second loop
-        problems = _collection_violations(known, _Entries(source), len(known), lim, query, window_size, count)
+        problems = _collection_violations(known, _Entries(source), len(known), lim, query, window_size, count,
+                                          embedded=False)  # plain records: {"id", "text"[, "score"]}
         violations.extend(problems)
         if violations:
             raise InputError(violations, headline="invalid chunks")
@@ -519,7 +520,13 @@ def _all_known_plain(source: Any) -> list[Chunk] | None:
         return None
     chunks: list[Chunk] = []
     for item in source:
-        if type(item) is not dict or (chunk := _known_plain(item)) is None:
+        if type(item) is not dict:
+            return None
+        if len(item) == 2 and type(cid := item.get("id")) is str and type(text := item.get("text")) is str:
+            chunk = _plain_chunk(cid, text)  # `_known_plain`'s first case, without its call
+        else:
+            chunk = _known_plain(item)
+        if chunk is None:
             return None
         chunks.append(chunk)
     return chunks
@@ -548,17 +555,14 @@ def _known_plain(item: dict[str, Any]) -> Chunk | None:
     if type(cid) is not str or type(text) is not str:
         return None
     size = len(item)
-    if size == 2:
-        score = None
-    elif size == 3 and "score" in item:
-        score = item["score"]
-    else:
+    if size == 2:  # exactly {"id", "text"}: the commonest record, settled first
+        return _plain_chunk(cid, text)
+    if size != 3 or "score" not in item:
         return None
+    score = item["score"]
     kind = type(score)
     if kind is float or kind is int:
-        if not score:
-            return None
-        return _scored_chunk(cid, text, score)
+        return _scored_chunk(cid, text, score) if score else None
     return _plain_chunk(cid, text) if score is None else None
 
 
@@ -627,10 +631,14 @@ Places = Sequence[tuple[Any, int | None, int]]  # each chunk's record entry (`_r
 
 def _collection_violations(
     chunks: list[Chunk], where: Places, n_records: int, lim: Limits, query: str, window_size: int | None,
-    count: Tokenizer,
+    count: Tokenizer, *, embedded: bool = True,
 ) -> list[Violation]:
+    """The rules about the chunks together: unique ids, the count and token limits, one embedding
+    dimension (`embedded=False`: the caller knows no chunk has an embedding, as for plain records)."""
     out: list[Violation] = []
-    if len(set(map(_ID, chunks))) < len(chunks):
+    # The fields read in a comprehension: Python 3.11 reads a frozen value's field there for a
+    # fraction of what `map` of an `attrgetter` costs per item.
+    if len({chunk.id for chunk in chunks}) < len(chunks):
         places: dict[str, list[str]] = defaultdict(list)
         for chunk, entry in zip(chunks, where, strict=True):
             places[chunk.id].append(_place(entry))
@@ -640,7 +648,7 @@ def _collection_violations(
         out.append(Violation(path="chunks", message=f"duplicate ids (ids must be unique): {named}{more}",
                              value=list(dupes)))
     out.extend(_size_violations(chunks, where, n_records, lim, query, window_size, count))
-    dims = {len(e) for e in map(_EMBEDDING, chunks) if e is not None}
+    dims = {len(chunk.embedding) for chunk in chunks if chunk.embedding is not None} if embedded else set()
     if len(dims) > 1:
         out.append(Violation(path="chunks[*].embedding", message=f"embeddings have different dimensions: "
                              f"{sorted(dims)}", value=sorted(dims)))
@@ -659,7 +667,7 @@ def _prompt_chars(chunk: Chunk) -> int:
     return n
 
 
-_ID, _TEXT, _META, _EMBEDDING = (attrgetter(name) for name in ("id", "text", "meta", "embedding"))
+_ID, _TEXT, _META = (attrgetter(name) for name in ("id", "text", "meta"))
 
 
 def _chars(chunks: list[Chunk]) -> int:

@@ -322,7 +322,7 @@ def _shown(text: str, cid: str, meta: str | None, query: str | None
     return (source,), (" ".join(form for form in forms if form),)
 
 
-# `text.is_latin1` of a chunk text, once per text (`_Quotable._verbatim`): finding out copies the text.
+# `text.is_latin1` of a chunk text, once per text (`_Quotable.chunk_misquoted`): finding out copies the text.
 _latin1 = lru_cache(maxsize=4096)(is_latin1)
 
 
@@ -334,7 +334,7 @@ class _Quotable:
         self.chunks = {c.id: c for c in chunks}
         self._query = query
         # Whether a chunk with an ASCII text and no meta is shown as one passage whatever its id:
-        # the query (when shown) holds no elision mark. Settled once per answer (`_verbatim`).
+        # the query (when shown) holds no elision mark. Settled once per answer (`chunk_misquoted`).
         self._one_passage = not query or ELISION not in query
 
     @property
@@ -368,20 +368,14 @@ class _Quotable:
         return None if chunk is None else self.chunk_misquoted(chunk, reason)
 
     def chunk_misquoted(self, chunk: Chunk, reason: str) -> str | None:
-        """`misquoted` for an input chunk's reason."""
-        quotes = _quotations(reason)
-        if not quotes:  # most reasons: no JSON dump of the chunk's meta, no look-up
-            return None
-        if self._verbatim(chunk, quotes):
-            return None
-        meta = None if chunk.meta is None else json.dumps(chunk.meta, ensure_ascii=False, default=str)
-        return _misquoted(quotes, *_shown(chunk.text, chunk.id, meta, self._query))
+        """`misquoted` for an input chunk's reason.
 
-    def _verbatim(self, chunk: Chunk, quotes: list[str]) -> bool:
-        """Whether each quotation piece is, character for character, in the chunk's Latin-1 text
-        (ASCII, accents, web mojibake: DL19's passages all are), for a chunk shown as one passage:
-        then `_misquoted` finds every piece (or finds it too short to judge) and the verdict is
-        None, without normalising a piece or searching the shown text.
+        Short cut (in this method: it runs for each ranked item of each answer, and a call more
+        cost about 450 instructions each time): when each quotation piece is, character for
+        character, in the chunk's Latin-1 text (ASCII, accents, web mojibake: DL19's passages all
+        are), for a chunk shown as one passage, `_misquoted` would find every piece (or find it too
+        short to judge) and the verdict is None, without normalising a piece or searching the
+        shown text.
 
         Why that holds: for Latin-1 text, `comparable` maps each character on its own (a control
         to a space, a soft hyphen to nothing, NFKC and the case fold to a fixed text: no Latin-1
@@ -393,17 +387,25 @@ class _Quotable:
         mark in the text, which is Latin-1 and cannot hold its "\u2026", nor in the id or the
         query, and no meta) no piece is refused for spanning a mark. A property test holds the
         short cut equal to the full check on arbitrary Unicode."""
+        if reason.isascii() and "\\" not in reason and "\n" not in reason:
+            quotes = reason.split('"')[1:-1:2]  # `_quotations`' first case, without its call
+        else:
+            quotes = _quotations(reason)
+        if not quotes:  # most reasons: no JSON dump of the chunk's meta, no look-up
+            return None
         text = chunk.text
-        if not (self._one_passage and (text.isascii() or _latin1(text)) and chunk.meta is None
+        if (self._one_passage and (text.isascii() or _latin1(text)) and chunk.meta is None
                 and ELISION not in chunk.id):
-            return False
-        for quote in quotes:
-            if "..." in quote or "\u2026" in quote:  # as `_misquoted` splits it, each piece in the text
-                if not all(part in text for part in _ELLIPSIS.split(quote)):
-                    return False
-            elif quote not in text:
-                return False
-        return True
+            for quote in quotes:
+                if "..." in quote or "\u2026" in quote:  # as `_misquoted` splits it, each piece in the text
+                    if not all(part in text for part in _ELLIPSIS.split(quote)):
+                        break
+                elif quote not in text:
+                    break
+            else:
+                return None  # every quotation as written in the text (the short cut above)
+        meta = None if chunk.meta is None else json.dumps(chunk.meta, ensure_ascii=False, default=str)
+        return _misquoted(quotes, *_shown(chunk.text, chunk.id, meta, self._query))
 
 
 def _fold(cid: str) -> str:
@@ -470,39 +472,45 @@ def _value_message(exc: ValueError) -> str:
 
 # The decoder of an answer whose keys are each written once (most): no Python call per object.
 _PLAIN_DECODER = json.JSONDecoder(parse_constant=_reject_constant)
-# A key's closing quotation mark, then its colon, or the last white space before a colon: a text
-# without the latter (`_spaced_colon`) writes each of its keys with the former, so it holds the
-# former at least as often as it writes keys (more often when a string holds an escaped \":).
+# A key's closing quotation mark, then its colon: a text in which no quotation mark has white space
+# then a colon after it (`_spaced_key`) writes each of its keys so, and holds `":` at least as often as
+# it writes keys (more often when a string holds an escaped \":).
 _KEY_END = '":'
+# A quotation mark, JSON white space, a colon: how a key written with space before its colon looks
+# (an escaped \" in a string before " :" looks so too, which only sends the text to the hook).
+_SPACED_KEY = re.compile(r'"[ \t\n\r]+:')
 
 
-def _spaced_colon(text: str) -> bool:
-    """Whether one of JSON's four white-space characters comes right before a colon in `text`. A
-    line break, tab or carriage return stands raw only between tokens (a string escapes it), so a
-    compact answer has none, found by a one-character search, before the pair is looked for."""
-    return (" :" in text or ("\n" in text and "\n:" in text) or ("\t" in text and "\t:" in text)
-            or ("\r" in text and "\r:" in text))
+def _spaced_key(text: str) -> bool:
+    """Whether a key may be written with white space before its colon in `text` (`_SPACED_KEY`).
+    The regular expression runs only on a text with white space right before a colon, found by
+    substring searches first: a line break, tab or carriage return stands raw only between tokens
+    (a string escapes it), so a compact answer has none, and a space before a colon is rare."""
+    spaced = (" :" in text or ("\n" in text and "\n:" in text) or ("\t" in text and "\t:" in text)
+              or ("\r" in text and "\r:" in text))
+    return spaced and _SPACED_KEY.search(text) is not None
 
 
 def _decoded(text: str) -> tuple[Any, int, list[str]]:
     """`text`'s leading JSON value, where it ends and the keys written twice in one of its objects,
     as `_hooked` reads them, without a Python call per object (a hook cost the guard a third of
-    its time on a 50-chunk answer). Duplicates are ruled out by counting, in C: a text holds at
-    least as many colons as it writes keys (each key has its own), and, when no white space comes
-    before a colon, at least as many `_KEY_END`s; it writes at least as many keys as its objects
-    hold. So when either count equals the keys of the objects at an answer's two levels (`_sizes`,
-    a part of all of them), every object holds every key written in it. The colons settle most
-    answers in one scan; a colon in a reason ("redundant_with:c3") leaves it to the second count.
-    Anything else (counts that differ, a spaced colon, a decoding error, another shape) is decoded
-    again with the hook, which names the duplicates and raises the error the caller reports. (A
-    regular expression for the keys cost more than the hook it saved.)"""
+    its time on a 50-chunk answer). Duplicates are ruled out by counting, in C: when no key is
+    written with white space before its colon (`_spaced_key`), a text holds at least as many
+    `_KEY_END`s as it writes keys; a text holds at least as many colons as it writes keys (each
+    key has its own); it writes at least as many keys as its objects hold. So when either count
+    equals the keys of the objects at an answer's two levels (`_sizes`, a part of all of them),
+    every object holds every key written in it. The first count settles most answers (a colon in
+    a reason, "Series: Flea Control", spoils the second). Anything else (counts that differ, a
+    spaced key, a decoding error, another shape) is decoded again with the hook, which names the
+    duplicates and raises the error the caller reports. (A regular expression for the keys cost
+    more than the hook it saved.)"""
     try:
         obj, end = _PLAIN_DECODER.raw_decode(text)
     except (ValueError, RecursionError):
         return _hooked(text)
     size = _sizes(obj)
-    if size is not None and (text.count(":", 0, end) == size or (  # each key has a colon of its own
-            text.count(_KEY_END, 0, end) == size and not _spaced_colon(text))):
+    if size is not None and ((text.count(_KEY_END, 0, end) == size and not _spaced_key(text))
+                             or text.count(":", 0, end) == size):  # each key has a colon of its own
         return obj, end, []
     return _hooked(text)
 
@@ -641,8 +649,8 @@ def _plainly_conformant(obj: Any) -> bool:
     """The schema checked by hand for the common, valid case; False sends the object through
     jsonschema, which explains what is wrong. Saves most of the guard's time on a good answer."""
     sections = _sections(obj)
-    return sections is not None and all(map(_plain_ranked, sections[0])) and all(
-        map(_plain_dropped, sections[1]))
+    return (sections is not None and None not in map(_plain_ranked, sections[0])
+            and None not in map(_plain_dropped, sections[1]))
 
 
 def _sections(obj: Any) -> tuple[list[Any], list[Any]] | None:
@@ -655,28 +663,41 @@ def _sections(obj: Any) -> tuple[list[Any], list[Any]] | None:
     return ranked, dropped
 
 
-def _plain_ranked(item: Any) -> bool:
-    """A ranked item the schema accepts, checked in one function (each item of each answer passes
-    here): a non-empty string id, a non-blank string reason (str.isspace reads the same Unicode
+def _plain_ranked(item: Any) -> tuple[str, float, str] | None:
+    """A ranked item the schema accepts as its (id, score, reason), else None; checked in one
+    function (each item of each answer passes here), which hands the fields it read on to the
+    caller: a non-empty string id, a non-blank string reason (str.isspace reads the same Unicode
     property as the schema's `\\S`), a string diversity note if any, a number score in [0, 1]."""
     if type(item) is not dict:
-        return False
-    # A missing key reads as None, which no type test below accepts: so the three required keys
-    # are there, and with three keys nothing else is; a fourth must be a string note. (Look-ups of
-    # constant keys, not two set comparisons that each walk a set or the dict's keys.)
-    cid, reason, score = item.get("id"), item.get("reason"), item.get("score")
+        return None
+    # The three required keys read by subscript (a missing one refuses the item): with three keys
+    # nothing else is there; a fourth must be a string note. (Look-ups of constant keys, not two
+    # set comparisons that each walk a set or the dict's keys; subscripts, not `dict.get`'s
+    # method calls, which cost several times more.)
     size = len(item)
-    return (type(cid) is str and cid != "" and type(reason) is str and reason != "" and not reason.isspace()
+    try:
+        cid, reason, score = item["id"], item["reason"], item["score"]
+    except KeyError:
+        return None
+    if (type(cid) is str and cid != "" and type(reason) is str and reason != "" and not reason.isspace()
             and (type(score) is float or type(score) is int) and 0 <= score <= 1
-            and (size == 3 or (size == 4 and type(item.get("diversity_note")) is str)))
+            and (size == 3 or (size == 4 and type(item.get("diversity_note")) is str))):
+        return cid, score, reason
+    return None
 
 
-def _plain_dropped(item: Any) -> bool:
-    """A dropped item the schema accepts: exactly a non-empty string id and a non-blank string reason."""
+def _plain_dropped(item: Any) -> tuple[str, str] | None:
+    """A dropped item the schema accepts as its (id, reason), else None: exactly a non-empty
+    string id and a non-blank string reason (read by subscript, as `_plain_ranked` reads them)."""
     if type(item) is not dict or len(item) != 2:
-        return False
-    cid, reason = item.get("id"), item.get("reason")  # a missing one reads as None: refused below
-    return type(cid) is str and cid != "" and type(reason) is str and reason != "" and not reason.isspace()
+        return None
+    try:
+        cid, reason = item["id"], item["reason"]
+    except KeyError:
+        return None
+    if type(cid) is str and cid != "" and type(reason) is str and reason != "" and not reason.isspace():
+        return cid, reason
+    return None
 
 
 def output_violations(
@@ -751,45 +772,52 @@ def _plain_violations(obj: Any, chunks: Sequence[Chunk], top_k: int, lim: Limits
     seen: dict[str, int] = {}  # id -> where it was first: its index, dropped ones after the ranked
     floor = lim.min_score
     for i, item in enumerate(ranked):
-        if not _plain_ranked(item):
+        fields = _plain_ranked(item)
+        if fields is None:
             return None
-        cid = item["id"]
+        cid, score, reason = fields
         chunk = texts.get(cid)
         if chunk is None or cid in seen:
             folded = _id_violations(out, "ranked", i, cid, texts, seen, len(ranked), folded)
         else:
             seen[cid] = i
-        score, reason = item["score"], item["reason"]
         if score <= floor:
             msg = f"score {score} is not above the minimum {floor}; such a chunk belongs in dropped"
             out.append(Violation(path=f"$.ranked[{i}].score", message=msg, value=score, id=cid))
         if chunk is None:
             continue  # an unknown id: its violation above says so; nothing to cite or quote
-        if not cites_chunk(reason, chunk.text):
+        text = chunk.text
+        # `cites_chunk`'s first test (a content word shared), which most reasons pass, without its call
+        if _content_tokens(reason).isdisjoint(_content_tokens(text)) and not cites_chunk(reason, text):
             msg = (f"reason {reason[:60]!r} cites nothing concrete from the chunk's text "
                    "(name a phrase, entity or claim)")
             out.append(Violation(path=f"$.ranked[{i}].reason", message=msg, value=reason, id=cid))
         elif bad := quotable.chunk_misquoted(chunk, reason):
             msg = quotable.refusal(cid, bad)
             out.append(Violation(path=f"$.ranked[{i}].reason", message=msg, value=reason, id=cid))
-    ranked_ids = {it["id"] for it in ranked}
-    problems: dict[str, str | None] = {}  # a dropped reason's grammar problem, once per answer
+    ranked_ids = set(seen)  # every ranked item's id went into `seen`, and nothing else yet
+    # Models give many dropped chunks one reason ("off topic", "outside top_k"): what it says (the
+    # id a `redundant_with:` names, else its grammar problem) is read once per answer.
+    readings: dict[str, tuple[str | None, str | None]] = {}
     for i, item in enumerate(dropped):
-        if not _plain_dropped(item):
+        fields = _plain_dropped(item)
+        if fields is None:
             return None
-        cid, reason = item["id"], item["reason"]
+        cid, reason = fields
         if cid not in texts or cid in seen:
             folded = _id_violations(out, "dropped", i, cid, texts, seen, len(ranked), folded)
         else:
             seen[cid] = len(ranked) + i
-        if (target := reasons.redundant_target(reason)) is not None:
+        reading = readings.get(reason)
+        if reading is None:
+            target = reasons.redundant_target(reason)
+            reading = readings[reason] = (target, None if target is not None else reasons.problem(reason))
+        target, bad = reading
+        if target is not None:
             if target not in ranked_ids:
                 msg = f"{reason!r} must name a ranked id"
                 out.append(Violation(path=f"$.dropped[{i}].reason", message=msg, value=reason, id=cid))
-            continue
-        # Models give many dropped chunks one reason ("off topic"): its grammar is read once.
-        bad = problems[reason] if reason in problems else problems.setdefault(reason, reasons.problem(reason))
-        if bad is not None:
+        elif bad is not None:
             out.append(Violation(path=f"$.dropped[{i}].reason", message=bad, value=reason, id=cid))
     if len(ranked) > top_k:
         msg = f"{len(ranked)} ranked items is more than top_k={top_k}"
