@@ -46,10 +46,11 @@ from .errors import (
     TransientFailure,
     Violation,
 )
+from .frozen import direct_init
 from .guard.limits import Limits
 from .guard.output import judge, output_violations, parse_output
 from .guard.repair import repair_output
-from .models import RerankRequest, add_usage, direct_init
+from .models import RerankRequest, add_usage
 from .tokens import answer_budget, answer_tokens, estimate_tokens
 from .wording import counted
 

@@ -26,9 +26,10 @@ from .backends.base import Backend, Cacheable
 from .backends.factory import capabilities
 from .cache import ResponseCache, call_key
 from .cost import Budget, Prices, Spending
+from .frozen import direct_init
 from .fusion import MetaFusion
 from .guard.limits import Limits
-from .models import RerankRequest, RerankResult, direct_init
+from .models import RerankRequest, RerankResult
 from .options import Options, Settings
 from .retry import RetryPolicy
 
