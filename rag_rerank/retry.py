@@ -281,7 +281,8 @@ class _Run:
         self.answered = {"usage": dict(completion.usage), "model": completion.model,
                          "finish_reason": completion.finish_reason}
         self.usage = add_usage(self.usage, completion.usage)
-        self.notes.extend(n for n in completion.notes if n not in self.notes)
+        if completion.notes:  # seldom (a negotiation's downgrade): no generator made for none
+            self.notes.extend(n for n in completion.notes if n not in self.notes)
         if completion.model:
             self.model = completion.model
         raw = completion.text

@@ -459,3 +459,30 @@ def test_latency_counts_from_the_drivers_start(request_, sleeps, asynchronous: b
     assert 500.0 <= timed.latency_ms <= (after - before) * 1000.0
     assert untimed.latency_ms == 0.0 and len(timed.attempts) == reasks + 1
     assert timed.obj == untimed.obj == GOOD
+
+
+class _Scripted:
+    """A backend (the `Backend` protocol, no HTTP) that hands back its completions in order."""
+
+    name = "scripted"
+
+    def __init__(self, *completions: Completion) -> None:
+        self.completions = list(completions)
+
+    def complete(self, prompt: str, request, **_: object) -> Completion:
+        return self.completions.pop(0)
+
+
+@pytest.mark.parametrize(("first", "second", "expected"), [
+    ((), (), ()),
+    (("a", "b"), (), ("a", "b")),
+    (("a", "b"), ("b", "c", "a"), ("a", "b", "c")),
+    ((), ("c", "c"), ("c",)),
+])
+def test_the_completions_notes_reach_the_outcome_once_each(request_, sleeps, first, second, expected) -> None:
+    """Each note a completion carries (a negotiation's downgrade) is in the outcome once, in the
+    order first met, across a re-ask; a call whose completions carry none has none."""
+    backend = _Scripted(Completion("not json", notes=first), Completion(json.dumps(GOOD), notes=second))
+    out = call_with_retries(backend, request_, render(request_), guard_top_k=request_.top_k,
+                            policy=policy(sleeps))
+    assert out.notes == expected and kinds(out.attempts) == ["invalid_output", "ok"]
