@@ -261,6 +261,13 @@ def test_the_generation_schemas_are_the_output_schema_rewritten_and_fresh_each_c
         assert len(ours) == len(theirs) and not {id(c) for c in ours} & {id(c) for c in theirs}
         first["properties"]["ranked"]["items"]["properties"]["id"]["enum"].append("z")
         assert make(request) == expected
+        # Too many ids for an enum (`ids_enum` gives None): the schema without one, fresh as well.
+        many = RerankRequest("q", tuple(Chunk(f"c{i}", "x") for i in range(501)), 2, 0.7)
+        plain = _strip(copy.deepcopy(load_schema("output")))
+        plain = _strictify(plain) if strict else plain
+        got = make(many)
+        assert json.dumps(got) == json.dumps(plain) and "enum" not in json.dumps(got)
+        assert not {id(c) for c in every(got)} & {id(c) for c in every(make(many))}
 
 
 @settings(max_examples=120, deadline=None, derandomize=True)
