@@ -85,3 +85,37 @@ def test_direct_init_makes_what_the_generated_init_made(data: st.DataObject) -> 
     assert made == expected
     with pytest.raises(dataclasses.FrozenInstanceError):
         made.__setattr__(dataclasses.fields(cls)[0].name, None)
+
+
+@pytest.mark.parametrize("decorate", ["direct_init", "direct_init_read_often"])
+def test_both_ways_of_filling_the_dict_handle_every_kind_of_field(decorate: str) -> None:
+    """A default, a default factory, a field left out of `__init__` (made by its factory), a
+    keyword-only field and `__post_init__`: the instance dict, its order and the post-init's work
+    are the generated `__init__`'s, whichever way the dict is filled."""
+    from rag_rerank import frozen
+
+    made: list[Any] = []
+
+    @getattr(frozen, decorate)
+    @dataclasses.dataclass(frozen=True)
+    class Value:
+        a: int
+        b: str = "b"
+        c: list[int] = dataclasses.field(default_factory=list)
+        d: dict[str, int] = dataclasses.field(default_factory=dict, init=False)
+        e: float = dataclasses.field(default=0.5, kw_only=True)
+
+        def __post_init__(self) -> None:
+            made.append(dict(vars(self)))
+
+    generated = generated_init(Value)
+    for args, kwargs in (((1,), {}), ((1, "x", [2]), {"e": 1.5}), ((), {"a": 3, "c": [4]})):
+        got = Value(*args, **kwargs)
+        expected = object.__new__(Value)
+        generated(expected, *args, **kwargs)
+        assert list(vars(got).items()) == list(vars(expected).items())
+        assert made[-1] == made[-2] == vars(got)  # __post_init__ saw the whole dict, both times
+        again = Value(*args, **kwargs)
+        assert got.d == {} and got.d is not again.d  # a fresh value of the factory each time
+        if "c" not in kwargs and len(args) < 3:
+            assert got.c == [] and got.c is not again.c
