@@ -11,6 +11,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from .frozen import direct_init
+
 
 @dataclass(frozen=True)
 class Violation:
@@ -93,6 +95,7 @@ class OutputError(_ViolationsError):
         super().__init__(violations, headline)
 
 
+@direct_init  # every call records one (`retry.py`): built without a setattr per field
 @dataclass(frozen=True)
 class Attempt:
     """What one call to a backend did, kept so a final failure can show the whole story."""

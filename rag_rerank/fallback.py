@@ -26,9 +26,10 @@ from .calibration_map import calibrate_answer
 from .embed import get_embedder
 from .errors import BackendError, EmbedderError, RerankError
 from .fallback_chain import CROSS_ENCODER, as_chain, build_step, step_name
+from .frozen import direct_init
 from .fusion import fuse
 from .meta import cache_meta, embedder_name, run_meta, scores_of, scoring_notes
-from .models import CallRecord, Dropped, Ranked, RerankRequest, RerankResult, add_usage, direct_init
+from .models import CallRecord, Dropped, Ranked, RerankRequest, RerankResult, add_usage
 from .postpass import postpass, postpass_guarded
 from .redaction import failure_summary, redacted
 from .retry import Outcome

@@ -94,10 +94,12 @@ def scoring_notes(plan: Plan) -> list[str]:
 
 
 def embedder_name(plan: Plan) -> str:
-    """What the post-pass compared: the caller's vectors when every chunk carries one."""
-    if all(c.embedding is not None for c in plan.request.chunks):
-        return "caller"
-    return str(getattr(plan.embedder, "name", plan.embedder))
+    """What the post-pass compared: the caller's vectors when every chunk carries one. (A loop,
+    not `all()` of a generator: asked twice a call, it usually stops at the first chunk.)"""
+    for chunk in plan.request.chunks:
+        if chunk.embedding is None:
+            return str(getattr(plan.embedder, "name", plan.embedder))
+    return "caller"
 
 
 __all__ = ["NO_NUMBER", "UNSCORED", "cache_meta", "embedder_name", "run_meta", "scores_of", "scoring_notes"]

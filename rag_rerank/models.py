@@ -3,81 +3,15 @@ what an earlier stage decided."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
 from .errors import Attempt
+from .frozen import direct_init
 from .wording import scorer_words
-
-_T = TypeVar("_T")
-_GENERATED: dict[type, Callable[..., None]] = {}  # each class given a direct __init__: its generated one
-_FACTORY = object()  # "no value given" for a field whose default is made by a factory
-
-
-def direct_init(cls: type[_T]) -> type[_T]:
-    """Give the frozen dataclass `cls` an `__init__` that stores each field straight into the
-    instance dict: the generated one's work (the same parameters, defaults, default factories,
-    order and `__post_init__`; nothing is checked there either), without its `object.__setattr__`
-    call per field, which a frozen dataclass pays to get past its own `__setattr__`. A call builds
-    a dozen such values (its plan, calls, outcomes, records, meta): about 0.2 us a field each.
-    `inspect.signature(cls)` is unchanged; `generated_init(cls)` is the one it replaces (for the
-    test that pins the two alike)."""
-    generated = cls.__init__
-    fields = dataclasses.fields(cls)  # type: ignore[arg-type]
-    given = [f for f in fields if f.init]
-    code = generated.__code__
-    if code.co_argcount + code.co_kwonlyargcount != len(given) + 1 or \
-            {"self_", "fields_"} & {f.name for f in fields}:
-        raise TypeError(f"direct_init does not handle {cls.__name__}'s fields (an InitVar, a reserved name)")
-    env: dict[str, Any] = {"_FACTORY": _FACTORY}
-    params: list[str] = []
-    body: list[str] = []
-    keywords = False
-    for f in fields:
-        name = f.name
-        if f.default is not dataclasses.MISSING:
-            env[f"_default_{name}"] = f.default
-        if f.default_factory is not dataclasses.MISSING:
-            env[f"_factory_{name}"] = f.default_factory
-        if not f.init:  # made by its factory; a plain default stays the class attribute, as generated
-            if f.default_factory is not dataclasses.MISSING:
-                body.append(f"fields_[{name!r}] = _factory_{name}()")
-            continue
-        if f.kw_only and not keywords:
-            params.append("*")
-            keywords = True
-        if f.default_factory is not dataclasses.MISSING:
-            params.append(f"{name}=_FACTORY")
-            body.append(f"fields_[{name!r}] = _factory_{name}() if {name} is _FACTORY else {name}")
-            continue
-        params.append(f"{name}=_default_{name}" if f.default is not dataclasses.MISSING else name)
-        body.append(f"fields_[{name!r}] = {name}")
-    if hasattr(cls, "__post_init__"):
-        body.append("self_.__post_init__()")
-    source = f"def __init__(self_, {', '.join(params)}):\n    fields_ = self_.__dict__\n" + \
-        "".join(f"    {line}\n" for line in body)
-    exec(source, env)
-    init = env["__init__"]
-    init.__qualname__ = f"{cls.__qualname__}.__init__"
-    init.__module__ = cls.__module__
-    init.__wrapped__ = generated  # `inspect.signature` reads the generated one's: callers' tools, the docs
-    _GENERATED[cls] = generated
-    cls.__init__ = init  # type: ignore[misc]
-    return cls
-
-
-def generated_init(cls: type) -> Callable[..., None]:
-    """The dataclass-generated `__init__` that `direct_init` replaced in `cls`."""
-    return _GENERATED[cls]
-
-
-def with_direct_init() -> tuple[type, ...]:
-    """Every class `direct_init` has been applied to so far (in this process), for the tests."""
-    return tuple(_GENERATED)
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,7 @@ from .concurrency import DEFAULT_CONCURRENCY, check_concurrency
 from .cost import Budget, Prices, as_budget, as_prices
 from .errors import InputError, Violation
 from .fallback_chain import as_chain
+from .frozen import direct_init
 from .fusion import (
     MISSING_META,
     RANKING_MODES,
@@ -44,7 +45,7 @@ from .fusion import (
 from .guard import validate_request
 from .guard.input import NO_CONTEXT_BUDGET, ChunkSource, duplicate_threshold_violations
 from .guard.limits import Limits, as_limits
-from .models import RerankRequest, direct_init
+from .models import RerankRequest
 from .postpass import LAYOUTS, layout_violations
 from .retry import RetryPolicy
 from .shortening import check_max_tokens_per_chunk, token_counter

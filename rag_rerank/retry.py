@@ -46,10 +46,11 @@ from .errors import (
     TransientFailure,
     Violation,
 )
+from .frozen import direct_init
 from .guard.limits import Limits
 from .guard.output import judge, output_violations, parse_output
 from .guard.repair import repair_output
-from .models import RerankRequest, add_usage, direct_init
+from .models import RerankRequest, add_usage
 from .tokens import answer_budget, answer_tokens, estimate_tokens
 from .wording import counted
 
@@ -280,7 +281,8 @@ class _Run:
         self.answered = {"usage": dict(completion.usage), "model": completion.model,
                          "finish_reason": completion.finish_reason}
         self.usage = add_usage(self.usage, completion.usage)
-        self.notes.extend(n for n in completion.notes if n not in self.notes)
+        if completion.notes:  # seldom (a negotiation's downgrade): no generator made for none
+            self.notes.extend(n for n in completion.notes if n not in self.notes)
         if completion.model:
             self.model = completion.model
         raw = completion.text
@@ -375,11 +377,15 @@ class _Run:
                 "reraise": True}
 
     # --- results -------------------------------------------------------------------------
-    def success(self) -> Outcome:
+    def success(self, started: float | None) -> Outcome:
+        """The accepted answer's Outcome, its latency counted from `started` (the driver's
+        `time.perf_counter()` when the call began; 0.0 without), so it is made once."""
         assert self.accepted is not None
         obj, repairs, text, decided = self.accepted
+        latency_ms = 0.0 if started is None else (time.perf_counter() - started) * 1000.0
         return Outcome(obj=obj, attempts=tuple(self.attempts), repairs=repairs, usage=dict(self.usage),
-                       model=self.model, notes=tuple(self.notes), text=text, decided=decided)
+                       model=self.model, notes=tuple(self.notes), text=text, latency_ms=latency_ms,
+                       decided=decided)
 
     def failure(self, exc: BaseException) -> BackendError:
         if isinstance(exc, _Refused):
@@ -403,11 +409,14 @@ def call_with_retries(
     limits: Limits | None = None,
     repair: bool = True,
     spending: Spending | None = None,
+    started: float | None = None,
 ) -> Outcome:
     """A guard-valid answer from `backend`, or BackendError carrying every attempt.
 
     `guard_top_k` is how many ranked items the output guard allows (the pipeline may ask the model
-    for more candidates than the caller's top_k and let the post-pass choose).
+    for more candidates than the caller's top_k and let the post-pass choose). `started` is the
+    driver's `time.perf_counter()` when the call began: the Outcome's `latency_ms` counts from it
+    (0.0 without one), set as the Outcome is made rather than by a copy afterwards.
     """
     run = _Run(backend, request, prompt, guard_top_k, policy or RetryPolicy(), limits, repair, spending)
 
@@ -427,7 +436,7 @@ def call_with_retries(
             # waits, stops or tries again exactly as if it had made the attempt itself (its `wait`
             # and `stop` read only the exception and `_Run`'s own counts and clock).
             attempt_once()
-            return run.success()
+            return run.success(started)
         except _Retry as exc:
             first: _Retry | None = exc
         for attempt in Retrying(sleep=run.policy.sleep, **run.retrying_kwargs()):
@@ -438,7 +447,7 @@ def call_with_retries(
                 attempt_once()
     except (_Retry, _Fatal) as exc:
         raise run.failure(exc) from None
-    return run.success()
+    return run.success(started)
 
 
 if sys.version_info >= (3, 11):
@@ -462,6 +471,7 @@ async def acall_with_retries(
     limits: Limits | None = None,
     repair: bool = True,
     spending: Spending | None = None,
+    started: float | None = None,
 ) -> Outcome:
     """The asyncio variant; here the deadline also cuts a call that is still running."""
     run = _Run(backend, request, prompt, guard_top_k, policy or RetryPolicy(), limits, repair, spending)
@@ -482,7 +492,7 @@ async def acall_with_retries(
     try:
         try:
             await attempt_once()  # as in call_with_retries: the loop only after a failure
-            return run.success()
+            return run.success(started)
         except _Retry as exc:
             first: _Retry | None = exc
         async for attempt in AsyncRetrying(sleep=run.policy.asleep, **run.retrying_kwargs()):
@@ -493,7 +503,7 @@ async def acall_with_retries(
                 await attempt_once()
     except (_Retry, _Fatal) as exc:
         raise run.failure(exc) from None
-    return run.success()
+    return run.success(started)
 
 
 __all__ = ["Outcome", "RetryPolicy", "acall_with_retries", "call_with_retries"]

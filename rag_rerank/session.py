@@ -336,9 +336,9 @@ def _call(call: Call) -> Outcome | Exception:
             hit = recall(call.cache, call.key, call.ask, call.ask.top_k, call.limits, call.label)
             if hit is not None:
                 return _timed(hit, started)
-        outcome = _timed(call_with_retries(call.backend, call.ask, call.prompt, guard_top_k=call.ask.top_k,
-                                           policy=call.policy, limits=call.limits, repair=call.repair,
-                                           spending=call.spending), started)
+        outcome = call_with_retries(call.backend, call.ask, call.prompt, guard_top_k=call.ask.top_k,
+                                    policy=call.policy, limits=call.limits, repair=call.repair,
+                                    spending=call.spending, started=started)
         if call.cache is not None and call.key is not None:
             remember(call.cache, call.key, outcome)
         return outcome
@@ -420,10 +420,10 @@ async def _acall(call: Call, limit: asyncio.Semaphore | None) -> Outcome | Excep
                 return _timed(hit, started)
         async with call_slot(limit):  # inside a batch, the batch's bound on calls in flight
             started = time.perf_counter()
-            outcome = _timed(await acall_with_retries(call.backend, call.ask, call.prompt,
-                                                      guard_top_k=call.ask.top_k, policy=call.policy,
-                                                      limits=call.limits, repair=call.repair,
-                                                      spending=call.spending), started)
+            outcome = await acall_with_retries(call.backend, call.ask, call.prompt,
+                                               guard_top_k=call.ask.top_k, policy=call.policy,
+                                               limits=call.limits, repair=call.repair,
+                                               spending=call.spending, started=started)
         if call.cache is not None and call.key is not None:
             await asyncio.to_thread(remember, call.cache, call.key, outcome)
         return outcome

@@ -33,7 +33,8 @@ import numpy as np
 
 from .errors import InputError, Violation
 from .evidence import ELISION, MIN_TOKENS_PER_CHUNK, Evidence, Scorer, TokenCounter, select
-from .models import Chunk, RerankRequest, direct_init
+from .frozen import direct_init
+from .models import Chunk, RerankRequest
 from .tokens import estimate_tokens
 
 

@@ -26,9 +26,10 @@ from .backends.base import Backend, Cacheable
 from .backends.factory import capabilities
 from .cache import ResponseCache, call_key
 from .cost import Budget, Prices, Spending
+from .frozen import direct_init, direct_init_read_often
 from .fusion import MetaFusion
 from .guard.limits import Limits
-from .models import RerankRequest, RerankResult, direct_init
+from .models import RerankRequest, RerankResult
 from .options import Options, Settings
 from .retry import RetryPolicy
 
@@ -112,7 +113,7 @@ class Setup:
 # --------------------------------------------------------------------------- the plan
 
 
-@direct_init
+@direct_init_read_often  # its fields are read dozens of times a call
 @dataclass(frozen=True)
 class Plan:
     """Everything decided before any call, and the options the flow follows."""

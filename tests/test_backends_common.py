@@ -17,6 +17,8 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 
 from rag_rerank import arerank, make_backend, rerank
 from tests.support.fake_llm import FakeLLM, auto_ranker
@@ -259,3 +261,28 @@ def test_the_generation_schemas_are_the_output_schema_rewritten_and_fresh_each_c
         assert len(ours) == len(theirs) and not {id(c) for c in ours} & {id(c) for c in theirs}
         first["properties"]["ranked"]["items"]["properties"]["id"]["enum"].append("z")
         assert make(request) == expected
+        # Too many ids for an enum (`ids_enum` gives None): the schema without one, fresh as well.
+        many = RerankRequest("q", tuple(Chunk(f"c{i}", "x") for i in range(501)), 2, 0.7)
+        plain = _strip(copy.deepcopy(load_schema("output")))
+        plain = _strictify(plain) if strict else plain
+        got = make(many)
+        assert json.dumps(got) == json.dumps(plain) and "enum" not in json.dumps(got)
+        assert not {id(c) for c in every(got)} & {id(c) for c in every(make(many))}
+
+
+@settings(max_examples=120, deadline=None, derandomize=True)
+@given(st.lists(st.text(min_size=1, max_size=6), min_size=1, max_size=30), st.integers(0, 4))
+@example(["a", "b", "a", "c", "b"], 0).via("repeated ids, made by hand: dropped, first kept")
+@example(["é", "ß", "中"], 0).via("unique non-ASCII ids")
+def test_ids_enum_is_the_ids_in_order_without_repeats(ids: list[str], repeats: int) -> None:
+    """`ids_enum` gives every id once, in first-seen order, within the structured-output limits,
+    whether the request's ids are unique (as the input guard makes them) or repeat (a request made
+    by hand): the set test that skips the ordered de-duplication must not change the enum."""
+    from rag_rerank.backends.common import ids_enum
+    from rag_rerank.models import Chunk, RerankRequest
+
+    ids = ids + ids[:repeats]
+    request = RerankRequest("q", tuple(Chunk(i, "t") for i in ids), 1, 0.7)
+    got = ids_enum(request)
+    assert got == list(dict.fromkeys(ids))
+    assert isinstance(got, list) and got is not ids

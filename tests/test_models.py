@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -147,77 +146,6 @@ def test_ranked_and_dropped_hand_written_init_does_what_the_generated_one_did() 
         with pytest.raises(dataclasses.FrozenInstanceError):
             made.id = "other"  # type: ignore[misc]
     assert Ranked("c1", 0.5, "r") == Ranked(id="c1", score=0.5, reason="r", diversity_note=None)
-
-
-def _direct_classes() -> tuple[type, ...]:
-    """Every class given a direct `__init__`, after importing the modules that declare them."""
-    import rag_rerank.engine  # noqa: F401  (imports steps, retry, fallback, options, shortening)
-    from rag_rerank.models import with_direct_init
-
-    return with_direct_init()
-
-
-def test_direct_init_is_given_to_the_per_call_values() -> None:
-    from rag_rerank.fallback import Answer
-    from rag_rerank.options import Checked
-    from rag_rerank.retry import Outcome
-    from rag_rerank.shortening import Shortened
-    from rag_rerank.steps import Call, Calls, Plan, Work
-
-    assert {Plan, Call, Calls, Work, Outcome, Answer, CallRecord, RunMeta, RerankResult, Checked,
-            Shortened} <= set(_direct_classes())
-
-
-_ANY_VALUE = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_nan=False),
-                       st.text(max_size=4), st.tuples(st.integers()),
-                       st.dictionaries(st.text(max_size=2), st.integers(), max_size=2))
-
-
-@settings(max_examples=150, deadline=None, derandomize=True)
-@given(st.data())
-def test_direct_init_makes_what_the_generated_init_made(data: st.DataObject) -> None:
-    """`models.direct_init` (issue 37: a call builds a dozen frozen values, each field set through
-    `object.__setattr__`) stores the same fields, in the same order, with the same defaults and a
-    fresh default-factory value per instance, as the dataclass-generated `__init__` it replaced,
-    for any values, given by position or by keyword or left out; the signature is unchanged."""
-    import inspect
-
-    from rag_rerank.models import generated_init
-
-    classes = sorted(_direct_classes(), key=lambda c: c.__qualname__)
-    cls = data.draw(st.sampled_from(classes), label="class")
-    generated = generated_init(cls)
-    assert inspect.signature(cls.__init__) == inspect.signature(generated)
-    args: list[Any] = []
-    kwargs: dict[str, Any] = {}
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    for f in fields.values():
-        if not f.init:
-            continue
-        optional = f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING
-        if optional and data.draw(st.booleans(), label=f"leave out {f.name}"):
-            continue
-        value = data.draw(_ANY_VALUE, label=f.name)
-        if not kwargs and not f.kw_only and len(args) == list(fields).index(f.name) \
-                and data.draw(st.booleans(), label=f"{f.name} by position"):
-            args.append(value)
-        else:
-            kwargs[f.name] = value
-    passed = {*list(fields)[:len(args)], *kwargs}
-    made = cls(*args, **kwargs)
-    expected = object.__new__(cls)
-    generated(expected, *args, **kwargs)
-    assert list(vars(made)) == list(vars(expected))
-    for name, value in vars(expected).items():
-        got = vars(made)[name]
-        if fields[name].default_factory is not dataclasses.MISSING and name not in passed:
-            again = cls(*args, **kwargs)  # a fresh value each time, as the factory makes it
-            assert got == value and type(got) is type(value) and got is not vars(again)[name]
-        else:
-            assert got is value
-    assert made == expected
-    with pytest.raises(dataclasses.FrozenInstanceError):
-        made.__setattr__(dataclasses.fields(cls)[0].name, None)
 
 
 @settings(max_examples=100, deadline=None, derandomize=True)

@@ -433,6 +433,29 @@ def test_the_api_without_a_provider_writes_nothing() -> None:
     assert done.stdout.strip() == "None False ['ok', 'ok', 'ok']"
 
 
+def test_without_a_tracer_a_failure_is_logged_and_raised_as_it_was() -> None:
+    """No tracer: the observation (a plain `__enter__` / `__exit__`) still tells the log of a failed
+    rerank and lets the very exception through, and a later rerank in the same session works."""
+    done = _python("""
+        import logging, io
+        from rag_rerank import Reranker, observe
+        from rag_rerank.errors import BudgetError
+        out = io.StringIO()
+        logging.getLogger("rag_rerank").addHandler(logging.StreamHandler(out))
+        logging.getLogger("rag_rerank").setLevel(logging.WARNING)
+        chunks = [{"id": f"c{i}", "text": f"IVF partitions vectors, note {i}"} for i in range(5)]
+        session = Reranker("openai", base_url="http://127.0.0.1:9/v1", api_key="k", model="m")
+        try:
+            session.rerank("IVF memory?", chunks, top_k=2, budget={"max_calls": 0})
+        except BudgetError as exc:
+            caught = type(exc).__name__
+        ok = Reranker("local").rerank("IVF memory?", chunks, top_k=2).meta.status
+        print(observe.tracer(), caught, ok, "the budget refused the rerank before any request" in out.getvalue())
+    """)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "None BudgetError ok True"
+
+
 # --------------------------------------------------------------------------- OTLP over HTTP
 
 

@@ -434,3 +434,55 @@ def test_with_latency_is_replace_of_the_latency_alone(cached: bool) -> None:
     for f in dataclasses.fields(Outcome):
         assert getattr(made, f.name) is getattr(expected, f.name) or f.name == "latency_ms"
     assert made.latency_ms == 42.25 and outcome.latency_ms == 1.5
+
+
+@pytest.mark.parametrize("asynchronous", [False, True])
+@pytest.mark.parametrize("reasks", [0, 1])  # accepted at once; or after a re-ask, in tenacity's loop
+def test_latency_counts_from_the_drivers_start(request_, sleeps, asynchronous: bool, reasks: int) -> None:
+    """`started=` (the driver's `time.perf_counter()` when the call began, `session._call`) is
+    what the outcome's latency counts from, set as the outcome is made (not by a second copy);
+    without it the latency is 0.0, as before a driver times the call."""
+    replies = [Reply.openai_text("not json")] * reasks + [Reply.openai_text(json.dumps(GOOD))]
+    with FakeLLM(replies * 2) as srv:
+        backend = OpenAIBackend(base_url=srv.openai_url, api_key=KEY)
+
+        def call(started: float | None) -> Outcome:
+            kw = {"guard_top_k": request_.top_k, "policy": policy(sleeps), "started": started}
+            if asynchronous:
+                return asyncio.run(acall_with_retries(backend, request_, render(request_), **kw))
+            return call_with_retries(backend, request_, render(request_), **kw)
+
+        before = time.perf_counter() - 0.5  # the driver began half a second ago
+        timed = call(before)
+        after = time.perf_counter()
+        untimed = call(None)
+    assert 500.0 <= timed.latency_ms <= (after - before) * 1000.0
+    assert untimed.latency_ms == 0.0 and len(timed.attempts) == reasks + 1
+    assert timed.obj == untimed.obj == GOOD
+
+
+class _Scripted:
+    """A backend (the `Backend` protocol, no HTTP) that hands back its completions in order."""
+
+    name = "scripted"
+
+    def __init__(self, *completions: Completion) -> None:
+        self.completions = list(completions)
+
+    def complete(self, prompt: str, request, **_: object) -> Completion:
+        return self.completions.pop(0)
+
+
+@pytest.mark.parametrize(("first", "second", "expected"), [
+    ((), (), ()),
+    (("a", "b"), (), ("a", "b")),
+    (("a", "b"), ("b", "c", "a"), ("a", "b", "c")),
+    ((), ("c", "c"), ("c",)),
+])
+def test_the_completions_notes_reach_the_outcome_once_each(request_, sleeps, first, second, expected) -> None:
+    """Each note a completion carries (a negotiation's downgrade) is in the outcome once, in the
+    order first met, across a re-ask; a call whose completions carry none has none."""
+    backend = _Scripted(Completion("not json", notes=first), Completion(json.dumps(GOOD), notes=second))
+    out = call_with_retries(backend, request_, render(request_), guard_top_k=request_.top_k,
+                            policy=policy(sleeps))
+    assert out.notes == expected and kinds(out.attempts) == ["invalid_output", "ok"]

@@ -20,9 +20,11 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from ..errors import Violation
+from ..frozen import direct_init
 from ..models import RerankRequest
 
 
+@direct_init  # every call's answer: built without a setattr per field
 @dataclass(frozen=True)
 class Completion:
     text: str

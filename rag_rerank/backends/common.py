@@ -54,7 +54,9 @@ _DROP_KEYWORDS = ("$schema", "$id", "title", "minLength", "pattern")
 
 def ids_enum(request: RerankRequest) -> list[str] | None:
     """The input ids as an enum, when the set is small enough for structured-output limits."""
-    ids = list(dict.fromkeys([c.id for c in request.chunks]))  # not `request.ids`: no tuple made
+    ids = [c.id for c in request.chunks]  # not `request.ids`: no tuple made
+    if len(set(ids)) != len(ids):  # never after the input guard (it refuses repeated ids): a set is
+        ids = list(dict.fromkeys(ids))  # cheaper to make than the ordered dict that drops them
     # Their characters counted as one string's (one C pass) rather than summed id by id.
     if not ids or len(ids) > _MAX_ENUM_VALUES or len("".join(ids)) > _MAX_ENUM_CHARS:
         return None
@@ -80,25 +82,46 @@ def _constrain_ids(schema: dict[str, Any], enum: list[str] | None) -> None:
 
 def generation_schema(request: RerankRequest) -> dict[str, Any]:
     """The card's output schema with ids constrained to the input ids (Anthropic tool input_schema)."""
-    schema = _schema_maker(strict=False)()
-    _constrain_ids(schema, ids_enum(request))
-    return schema
+    return _with_ids(request, strict=False)
+
+
+def _with_ids(request: RerankRequest, *, strict: bool) -> dict[str, Any]:
+    """The generation schema with the request's ids as the enum, or without one when there are
+    too many for it (`ids_enum`)."""
+    enum = ids_enum(request)
+    if enum is None:
+        return _schema_maker(strict, False)()
+    return _schema_maker(strict, True)(enum)
+
+
+# Where the ids go in the compiled schema (`_schema_maker`): a value no JSON schema of ours holds.
+_IDS_SLOT = "\x00ids\x00"
 
 
 @functools.cache
-def _schema_maker(*, strict: bool) -> Callable[[], dict[str, Any]]:
-    """A function that builds the generation schema without ids, compiled once from the schema
-    itself: a call makes a fresh object (the SDK and the enum may not share it, and a caller may
-    change what it is given) without reading the schema file, deep-copying and rewriting it again.
-    The schema is JSON data (dicts, lists, strings, numbers, booleans, None), whose `repr` is a
-    Python literal of the same value in the same order; building that literal takes about 60%
-    fewer instructions than unpickling it, and unpickling 40% fewer than `json.loads`
-    (`tests/test_backends_common.py` pins that it equals the schema read afresh)."""
+def _schema_maker(strict: bool, ids: bool) -> Callable[..., dict[str, Any]]:
+    """A function that builds the generation schema, compiled once from the schema itself: a call
+    makes a fresh object (the SDK and the enum may not share it, and a caller may change what it is
+    given) without reading the schema file, deep-copying and rewriting it again. The schema is JSON
+    data (dicts, lists, strings, numbers, booleans, None), whose `repr` is a Python literal of the
+    same value in the same order; building that literal takes about 60% fewer instructions than
+    unpickling it, and unpickling 40% fewer than `json.loads`. With `ids`, the function takes the
+    ids (`ids_enum`) and writes a new list of them where `_constrain_ids` would put the enum, as the
+    literal is built rather than by a walk afterwards (`tests/test_backends_common.py` pins both
+    equal to the schema read and rewritten afresh)."""
     schema = _strip(copy.deepcopy(load_schema("output")))
     made = _strictify(schema) if strict else schema
+    if ids:
+        _constrain_ids(made, [_IDS_SLOT])
     literal = repr(made)
     if ast.literal_eval(literal) != made:  # only JSON data reaches here; a guard all the same
         raise AssertionError("the output schema is not plain JSON data")
+    if ids:
+        slot = repr([_IDS_SLOT])
+        if literal.count(repr(_IDS_SLOT)) != literal.count(slot):  # the slot only where the enum goes
+            raise AssertionError("the output schema holds the ids' slot value itself")
+        return eval(f"lambda enum: {literal.replace(slot, '[*enum]')}",  # type: ignore[no-any-return]
+                    {"__builtins__": {}})
     return eval(f"lambda: {literal}", {"__builtins__": {}})  # type: ignore[no-any-return]
 
 
@@ -125,9 +148,7 @@ def _strictify(node: dict[str, Any]) -> dict[str, Any]:
 
 def strict_schema(request: RerankRequest) -> dict[str, Any]:
     """The schema for OpenAI `response_format: json_schema, strict: true`."""
-    schema = _schema_maker(strict=True)()
-    _constrain_ids(schema, ids_enum(request))
-    return schema
+    return _with_ids(request, strict=True)
 
 
 # Sent as the system message (OpenAI) or `system` (Anthropic), beside the card's task, which stays

@@ -464,7 +464,7 @@ class OpenAIBackend(ClosableBackend):
         if finish == "content_filter":
             raise FatalFailure("openai: the answer was withheld by the content filter (refusal)")
         notes = tuple(downgraded)
-        if any("response_format" in note for note in downgraded):
+        if downgraded and any("response_format" in note for note in downgraded):  # seldom any
             notes += (f"openai: {display_url(self.base_url)} uses response_format mode {mode!r}",)
         return Completion(
             text=_content_text(field(message, "content")),
