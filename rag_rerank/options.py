@@ -468,8 +468,10 @@ class Options:
         # (15 us, on every request): the names are checked above and are exactly the fields
         # (tests/test_options.py pins it), and `Options` has no `__post_init__` to run.
         out = object.__new__(type(self))
-        out.__dict__.update(self.__dict__)
-        out.__dict__.update(overrides)
+        # The instance dict set whole: filled key by key, CPython 3.11 keeps its keys shared with the
+        # class's and each later read of an option misses the specialised attribute load (as in
+        # `RerankRequest.with_top_k`); a call reads its options a dozen times.
+        object.__setattr__(out, "__dict__", {**self.__dict__, **overrides})
         return out
 
     def scoring(self) -> dict[str, Any]:

@@ -450,7 +450,8 @@ def test_without_a_tracer_a_failure_is_logged_and_raised_as_it_was() -> None:
         except BudgetError as exc:
             caught = type(exc).__name__
         ok = Reranker("local").rerank("IVF memory?", chunks, top_k=2).meta.status
-        print(observe.tracer(), caught, ok, "the budget refused the rerank before any request" in out.getvalue())
+        logged = "the budget refused the rerank before any request" in out.getvalue()
+        print(observe.tracer(), caught, ok, logged)
     """)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "None BudgetError ok True"
