@@ -694,12 +694,12 @@ def test_property_non_blank_is_the_schemas_pattern(text: str) -> None:
     (jsonschema: re.search) reads it, for a ranked reason and a dropped one alike."""
     import re
 
-    from rag_rerank.guard.output import _plain_dropped, _plain_ranked
+    from rag_rerank.guard.output import _plainly_conformant
 
     non_blank = re.search(r"\S", text) is not None
-    fields = ("c1", 0.5, text) if non_blank else None
-    assert _plain_ranked({"id": "c1", "score": 0.5, "reason": text}) == fields
-    assert _plain_dropped({"id": "c1", "reason": text}) == (("c1", text) if non_blank else None)
+    ranked = {"id": "c1", "score": 0.5, "reason": text}
+    assert _plainly_conformant({"ranked": [ranked], "dropped": []}) == non_blank
+    assert _plainly_conformant({"ranked": [], "dropped": [{"id": "c1", "reason": text}]}) == non_blank
 
 
 # --- issue 37, first sight: a chunk's text tokenised and normalised once -------------------------------

@@ -646,11 +646,10 @@ def _item_violations(
 
 
 def _plainly_conformant(obj: Any) -> bool:
-    """The schema checked by hand for the common, valid case; False sends the object through
-    jsonschema, which explains what is wrong. Saves most of the guard's time on a good answer."""
-    sections = _sections(obj)
-    return (sections is not None and None not in map(_plain_ranked, sections[0])
-            and None not in map(_plain_dropped, sections[1]))
+    """Whether the one-pass path (`_plain_violations`) takes the object: the schema checked by
+    hand for the common, valid case; False sends the object through jsonschema, which explains
+    what is wrong."""
+    return _plain_violations(obj, (), 1, as_limits(None), None) is not None
 
 
 def _sections(obj: Any) -> tuple[list[Any], list[Any]] | None:
@@ -661,43 +660,6 @@ def _sections(obj: Any) -> tuple[list[Any], list[Any]] | None:
     if type(ranked) is not list or type(dropped) is not list:
         return None
     return ranked, dropped
-
-
-def _plain_ranked(item: Any) -> tuple[str, float, str] | None:
-    """A ranked item the schema accepts as its (id, score, reason), else None; checked in one
-    function (each item of each answer passes here), which hands the fields it read on to the
-    caller: a non-empty string id, a non-blank string reason (str.isspace reads the same Unicode
-    property as the schema's `\\S`), a string diversity note if any, a number score in [0, 1]."""
-    if type(item) is not dict:
-        return None
-    # The three required keys read by subscript (a missing one refuses the item): with three keys
-    # nothing else is there; a fourth must be a string note. (Look-ups of constant keys, not two
-    # set comparisons that each walk a set or the dict's keys; subscripts, not `dict.get`'s
-    # method calls, which cost several times more.)
-    size = len(item)
-    try:
-        cid, reason, score = item["id"], item["reason"], item["score"]
-    except KeyError:
-        return None
-    if (type(cid) is str and cid != "" and type(reason) is str and reason != "" and not reason.isspace()
-            and (type(score) is float or type(score) is int) and 0 <= score <= 1
-            and (size == 3 or (size == 4 and type(item.get("diversity_note")) is str))):
-        return cid, score, reason
-    return None
-
-
-def _plain_dropped(item: Any) -> tuple[str, str] | None:
-    """A dropped item the schema accepts as its (id, reason), else None: exactly a non-empty
-    string id and a non-blank string reason (read by subscript, as `_plain_ranked` reads them)."""
-    if type(item) is not dict or len(item) != 2:
-        return None
-    try:
-        cid, reason = item["id"], item["reason"]
-    except KeyError:
-        return None
-    if type(cid) is str and cid != "" and type(reason) is str and reason != "" and not reason.isspace():
-        return cid, reason
-    return None
 
 
 def output_violations(
@@ -757,10 +719,17 @@ def _general_violations(obj: Any, chunks: Sequence[Chunk], top_k: int, lim: Limi
 
 def _plain_violations(obj: Any, chunks: Sequence[Chunk], top_k: int, lim: Limits, query: str | None
                       ) -> list[Violation] | None:
-    """`output_violations` of a plainly conformant object (`_plainly_conformant`) in one pass over
-    its items, whose types that check already settles (no schema errors, every item a dict with a
-    string id and reason); None for any other object, which takes the general path. The same
-    violations in the same order: an item's unknown id, its repeated id, then its own rules."""
+    """`output_violations` of a plainly conformant object in one pass over its items; None for
+    any other object, which takes the general path. The same violations in the same order: an
+    item's unknown id, its repeated id, then its own rules.
+
+    Each item is checked against the schema here, in the loop (each item of each answer passes
+    here; a function per item cost a call each): a ranked item holds a non-empty string id, a
+    non-blank string reason (str.isspace reads the same Unicode property as the schema's `\\S`),
+    a number score in [0, 1] and at most a string diversity note besides; a dropped item exactly
+    a non-empty string id and a non-blank string reason. The required keys are read by subscript
+    (a missing one refuses the item; with them there, three keys hold nothing else), not by
+    `dict.get`'s method calls or set comparisons of the keys, which cost several times more."""
     sections = _sections(obj)
     if sections is None:
         return None
@@ -772,10 +741,17 @@ def _plain_violations(obj: Any, chunks: Sequence[Chunk], top_k: int, lim: Limits
     seen: dict[str, int] = {}  # id -> where it was first: its index, dropped ones after the ranked
     floor = lim.min_score
     for i, item in enumerate(ranked):
-        fields = _plain_ranked(item)
-        if fields is None:
+        if type(item) is not dict:
             return None
-        cid, score, reason = fields
+        try:
+            cid, reason, score = item["id"], item["reason"], item["score"]
+        except KeyError:
+            return None
+        size = len(item)
+        if not (type(cid) is str and cid != "" and type(reason) is str and reason != ""
+                and not reason.isspace() and (type(score) is float or type(score) is int) and 0 <= score <= 1
+                and (size == 3 or (size == 4 and type(item.get("diversity_note")) is str))):
+            return None
         chunk = texts.get(cid)
         if chunk is None or cid in seen:
             folded = _id_violations(out, "ranked", i, cid, texts, seen, len(ranked), folded)
@@ -800,10 +776,15 @@ def _plain_violations(obj: Any, chunks: Sequence[Chunk], top_k: int, lim: Limits
     # id a `redundant_with:` names, else its grammar problem) is read once per answer.
     readings: dict[str, tuple[str | None, str | None]] = {}
     for i, item in enumerate(dropped):
-        fields = _plain_dropped(item)
-        if fields is None:
+        if type(item) is not dict or len(item) != 2:
             return None
-        cid, reason = fields
+        try:
+            cid, reason = item["id"], item["reason"]
+        except KeyError:
+            return None
+        if not (type(cid) is str and cid != "" and type(reason) is str and reason != ""
+                and not reason.isspace()):
+            return None
         if cid not in texts or cid in seen:
             folded = _id_violations(out, "dropped", i, cid, texts, seen, len(ranked), folded)
         else:
