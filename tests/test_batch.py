@@ -802,8 +802,12 @@ def test_an_interrupted_batch_says_what_is_saved_and_that_resume_continues(tmp_p
     _write_input(inp, [json.dumps(q) for q in _queries(8)])
     root = Path(__file__).resolve().parent.parent
     env = {**os.environ, "PYTHONPATH": str(root), "OPENAI_API_KEY": "sk-test"}
+    # As a terminal's Ctrl-C finds it: Python's own SIGINT handler, even when this test runs under a
+    # shell that started it in the background (which then ignores SIGINT, and so would the batch).
+    main = ("import runpy, signal; signal.signal(signal.SIGINT, signal.default_int_handler); "
+            "runpy.run_module('rag_rerank', run_name='__main__', alter_sys=True)")
     with FakeLLM(handler=InFlight(quoting_ranker(), delay=0.3)) as srv:
-        argv = [sys.executable, "-m", "rag_rerank", "batch", "-i", str(inp), "-o", str(out), *_openai(srv),
+        argv = [sys.executable, "-c", main, "batch", "-i", str(inp), "-o", str(out), *_openai(srv),
                 "--concurrency", "1"]
         proc = subprocess.Popen(argv, env=env, stderr=subprocess.PIPE, text=True)
         try:
