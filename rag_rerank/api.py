@@ -96,7 +96,8 @@ async def arerank_many(requests: Iterable[Mapping[str, Any]], *, concurrency: in
                        progress: Callable[[int, int], None] | None = None, budget: Any = None,
                        **options: Any) -> list[Result]:
     """Rerank every `{query, chunks, top_k?, lambda?, window_size?}` mapping with at most `concurrency`
-    requests, and as many backend calls, in flight (a request's windows share the bound).
+    requests, and as many backend calls, in flight (a request's windows share the bound); a request
+    whose calls are done hands its slot to the next one before its post-pass.
     A request may also carry its own request options (module docstring).
 
     Returns one entry per request, in input order: a `RerankResult`, or the exception that request

@@ -1,4 +1,4 @@
-"""One bound on backend calls in flight, shared by `batch` and the windows of a request.
+"""A batch's bounds: backend calls in flight, and requests under way (`RequestSlots`).
 
 `arerank_many` (and so `rag-rerank batch` and `eval`) bounds how many requests run at once. A
 request with `window_size` fans out into several calls; if each of them only counted as part of
@@ -8,8 +8,15 @@ every backend call of `arerank` (a window, a final pass, or a plain single call)
 it. Outside a batch there is no shared semaphore and a windowed request makes its own, sized by
 its `concurrency` argument (default `DEFAULT_CONCURRENCY`, the batch's own default).
 
-A request slot never waits for another request's slot and a call slot is always released after
-its call, so the two semaphores cannot deadlock.
+A request holds its request slot while it plans and calls; once its calls to a server are done
+it hands the slot on to the next request (`hand_on_request_slot`) and finishes (the post-pass) in
+a slot of a second kind, of which there are as many (a local scorer's request keeps its slot: its
+call is CPU work in this process, with no wait to overlap). So the next request's wait on the server overlaps this
+one's CPU work, and a batch still holds at most `concurrency` calls in flight and twice as many
+requests under way (answers waiting for a slow post-pass do not pile up).
+
+No slot waits for one of a kind taken after it (a request slot, then a finishing slot; a call
+slot is always released after its call), so the semaphores cannot deadlock.
 """
 
 from __future__ import annotations
@@ -29,6 +36,11 @@ T = TypeVar("T")
 
 CALL_LIMIT: ContextVar[asyncio.Semaphore | None] = ContextVar("rag_rerank_call_limit", default=None)
 
+# How many turns of the event loop a request gives the next one after handing its slot on: the
+# httpx transport writes a request's head and its body in two turns (measured with the openai SDK:
+# after one turn 62 of 125 requests had both on the wire, after two all of them).
+_HAND_ON_TURNS = 3
+
 
 def check_concurrency(value: object, path: str = "concurrency") -> int:
     """`value` as a positive int, or an `InputError` naming `path`."""
@@ -47,6 +59,56 @@ async def call_slot(fallback: asyncio.Semaphore | None = None) -> AsyncIterator[
         return
     async with limit:
         yield
+
+
+class RequestSlots:
+    """A batch's `concurrency` request slots, and as many for requests finishing (`held`)."""
+
+    def __init__(self, concurrency: int) -> None:
+        self._calling = asyncio.Semaphore(concurrency)
+        self._finishing = asyncio.Semaphore(concurrency)
+
+    @contextlib.asynccontextmanager
+    async def held(self) -> AsyncIterator[None]:
+        """One request slot for the request run inside, or the finishing slot it is handed on for."""
+        await self._calling.acquire()
+        slot = _Slot(self)
+        token = _REQUEST_SLOT.set(slot)
+        try:
+            yield
+        finally:
+            _REQUEST_SLOT.reset(token)
+            (self._finishing if slot.handed_on else self._calling).release()
+
+
+class _Slot:
+    """The request slot the running request holds, and whether it has handed it on."""
+
+    def __init__(self, slots: RequestSlots) -> None:
+        self.slots = slots
+        self.handed_on = False
+
+    async def hand_on(self) -> None:
+        if self.handed_on:
+            return
+        await self.slots._finishing.acquire()
+        self.handed_on = True
+        self.slots._calling.release()
+        for _ in range(_HAND_ON_TURNS):  # the next request plans and puts its call on the wire
+            await asyncio.sleep(0)
+
+
+# The running request's slot in a batch (`RequestSlots.held`); None outside one.
+_REQUEST_SLOT: ContextVar[_Slot | None] = ContextVar("rag_rerank_request_slot", default=None)
+
+
+async def hand_on_request_slot() -> None:
+    """Once a batch request's backend calls are done: give its slot to the next request, and let
+    that one start, before this one's post-pass (module docstring). Outside a batch, and after the
+    first time, nothing."""
+    slot = _REQUEST_SLOT.get()
+    if slot is not None:
+        await slot.hand_on()
 
 
 def run_coroutine(coro: Coroutine[Any, Any, T]) -> T:

@@ -25,9 +25,16 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from . import lifecycle
-from .backends.factory import backend_kwargs, make_backend, model_of, name_of, resolve_embedder
+from .backends.factory import backend_kwargs, capabilities, make_backend, model_of, name_of, resolve_embedder
 from .cache import ResponseCache, recall, remember, resolve_cache
-from .concurrency import CALL_LIMIT, call_slot, check_concurrency, run_coroutine
+from .concurrency import (
+    CALL_LIMIT,
+    RequestSlots,
+    call_slot,
+    check_concurrency,
+    hand_on_request_slot,
+    run_coroutine,
+)
 from .cost import CostPlan, Spending, as_budget, as_prices, refuse, summed
 from .engine import BATCH_SPENDING, cost_plan, flow, plan
 from .errors import InputError, RerankError, Violation
@@ -214,7 +221,9 @@ class Reranker(Closing):
                            on_done: Callable[[int, Result], Any] | None = None,
                            budget: Any = None, prices: Any = None) -> list[Result]:
         """Rerank every `{query, chunks, top_k?, lambda?, ...}` mapping with at most `concurrency`
-        requests, and as many backend calls, in flight (a request's windows share the bound).
+        requests planned and sent, and as many backend calls, in flight (a request's windows share
+        the bound); a request whose calls are done hands its slot on before its post-pass, and at
+        most `concurrency` finish at once (`concurrency.RequestSlots`).
 
         Returns one entry per request, in input order: a `RerankResult`, or the exception that
         request raised (an `Exception` item is passed through as its own failure). A request may
@@ -233,7 +242,7 @@ class Reranker(Closing):
             assert total.budget is not None
             meter = Spending(total.budget, total.prices)
         results: list[Result | None] = [None] * len(items)
-        sem = asyncio.Semaphore(concurrency)
+        slots = RequestSlots(concurrency)
         # The same bound on backend calls: a request with window_size makes several (concurrency.py).
         token = CALL_LIMIT.set(asyncio.Semaphore(concurrency))
         spending = BATCH_SPENDING.set(meter)
@@ -245,7 +254,7 @@ class Reranker(Closing):
             if isinstance(item, Exception):
                 outcome = item
             else:
-                async with sem:
+                async with slots.held():
                     try:
                         args, options = request_call(item, self._given)
                         outcome = await self.arerank(*args, **options)
@@ -480,13 +489,23 @@ async def _arun(steps: Flow) -> RerankResult:
     send: Any = None
     error: BaseException | None = None
     limit: asyncio.Semaphore | None = None  # one per request, shared by its windows and final pass
+    # Whether a call went to a server: only then does the post-pass overlap the next request's
+    # call (a local scorer's call is CPU work on this process, as the post-pass is).
+    remote = False
     while not isinstance(step := _advance(steps, send, error), _Done):
         send, error = None, None
         if isinstance(step, Calls):
             if step.limit is not None and limit is None:
                 limit = asyncio.Semaphore(step.limit)
-            send = list(await asyncio.gather(*(_acall(c, limit if step.limit else None) for c in step.calls)))
+            remote = remote or any(capabilities(c.backend).makes_requests for c in step.calls)
+            if len(step.calls) == 1:  # awaited here: a task of its own would cost a turn of the loop
+                send = [await _acall(step.calls[0], limit if step.limit else None)]
+            else:
+                send = list(await asyncio.gather(*(_acall(c, limit if step.limit else None)
+                                                   for c in step.calls)))
         elif isinstance(step, Work):
+            if remote:  # in a batch, the next request waits on its server during this work
+                await hand_on_request_slot()
             try:
                 send = await off_loop(step.run) if step.heavy else step.run()
             except Exception as exc:

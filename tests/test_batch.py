@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from rag_rerank import arerank_many, rerank
 from rag_rerank.batchfile import MAX_MESSAGE_VIOLATIONS, exit_code, parse_input, read_done
 from rag_rerank.cli import main
+from rag_rerank.embed.lexical import LexicalEmbedder
 from rag_rerank.errors import InputError
 from rag_rerank.models import RerankResult
 from rag_rerank.skill import load_skill
@@ -76,6 +79,44 @@ def test_arerank_many_bounds_concurrency_and_shares_one_backend() -> None:
     assert all(isinstance(r, RerankResult) for r in out)
     assert all(r.meta.backend == "openai" for r in out if isinstance(r, RerankResult))
     assert 2 <= slow.max <= 3
+
+
+class _WaitingForTheNextRequest:
+    """A caller's embedder (so the post-pass runs in a worker thread) whose first post-pass waits
+    until the server has the batch's second request: it can only arrive while the first request is
+    in its post-pass if the first handed its slot on when its answer came."""
+
+    name = "waits-for-the-next"
+    duplicate_threshold = 0.9
+
+    def __init__(self, second_arrived: threading.Event) -> None:
+        self.second_arrived = second_arrived
+        self.saw_it: bool | None = None
+
+    def embed(self, texts: list[str]) -> np.ndarray:
+        if self.saw_it is None:
+            self.saw_it = self.second_arrived.wait(timeout=10)
+        return LexicalEmbedder().embed(texts)
+
+
+def test_arerank_many_sends_the_next_request_while_a_post_pass_runs() -> None:
+    """At concurrency 1 the second request is on the server while the first one's post-pass runs
+    (its calls are done, its slot handed on), and there is never more than one call in flight."""
+    second = threading.Event()
+    inner = InFlight(quoting_ranker(), delay=0.05)
+
+    def handler(req: RecordedRequest) -> Reply:
+        if len(srv.requests) >= 2:  # this one is recorded before the handler runs
+            second.set()
+        return inner(req)
+
+    probe = _WaitingForTheNextRequest(second)
+    with FakeLLM(handler=handler) as srv:
+        out = asyncio.run(arerank_many(_queries(3), concurrency=1, backend="openai", base_url=srv.openai_url,
+                                       api_key="x", model="m", embedder=probe))
+    assert all(isinstance(r, RerankResult) for r in out)
+    assert probe.saw_it is True
+    assert inner.max == 1
 
 
 def test_arerank_many_rejects_zero_concurrency() -> None:
