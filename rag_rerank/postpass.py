@@ -674,7 +674,8 @@ def _postpass(
             continue
         keep = kept_of.get(j)
         if keep is None:
-            why[i] = _score_reason(NOT_SELECTED, rel_of[j])
+            score = rel_of[j]  # `_score_reason`, without its frame
+            why[i] = _score_reason_memo(NOT_SELECTED, score) if score else _score_reason(NOT_SELECTED, score)
         else:
             why[i] = reasons.redundant_with(chunks[cand[keep]].id) if keep in kept else NOT_SELECTED
     if orphans:
@@ -747,14 +748,10 @@ def _diversity_note(chunks: Sequence[Any], cand: Sequence[int], sel: Selection, 
     """Why this stage moved a ranked chunk ("" when it did not): it is `sel_pos`-th in the
     selection, `pos`-th in the final layout and `rel_pos`-th by relevance (`local`: its place among
     the candidates `cand`, chunk indices; `rel`: their scores)."""
-
-    def name(j: int) -> str:
-        return chunks[cand[j]].id  # type: ignore[no-any-return]
-
     notes: list[str] = []
     if local in sel.replaced:
         other = sel.replaced[local]
-        gone = f"{name(other)} (score {_hundredths(rel[other])})"
+        gone = f"{chunks[cand[other]].id} (score {_hundredths(rel[other])})"
         notes.append(f"kept as it contains {gone}, dropped as redundant" if local in sel.containing
                      else f"kept as the more concise of near-duplicates; {gone} dropped as redundant")
     if local in sel.promoted_over:
@@ -762,14 +759,15 @@ def _diversity_note(chunks: Sequence[Any], cand: Sequence[int], sel: Selection, 
         # then the more relevant chunk it went ahead of: several chunks may go ahead of the same
         # one, and each note must still say why *this* chunk got its place.
         skipped, s, src_sel, own, own_src = sel.promoted_over[local]
-        via = f" with {name(src_sel)}" if src_sel >= 0 else ""
+        via = f" with {chunks[cand[src_sel]].id}" if src_sel >= 0 else ""
         closest = ""
         if own_src >= 0:
-            closest = f"; closest chunk above it: {name(own_src)}, cosine {_hundredths(own)}"
+            closest = f"; closest chunk above it: {chunks[cand[own_src]].id}, cosine {_hundredths(own)}"
         what = "MMR" if layout != "diversity" else "diversity order"
         notes.append(
             f"{what} placed this at rank {sel_pos + 1} (score {_hundredths(rel[local])}{closest}) "
-            f"ahead of {name(skipped)} (score {_hundredths(rel[skipped])}, cosine {_hundredths(s)}{via})"
+            f"ahead of {chunks[cand[skipped]].id} (score {_hundredths(rel[skipped])}, "
+            f"cosine {_hundredths(s)}{via})"
         )
     if not notes and sel_pos > rel_pos and layout != "lost_in_the_middle":
         notes.append(f"demoted from relevance rank {rel_pos + 1} to {sel_pos + 1} for diversity")
@@ -780,14 +778,21 @@ def _diversity_note(chunks: Sequence[Any], cand: Sequence[int], sel: Selection, 
 
 def _hundredths(x: float) -> str:
     """`f"{x:.2f}"`: a note's scores and cosines. Formatting a float is the dearest part of a note,
-    and the same scores and cosines come back call after call, so each is formatted once
-    (`_hundredths_memo`); a zero each time, as 0.0 and -0.0 are one key to a memo but two texts."""
-    return _hundredths_memo(x) if x else f"{x:.2f}"
+    and the same scores and cosines come back call after call, so each is formatted once and kept
+    in `_HUNDREDTHS` (a dict: half the cost of an `lru_cache` hit for a float, whose key is a tuple
+    hashed each time); a zero each time, as 0.0 and -0.0 are one key but two texts. The dict is
+    emptied when full: forgetting costs only the formatting again."""
+    text = _HUNDREDTHS.get(x)
+    if text is None:
+        text = f"{x:.2f}"
+        if x:
+            if len(_HUNDREDTHS) >= 4096:
+                _HUNDREDTHS.clear()
+            _HUNDREDTHS[x] = text
+    return text
 
 
-@lru_cache(maxsize=4096)
-def _hundredths_memo(x: float) -> str:
-    return f"{x:.2f}"
+_HUNDREDTHS: dict[float, str] = {}
 
 
 def _score_reason(token: str, score: float) -> str:
