@@ -607,10 +607,10 @@ def _postpass(
                 rel_of.append(score)
             else:
                 why[i] = _score_reason(BELOW_MIN, score)
-        elif (llm := llm_reason.get(chunk.id)) is None or reasons.redundant_target(llm) is not None:
+        elif (llm := llm_reason.get(chunk.id)) is None or (standing := _standing(llm)) is None:
             orphans.append(i)
         else:  # the model's own words, filed under a listed token if need be
-            why[i] = _normalised(llm)
+            why[i] = standing
     rows = sorted([*cand, *orphans]) if orphans else cand
 
     texts = [c.text for c in chunks]
@@ -805,6 +805,14 @@ def _score_reason(token: str, score: float) -> str:
 @lru_cache(maxsize=4096)
 def _score_reason_memo(token: str, score: float) -> str:
     return reasons.reason(token, reasons.score_detail(score))
+
+
+@lru_cache(maxsize=4096)
+def _standing(reason: str) -> str | None:
+    """The reason a model gave for a chunk it dropped, as it stands in the result (`_normalised`),
+    or None for a `redundant_with:` reason, which holds only if it names a ranked chunk
+    (`_unscored_reason`). Memoised as `_normalised` is: one lookup per chunk the model dropped."""
+    return None if reasons.redundant_target(reason) is not None else _normalised(reason)
 
 
 @lru_cache(maxsize=4096)

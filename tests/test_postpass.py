@@ -434,6 +434,16 @@ def test_hundredths_is_the_two_decimal_format(x):
     assert pp._hundredths(-x) == f"{-x:.2f}"
 
 
+@given(st.text() | st.sampled_from(["redundant_with:", "redundant_with:a", "not_selected: 0.41", "off"])
+       | st.builds(lambda t: "redundant_with:" + t, st.text()))
+def test_a_models_own_reason_stands_or_waits_for_the_ranking(reason):
+    """`_standing` (memoised, one lookup per chunk the model dropped): the reason as `normalise`
+    files it, or None for a `redundant_with:` reason, which the ranking decides."""
+    want = None if reason.startswith("redundant_with:") else normalise(reason)
+    assert pp._standing(reason) == want
+    assert pp._standing(reason) == want  # from the memo
+
+
 # --------------------------------------------------------------------------- edge cases
 
 
