@@ -45,7 +45,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
@@ -97,15 +97,18 @@ class Selection:
     # kept -> (more relevant skipped, its max_sim, to whom, the kept one's own max_sim, to whom)
     promoted_over: dict[int, tuple[int, float, int, float, int]]
     containing: frozenset[int] = frozenset()  # kept candidates that stood in because they contain the pick
+    # Every candidate, most relevant first (ties in input order): the order `select` sorted once,
+    # which the post-pass reads again for each ranked chunk's place by relevance alone.
+    by_relevance: Sequence[int] = field(default=(), compare=False)
 
 
 def select(
-    rel: np.ndarray,
+    rel: np.ndarray | list[float],
     sim: np.ndarray,
     k: int,
     *,
     lambda_: float,
-    lengths: np.ndarray,
+    lengths: np.ndarray | Sequence[int],
     threshold: float,
     layout: str = "mmr",
     query_sim: np.ndarray | None = None,
@@ -125,19 +128,21 @@ def select(
     and at most `k` steps, where a numpy call per step would cost more than the arithmetic it
     does. The operations are numpy's elementwise ones on the same float64 values (the score
     `lambda * rel - (1 - lambda) * max_sim`, a strict `>` for the running maximum, the first of
-    the largest scores), so the picks and every number reported are the same bits.
+    the largest scores), so the picks and every number reported are the same bits. (The post-pass
+    hands `rel` over as the list of its candidates' scores, and `lengths` as a sequence that
+    measures a text only when asked: only the members of a group of duplicates are.)
     """
     dsim = sim if dup_sim is None else dup_sim
     dup = dsim >= threshold if duplicate is None else duplicate
-    n = int(rel.shape[0])
-    rel_of: list[float] = rel.tolist()
-    length_of = lengths.tolist()
-    dup_of: list[list[int]] = [[] for _ in range(n)]  # each candidate's duplicates, ascending
-    for i, j in zip(*(a.tolist() for a in dup.nonzero()), strict=True):
-        dup_of[i].append(j)
+    rel_of: list[float] = rel.tolist() if isinstance(rel, np.ndarray) else rel
+    length_of = lengths.tolist() if isinstance(lengths, np.ndarray) else lengths
+    n = len(rel_of)
+    dup_of: dict[int, list[int]] = {}  # a candidate with duplicates -> them, ascending
+    for i, j in _true_cells(dup):
+        dup_of.setdefault(i, []).append(j)
     contained: dict[int, set[int]] = {}  # i -> the candidates i contains (`prefer`)
     if prefer is not None:
-        for i, j in zip(*(a.tolist() for a in prefer.nonzero()), strict=True):
+        for i, j in _true_cells(prefer):
             contained.setdefault(i, set()).add(j)
     available = [True] * n
     open_ = list(range(n))  # the available candidates, ascending
@@ -163,7 +168,8 @@ def select(
             choice = _first_max(open_, [-s for s in sum_sim])
         else:
             choice = following
-        members = [j for j in dup_of[choice] if available[j] and j != choice]
+        near = dup_of.get(choice)
+        members = [j for j in near if available[j] and j != choice] if near else None
         if members:
             members = sorted([*members, choice])
             contains = {m: len(contained.get(m, set()).intersection(members)) for m in members}
@@ -182,7 +188,8 @@ def select(
                 containing.add(keep)
         picked.append(keep)
         available[keep] = False
-        gone = [j for j in dup_of[keep] if available[j]]
+        near = dup_of.get(keep)
+        gone = [j for j in near if available[j]] if near else []
         if keep != choice and choice not in gone:
             gone = sorted([*gone, choice])
         open_.remove(keep)
@@ -201,7 +208,24 @@ def select(
             else:
                 following = _updated_trade_off(open_, row, keep, weighted_rel, weight, max_sim, max_src,
                                                score)
-    return Selection(tuple(picked), redundant, replaced, promoted, frozenset(containing))
+    return Selection(tuple(picked), redundant, replaced, promoted, frozenset(containing), by_rel)
+
+
+def _true_cells(matrix: np.ndarray) -> list[tuple[int, int]]:
+    """The (row, column) of each True cell of a 2-d bool matrix, row by row: `zip(*matrix.nonzero())`.
+    Found in the matrix's bytes (numpy keeps a bool in one byte, 0 or 1) with `bytes.find`: a list's
+    duplicate and containment matrices hold a few True cells among hundreds, and `nonzero` with
+    its two conversions to lists costs several times the search."""
+    if matrix.dtype != np.bool_:  # any other dtype: its non-zero cells
+        matrix = matrix != 0
+    data = matrix.tobytes()  # row by row, whatever the matrix's own layout
+    width = matrix.shape[1]
+    cells = []
+    at = data.find(1)
+    while at >= 0:
+        cells.append(divmod(at, width))
+        at = data.find(1, at + 1)
+    return cells
 
 
 def _first_max(indices: list[int], values: list[float]) -> int:
@@ -347,11 +371,12 @@ def _embed_rows(embedder: Any, texts: Sequence[str], rows: Sequence[int]) -> np.
 
 
 def _resolve_vectors(
-    request: RerankRequest, embedder: str | Embedder | None, need_query: bool, query_vec: Any,
-    rows: list[int],
+    request: RerankRequest, texts: list[str], embedder: str | Embedder | None, need_query: bool,
+    query_vec: Any, rows: list[int],
 ) -> tuple[np.ndarray, np.ndarray | None, str, float, list[str]]:
     """(the vectors of the chunks at `rows`, float64, query vector or None, embedder name,
-    default duplicate threshold, notes). Caller vectors are checked for every chunk."""
+    default duplicate threshold, notes); `texts` are the chunks' texts. Caller vectors are checked
+    for every chunk."""
     notes: list[str] = []
     vectors = chunk_vectors(request.chunks)
     if vectors is not None:
@@ -360,7 +385,6 @@ def _resolve_vectors(
             notes.append("layout diversity without a query vector: opened with the most relevant chunk")
         return vectors[rows].astype(np.float64), q, "caller", CALLER_DUPLICATE_THRESHOLD, notes
     emb = get_embedder(embedder)
-    texts = [c.text for c in request.chunks]
     if need_query and not _per_text(emb):
         both = embed_texts(emb, [request.query, *texts])
         q_row: np.ndarray | None = both[:1]
@@ -459,8 +483,23 @@ def _concise_length(text: str) -> int:
     return len(" ".join(text.split()))
 
 
-# What the post-pass reads of a scored chunk: (score, the model's reason, its diversity_note).
-Said = tuple[float, str, str | None]
+class _ConciseLengths:
+    """The candidates' concise lengths (`_concise_length` of each one's own text), as `select` reads
+    them: measured when asked, and it asks only of the members of a group of duplicates."""
+
+    __slots__ = ("_cand", "_own")
+
+    def __init__(self, own: Sequence[str], cand: Sequence[int]) -> None:
+        self._own = own
+        self._cand = cand
+
+    def __getitem__(self, j: int) -> int:
+        return _concise_length(self._own[self._cand[j]])
+
+
+# What the post-pass reads of a scored chunk: a mapping with its "score", the model's "reason" and
+# its "diversity_note" (absent or None without one): the guarded answer's own items, as they are.
+Said = Mapping[str, Any]
 
 
 def postpass(
@@ -500,10 +539,11 @@ def postpass(
                                   message=f"duplicates_by must be one of {', '.join(DUPLICATES_BY)}"))
     if problems:
         raise InputError(problems, headline="invalid post-pass arguments")
-    return _postpass(request, {r.id: (r.score, r.reason, r.diversity_note) for r in scored},
-                     {d.id: d.reason for d in llm_dropped}, embedder=embedder,
+    said = {r.id: {"score": r.score, "reason": r.reason, "diversity_note": r.diversity_note} for r in scored}
+    return _postpass(request, said, {d.id: d.reason for d in llm_dropped}, embedder=embedder,
                      duplicate_threshold=duplicate_threshold, layout=layout, word_budget=word_budget,
-                     min_score=min_score, query_vector=query_vector, duplicates_by=duplicates_by)
+                     min_score=min_score, query_vector=query_vector, duplicates_by=duplicates_by,
+                     float_scores=False)
 
 
 def postpass_guarded(
@@ -519,12 +559,11 @@ def postpass_guarded(
     input id of `request`, each once, every score a number in [0, 1]), with settings the options
     table checked: the engine's call. Nothing is checked again, and the answer's items are read
     as they are, without a `Ranked` / `Dropped` made for each. Anyone else calls `postpass`."""
-    scored = {r["id"]: (float(r["score"]), r["reason"], r.get("diversity_note"))
-              for r in answer.get("ranked", ())}
+    scored = {r["id"]: r for r in answer.get("ranked", ())}
     said = {d["id"]: d["reason"] for d in answer.get("dropped", ()) or ()}
     return _postpass(request, scored, said, embedder=embedder, duplicate_threshold=duplicate_threshold,
                      layout=layout, word_budget=None, min_score=min_score, query_vector=None,
-                     duplicates_by="text")
+                     duplicates_by="text", float_scores=True)
 
 
 def _postpass(
@@ -539,34 +578,51 @@ def _postpass(
     min_score: float | None,
     query_vector: Sequence[float] | np.ndarray | None,
     duplicates_by: str,
+    float_scores: bool,
 ) -> RerankResult:
     """The post-pass on checked arguments: `scored` maps a scored id to what the scorer said of it,
-    `llm_reason` a dropped id to the scorer's reason."""
+    `llm_reason` a dropped id to the scorer's reason; `float_scores`: a ranked chunk's score is
+    given as a float (an answer's JSON may write 1 for 1.0), else as the caller's `Ranked` had it."""
     floor = load_limits().min_score if min_score is None else float(min_score)
     chunks = request.chunks
     if not chunks:
         return RerankResult(ranked=(), dropped=(), meta=RunMeta(embedder=None))
-    index = {c.id: i for i, c in enumerate(chunks)}
 
-    # Only the candidates (scored above the floor) are selected, and only a chunk left without a
-    # standing reason of its own is compared with the ranked ones (`_unscored_reason`): vectors,
-    # similarities and the redundancy judgement are needed for those rows alone, and every pair's
-    # answer is the same whichever other chunks are compared.
-    cand = sorted([index[cid] for cid, said in scored.items() if said[0] > floor])
-    orphans = [i for i, c in enumerate(chunks) if c.id not in scored
-               and ((why := llm_reason.get(c.id)) is None or reasons.redundant_target(why) is not None)]
-    rows = sorted({*cand, *orphans}) if orphans else cand
-    at = {g: k for k, g in enumerate(rows)}  # chunk index -> row of the matrices below
+    # One pass over the chunks: the candidates (scored above the floor) in input order with their
+    # scores; the orphans, left without a standing reason of their own, which are compared with the
+    # ranked ones (`_unscored_reason`); and every other chunk's reason, which no selection changes.
+    # Vectors, similarities and the redundancy judgement are needed for the candidates' and the
+    # orphans' rows alone: every pair's answer is the same whichever other chunks are compared.
+    cand: list[int] = []
+    rel_of: list[float] = []  # the candidates' scores
+    orphans: list[int] = []
+    why: list[str | None] = [None] * len(chunks)  # each dropped chunk's reason (reasons.py grammar)
+    said_of = scored.get
+    for i, chunk in enumerate(chunks):
+        said = said_of(chunk.id)
+        if said is not None:
+            score = said["score"]
+            if score > floor:
+                cand.append(i)
+                rel_of.append(score)
+            else:
+                why[i] = _score_reason(BELOW_MIN, score)
+        elif (llm := llm_reason.get(chunk.id)) is None or (standing := _standing(llm)) is None:
+            orphans.append(i)
+        else:  # the model's own words, filed under a listed token if need be
+            why[i] = standing
+    rows = sorted([*cand, *orphans]) if orphans else cand
 
+    texts = [c.text for c in chunks]
     vectors, q_row, emb_name, default_thr, notes = _resolve_vectors(
-        request, embedder, layout == "diversity", query_vector, rows
+        request, texts, embedder, layout == "diversity", query_vector, rows
     )
     sim_all = _similarity(vectors)
     # Near-duplicates, conciseness and the word budget are about the chunks' own texts: with
     # `embed_meta_fields` the texts here carry the meta values too, and sibling chunks of one
     # document (one title) would otherwise be judged copies of each other and dropped as redundant.
     embedded = request.own_texts is not None
-    own = [request.own_text(c) for c in chunks] if embedded else [c.text for c in chunks]
+    own = [request.own_text(c) for c in chunks] if embedded else texts
     threshold = default_thr if duplicate_threshold is None else float(duplicate_threshold)
     prefer_all: np.ndarray | None = None
     if emb_name == "caller" or duplicates_by == "embedding":
@@ -580,24 +636,23 @@ def _postpass(
         dup_all, prefer_all = _redundancy(own, emb_name, embedder, vectors if not embedded else None,
                                           sim_all if mine else None, rows)
 
-    rel_of = [scored[chunks[i].id][0] for i in cand]
-    rel = np.array(rel_of, dtype=np.float64)
+    at: dict[int, int] = {}  # with orphans: chunk index -> row of the matrices above
     if orphans:  # the candidates' rows of the matrices
+        at = {g: k for k, g in enumerate(rows)}
         local = np.array([at[g] for g in cand], dtype=np.int64)
         pick = np.ix_(local, local)
         sim, dup, prefer = sim_all[pick], dup_all[pick], None if prefer_all is None else prefer_all[pick]
     else:  # the rows are the candidates
-        local = np.arange(len(cand))
         sim, dup, prefer = sim_all, dup_all, prefer_all
     q_sim = None
     if q_row is not None:
-        q_sim = (vectors @ q_row.astype(np.float64).ravel())[local]
-    sel = select(rel, sim, request.top_k, lambda_=request.lambda_,
-                 lengths=np.array([_concise_length(own[i]) for i in cand], dtype=np.int64),
+        q_sim = vectors @ q_row.astype(np.float64).ravel()
+        if orphans:
+            q_sim = q_sim[local]
+    sel = select(rel_of, sim, request.top_k, lambda_=request.lambda_, lengths=_ConciseLengths(own, cand),
                  threshold=threshold, layout=layout, query_sim=q_sim, duplicate=dup, prefer=prefer)
 
     picked = list(sel.picked)
-    why: dict[int, str] = {}  # chunk index -> dropped reason (rag_rerank/reasons.py grammar)
     if word_budget is not None:
         used, cut = 0, len(picked)
         for pos, j in enumerate(picked):
@@ -609,39 +664,32 @@ def _postpass(
             why[cand[j]] = OVER_BUDGET
         picked = picked[:cut]
     final = lost_in_the_middle(picked) if layout == "lost_in_the_middle" else picked
-    ranked_set = {cand[j] for j in final}
-    kept_of = {cand[j]: cand[keep] for j, keep in sel.redundant.items()}  # a duplicate -> its kept one
+    ranked = _ranked_items(chunks, cand, scored, sel, picked, final, rel_of, layout, float_scores)
 
-    # Where each pick stands: in the selection, in the final layout, and by relevance alone (ties
-    # by input order), found once for all of them.
-    sel_at = {j: pos for pos, j in enumerate(picked)}
-    # (a stable sort keeps input order among equal scores, reverse=True too: the (-score, index) order)
-    rel_at = {j: pos for pos, j in enumerate(sorted(range(len(cand)), key=rel_of.__getitem__, reverse=True))}
-    ids = [chunks[i].id for i in cand]
-    ranked = tuple(_ranked_item(ids, scored[ids[j]], sel, sel_at[j], pos, rel_at[j], j, rel_of, layout)
-                   for pos, j in enumerate(final))
-
-    for i, chunk in enumerate(chunks):
-        if i in ranked_set or i in why:
+    # The candidates left out: a duplicate of a ranked chunk names it; any other has its score.
+    kept = set(final)
+    kept_of = sel.redundant  # a duplicate -> the one kept for it (candidates' places)
+    for j, i in enumerate(cand):
+        if j in kept or why[i] is not None:  # ranked, or over the word budget
             continue
-        said = scored.get(chunk.id)
-        if said is not None and said[0] <= floor:
-            why[i] = _score_reason(BELOW_MIN, said[0])
-        elif i in kept_of:
-            why[i] = (reasons.redundant_with(chunks[kept_of[i]].id) if kept_of[i] in ranked_set
-                      else NOT_SELECTED)
-        elif said is not None:
-            why[i] = _score_reason(NOT_SELECTED, said[0])
-        elif (llm := llm_reason.get(chunk.id)) is not None and reasons.redundant_target(llm) is None:
-            why[i] = _normalised(llm)  # the model's own words, filed under a listed token if need be
+        keep = kept_of.get(j)
+        if keep is None:
+            score = rel_of[j]  # `_score_reason`, without its frame
+            why[i] = _score_reason_memo(NOT_SELECTED, score) if score else _score_reason(NOT_SELECTED, score)
         else:
-            why[i] = _unscored_reason(i, llm, chunks, index, kept_of, ranked_set, dup_all, sim_all, at)
-    dropped = tuple(Dropped(id=c.id, reason=why[i]) for i, c in enumerate(chunks) if i not in ranked_set)
-    short = short_list_note(request.top_k, len(ranked), [d.reason for d in dropped])
-    return RerankResult(
-        ranked=ranked, dropped=dropped,
-        meta=RunMeta(embedder=emb_name, notes=(*notes, *([short] if short else []))),
-    )
+            why[i] = reasons.redundant_with(chunks[cand[keep]].id) if keep in kept else NOT_SELECTED
+    if orphans:
+        index = {c.id: i for i, c in enumerate(chunks)}
+        ranked_set = {cand[j] for j in final}
+        kept_at = {cand[j]: cand[keep] for j, keep in kept_of.items()}  # a duplicate -> its kept one
+        for i in orphans:
+            why[i] = _unscored_reason(i, llm_reason.get(chunks[i].id), chunks, index, kept_at, ranked_set,
+                                      dup_all, sim_all, at)
+    dropped = tuple([Dropped(c.id, r) for c, r in zip(chunks, why, strict=True) if r is not None])
+    short = short_list_note(request.top_k, len(ranked), [d.reason for d in dropped]) \
+        if len(ranked) < request.top_k else None
+    meta = RunMeta(embedder=emb_name, notes=(*notes, short) if short else (*notes,))
+    return RerankResult(ranked, dropped, meta)
 
 
 # How `short_list_note` names each reason token, in the order it lists them.
@@ -668,27 +716,42 @@ def short_list_note(top_k: int, ranked: int, dropped_reasons: Sequence[str]) -> 
     return f"short list: {ranked} ranked of top_k={top_k}; the other chunks: " + ", ".join(named)
 
 
-def _ranked_item(
-    ids: Sequence[str],
-    said: Said,
-    sel: Selection,
-    sel_pos: int,
-    pos: int,
-    rel_pos: int,
-    local: int,
-    rel: Sequence[float],
-    layout: str,
-) -> Ranked:
-    """The model's score and reason verbatim, plus a note when this stage moved the chunk: it is
-    `sel_pos`-th in the selection, `pos`-th in the final layout and `rel_pos`-th by relevance
-    (`ids` and `rel`: the candidates' ids and scores, `local` this one's place among them)."""
-    if (sel_pos == pos and sel_pos <= rel_pos and local not in sel.replaced
-            and local not in sel.promoted_over):  # none of the cases below: the model's words as they are
-        return Ranked(ids[local], *said)
+def _ranked_items(chunks: Sequence[Any], cand: Sequence[int], scored: dict[str, Said], sel: Selection,
+                  picked: Sequence[int], final: Sequence[int], rel: Sequence[float], layout: str,
+                  float_scores: bool) -> tuple[Ranked, ...]:
+    """The ranked chunks in their final order (`final`, candidates' places; `picked` in selection
+    order): the model's score and reason verbatim, and its own note unless this stage moved the
+    chunk (`_diversity_note`)."""
+    # Where each one stands by relevance alone (ties in input order): `select` sorted them so.
+    rel_at = [0] * len(cand)
+    for pos, j in enumerate(sel.by_relevance):
+        rel_at[j] = pos
+    sel_at = {j: pos for pos, j in enumerate(picked)} if final is not picked else None
+    replaced, promoted = sel.replaced, sel.promoted_over
+    out = []
+    for pos, j in enumerate(final):
+        sel_pos = pos if sel_at is None else sel_at[j]
+        cid = chunks[cand[j]].id
+        said = scored[cid]
+        score = float(said["score"]) if float_scores else said["score"]
+        if sel_pos == pos and sel_pos <= rel_at[j] and j not in replaced and j not in promoted:
+            # none of `_diversity_note`'s cases: the model's words as they are
+            out.append(Ranked(cid, score, said["reason"], said.get("diversity_note")))
+        else:
+            note = _diversity_note(chunks, cand, sel, sel_pos, pos, rel_at[j], j, rel, layout)
+            out.append(Ranked(cid, score, said["reason"], note or said.get("diversity_note")))
+    return tuple(out)
+
+
+def _diversity_note(chunks: Sequence[Any], cand: Sequence[int], sel: Selection, sel_pos: int, pos: int,
+                    rel_pos: int, local: int, rel: Sequence[float], layout: str) -> str:
+    """Why this stage moved a ranked chunk ("" when it did not): it is `sel_pos`-th in the
+    selection, `pos`-th in the final layout and `rel_pos`-th by relevance (`local`: its place among
+    the candidates `cand`, chunk indices; `rel`: their scores)."""
     notes: list[str] = []
     if local in sel.replaced:
         other = sel.replaced[local]
-        gone = f"{ids[other]} (score {rel[other]:.2f})"
+        gone = f"{chunks[cand[other]].id} (score {_hundredths(rel[other])})"
         notes.append(f"kept as it contains {gone}, dropped as redundant" if local in sel.containing
                      else f"kept as the more concise of near-duplicates; {gone} dropped as redundant")
     if local in sel.promoted_over:
@@ -696,21 +759,40 @@ def _ranked_item(
         # then the more relevant chunk it went ahead of: several chunks may go ahead of the same
         # one, and each note must still say why *this* chunk got its place.
         skipped, s, src_sel, own, own_src = sel.promoted_over[local]
-        via = f" with {ids[src_sel]}" if src_sel >= 0 else ""
+        via = f" with {chunks[cand[src_sel]].id}" if src_sel >= 0 else ""
         closest = ""
         if own_src >= 0:
-            closest = f"; closest chunk above it: {ids[own_src]}, cosine {own:.2f}"
+            closest = f"; closest chunk above it: {chunks[cand[own_src]].id}, cosine {_hundredths(own)}"
         what = "MMR" if layout != "diversity" else "diversity order"
         notes.append(
-            f"{what} placed this at rank {sel_pos + 1} (score {rel[local]:.2f}{closest}) "
-            f"ahead of {ids[skipped]} (score {rel[skipped]:.2f}, cosine {s:.2f}{via})"
+            f"{what} placed this at rank {sel_pos + 1} (score {_hundredths(rel[local])}{closest}) "
+            f"ahead of {chunks[cand[skipped]].id} (score {_hundredths(rel[skipped])}, "
+            f"cosine {_hundredths(s)}{via})"
         )
     if not notes and sel_pos > rel_pos and layout != "lost_in_the_middle":
         notes.append(f"demoted from relevance rank {rel_pos + 1} to {sel_pos + 1} for diversity")
     if layout == "lost_in_the_middle" and pos != sel_pos:
         notes.append(f"lost-in-the-middle layout: selection rank {sel_pos + 1} placed at position {pos + 1}")
-    score, reason, note = said
-    return Ranked(id=ids[local], score=score, reason=reason, diversity_note="; ".join(notes) or note)
+    return "; ".join(notes)
+
+
+def _hundredths(x: float) -> str:
+    """`f"{x:.2f}"`: a note's scores and cosines. Formatting a float is the dearest part of a note,
+    and the same scores and cosines come back call after call, so each is formatted once and kept
+    in `_HUNDREDTHS` (a dict: half the cost of an `lru_cache` hit for a float, whose key is a tuple
+    hashed each time); a zero each time, as 0.0 and -0.0 are one key but two texts. The dict is
+    emptied when full: forgetting costs only the formatting again."""
+    text = _HUNDREDTHS.get(x)
+    if text is None:
+        text = f"{x:.2f}"
+        if x:
+            if len(_HUNDREDTHS) >= 4096:
+                _HUNDREDTHS.clear()
+            _HUNDREDTHS[x] = text
+    return text
+
+
+_HUNDREDTHS: dict[float, str] = {}
 
 
 def _score_reason(token: str, score: float) -> str:
@@ -723,6 +805,14 @@ def _score_reason(token: str, score: float) -> str:
 @lru_cache(maxsize=4096)
 def _score_reason_memo(token: str, score: float) -> str:
     return reasons.reason(token, reasons.score_detail(score))
+
+
+@lru_cache(maxsize=4096)
+def _standing(reason: str) -> str | None:
+    """The reason a model gave for a chunk it dropped, as it stands in the result (`_normalised`),
+    or None for a `redundant_with:` reason, which holds only if it names a ranked chunk
+    (`_unscored_reason`). Memoised as `_normalised` is: one lookup per chunk the model dropped."""
+    return None if reasons.redundant_target(reason) is not None else _normalised(reason)
 
 
 @lru_cache(maxsize=4096)

@@ -7,14 +7,16 @@ from typing import ClassVar
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+import rag_rerank.postpass as pp
 from rag_rerank.embed import l2_normalise
 from rag_rerank.errors import InputError
 from rag_rerank.guard import validate_request
 from rag_rerank.models import Chunk, Dropped, Ranked, RerankRequest
-from rag_rerank.postpass import lost_in_the_middle, postpass, postpass_guarded, select
+from rag_rerank.postpass import LAYOUTS, lost_in_the_middle, postpass, postpass_guarded, select
+from rag_rerank.reasons import normalise
 
 MIN_SCORE = 0.2
 
@@ -235,6 +237,211 @@ def test_selection_matches_a_from_scratch_reference(case, k, lam, layout):
                  layout=layout, duplicate=dup, prefer=prefer)
     want = reference_full_selection(rel, sim.tolist(), k, lam, lengths, dup.tolist(), prefer.tolist(), layout)
     assert (got.picked, got.redundant, got.replaced, got.promoted_over, got.containing) == want
+
+
+# --------------------------------------------------------------------------- the accounting, plainly
+
+
+def reference_items(request, scored, llm_dropped, sel, sim_all, rows, threshold, layout, word_budget):
+    """`ranked` and `dropped` as the module docstring states them, written plainly from `select`'s
+    own `Selection` (held to its reference above) and the similarities of the compared `rows`:
+    each chunk's reason found by the rules in their order, each note by its cases, positions by
+    searching lists, nothing carried from one chunk to the next."""
+    chunks = request.chunks
+    said = {r.id: r for r in scored}
+    llm = {d.id: d.reason for d in llm_dropped}
+    cand = [i for i, c in enumerate(chunks) if c.id in said and said[c.id].score > MIN_SCORE]
+    rel = [said[chunks[i].id].score for i in cand]
+    picked = list(sel.picked)
+    over = []
+    if word_budget is not None:
+        used = 0
+        for pos, j in enumerate(picked):
+            used += len(chunks[cand[j]].text.split())
+            if used >= word_budget:
+                picked, over = picked[:pos + 1], picked[pos + 1:]
+                break
+    final = lost_in_the_middle(picked) if layout == "lost_in_the_middle" else picked
+    by_rel = sorted(range(len(cand)), key=lambda j: (-rel[j], j))
+
+    def name(j):
+        return chunks[cand[j]].id
+
+    ranked = []
+    for pos, j in enumerate(final):
+        sel_pos, rel_pos, notes = picked.index(j), by_rel.index(j), []
+        if j in sel.replaced:
+            other = sel.replaced[j]
+            gone = f"{name(other)} (score {rel[other]:.2f})"
+            notes.append(f"kept as it contains {gone}, dropped as redundant" if j in sel.containing
+                         else f"kept as the more concise of near-duplicates; {gone} dropped as redundant")
+        if j in sel.promoted_over:
+            skipped, s, src, own, own_src = sel.promoted_over[j]
+            closest = f"; closest chunk above it: {name(own_src)}, cosine {own:.2f}" if own_src >= 0 else ""
+            via = f" with {name(src)}" if src >= 0 else ""
+            notes.append(f"{'MMR' if layout != 'diversity' else 'diversity order'} placed this at rank "
+                         f"{sel_pos + 1} (score {rel[j]:.2f}{closest}) ahead of {name(skipped)} "
+                         f"(score {rel[skipped]:.2f}, cosine {s:.2f}{via})")
+        if not notes and sel_pos > rel_pos and layout != "lost_in_the_middle":
+            notes.append(f"demoted from relevance rank {rel_pos + 1} to {sel_pos + 1} for diversity")
+        if layout == "lost_in_the_middle" and pos != sel_pos:
+            notes.append(f"lost-in-the-middle layout: selection rank {sel_pos + 1} "
+                         f"placed at position {pos + 1}")
+        r = said[name(j)]
+        ranked.append(Ranked(r.id, r.score, r.reason, "; ".join(notes) or r.diversity_note))
+
+    ranked_at = sorted(cand[j] for j in final)
+    kept_of = {cand[j]: cand[keep] for j, keep in sel.redundant.items()}
+    index = {c.id: i for i, c in enumerate(chunks)}
+    dropped = []
+    for i, chunk in enumerate(chunks):
+        if i in ranked_at:
+            continue
+        reason = llm.get(chunk.id)
+        target = index.get(reason.removeprefix("redundant_with:")) if reason is not None else None
+        if i in [cand[j] for j in over]:
+            why = "over_word_budget"
+        elif chunk.id in said and said[chunk.id].score <= MIN_SCORE:
+            why = f"below_min_score: {said[chunk.id].score:.3f}"
+        elif i in kept_of:
+            why = f"redundant_with:{chunks[kept_of[i]].id}" if kept_of[i] in ranked_at else "not_selected"
+        elif chunk.id in said:
+            why = f"not_selected: {said[chunk.id].score:.3f}"
+        elif reason is not None and not reason.startswith("redundant_with:"):
+            why = normalise(reason)
+        elif target is not None and target in ranked_at:
+            why = reason
+        elif target is not None and kept_of.get(target) in ranked_at:
+            why = f"redundant_with:{chunks[kept_of[target]].id}"
+        else:  # the closest ranked chunk it duplicates (the first of equals), else not selected
+            same = [r for r in ranked_at if sim_all[rows.index(i)][rows.index(r)] >= threshold]
+            if same:
+                closest = max(same, key=lambda r: (sim_all[rows.index(i)][rows.index(r)], -r))
+                why = f"redundant_with:{chunks[closest].id}"
+            else:
+                unjudged = "not_selected: the model neither ranked nor dropped it"
+                why = unjudged if reason is None else "not_selected"
+        dropped.append(Dropped(chunk.id, why))
+    return tuple(ranked), tuple(dropped)
+
+
+_LLM_REASON = st.one_of(st.sampled_from(["off topic", "below_min_score (0.1)", "not_selected: 0.410", "",
+                                         "redundant_with:", "redundant_with:nobody"]),
+                        st.text(max_size=12))
+
+
+@settings(deadline=None, max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+@given(cases(), st.lists(st.one_of(_LLM_REASON, st.integers(0, 11)), min_size=12, max_size=12),
+       st.sampled_from(LAYOUTS), st.one_of(st.none(), st.integers(1, 12)))
+@example(case=(["a", "b", "c", "d"], [[1, 0], [1, 0], [0, 1], [1, 0]], ["w", "w w", "w", "w"],
+               ["scored", "scored", "dropped", "silent"], [0.9, 0.8, 0.5, 0.5], 2, 0.7, 0.95),
+         llm_reasons=[1, *[""] * 11], layout="mmr", word_budget=None)
+def test_the_accounting_follows_the_plain_rules(case, llm_reasons, layout, word_budget):
+    """Every ranked item (score, reason, note) and every dropped reason equal the plain reference's
+    from the same selection, with notes of every kind, orphans (a chunk the model left out, or
+    dropped as `redundant_with:` another), the model's reasons and a word budget: the one pass over
+    the chunks, the ranked items built in one loop and the memoised number formats change nothing.
+    (An integer in `llm_reasons` is `redundant_with:` the id at that place.)"""
+    ids, vectors, texts, status, scores, top_k, lam, threshold = case
+    request = _request(vectors, texts, top_k, lam, ids)
+    rows_ = list(zip(ids, status, scores, strict=True))
+    # integer scores (0 or 1) keep their type on this entry, as the caller's `Ranked` had them
+    scored = [Ranked(i, int(s) if s in (0.0, 1.0) else s, f"cites {i}", "own note" if k % 3 == 0 else None)
+              for k, (i, st_, s) in enumerate(rows_) if st_ == "scored"]
+    dropped = [Dropped(i, f"redundant_with:{ids[r % len(ids)]}" if isinstance(r, int) else r)
+               for (i, st_), r in zip(zip(ids, status, strict=True), llm_reasons[:len(ids)], strict=True)
+               if st_ == "dropped"]
+    seen = {}
+    real_select, real_similarity = pp.select, pp._similarity
+
+    def spy_select(*args, **kwargs):
+        seen["sel"] = real_select(*args, **kwargs)
+        return seen["sel"]
+
+    def spy_similarity(vectors):
+        seen.setdefault("sim", real_similarity(vectors))
+        return seen["sim"]
+
+    pp.select, pp._similarity = spy_select, spy_similarity
+    try:
+        result = postpass(request, scored, dropped, duplicate_threshold=threshold, min_score=MIN_SCORE,
+                          layout=layout, word_budget=word_budget)
+    finally:
+        pp.select, pp._similarity = real_select, real_similarity
+    if not ids:
+        return
+    score_of = {r.id: r.score for r in scored}
+    llm = {d.id: d.reason for d in dropped}
+    # the rows compared: the candidates, and the chunks left without a reason of their own
+    rows = [i for i, c in enumerate(request.chunks)
+            if (c.id in score_of and score_of[c.id] > MIN_SCORE)
+            or (c.id not in score_of and llm.get(c.id, "redundant_with:").startswith("redundant_with:"))]
+    want = reference_items(request, scored, dropped, seen["sel"], seen["sim"].tolist(), rows, threshold,
+                           layout, word_budget)
+    assert (result.ranked, result.dropped) == want
+    assert [r.diversity_note for r in result.ranked] == [r.diversity_note for r in want[0]]
+    assert [type(r.score) for r in result.ranked] == [type(r.score) for r in want[0]]
+
+
+@settings(deadline=None, max_examples=200, suppress_health_check=[HealthCheck.too_slow])
+@given(cases(), st.sampled_from(LAYOUTS))
+def test_the_guarded_entry_reads_the_answer_as_the_checked_entry_does(case, layout):
+    """The engine's entry reads the answer's own items (a JSON 1 is the score 1.0; a note may be
+    absent): its result equals the checked entry's on the same items made `Ranked` / `Dropped`."""
+    ids, vectors, texts, status, scores, top_k, lam, threshold = case
+    request = _request(vectors, texts, top_k, lam, ids)
+    rows = enumerate(zip(ids, status, scores, strict=True))
+    answer = {"ranked": [{"id": i, "score": int(s) if s in (0.0, 1.0) else s, "reason": f"cites {i}",
+                          **({"diversity_note": "mine"} if k % 2 else {})}
+                         for k, (i, st_, s) in rows if st_ == "scored"],
+              "dropped": [{"id": i, "reason": "redundant_with:" + ids[0] if k % 2 else "off topic"}
+                          for k, (i, st_) in enumerate(zip(ids, status, strict=True)) if st_ == "dropped"]}
+    scored = [Ranked(r["id"], float(r["score"]), r["reason"], r.get("diversity_note"))
+              for r in answer["ranked"]]
+    dropped = [Dropped(d["id"], d["reason"]) for d in answer["dropped"]]
+    settings_ = {"duplicate_threshold": threshold, "layout": layout, "min_score": MIN_SCORE}
+    got = postpass_guarded(request, answer, **settings_)
+    assert got == postpass(request, scored, dropped, **settings_)
+    assert all(type(r.score) is float for r in got.ranked)
+
+
+@settings(deadline=None, max_examples=300)
+@given(st.integers(0, 7).flatmap(lambda n: st.tuples(
+    st.just(n), st.integers(0, 7), st.sets(st.tuples(st.integers(0, 6), st.integers(0, 6))),
+    st.sampled_from(["C", "F", "T", "int", "float"]))))
+@example((3, 3, {(0, 1), (2, 2)}, "F"))
+def test_true_cells_are_nonzeros_cells(case):
+    """`_true_cells` (a byte search) finds what `zip(*matrix.nonzero())` finds, row by row, whatever
+    the matrix's layout or dtype."""
+    n, m, cells, kind = case
+    matrix = np.zeros((n, m), dtype=bool)
+    for i, j in cells:
+        if i < n and j < m:
+            matrix[i, j] = True
+    if kind == "F":
+        matrix = np.asfortranarray(matrix)
+    elif kind == "T":
+        matrix = matrix.T
+    elif kind in ("int", "float"):
+        matrix = matrix.astype(int if kind == "int" else float) * 3
+    assert pp._true_cells(matrix) == [(int(i), int(j)) for i, j in zip(*matrix.nonzero(), strict=True)]
+
+
+@given(st.floats(allow_nan=True, allow_infinity=True) | st.sampled_from([0.0, -0.0, 0.005, 0.125, -0.125]))
+def test_hundredths_is_the_two_decimal_format(x):
+    """The memoised number format of the notes is `f"{x:.2f}"`, for -0.0 next to 0.0 too (one memo key)."""
+    assert pp._hundredths(x) == f"{x:.2f}"
+    assert pp._hundredths(-x) == f"{-x:.2f}"
+
+
+@given(st.text() | st.sampled_from(["redundant_with:", "redundant_with:a", "not_selected: 0.41", "off"])
+       | st.builds(lambda t: "redundant_with:" + t, st.text()))
+def test_a_models_own_reason_stands_or_waits_for_the_ranking(reason):
+    """`_standing` (memoised, one lookup per chunk the model dropped): the reason as `normalise`
+    files it, or None for a `redundant_with:` reason, which the ranking decides."""
+    want = None if reason.startswith("redundant_with:") else normalise(reason)
+    assert pp._standing(reason) == want
+    assert pp._standing(reason) == want  # from the memo
 
 
 # --------------------------------------------------------------------------- edge cases
