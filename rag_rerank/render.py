@@ -145,9 +145,11 @@ def _written_as_is(cp: int) -> bool:
     return cp not in _JSON_ESCAPES and json.dumps(chr(cp), ensure_ascii=False) == f'"{chr(cp)}"'
 
 
-# The Latin-1 characters written as themselves, which `_json_string` deletes from a Latin-1 text's
-# bytes: what is left, if anything, needs writing otherwise.
-_WRITTEN_AS_IS = bytes(cp for cp in range(256) if _written_as_is(cp))
+# A bytes table that keeps each Latin-1 character written as itself and changes every other one:
+# a Latin-1 text's bytes come through it unchanged exactly when the text holds nothing to write
+# otherwise (bytes.translate's loop without deletions: a table look-up a byte, no output made
+# when nothing changed).
+_CHANGES_OTHERS = bytes(cp if _written_as_is(cp) else (cp + 1) % 256 for cp in range(256))
 
 
 def _json_string(value: str) -> str:
@@ -159,7 +161,7 @@ def _json_string(value: str) -> str:
         raw = value.encode("latin-1")
     except UnicodeEncodeError:
         raw = None
-    if raw is not None and not raw.translate(None, _WRITTEN_AS_IS):
+    if raw is not None and raw.translate(_CHANGES_OTHERS) == raw:
         return f'"{value}"'
     return _ESCAPED.sub(_escaped, _ENCODER.encode(value))
 
