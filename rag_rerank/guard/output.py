@@ -89,38 +89,50 @@ _STEM = itemgetter(slice(5))
 
 def _folded_char(ch: str) -> str | None:
     """What one Latin-1 character is among `comparable`'s words: its own comparable form (controls
-    a space, format characters gone, NFKC, case folded) with each non-word character a space, when
-    that is one character below U+0100 or nothing; None when it is more (\u00df -> ss, \u00bd ->
-    1/2) or wider (\u00b5 -> \u03bc)."""
+    a space, format characters gone, NFKC, case folded) with each non-word character a space (a
+    run of them one), or None when that is wider than Latin-1 (\u00b5 -> \u03bc)."""
     folded = "".join(c if _WORD.fullmatch(c) else " " for c in comparable(f"x{ch}x")[1:-1])
     if not folded.strip():
         return " " if folded else ""
-    return folded if len(folded) == 1 and folded <= "\xff" else None
+    return folded if max(folded) <= "\xff" else None
 
 
 def _word_rule(ch: str) -> str:
     out = _folded_char(ch)
-    return "\x00" if out is None else out  # the mark of a character `_folded` cannot map
+    # NUL (itself a control: a space) marks a character `_folded` cannot map or replaces first
+    return out if out is not None and len(out) <= 1 else "\x00"
 
 
-# `_folded_char` of every Latin-1 character as a bytes table; NUL (itself a control: a space) marks one
-# it cannot map (`_folded`).
+# `_folded_char` of every Latin-1 character that folds to at most one, as a bytes table.
 _FOLDED_WORDS = latin1_table(_word_rule)
 # The table for a text without a soft hyphen, the one Latin-1 character it deletes (the one format
 # character below U+0100; a test pins it).
 _FOLDED_KEPT = (_FOLDED_WORDS[0], b"")
+# The Latin-1 characters that fold to more than one (\u00df -> ss, \u00bd -> "1 2"), with what.
+# (Its code point: `int in bytes` is a byte search, where `bytes in bytes` first tries the operand as
+# an int, and raises and formats an error to find out.)
+_FOLDED_LONGER = tuple((cp, bytes([cp]), out.encode("latin-1")) for cp in range(256)
+                       if (out := _folded_char(chr(cp))) is not None and len(out) > 1)
 
 
 def _folded(text: str) -> str | None:
     """`comparable(text)` with each non-word character a space, by one bytes translation, for a
-    Latin-1 text (ASCII, accents, web mojibake: most text) without a character that folds to more
-    than one (`_folded_char`); else None. Its words (runs of characters other than the space) are
+    Latin-1 text (ASCII, accents, web mojibake: most text) but for one holding \u00b5 (which
+    folds to a Greek letter); else None. Its words (runs of characters other than the space) are
     `_word_list(comparable(text))`: `comparable` maps such a text character by character (no
     Latin-1 character composes with a neighbour under NFKC; the accents NFKC splits off come after
     a space), and its white space only separates words."""
+    try:
+        raw = text.encode("latin-1")
+    except UnicodeEncodeError:
+        return None
+    if not text.isascii():  # the characters that fold to more than one are not ASCII
+        for cp, char, longer in _FOLDED_LONGER:
+            if cp in raw:
+                raw = raw.replace(char, longer)
     # without a soft hyphen, bytes.translate's faster loop (no deletions)
-    spaced = latin1_translate(text, _FOLDED_WORDS if "\xad" in text else _FOLDED_KEPT)
-    return None if spaced is None or "\x00" in spaced else spaced
+    spaced = raw.translate(*(_FOLDED_WORDS if 0xAD in raw else _FOLDED_KEPT)).decode("latin-1")
+    return None if "\x00" in spaced else spaced
 
 
 @lru_cache(maxsize=4096)
@@ -892,7 +904,7 @@ def _plain_violations(obj: Any, chunks: Sequence[Chunk], top_k: int, lim: Limits
         if chunk is None:
             continue  # an unknown id: its violation above says so; nothing to cite or quote
         text = chunk.text
-        # `cites_chunk`'s first test (a content word shared), which most reasons pass, without its call
+        # `cites_chunk`'s first test (`_shares_stem`), which most reasons pass, asked here: a call less
         if not _shares_stem(reason, text) and not cites_chunk(reason, text):
             msg = (f"reason {reason[:60]!r} cites nothing concrete from the chunk's text "
                    "(name a phrase, entity or claim)")
