@@ -574,7 +574,7 @@ def _plain_chunk(cid: str, text: str) -> Chunk | None:
     the lone surrogates concern a record of an id and a text (a test holds the two alike)."""
     if not cid or _surrogate_at(cid) is not None or _surrogate_at(text) is not None:
         return None
-    return Chunk(id=cid, text=text, score=None)
+    return Chunk(cid, text)  # positional: keywords would build a dict for the call
 
 
 @lru_cache(maxsize=4096, typed=True)
