@@ -972,6 +972,7 @@ def test_only_the_soft_hyphen_folds_to_nothing() -> None:
 @hypothesis.example(reason="Stra\u00dfe", text="strasse")
 @hypothesis.example(reason="\u00b5m", text="\u03bcm")
 @hypothesis.example(reason="file", text="\ufb01le")
+@hypothesis.example(reason="whichever \u4e2d", text="whichevers")  # a wide reason's stems: "which" counts
 @hypothesis.given(reason=_STEM_TEXT, text=_STEM_TEXT)
 def test_property_a_shared_stem_is_found_as_the_sets_meet(reason: str, text: str) -> None:
     """`_shares_stem` searches the chunk's spaced words for the reason's stems and stops at the first

@@ -13,7 +13,7 @@ import json
 import math
 import re
 import unicodedata
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from functools import lru_cache
 from operator import itemgetter
 from typing import Any
@@ -63,12 +63,12 @@ def _stems(text: str) -> frozenset[str]:
 def _stems_of(text: str, folded: str | None) -> frozenset[str]:
     """`_stems(text)`, given `_folded(text)`. Most texts (every one `_folded` reads in one bytes
     translation) are done in C: the words' set less the ignored words, their stems' set less the
-    short stems without a digit (`_short_stems`; a word shorter than three letters is its own
+    short stems without a digit (`_SHORT_STEMS`; a word shorter than three letters is its own
     stem, and a longer word's stem has three letters or more). A property test holds both paths
     to the rule as written (`_ruled_tokens` is it, for any text)."""
     if folded is None:
         return _ruled_tokens(text)
-    return frozenset(map(_STEM, frozenset(folded.split()).difference(_IGNORED))).difference(_short_stems())
+    return frozenset(map(_STEM, frozenset(folded.split()).difference(_IGNORED))).difference(_SHORT_STEMS)
 
 
 # `_stems`, memoised per text (a chunk is cited again each time it recurs): for the texts `_spaced_words`
@@ -149,72 +149,65 @@ _IGNORED_STEMS = frozenset(w[:5] for w in _IGNORED if len(w) >= 5)
 
 
 @lru_cache(maxsize=4096)
-def _needles(reason: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """A reason's stems (`_stems`) as what `_shares_stem` looks for in a chunk's `_spaced_words`:
-    (texts to find, stems to find at the start of a chunk word that is not ignored). A stem of
-    fewer than five letters is a whole word (" word "); a five-letter one starts a word of five
-    letters or more (" stem"), which is ignored only when the stem is an ignored word's.
-
-    Last word first: a reason names its evidence after its verb ("opens with "...", "gives the
-    1998 figure"), and the search stops at the first stem found, while one that is not in the
-    chunk costs a scan of the whole chunk. The order changes only the cost, never the answer.
-    A reason's words are few: one loop over them costs less than `_stems`' set operations."""
+def _reason_words(reason: str) -> tuple[str, ...] | None:
+    """A reason's `_folded` words, last first (None when `_folded` cannot read it), memoised per
+    reason: a reason names its evidence after its verb ("opens with "...", "gives the 1998
+    figure"), and `_shares_stem` stops at the first stem it finds. The order changes only the
+    cost, never the answer."""
     folded = _folded(reason)
-    if folded is None:
-        return _needles_of(_stems_of(reason, None))
-    stems: dict[str, None] = {}  # (an ordered set)
-    short = _short_stems()
-    for word in reversed(folded.split()):
-        if word not in _IGNORED and word not in short:
-            stems[word[:5]] = None
-    return _needles_of(stems)
-
-
-def _needles_of(stems: Iterable[str]) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """`_needles` of these stems, in their order."""
-    found, careful = [], []
-    for stem in stems:
-        if len(stem) < 5:
-            found.append(f" {stem} ")
-        elif stem in _IGNORED_STEMS:
-            careful.append(stem)
-        else:
-            found.append(f" {stem}")
-    return tuple(found), tuple(careful)
+    return None if folded is None else tuple(reversed(folded.split()))
 
 
 def _shares_stem(reason: str, text: str) -> bool:
     """Whether the reason's stems and the chunk's meet (`_stems(reason)` and `_stems(text)` not
-    disjoint), settled by searching the chunk's `_spaced_words` for the reason's stems, stopping at
-    the first found: a chunk's own stems are not built (its words split, hashed and sliced: most of
-    what a chunk cost on first sight). A stem of fewer than five letters is its own word, met
-    only by that word; a five-letter one is met by a word it starts that is not ignored (five
-    letters or more: not a short word). The stems' sets for a text the spaced form cannot hold. A
-    property test holds this to the sets' intersection."""
+    disjoint), settled by searching the chunk's `_spaced_words` for the reason's stems one word at
+    a time, stopping at the first found: neither text's stems are built (their words hashed,
+    filtered and sliced: most of what a chunk and a new reason cost). A stem of fewer than five
+    letters is its own word (" word "), met only by that word; a five-letter one (" stem") is met
+    by a word it starts that is not ignored (five letters or more: not a short word), which can
+    happen only when the stem is an ignored word's (`_starts_content_word`). A word seen twice is
+    looked for twice (a reason's words are few). The stems' sets for a chunk the spaced form
+    cannot hold. A property test holds this to the sets' intersection."""
     spaced = _spaced_words(text)
     if spaced is None:
         return not _content_tokens(reason).isdisjoint(_content_tokens(text))
-    found, careful = _needles(reason)
-    for needle in found:
-        if needle in spaced:
-            return True
-    for stem in careful:
-        at = spaced.find(" " + stem)
-        while at >= 0:
-            end = spaced.index(" ", at + 1)
-            if spaced[at + 1:end] not in _IGNORED:
+    words, ignored = _reason_words(reason), _IGNORED
+    if words is None:  # the reason's stems by the rule's code: each is its own stem, and none is left out
+        words, ignored = tuple(_content_tokens(reason)), frozenset()
+    for word in words:
+        if word in ignored or word in _SHORT_STEMS:
+            continue
+        if len(word) < 5:
+            if f" {word} " in spaced:
                 return True
-            at = spaced.find(" " + stem, end)
+        elif (stem := word[:5]) in _IGNORED_STEMS:
+            if _starts_content_word(spaced, stem):
+                return True
+        elif f" {stem}" in spaced:
+            return True
     return False
 
 
-@lru_cache(maxsize=1)
-def _short_stems() -> frozenset[str]:
+def _starts_content_word(spaced: str, stem: str) -> bool:
+    """Whether a word of `spaced` (`_spaced_words`) that starts with `stem` is not an ignored one."""
+    at = spaced.find(" " + stem)
+    while at >= 0:
+        end = spaced.index(" ", at + 1)
+        if spaced[at + 1:end] not in _IGNORED:
+            return True
+        at = spaced.find(" " + stem, end)
+    return False
+
+
+def _short_words() -> frozenset[str]:
     """Every word of one or two characters without a digit that `_folded` can give: the words
     `_stems` leaves out."""
     table = _FOLDED_WORDS[0]
     letters = sorted({chr(b) for b in table if _WORD.fullmatch(chr(b)) and not chr(b).isdigit()})
     return frozenset([*letters, *(a + b for a in letters for b in letters)])
+
+
+_SHORT_STEMS = _short_words()
 
 
 def _non_ascii_runs(text: str) -> set[str]:
