@@ -12,6 +12,7 @@ bidirectional overrides) are escaped too, so they show as visible escape text.
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -122,8 +123,47 @@ def chunk_line(chunk: Chunk) -> str:
 def _plain_line(cid: str, text: str, score: float | None) -> str:
     """The line of a chunk without meta whose score is None or a non-zero float: two such scores
     that are equal are written alike (only 0.0 and -0.0 are equal floats written differently),
-    so the key needs no spelling of the score (`_spelled_line`)."""
-    return _line(Chunk(cid, text, score).prompt_record())
+    so the key needs no spelling of the score (`_spelled_line`).
+
+    Written field by field (`_line` of the record, without the record, the encoder's pass over the
+    text and the scans for characters to escape): `_line` escapes character by character, and the
+    record's keys, punctuation and a finite float's repr (what the encoder writes for one) hold
+    none of those characters, so the line is its fields' JSON strings (`_json_string`) in the
+    record's order. A property test holds it to `_line`."""
+    if score is None:
+        scored = ""
+    elif math.isfinite(score):
+        scored = f', "score": {float.__repr__(score)}'
+    else:  # NaN, Infinity: as the encoder spells them
+        return _line(Chunk(cid, text, score).prompt_record())
+    return f'{{"id": {_json_string(cid)}, "text": {_json_string(text)}{scored}}}'
+
+
+def _written_as_is(cp: int) -> bool:
+    """Whether a chunk line writes the character `cp` as itself: json.dumps does not escape it (the
+    quotation mark, the backslash and C0 controls it does) and the table above does not rewrite it."""
+    return cp not in _JSON_ESCAPES and json.dumps(chr(cp), ensure_ascii=False) == f'"{chr(cp)}"'
+
+
+# A bytes table that keeps each Latin-1 character written as itself and changes every other one:
+# a Latin-1 text's bytes come through it unchanged exactly when the text holds nothing to write
+# otherwise (bytes.translate's loop without deletions: a table look-up a byte, no output made
+# when nothing changed).
+_CHANGES_OTHERS = bytes(cp if _written_as_is(cp) else (cp + 1) % 256 for cp in range(256))
+
+
+def _json_string(value: str) -> str:
+    """`value` as a chunk line writes it (`_line`: its JSON string, escaped by the table): for a
+    Latin-1 text holding no character written otherwise (most ids and texts) the text between
+    quotation marks, found by one bytes translation (json's encoder reads every character twice,
+    and the escape test scanned the line once for each character of the table)."""
+    try:
+        raw = value.encode("latin-1")
+    except UnicodeEncodeError:
+        raw = None
+    if raw is not None and raw.translate(_CHANGES_OTHERS) == raw:
+        return f'"{value}"'
+    return _ESCAPED.sub(_escaped, _ENCODER.encode(value))
 
 
 @lru_cache(maxsize=1024)

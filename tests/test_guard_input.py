@@ -845,3 +845,20 @@ def test_property_duplicate_ids_and_dimensions_are_found_from_the_fields(
     dims = {dim for _, dim in specs if dim is not None}
     assert ("chunks" in paths) == (len(set(ids)) < len(ids))
     assert ("chunks[*].embedding" in paths) == (len(dims) > 1)
+
+
+_RECORD_PARTS = st.sampled_from(["", "a", "\u00e9", "\ud800", "\udfff", "\U0001f600", "\ud83d\ude00", " "])
+_RECORD_TEXT = st.text(max_size=12) | st.lists(_RECORD_PARTS, max_size=4).map("".join)
+
+
+@hypothesis.settings(max_examples=300, derandomize=True, deadline=None)
+@given(cid=_RECORD_TEXT, text=_RECORD_TEXT)
+@hypothesis.example(cid="", text="t")
+@hypothesis.example(cid="a\ud800", text="t")
+@hypothesis.example(cid="a", text="\u00e9\udfff")
+def test_property_a_plain_records_chunk_is_its_checked_chunk(cid: str, text: str) -> None:
+    """The `{id, text}` record's chunk, its checks written out (a non-empty id, no lone surrogate in
+    either field), is the chunk of every check a record passes (`_scored_chunk` without a score)."""
+    from rag_rerank.guard.input import _plain_chunk, _scored_chunk
+
+    assert _plain_chunk.__wrapped__(cid, text) == _scored_chunk.__wrapped__(cid, text, None)

@@ -899,3 +899,84 @@ def test_property_one_pass_citations_and_quotations_equal_the_general_path(
     fast = _plain_violations(obj, chunks, 3, lim, None)
     assert fast is not None
     assert fast == _general_violations(obj, chunks, 3, lim, None)
+
+
+# --- issue 37, seventh round: a citation found by searching the chunk, not by building its stems ---------
+
+
+def _ruled_stems(text: str) -> frozenset[str]:
+    """The citation rule's stems as the rule reads (the code before this round, kept here as the
+    reference): the words of `comparable(text)` outside the stop and generic words, of 3+ letters
+    or with a digit, cut to five letters."""
+    import re
+
+    from rag_rerank.guard.output import _GENERIC
+    from rag_rerank.text import STOPWORDS, comparable
+
+    words = set(re.findall(r"\w+", comparable(text))) - STOPWORDS - _GENERIC
+    return frozenset(w[:5] for w in words if len(w) >= 3 or any(ch.isdigit() for ch in w))
+
+
+# Latin-1 characters that fold to more than one (ß, ½, µ), a soft hyphen, controls, NFKC-changed ones
+# (ª ² \xa0 ¨), stop and generic words and their stems' neighbours, digits, wide characters.
+_STEM_PARTS = st.sampled_from([
+    "a", "Ab", "the", "of", "5", "5g", "x1", "_", "__", "fleas", "flea", "fleabag", "Relevant", "relevancy",
+    "releva", "because", "becau", "becauses", "cancel", "Cancellation", "cycle", "ﬁle", "file", "Stra\u00dfe",
+    "strasse", "\u00bd", "1", "2", "\u00b5m", "\u03bcm", "co\u00adop", "coop", "\u00aa\u00ba", "ao", "\u00b2",
+    "caf\u00e9", "cafe\u0301", "\u00c9t\u00c9", "\u00e9t\u00e9", "\u00a8", "\x00", "\x85", "\xa0", "\u00d7",
+    "\u00f7", "\u00ff", "\u00de\u00fe", "\u5411\u91cf", " ", "  ", "-", ",", ".", '"', "\u2019", "\n",
+])
+_STEM_TEXT = (st.lists(_STEM_PARTS, max_size=12).map(" ".join)
+              | st.lists(_STEM_PARTS, max_size=8).map("".join) | st.text(max_size=30)
+              | st.text(alphabet=st.characters(max_codepoint=255), max_size=40))
+
+
+@hypothesis.settings(derandomize=True, max_examples=500)
+@hypothesis.example(text="Stra\u00dfe \u00bd co\u00adop \u00aa \u00b2 ab 5g")
+@hypothesis.example(text="caf\u00e9 \u00a8x \u00ff\u00de")
+@hypothesis.given(text=_STEM_TEXT)
+def test_property_stems_and_folded_words_are_the_rule(text: str) -> None:
+    """`_stems` (one bytes translation and set operations for a Latin-1 text, the rule's code for any
+    other) is the rule's stems; `_folded`, when it reads a text, splits into `comparable`'s words;
+    it refuses only a text outside Latin-1 or holding \u00b5 (a Greek letter once folded)."""
+    import re
+
+    from rag_rerank.guard.output import _folded, _stems
+    from rag_rerank.text import comparable
+
+    assert _stems(text) == _ruled_stems(text)
+    folded = _folded(text)
+    if folded is None:
+        assert any(ch > "\xff" for ch in text) or "\u00b5" in text
+    else:
+        assert folded.split() == re.findall(r"\w+", comparable(text))
+        assert set(folded) <= {" "} | {ch for ch in folded if re.fullmatch(r"\w", ch)}
+
+
+def test_only_the_soft_hyphen_folds_to_nothing() -> None:
+    """`_folded` takes the translation without deletions for a text without a soft hyphen: the only
+    Latin-1 character the table deletes."""
+    from rag_rerank.guard.output import _FOLDED_KEPT, _FOLDED_WORDS
+
+    assert _FOLDED_WORDS[1] == b"\xad"
+    kept, deleted = _FOLDED_KEPT
+    assert kept == _FOLDED_WORDS[0] and deleted == b""
+
+
+@hypothesis.settings(derandomize=True, max_examples=500)
+@hypothesis.example(reason="relevancy", text="relevant")  # an ignored word's stem: not cited
+@hypothesis.example(reason="relevancy", text="relevant relevancies")  # a later word with that stem is
+@hypothesis.example(reason="because", text="becauses")  # "becau": "because" is ignored, "becauses" not
+@hypothesis.example(reason="fleabag x", text="flea fleas")  # "fleab" is not "fleas"
+@hypothesis.example(reason="5g and 12", text="5 g 12x")
+@hypothesis.example(reason="Stra\u00dfe", text="strasse")
+@hypothesis.example(reason="\u00b5m", text="\u03bcm")
+@hypothesis.example(reason="file", text="\ufb01le")
+@hypothesis.example(reason="whichever \u4e2d", text="whichevers")  # a wide reason's stems: "which" counts
+@hypothesis.given(reason=_STEM_TEXT, text=_STEM_TEXT)
+def test_property_a_shared_stem_is_found_as_the_sets_meet(reason: str, text: str) -> None:
+    """`_shares_stem` searches the chunk's spaced words for the reason's stems and stops at the first
+    found; it says what the rule's sets say: whether the reason's and the chunk's stems meet."""
+    from rag_rerank.guard.output import _shares_stem
+
+    assert _shares_stem(reason, text) == (not _ruled_stems(reason).isdisjoint(_ruled_stems(text)))

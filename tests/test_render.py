@@ -294,6 +294,29 @@ def test_property_chunks_jsonl_writes_each_chunks_own_line(specs: list[tuple[Any
     assert chunks_jsonl(chunks) == "".join(_reference_line(c.prompt_record()) + "\n" for c in chunks)
 
 
+# --- issue 37, first sight: a line written field by field ----------------------------------------------
+
+_LINE_TEXT = (st.text(alphabet=st.characters(max_codepoint=255), max_size=30)
+              | st.lists(st.sampled_from(ESCAPED_CHARS) | unicode_text, max_size=8).map("".join))
+
+
+@hypothesis.settings(derandomize=True, max_examples=400)
+@hypothesis.given(cid=_LINE_TEXT, text=_LINE_TEXT,
+                  score=st.none() | st.floats() | st.sampled_from([0.5, 1e-300, -1.5e300, 1e16, 0.1 + 0.2]))
+@hypothesis.example(cid="1", text="plain", score=None)
+@hypothesis.example(cid='a"b', text="back\\slash\x7f\x9f\xa0\xad\xff", score=0.25)
+@hypothesis.example(cid="1", text="caf\u00e9 <b> & \x85", score=float("nan"))
+@hypothesis.example(cid="\u2028", text="\U000e0041\u202e", score=float("-inf"))
+def test_property_a_plain_line_is_its_records_line(cid: str, text: str, score: float | None) -> None:
+    """A plain chunk's line, written field by field (each field between quotation marks when it holds
+    no character written otherwise), is the line of its record for any id, text and float score."""
+    from rag_rerank.models import Chunk
+    from rag_rerank.render import _plain_line
+
+    expected = _reference_line(Chunk(cid, text, score).prompt_record())
+    assert _plain_line.__wrapped__(cid, text, score) == expected
+
+
 # --- issue 37, warm: a template that only substitutes values is filled by a join of its pieces ----------
 
 _FRAGMENTS = ["<a>", "{{ query }}", "{{ top_k }}", "{{query}}", "{# note #}", "{#- trim -#}\n", "text {",

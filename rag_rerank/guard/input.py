@@ -570,8 +570,11 @@ def _known_plain(item: dict[str, Any]) -> Chunk | None:
 def _plain_chunk(cid: str, text: str) -> Chunk | None:
     """`_scored_chunk` of a record without a score, in a memo of its own: both arguments are exact
     `str`s, so the memo's key is the call's own argument tuple (no typed key of six items to build
-    and hash for each of a request's records)."""
-    return _scored_chunk(cid, text, None)
+    and hash for each of a request's records). Its checks written out: of `_value_violations`, only
+    the lone surrogates concern a record of an id and a text (a test holds the two alike)."""
+    if not cid or _surrogate_at(cid) is not None or _surrogate_at(text) is not None:
+        return None
+    return Chunk(cid, text)  # positional: keywords would build a dict for the call
 
 
 @lru_cache(maxsize=4096, typed=True)

@@ -15,6 +15,7 @@ import re
 import unicodedata
 from collections.abc import Mapping, Sequence
 from functools import lru_cache
+from operator import itemgetter
 from typing import Any
 
 from jsonschema import Draft202012Validator
@@ -53,18 +54,160 @@ _GENERIC = frozenset(
 )
 
 
-@lru_cache(maxsize=4096)
-def _content_tokens(text: str) -> frozenset[str]:
-    """The stems (first five letters) a citation is looked for in: of the words outside the stop
-    and generic words, those of 3+ letters or with a digit. Memoised per text (a chunk is cited
-    again each time it recurs, and the scored backends check their own reasons with the same
-    function); each distinct word is looked at once (a chunk seen for the first time repeats most
-    of its words). A chunk's comparable form comes from `_comparable`: its quotation check
-    (`_shown`) reads the same form."""
-    words = set(_word_list(_comparable(text)))
-    words -= STOPWORDS
-    words -= _GENERIC
+def _stems(text: str) -> frozenset[str]:
+    """The stems (first five letters) a citation is looked for in: of the words of
+    `comparable(text)` outside the stop and generic words, those of 3+ letters or with a digit."""
+    return _stems_of(text, _folded(text))
+
+
+def _stems_of(text: str, folded: str | None) -> frozenset[str]:
+    """`_stems(text)`, given `_folded(text)`. Most texts (every one `_folded` reads in one bytes
+    translation) are done in C: the words' set less the ignored words, their stems' set less the
+    short stems without a digit (`_SHORT_STEMS`; a word shorter than three letters is its own
+    stem, and a longer word's stem has three letters or more). A property test holds both paths
+    to the rule as written (`_ruled_tokens` is it, for any text)."""
+    if folded is None:
+        return _ruled_tokens(text)
+    return frozenset(map(_STEM, frozenset(folded.split()).difference(_IGNORED))).difference(_SHORT_STEMS)
+
+
+# `_stems`, memoised per text (a chunk is cited again each time it recurs): for the texts `_spaced_words`
+# cannot read (`_shares_stem`).
+_content_tokens = lru_cache(maxsize=4096)(_stems)
+
+
+def _ruled_tokens(text: str) -> frozenset[str]:
+    """`_stems` as its rule reads, for any text: each distinct word looked at once (a text repeats
+    most of its words)."""
+    words = set(_word_list(_comparable(text))).difference(_IGNORED)
     return frozenset({w[:5] for w in words if len(w) >= 3 or any(ch.isdigit() for ch in w)})
+
+
+_IGNORED = STOPWORDS | _GENERIC
+_STEM = itemgetter(slice(5))
+
+
+def _folded_char(ch: str) -> str | None:
+    """What one Latin-1 character is among `comparable`'s words: its own comparable form (controls
+    a space, format characters gone, NFKC, case folded) with each non-word character a space (a
+    run of them one), or None when that is wider than Latin-1 (\u00b5 -> \u03bc)."""
+    folded = "".join(c if _WORD.fullmatch(c) else " " for c in comparable(f"x{ch}x")[1:-1])
+    if not folded.strip():
+        return " " if folded else ""
+    return folded if max(folded) <= "\xff" else None
+
+
+def _word_rule(ch: str) -> str:
+    out = _folded_char(ch)
+    # NUL (itself a control: a space) marks a character `_folded` cannot map or replaces first
+    return out if out is not None and len(out) <= 1 else "\x00"
+
+
+# `_folded_char` of every Latin-1 character that folds to at most one, as a bytes table.
+_FOLDED_WORDS = latin1_table(_word_rule)
+# The table for a text without a soft hyphen, the one Latin-1 character it deletes (the one format
+# character below U+0100; a test pins it).
+_FOLDED_KEPT = (_FOLDED_WORDS[0], b"")
+# The Latin-1 characters that fold to more than one (\u00df -> ss, \u00bd -> "1 2"), with what.
+# (Its code point: `int in bytes` is a byte search, where `bytes in bytes` first tries the operand as
+# an int, and raises and formats an error to find out.)
+_FOLDED_LONGER = tuple((cp, bytes([cp]), out.encode("latin-1")) for cp in range(256)
+                       if (out := _folded_char(chr(cp))) is not None and len(out) > 1)
+
+
+def _folded(text: str) -> str | None:
+    """`comparable(text)` with each non-word character a space, by one bytes translation, for a
+    Latin-1 text (ASCII, accents, web mojibake: most text) but for one holding \u00b5 (which
+    folds to a Greek letter); else None. Its words (runs of characters other than the space) are
+    `_word_list(comparable(text))`: `comparable` maps such a text character by character (no
+    Latin-1 character composes with a neighbour under NFKC; the accents NFKC splits off come after
+    a space), and its white space only separates words."""
+    try:
+        raw = text.encode("latin-1")
+    except UnicodeEncodeError:
+        return None
+    if not text.isascii():  # the characters that fold to more than one are not ASCII
+        for cp, char, longer in _FOLDED_LONGER:
+            if cp in raw:
+                raw = raw.replace(char, longer)
+    # without a soft hyphen, bytes.translate's faster loop (no deletions)
+    spaced = raw.translate(*(_FOLDED_WORDS if 0xAD in raw else _FOLDED_KEPT)).decode("latin-1")
+    return None if "\x00" in spaced else spaced
+
+
+@lru_cache(maxsize=4096)
+def _spaced_words(text: str) -> str | None:
+    """A chunk's `_folded` form between two spaces (None when there is none), memoised per text: a
+    word of it is found whole as " word " and by its start as " stem" (`_shares_stem`)."""
+    spaced = _folded(text)
+    return None if spaced is None else f" {spaced} "
+
+
+# The stems of the ignored words that have five letters or more: a chunk word starting with one of
+# them may be an ignored word, which does not count (`_shares_stem`).
+_IGNORED_STEMS = frozenset(w[:5] for w in _IGNORED if len(w) >= 5)
+
+
+@lru_cache(maxsize=4096)
+def _reason_words(reason: str) -> tuple[str, ...] | None:
+    """A reason's `_folded` words, last first (None when `_folded` cannot read it), memoised per
+    reason: a reason names its evidence after its verb ("opens with "...", "gives the 1998
+    figure"), and `_shares_stem` stops at the first stem it finds. The order changes only the
+    cost, never the answer."""
+    folded = _folded(reason)
+    return None if folded is None else tuple(reversed(folded.split()))
+
+
+def _shares_stem(reason: str, text: str) -> bool:
+    """Whether the reason's stems and the chunk's meet (`_stems(reason)` and `_stems(text)` not
+    disjoint), settled by searching the chunk's `_spaced_words` for the reason's stems one word at
+    a time, stopping at the first found: neither text's stems are built (their words hashed,
+    filtered and sliced: most of what a chunk and a new reason cost). A stem of fewer than five
+    letters is its own word (" word "), met only by that word; a five-letter one (" stem") is met
+    by a word it starts that is not ignored (five letters or more: not a short word), which can
+    happen only when the stem is an ignored word's (`_starts_content_word`). A word seen twice is
+    looked for twice (a reason's words are few). The stems' sets for a chunk the spaced form
+    cannot hold. A property test holds this to the sets' intersection."""
+    spaced = _spaced_words(text)
+    if spaced is None:
+        return not _content_tokens(reason).isdisjoint(_content_tokens(text))
+    words, ignored = _reason_words(reason), _IGNORED
+    if words is None:  # the reason's stems by the rule's code: each is its own stem, and none is left out
+        words, ignored = tuple(_content_tokens(reason)), frozenset()
+    for word in words:
+        if word in ignored or word in _SHORT_STEMS:
+            continue
+        if len(word) < 5:
+            if f" {word} " in spaced:
+                return True
+        elif (stem := word[:5]) in _IGNORED_STEMS:
+            if _starts_content_word(spaced, stem):
+                return True
+        elif f" {stem}" in spaced:
+            return True
+    return False
+
+
+def _starts_content_word(spaced: str, stem: str) -> bool:
+    """Whether a word of `spaced` (`_spaced_words`) that starts with `stem` is not an ignored one."""
+    at = spaced.find(" " + stem)
+    while at >= 0:
+        end = spaced.index(" ", at + 1)
+        if spaced[at + 1:end] not in _IGNORED:
+            return True
+        at = spaced.find(" " + stem, end)
+    return False
+
+
+def _short_words() -> frozenset[str]:
+    """Every word of one or two characters without a digit that `_folded` can give: the words
+    `_stems` leaves out."""
+    table = _FOLDED_WORDS[0]
+    letters = sorted({chr(b) for b in table if _WORD.fullmatch(chr(b)) and not chr(b).isdigit()})
+    return frozenset([*letters, *(a + b for a in letters for b in letters)])
+
+
+_SHORT_STEMS = _short_words()
 
 
 def _non_ascii_runs(text: str) -> set[str]:
@@ -77,7 +220,7 @@ def cites_chunk(reason: str, chunk_text: str) -> bool:
     """True when the reason names something concrete (a word, entity, number) from the chunk; both
     compared in the one `text.comparable` form, so an NFD accent or a control character in the
     chunk does not hide a word the reason names."""
-    if not _content_tokens(reason).isdisjoint(_content_tokens(chunk_text)):  # no intersection built
+    if _shares_stem(reason, chunk_text):
         return True
     grams = _non_ascii_runs(comparable(reason))
     return bool(grams) and any(g in _comparable(chunk_text) for g in grams)
@@ -763,8 +906,8 @@ def _plain_violations(obj: Any, chunks: Sequence[Chunk], top_k: int, lim: Limits
         if chunk is None:
             continue  # an unknown id: its violation above says so; nothing to cite or quote
         text = chunk.text
-        # `cites_chunk`'s first test (a content word shared), which most reasons pass, without its call
-        if _content_tokens(reason).isdisjoint(_content_tokens(text)) and not cites_chunk(reason, text):
+        # `cites_chunk`'s first test (`_shares_stem`), which most reasons pass, asked here: a call less
+        if not _shares_stem(reason, text) and not cites_chunk(reason, text):
             msg = (f"reason {reason[:60]!r} cites nothing concrete from the chunk's text "
                    "(name a phrase, entity or claim)")
             out.append(Violation(path=f"$.ranked[{i}].reason", message=msg, value=reason, id=cid))
