@@ -58,12 +58,19 @@ from .text import NEGATIONS, STOPWORDS, inflection_key, readable
 
 _TOKEN = re.compile(r"\d+(?:\.\d+)+|\w+")  # a decimal number is one word
 # The same words kept by `split`, which then gives the gap before each word too: gap, word, gap, ...
-_TOKENS = re.compile(f"({_TOKEN.pattern})")
+# Written to open with the class every word opens with (`\w`, then: a decimal if that was a digit,
+# else the rest of the word), as `_TOKEN` opening with a branch is not: sre then scans a gap for that
+# class instead of trying the whole pattern at each of its characters. On ASCII text `\w` and `\d`
+# are the ASCII classes, which sre tests by a table look-up instead of a Unicode category
+# (`tests/test_redundancy.py` holds both to `_TOKEN`).
+_TOKENS = re.compile(r"(\w(?:(?<=\d)\d*(?:\.\d+)+|\w*))")
+_TOKENS_ASCII = re.compile(_TOKENS.pattern, re.ASCII)
 _SENTENCE_END = re.compile(r"(?<=[.!?;])\s+")
 _DIGIT_GROUP = re.compile(r"(?<=\d)[,' \u00a0\u202f_](?=\d{3}(?!\d))")
 # What any match of `_DIGIT_GROUP` holds, found faster (a pattern opening with its character set is
 # searched for that set first): most texts have no digit group, and are not scanned for one.
 _DIGIT_GROUP_CORE = re.compile(r"\d[,' \u00a0\u202f_]\d{3}")
+_DIGIT_GROUP_CORE_ASCII = re.compile(_DIGIT_GROUP_CORE.pattern, re.ASCII)  # the same on ASCII text, faster
 _UNITS = {w: i for i, w in enumerate(("zero one two three four five six seven eight nine ten eleven "  # noqa: SIM905
                                         "twelve thirteen fourteen fifteen sixteen seventeen eighteen "
                                         "nineteen").split())}
@@ -188,13 +195,29 @@ def _number(word: str) -> str:
     return ordinal.group(1) if ordinal else word
 
 
-@lru_cache(maxsize=65536)
 def _word(word: str) -> tuple[str, bool, bool]:
     """(case-folded, a name wherever it stands, a name inside a sentence) for one word as written:
-    with a digit or an acronym it is a name anywhere; capitalised, only after a sentence's start.
-    Memoised: a text's words are mostly words seen before, so reading one costs lookups."""
+    with a digit or an acronym it is a name anywhere; capitalised, only after a sentence's start."""
     anywhere = _is_number(word) or (len(word) > 1 and word.isupper())
     return word.casefold(), anywhere, word[0].isupper()
+
+
+class _WordFacts(dict[str, tuple[str, bool, bool]]):
+    """`_word` of each word met, filled on first sight and emptied when it reaches `limit` words.
+    A text's words are mostly words seen before, so reading one costs a dictionary look-up per word,
+    done in C by `map(_WORDS.__getitem__, ...)`: the per-word bookkeeping of an `lru_cache` (its
+    recency list) cost more than the look-up itself."""
+
+    limit = 65536
+
+    def __missing__(self, word: str) -> tuple[str, bool, bool]:
+        if len(self) >= self.limit:
+            self.clear()
+        facts = self[word] = _word(word)
+        return facts
+
+
+_WORDS = _WordFacts()
 
 
 def _raw_tokens(pieces: list[str]) -> tuple[list[str], list[bool]]:
@@ -203,10 +226,10 @@ def _raw_tokens(pieces: list[str]) -> tuple[list[str], list[bool]]:
     digit. A word opens a sentence when nothing but white space stands before it, or the last
     other character before it is one of `_OPENERS`: looked for in the gap since the previous word
     only (a word's own last character is never an opener), and only for a capitalised word, the
-    one kind whose place decides. The words' facts are memoised lookups (`_word`)."""
+    one kind whose place decides. The words' facts are memoised lookups (`_WORDS`)."""
     if len(pieces) == 1:
         return [], []
-    words, anywhere, capital = zip(*map(_word, pieces[1::2]), strict=True)
+    words, anywhere, capital = zip(*map(_WORDS.__getitem__, pieces[1::2]), strict=True)
     names = list(anywhere)
     for k in compress(range(len(names)), capital):
         if not names[k]:
@@ -259,7 +282,7 @@ _FOLDABLE = _NUMBER_WORDS | {"and"}
 def _cleaned(shown: str) -> str:
     """Digit groups joined ("1,000" -> "1000") and dotted initials undotted ("U.S." -> "US"); each
     rewrite runs only on a text holding its core (most hold neither)."""
-    if _DIGIT_GROUP_CORE.search(shown):
+    if (_DIGIT_GROUP_CORE_ASCII if shown.isascii() else _DIGIT_GROUP_CORE).search(shown):
         shown = _DIGIT_GROUP.sub("", shown)
     if _INITIALS_CORE.search(shown):
         shown = _INITIALS.sub(lambda m: m.group().replace(".", ""), shown)
@@ -271,8 +294,8 @@ def _pieces(text: str) -> tuple[str, list[str]]:
     """`readable(text)`, and its cleaned text split into gaps and words (`_TOKENS`): where both
     `surely_passage` and `read` start, made once for a text both look at (a list's texts are asked
     the one, then read; a short memo: it hands over within one list)."""
-    shown = readable(text)
-    return shown, _TOKENS.split(_cleaned(shown))
+    cleaned = _cleaned(shown := readable(text))
+    return shown, (_TOKENS_ASCII if cleaned.isascii() else _TOKENS).split(cleaned)
 
 
 @lru_cache(maxsize=8192)
@@ -301,15 +324,18 @@ def read(text: str) -> Reading:
     content = [w for w, name in zip(words, names, strict=True) if name or w not in _NOT_CONTENT]
     keys = list(map(_key, content))
     negations = sum(map(NEGATIONS.__contains__, words))
-    if negations:  # a "No," it discounts is the word "no": without a negation word, there is none
+    if negations and "no" in words:  # a "No," it discounts is the word "no": without it, there is none
         negations -= len(_INTERJECTION.findall(shown))
+    # Every word holding a digit is a name (`_word`; a folded number and an ordinal are names too,
+    # and case folding adds no digit): the numbers are found among the names, not all the words.
+    named = list(compress(words, names))
     return Reading(
         words=tuple(words),
         content=Counter(keys),
         # Each key's first word (the last assignment wins, so they are made from the end).
         surface=dict(zip(reversed(keys), reversed(content), strict=True)),
-        names=frozenset(filterfalse(_is_number, compress(words, names))),
-        numbers=Counter(map(_key, filter(_is_number, words))),  # a number's key is `_number` of it, memoised
+        names=frozenset(filterfalse(_is_number, named)),
+        numbers=Counter(map(_key, filter(_is_number, named))),  # a number's key is `_number` of it, memoised
         negations=negations,
         shown=shown,
         length=len(shown),
