@@ -50,12 +50,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
 from itertools import compress, filterfalse, pairwise
+from typing import TypeVar
 
 import numpy as np
 
 from .embed.static import StaticEmbedder, in_vocabulary
 from .text import NEGATIONS, STOPWORDS, inflection_key, readable
 
+_T = TypeVar("_T")
 _TOKEN = re.compile(r"\d+(?:\.\d+)+|\w+")  # a decimal number is one word
 # The same words kept by `split`, which then gives the gap before each word too: gap, word, gap, ...
 # Written to open with the class every word opens with (`\w`, then: a decimal if that was a digit,
@@ -175,7 +177,6 @@ def _is_number(word: str) -> bool:
     return any(ch.isdigit() for ch in word)
 
 
-@lru_cache(maxsize=65536)
 def _key(word: str) -> str:
     """A word's inflection folded until nothing more folds: one strip of a suffix leaves "destroying"
     as "destroy" and "destroy" as "destro", so a single strip would call them two words."""
@@ -202,22 +203,27 @@ def _word(word: str) -> tuple[str, bool, bool]:
     return word.casefold(), anywhere, word[0].isupper()
 
 
-class _WordFacts(dict[str, tuple[str, bool, bool]]):
-    """`_word` of each word met, filled on first sight and emptied when it reaches `limit` words.
+class _Memo(dict[str, _T]):
+    """`rule` of each word met, filled on first sight and emptied when it reaches `limit` words.
     A text's words are mostly words seen before, so reading one costs a dictionary look-up per word,
-    done in C by `map(_WORDS.__getitem__, ...)`: the per-word bookkeeping of an `lru_cache` (its
+    done in C by `map(memo.__getitem__, ...)`: the per-word bookkeeping of an `lru_cache` (its
     recency list) cost more than the look-up itself."""
 
     limit = 65536
 
-    def __missing__(self, word: str) -> tuple[str, bool, bool]:
+    def __init__(self, rule: Callable[[str], _T]) -> None:
+        super().__init__()
+        self.rule = rule
+
+    def __missing__(self, word: str) -> _T:
         if len(self) >= self.limit:
             self.clear()
-        facts = self[word] = _word(word)
-        return facts
+        value = self[word] = self.rule(word)
+        return value
 
 
-_WORDS = _WordFacts()
+_WORDS = _Memo(_word)
+_KEYS = _Memo(_key)
 
 
 def _raw_tokens(pieces: list[str]) -> tuple[list[str], list[bool]]:
@@ -322,7 +328,7 @@ def read(text: str) -> Reading:
             if w in _ORDINALS:
                 words[k], names[k] = _ORDINALS[w], True
     content = [w for w, name in zip(words, names, strict=True) if name or w not in _NOT_CONTENT]
-    keys = list(map(_key, content))
+    keys = list(map(_KEYS.__getitem__, content))
     negations = sum(map(NEGATIONS.__contains__, words))
     if negations and "no" in words:  # a "No," it discounts is the word "no": without it, there is none
         negations -= len(_INTERJECTION.findall(shown))
@@ -335,7 +341,7 @@ def read(text: str) -> Reading:
         # Each key's first word (the last assignment wins, so they are made from the end).
         surface=dict(zip(reversed(keys), reversed(content), strict=True)),
         names=frozenset(filterfalse(_is_number, named)),
-        numbers=Counter(map(_key, filter(_is_number, named))),  # a number's key is `_number` of it, memoised
+        numbers=Counter(map(_KEYS.__getitem__, filter(_is_number, named))),  # a number's key: `_number` of it
         negations=negations,
         shown=shown,
         length=len(shown),
@@ -413,8 +419,8 @@ def differences(a: Reading, b: Reading) -> tuple[list[str], list[str]]:
             if parts:
                 mine.remove(x)
                 for part in parts:
-                    if _key(part) in theirs:
-                        theirs.remove(_key(part))
+                    if _KEYS[part] in theirs:
+                        theirs.remove(_KEYS[part])
     return only_a, only_b
 
 

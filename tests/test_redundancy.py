@@ -31,6 +31,7 @@ from rag_rerank.redundancy import (
     _DIGIT_GROUP_CORE_ASCII,
     _INITIALS,
     _INTERJECTION,
+    _KEYS,
     _OPENERS,
     _ORDINALS,
     _TOKEN,
@@ -525,12 +526,14 @@ def test_case_folding_adds_no_digit() -> None:
 
 @settings(max_examples=200, deadline=None, derandomize=True)
 @given(st.lists(st.one_of(_SPELLINGS, st.text(min_size=1, max_size=8)), min_size=1, max_size=20))
-def test_the_word_memo_is_the_rule(words: list[str]) -> None:
-    """`_WORDS` hands back `_word` of each word, also across its emptying at `limit`."""
-    _WORDS.clear()
-    try:
-        _WORDS.limit = 3
-        assert list(map(_WORDS.__getitem__, words)) == list(map(_word, words))
-        assert len(_WORDS) <= 3
-    finally:
-        del _WORDS.limit  # the class's limit again
+def test_the_word_memos_are_their_rules(words: list[str]) -> None:
+    """`_WORDS` and `_KEYS` hand back `_word` and `_key` of each word, also across their emptying
+    at `limit`."""
+    for memo, rule in ((_WORDS, _word), (_KEYS, _key)):
+        memo.clear()
+        try:
+            memo.limit = 3
+            assert list(map(memo.__getitem__, words)) == list(map(rule, words))
+            assert len(memo) <= 3
+        finally:
+            del memo.limit  # the class's limit again
