@@ -172,7 +172,6 @@ class Reading:
         return dict(zip(map("".join, pairs), pairs, strict=True)), "".join([w[0] for w in self.words])
 
 
-@lru_cache(maxsize=65536)
 def _is_number(word: str) -> bool:
     return any(ch.isdigit() for ch in word)
 
@@ -224,6 +223,7 @@ class _Memo(dict[str, _T]):
 
 _WORDS = _Memo(_word)
 _KEYS = _Memo(_key)
+_NUMERIC = _Memo(_is_number)
 
 
 def _raw_tokens(pieces: list[str]) -> tuple[list[str], list[bool]]:
@@ -340,8 +340,8 @@ def read(text: str) -> Reading:
         content=Counter(keys),
         # Each key's first word (the last assignment wins, so they are made from the end).
         surface=dict(zip(reversed(keys), reversed(content), strict=True)),
-        names=frozenset(filterfalse(_is_number, named)),
-        numbers=Counter(map(_KEYS.__getitem__, filter(_is_number, named))),  # a number's key: `_number` of it
+        names=frozenset(filterfalse(_NUMERIC.__getitem__, named)),
+        numbers=Counter(map(_KEYS.__getitem__, filter(_NUMERIC.__getitem__, named))),  # keys: `_number`
         negations=negations,
         shown=shown,
         length=len(shown),
@@ -432,7 +432,7 @@ def _unalike(only_a: list[str], a: Reading, only_b: list[str], b: Reading) -> tu
     vocabulary words, so a vocabulary word of `a` is compared only with `b`'s unknown words (few:
     most pairs compare none), any other word of `a` with all of `b`'s words but numbers."""
     spelt_b = list(map(b.surface.get, only_b, only_b))
-    loose = [k for k, sy in enumerate(spelt_b) if not _is_number(sy)]  # what an unknown word may match
+    loose = [k for k, sy in enumerate(spelt_b) if not _NUMERIC[sy]]  # what an unknown word may match
     unknown = [k for k in loose if not in_vocabulary(spelt_b[k])]  # what a vocabulary word may match
     if not loose:
         return only_a, only_b
@@ -440,7 +440,7 @@ def _unalike(only_a: list[str], a: Reading, only_b: list[str], b: Reading) -> tu
     kept_a = []
     for x, sx in zip(only_a, map(a.surface.get, only_a, only_a), strict=True):
         match = None
-        if not _is_number(sx):
+        if not _NUMERIC[sx]:
             first, last, size = sx[:1], sx[-1:], len(sx)
             for k in unknown if in_vocabulary(sx) else loose:
                 sy = spelt_b[k]
@@ -497,10 +497,10 @@ def _substituted(lone: Sequence[str], own: Reading, other_lone: Sequence[str], o
     if not other_lone:
         return False
     mine = [own.surface.get(x, x) for x in lone]
-    if any(_is_number(w) or w in own.names or not in_vocabulary(w) for w in mine):
+    if any(_NUMERIC[w] or w in own.names or not in_vocabulary(w) for w in mine):
         return False
     theirs = [other.surface.get(y, y) for y in other_lone]
-    theirs = [w for w in theirs if not _is_number(w) and w not in other.names and in_vocabulary(w)]
+    theirs = [w for w in theirs if not _NUMERIC[w] and w not in other.names and in_vocabulary(w)]
     if not theirs:
         return False
     return bool((word_vectors(tuple(mine)) @ word_vectors(tuple(theirs)).T).max(axis=1).min() >= substitute)

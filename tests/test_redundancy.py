@@ -32,6 +32,7 @@ from rag_rerank.redundancy import (
     _INITIALS,
     _INTERJECTION,
     _KEYS,
+    _NUMERIC,
     _OPENERS,
     _ORDINALS,
     _TOKEN,
@@ -527,9 +528,9 @@ def test_case_folding_adds_no_digit() -> None:
 @settings(max_examples=200, deadline=None, derandomize=True)
 @given(st.lists(st.one_of(_SPELLINGS, st.text(min_size=1, max_size=8)), min_size=1, max_size=20))
 def test_the_word_memos_are_their_rules(words: list[str]) -> None:
-    """`_WORDS` and `_KEYS` hand back `_word` and `_key` of each word, also across their emptying
-    at `limit`."""
-    for memo, rule in ((_WORDS, _word), (_KEYS, _key)):
+    """`_WORDS`, `_KEYS` and `_NUMERIC` hand back `_word`, `_key` and `_is_number` of each word,
+    also across their emptying at `limit`."""
+    for memo, rule in ((_WORDS, _word), (_KEYS, _key), (_NUMERIC, _is_number)):
         memo.clear()
         try:
             memo.limit = 3
