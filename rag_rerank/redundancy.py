@@ -50,20 +50,29 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
 from itertools import compress, filterfalse, pairwise
+from typing import TypeVar
 
 import numpy as np
 
 from .embed.static import StaticEmbedder, in_vocabulary
 from .text import NEGATIONS, STOPWORDS, inflection_key, readable
 
+_T = TypeVar("_T")
 _TOKEN = re.compile(r"\d+(?:\.\d+)+|\w+")  # a decimal number is one word
 # The same words kept by `split`, which then gives the gap before each word too: gap, word, gap, ...
-_TOKENS = re.compile(f"({_TOKEN.pattern})")
+# Written to open with the class every word opens with (`\w`, then: a decimal if that was a digit,
+# else the rest of the word), as `_TOKEN` opening with a branch is not: sre then scans a gap for that
+# class instead of trying the whole pattern at each of its characters. On ASCII text `\w` and `\d`
+# are the ASCII classes, which sre tests by a table look-up instead of a Unicode category
+# (`tests/test_redundancy.py` holds both to `_TOKEN`).
+_TOKENS = re.compile(r"(\w(?:(?<=\d)\d*(?:\.\d+)+|\w*))")
+_TOKENS_ASCII = re.compile(_TOKENS.pattern, re.ASCII)
 _SENTENCE_END = re.compile(r"(?<=[.!?;])\s+")
 _DIGIT_GROUP = re.compile(r"(?<=\d)[,' \u00a0\u202f_](?=\d{3}(?!\d))")
 # What any match of `_DIGIT_GROUP` holds, found faster (a pattern opening with its character set is
 # searched for that set first): most texts have no digit group, and are not scanned for one.
 _DIGIT_GROUP_CORE = re.compile(r"\d[,' \u00a0\u202f_]\d{3}")
+_DIGIT_GROUP_CORE_ASCII = re.compile(_DIGIT_GROUP_CORE.pattern, re.ASCII)  # the same on ASCII text, faster
 _UNITS = {w: i for i, w in enumerate(("zero one two three four five six seven eight nine ten eleven "  # noqa: SIM905
                                         "twelve thirteen fourteen fifteen sixteen seventeen eighteen "
                                         "nineteen").split())}
@@ -163,12 +172,10 @@ class Reading:
         return dict(zip(map("".join, pairs), pairs, strict=True)), "".join([w[0] for w in self.words])
 
 
-@lru_cache(maxsize=65536)
 def _is_number(word: str) -> bool:
     return any(ch.isdigit() for ch in word)
 
 
-@lru_cache(maxsize=65536)
 def _key(word: str) -> str:
     """A word's inflection folded until nothing more folds: one strip of a suffix leaves "destroying"
     as "destroy" and "destroy" as "destro", so a single strip would call them two words."""
@@ -188,13 +195,35 @@ def _number(word: str) -> str:
     return ordinal.group(1) if ordinal else word
 
 
-@lru_cache(maxsize=65536)
 def _word(word: str) -> tuple[str, bool, bool]:
     """(case-folded, a name wherever it stands, a name inside a sentence) for one word as written:
-    with a digit or an acronym it is a name anywhere; capitalised, only after a sentence's start.
-    Memoised: a text's words are mostly words seen before, so reading one costs lookups."""
+    with a digit or an acronym it is a name anywhere; capitalised, only after a sentence's start."""
     anywhere = _is_number(word) or (len(word) > 1 and word.isupper())
     return word.casefold(), anywhere, word[0].isupper()
+
+
+class _Memo(dict[str, _T]):
+    """`rule` of each word met, filled on first sight and emptied when it reaches `limit` words.
+    A text's words are mostly words seen before, so reading one costs a dictionary look-up per word,
+    done in C by `map(memo.__getitem__, ...)`: the per-word bookkeeping of an `lru_cache` (its
+    recency list) cost more than the look-up itself."""
+
+    limit = 65536
+
+    def __init__(self, rule: Callable[[str], _T]) -> None:
+        super().__init__()
+        self.rule = rule
+
+    def __missing__(self, word: str) -> _T:
+        if len(self) >= self.limit:
+            self.clear()
+        value = self[word] = self.rule(word)
+        return value
+
+
+_WORDS = _Memo(_word)
+_KEYS = _Memo(_key)
+_NUMERIC = _Memo(_is_number)
 
 
 def _raw_tokens(pieces: list[str]) -> tuple[list[str], list[bool]]:
@@ -203,10 +232,10 @@ def _raw_tokens(pieces: list[str]) -> tuple[list[str], list[bool]]:
     digit. A word opens a sentence when nothing but white space stands before it, or the last
     other character before it is one of `_OPENERS`: looked for in the gap since the previous word
     only (a word's own last character is never an opener), and only for a capitalised word, the
-    one kind whose place decides. The words' facts are memoised lookups (`_word`)."""
+    one kind whose place decides. The words' facts are memoised lookups (`_WORDS`)."""
     if len(pieces) == 1:
         return [], []
-    words, anywhere, capital = zip(*map(_word, pieces[1::2]), strict=True)
+    words, anywhere, capital = zip(*map(_WORDS.__getitem__, pieces[1::2]), strict=True)
     names = list(anywhere)
     for k in compress(range(len(names)), capital):
         if not names[k]:
@@ -259,7 +288,7 @@ _FOLDABLE = _NUMBER_WORDS | {"and"}
 def _cleaned(shown: str) -> str:
     """Digit groups joined ("1,000" -> "1000") and dotted initials undotted ("U.S." -> "US"); each
     rewrite runs only on a text holding its core (most hold neither)."""
-    if _DIGIT_GROUP_CORE.search(shown):
+    if (_DIGIT_GROUP_CORE_ASCII if shown.isascii() else _DIGIT_GROUP_CORE).search(shown):
         shown = _DIGIT_GROUP.sub("", shown)
     if _INITIALS_CORE.search(shown):
         shown = _INITIALS.sub(lambda m: m.group().replace(".", ""), shown)
@@ -271,8 +300,8 @@ def _pieces(text: str) -> tuple[str, list[str]]:
     """`readable(text)`, and its cleaned text split into gaps and words (`_TOKENS`): where both
     `surely_passage` and `read` start, made once for a text both look at (a list's texts are asked
     the one, then read; a short memo: it hands over within one list)."""
-    shown = readable(text)
-    return shown, _TOKENS.split(_cleaned(shown))
+    cleaned = _cleaned(shown := readable(text))
+    return shown, (_TOKENS_ASCII if cleaned.isascii() else _TOKENS).split(cleaned)
 
 
 @lru_cache(maxsize=8192)
@@ -299,17 +328,20 @@ def read(text: str) -> Reading:
             if w in _ORDINALS:
                 words[k], names[k] = _ORDINALS[w], True
     content = [w for w, name in zip(words, names, strict=True) if name or w not in _NOT_CONTENT]
-    keys = list(map(_key, content))
+    keys = list(map(_KEYS.__getitem__, content))
     negations = sum(map(NEGATIONS.__contains__, words))
-    if negations:  # a "No," it discounts is the word "no": without a negation word, there is none
+    if negations and "no" in words:  # a "No," it discounts is the word "no": without it, there is none
         negations -= len(_INTERJECTION.findall(shown))
+    # Every word holding a digit is a name (`_word`; a folded number and an ordinal are names too,
+    # and case folding adds no digit): the numbers are found among the names, not all the words.
+    named = list(compress(words, names))
     return Reading(
         words=tuple(words),
         content=Counter(keys),
         # Each key's first word (the last assignment wins, so they are made from the end).
         surface=dict(zip(reversed(keys), reversed(content), strict=True)),
-        names=frozenset(filterfalse(_is_number, compress(words, names))),
-        numbers=Counter(map(_key, filter(_is_number, words))),  # a number's key is `_number` of it, memoised
+        names=frozenset(filterfalse(_NUMERIC.__getitem__, named)),
+        numbers=Counter(map(_KEYS.__getitem__, filter(_NUMERIC.__getitem__, named))),  # keys: `_number`
         negations=negations,
         shown=shown,
         length=len(shown),
@@ -387,8 +419,8 @@ def differences(a: Reading, b: Reading) -> tuple[list[str], list[str]]:
             if parts:
                 mine.remove(x)
                 for part in parts:
-                    if _key(part) in theirs:
-                        theirs.remove(_key(part))
+                    if _KEYS[part] in theirs:
+                        theirs.remove(_KEYS[part])
     return only_a, only_b
 
 
@@ -400,7 +432,7 @@ def _unalike(only_a: list[str], a: Reading, only_b: list[str], b: Reading) -> tu
     vocabulary words, so a vocabulary word of `a` is compared only with `b`'s unknown words (few:
     most pairs compare none), any other word of `a` with all of `b`'s words but numbers."""
     spelt_b = list(map(b.surface.get, only_b, only_b))
-    loose = [k for k, sy in enumerate(spelt_b) if not _is_number(sy)]  # what an unknown word may match
+    loose = [k for k, sy in enumerate(spelt_b) if not _NUMERIC[sy]]  # what an unknown word may match
     unknown = [k for k in loose if not in_vocabulary(spelt_b[k])]  # what a vocabulary word may match
     if not loose:
         return only_a, only_b
@@ -408,7 +440,7 @@ def _unalike(only_a: list[str], a: Reading, only_b: list[str], b: Reading) -> tu
     kept_a = []
     for x, sx in zip(only_a, map(a.surface.get, only_a, only_a), strict=True):
         match = None
-        if not _is_number(sx):
+        if not _NUMERIC[sx]:
             first, last, size = sx[:1], sx[-1:], len(sx)
             for k in unknown if in_vocabulary(sx) else loose:
                 sy = spelt_b[k]
@@ -465,10 +497,10 @@ def _substituted(lone: Sequence[str], own: Reading, other_lone: Sequence[str], o
     if not other_lone:
         return False
     mine = [own.surface.get(x, x) for x in lone]
-    if any(_is_number(w) or w in own.names or not in_vocabulary(w) for w in mine):
+    if any(_NUMERIC[w] or w in own.names or not in_vocabulary(w) for w in mine):
         return False
     theirs = [other.surface.get(y, y) for y in other_lone]
-    theirs = [w for w in theirs if not _is_number(w) and w not in other.names and in_vocabulary(w)]
+    theirs = [w for w in theirs if not _NUMERIC[w] and w not in other.names and in_vocabulary(w)]
     if not theirs:
         return False
     return bool((word_vectors(tuple(mine)) @ word_vectors(tuple(theirs)).T).max(axis=1).min() >= substitute)

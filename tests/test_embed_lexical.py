@@ -214,5 +214,7 @@ def _plain_rows(emb: LexicalEmbedder, texts: list[str]) -> np.ndarray:
 def test_rows_are_the_plain_rule_bit_for_bit(texts: list[str]) -> None:
     for emb in (LexicalEmbedder(),
                 LexicalEmbedder(stopword_weight=0.1, char_ngrams=(3, 5), char_weights=(0.5, 1.0)),
-                LexicalEmbedder(dim=64, word_weight=0.0, char_ngrams=(1, 2), char_weights=(1.0, 0.25))):
+                LexicalEmbedder(dim=64, word_weight=0.0, char_ngrams=(1, 2), char_weights=(1.0, 0.25)),
+                # signed zero weights: a cell summing them is +0.0, as an untouched one (`embed`)
+                LexicalEmbedder(dim=16, char_ngrams=(2,), char_weights=(0.0,))):
         assert emb.embed(texts).tobytes() == _plain_rows(emb, texts).tobytes()

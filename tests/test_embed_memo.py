@@ -98,23 +98,24 @@ def test_a_memo_pickles_and_deep_copies_with_a_lock_of_its_own() -> None:
 
 @settings(max_examples=80, derandomize=True, deadline=None)
 @given(st.lists(st.lists(st.sampled_from("abcdefg"), max_size=6), min_size=1, max_size=5), st.booleans(),
-       st.sampled_from([np.float32, np.float64]))
+       st.sampled_from([np.float32, np.float64]), st.sampled_from([16, 12]))
 def test_text_rows_are_the_computed_rows_in_their_places(calls: list[list[str]], sparse: bool,
-                                                         dtype: type) -> None:
+                                                         dtype: type, dim: int) -> None:
     """`TextRows.rows` returns, for every call, each text's computed row in its place (a text twice
     in a call, texts stored and new mixed, a whole call new), and stores a sparse row as exactly
-    its non-zero entries: what the rows placed one by one, and `np.flatnonzero` per row, gave."""
+    its non-zero entries: what the rows placed one by one, and `np.flatnonzero` per row, gave (a
+    power-of-two width and another: the column found by a mask or by a division)."""
     def row_of(text: str) -> np.ndarray:  # a fixed row per text, with zeros and a negative zero
-        values = np.random.default_rng(ord(text)).standard_normal(16).astype(np.float32)
+        values = np.random.default_rng(ord(text)).standard_normal(dim).astype(np.float32)
         values[::3] = 0.0
         values[1] = -0.0
         return values
 
     store = TextRows(4, sparse=sparse)
     for texts in calls:
-        out = store.rows(list(texts), list(texts), lambda fresh: np.stack([row_of(t) for t in fresh]), 16,
+        out = store.rows(list(texts), list(texts), lambda fresh: np.stack([row_of(t) for t in fresh]), dim,
                          dtype=dtype)
-        expected = np.zeros((len(texts), 16), dtype=dtype)
+        expected = np.zeros((len(texts), dim), dtype=dtype)
         for k, t in enumerate(texts):
             expected[k] = row_of(t)
         if sparse:  # a stored sparse row has no negative zero (`np.flatnonzero` drops it): + 0.0 too

@@ -9,6 +9,9 @@ recall of restatements is a figure (docs/postpass.md, `python bench/redundancy.p
 from __future__ import annotations
 
 import json
+import re
+import sys
+from collections import Counter
 from itertools import pairwise
 from pathlib import Path
 
@@ -24,23 +27,31 @@ from rag_rerank.models import Ranked
 from rag_rerank.postpass import postpass
 from rag_rerank.redundancy import (
     _DIGIT_GROUP,
+    _DIGIT_GROUP_CORE,
+    _DIGIT_GROUP_CORE_ASCII,
     _INITIALS,
     _INTERJECTION,
+    _KEYS,
+    _NUMERIC,
     _OPENERS,
     _ORDINALS,
     _TOKEN,
     _TOKENS,
+    _TOKENS_ASCII,
+    _WORDS,
     FUNCTION_WORDS,
     RULES,
     SHORT_WORDS,
     _alike,
     _cleaned,
     _fold_numbers,
+    _is_number,
     _key,
     _negations_toward,
     _raw_tokens,
     _sharing,
     _spelled_out,
+    _word,
     copies,
     judge,
     read,
@@ -425,6 +436,8 @@ def test_reading_in_c_agrees_with_reading_word_by_word(text: str) -> None:
     assert list(reading.content.items()) == list(counts.items()) and reading.surface == surface
     negations = sum(1 for w in reading.words if w in NEGATIONS) - len(_INTERJECTION.findall(readable(text)))
     assert reading.negations == negations
+    numbers = Counter(_key(w) for w in reading.words if any(ch.isdigit() for ch in w))
+    assert list(reading.numbers.items()) == list(numbers.items())  # order included
 
 
 @settings(max_examples=300, deadline=None, derandomize=True)
@@ -472,3 +485,56 @@ def test_negations_toward_another_text_count_sentence_by_sentence(a: str, b: str
     own, other = read(a), read(b)
     every = sum(p.negations for p in map(read, own.sentences) if not p.content or (p.content & other.content))
     assert _negations_toward(own, other) == (every if len(own.sentences) > 1 else own.negations)
+
+
+_DECIMALISH = st.sampled_from(["1.5", "1.5.2", "12.", ".5", "1..2", "a1.5", "1.5a", "_1.2", "\u0663.\u0664",
+                               "\u00b2.3", "x", " ", ".", "\u00e9", "A"])
+
+
+@settings(max_examples=500, deadline=None, derandomize=True)
+@given(st.lists(st.one_of(_DECIMALISH, _PIECES, st.text(max_size=6)), max_size=30).map("".join))
+@example("Version 1.5.2 of 12ab.5 costs 3.50, 2. and .5 \u0661.\u0662 x_1.2 1,000 2 500")
+def test_the_fast_token_splits_are_the_plain_rule(text: str) -> None:
+    """`_TOKENS` opens with `\\w` where `_TOKEN` opens with a branch, and `_TOKENS_ASCII` reads ASCII
+    classes: both split every text (ASCII for the second) into the same gaps and words as `_TOKEN`."""
+    plain = re.compile(f"({_TOKEN.pattern})").split(text)
+    assert _TOKENS.split(text) == plain
+    ascii_text = text.encode("ascii", "replace").decode("ascii")
+    assert _TOKENS_ASCII.split(ascii_text) == re.compile(f"({_TOKEN.pattern})").split(ascii_text)
+    found = [m.span() for m in _DIGIT_GROUP_CORE.finditer(ascii_text)]
+    assert [m.span() for m in _DIGIT_GROUP_CORE_ASCII.finditer(ascii_text)] == found
+
+
+_NO = st.sampled_from(["NO,", "nO.", "no:", "x.no;", "1,no!", "N.O."])
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(st.lists(st.one_of(_PIECES, _SPELLINGS, _NO, st.text(max_size=6)), max_size=30).map(" ".join))
+@example("No, it works. u.s.no, 1,no! (no) NO.")
+def test_an_interjection_is_the_word_no(text: str) -> None:
+    """What lets `read` look for a "No," only in a text with the word "no": every one it finds in the
+    text as read is a word "no" of the reading."""
+    if _INTERJECTION.search(readable(text)):
+        assert "no" in read(text).words
+
+
+def test_case_folding_adds_no_digit() -> None:
+    """What lets `read` find the numbers among the names: a word without a digit (`_is_number`) folds
+    (`str.casefold`, one character at a time) to one without."""
+    chars = map(chr, range(sys.maxunicode + 1))
+    assert not [c for c in chars if not c.isdigit() and _is_number(c.casefold())]
+
+
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(st.lists(st.one_of(_SPELLINGS, st.text(min_size=1, max_size=8)), min_size=1, max_size=20))
+def test_the_word_memos_are_their_rules(words: list[str]) -> None:
+    """`_WORDS`, `_KEYS` and `_NUMERIC` hand back `_word`, `_key` and `_is_number` of each word,
+    also across their emptying at `limit`."""
+    for memo, rule in ((_WORDS, _word), (_KEYS, _key), (_NUMERIC, _is_number)):
+        memo.clear()
+        try:
+            memo.limit = 3
+            assert list(map(memo.__getitem__, words)) == list(map(rule, words))
+            assert len(memo) <= 3
+        finally:
+            del memo.limit  # the class's limit again

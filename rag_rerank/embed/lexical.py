@@ -219,6 +219,9 @@ class LexicalEmbedder:
         vals = np.sign(sums) * np.log1p(np.abs(sums))
         row_of = cells // self.dim
         norms = np.sqrt(np.bincount(row_of, weights=vals * vals, minlength=n))
-        out = np.zeros(n * self.dim, dtype=np.float32)
-        out[cells] = vals / norms[row_of]
-        return out.reshape(n, self.dim)
+        # The unit values written over the sums they came from, then every cell converted once:
+        # the untouched cells are +0.0 (a sum of weights starting from +0.0 that comes back to zero
+        # is +0.0), so this is the float32 matrix of zeros with the values cast into their cells,
+        # without zeroing a second n * dim block.
+        counts[cells] = vals / norms[row_of]
+        return counts.astype(np.float32).reshape(n, self.dim)

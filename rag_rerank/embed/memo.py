@@ -122,16 +122,19 @@ class TextRows:
     def _stored(self, fresh: np.ndarray) -> list[Any]:
         """What is kept of each row of `fresh`: a copy of its own (not a view holding the whole
         block), or, `sparse`, its non-zero entries as (int32 indices, float32 values). The non-zero
-        entries of all rows are found in one pass over the block, not one pass per row."""
+        entries of all rows are found in one pass over the block, not one pass per row; each row's
+        stretch is then sliced off (`np.split` costs a Python loop of its own per row), and a column
+        is `flat & (dim - 1)` for a power-of-two width (the lexical embedder's: the same number as
+        `flat % dim` for a non-negative one, without a division per entry)."""
         if not self.sparse:
             return [row.copy() for row in fresh]
         dim = fresh.shape[1]
         mask = fresh != 0  # the entries `np.flatnonzero` keeps (NaN too; -0.0 not)
         flat = np.flatnonzero(mask)
-        bounds = np.cumsum(np.count_nonzero(mask, axis=1))[:-1]
-        columns = np.split((flat % dim).astype(np.int32), bounds)
-        values = np.split(fresh.reshape(-1)[flat], bounds)
-        return [(c.copy(), v.copy()) for c, v in zip(columns, values, strict=True)]
+        columns = (flat & (dim - 1) if dim & (dim - 1) == 0 else flat % dim).astype(np.int32)
+        values = fresh.reshape(-1)[flat]
+        ends = np.cumsum(np.count_nonzero(mask, axis=1)).tolist()
+        return [(columns[a:b].copy(), values[a:b].copy()) for a, b in zip([0, *ends[:-1]], ends, strict=True)]
 
     def _lookup(self, keys: list[Any]) -> tuple[list[tuple[int, Any]], dict[Any, list[int]]]:
         """(place and stored row of each key stored, each key not stored -> its places); the
