@@ -11,12 +11,13 @@ its `concurrency` argument (default `DEFAULT_CONCURRENCY`, the batch's own defau
 A request holds its request slot while it plans and calls; once its calls to a server are done
 it hands the slot on to the next request (`hand_on_request_slot`) and finishes (the post-pass) in
 a slot of a second kind, of which there are as many (a local scorer's request keeps its slot: its
-call is CPU work in this process, with no wait to overlap). So the next request's wait on the server overlaps this
-one's CPU work, and a batch still holds at most `concurrency` calls in flight and twice as many
-requests under way (answers waiting for a slow post-pass do not pile up).
+call is CPU work in this process, with no wait to overlap). So the next request's wait on the
+server overlaps this one's CPU work, and a batch still holds at most `concurrency` calls in flight
+and twice as many requests under way (answers waiting for a slow post-pass do not pile up).
 
-No slot waits for one of a kind taken after it (a request slot, then a finishing slot; a call
-slot is always released after its call), so the semaphores cannot deadlock.
+A request waits for a finishing slot only while it holds its request slot; a finishing request
+waits for nothing but a call slot (a refill), and every call gives its call slot back: so the
+semaphores cannot deadlock.
 """
 
 from __future__ import annotations
