@@ -443,15 +443,13 @@ class RerankRequest:
     def with_top_k(self, top_k: int) -> RerankRequest:
         """This request asking for `top_k`: what `dataclasses.replace(self, top_k=top_k)` makes,
         without its pass over every field by reflection (every call is asked so, `windows.asked`).
-        There is no `__post_init__` to run; `tests/test_models.py` pins that the two agree. The
-        fields are read by name and the new instance dict set whole: reading `self.__dict__` (or
-        filling `out.__dict__` key by key) leaves CPython 3.11 a dict whose keys are shared with the
-        class's, and every later read of a field of that request then misses the specialised
-        attribute load (about three times the instructions per read; requests are read often)."""
+        There is no `__post_init__` to run; `tests/test_models.py` pins that the two agree. The new
+        instance dict is set whole, as `Options.merged` sets its own: filled key by key, CPython
+        3.11 keeps a dict's keys shared with the class's, and every later read of a field of that
+        request then misses the specialised attribute load (about three times the instructions per
+        read; requests are read often)."""
         out = object.__new__(type(self))
-        object.__setattr__(out, "__dict__", {
-            "query": self.query, "chunks": self.chunks, "top_k": top_k, "lambda_": self.lambda_,
-            "ranks": self.ranks, "own_texts": self.own_texts, "min_score": self.min_score})
+        object.__setattr__(out, "__dict__", {**self.__dict__, "top_k": top_k})
         return out
 
     def own_text(self, chunk: Chunk) -> str:
