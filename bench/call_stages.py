@@ -11,9 +11,11 @@ then `--rounds` timed rounds over the 43 queries. No answer is checked beyond th
 `--fresh` times first sight instead: every round (warm-up rounds included) sends texts this process
 has not seen (a mark appended to each query and passage), so the per-text caches hold nothing for
 them; the server then computes each answer when it first sees the request, which adds its time to
-the backend call's.
+the backend call's. `--new-reasons` (with `--fresh`) puts the mark in front of each passage
+instead, so that the server's answers, which quote each ranked passage's opening words, give
+reasons not seen before either, as a real model's are (`peers.unseen`).
 
-Run:  python bench/call_stages.py [--passages 20] [--rounds 3] [--fresh] [--data PATH]
+Run:  python bench/call_stages.py [--passages 20] [--rounds 3] [--fresh [--new-reasons]] [--data PATH]
 Prints a Markdown table of mean milliseconds per call for each stage.
 """
 
@@ -78,13 +80,17 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--data", type=Path, default=peers.DEFAULT_DATA)
     ap.add_argument("--fresh", action="store_true", help="texts unseen by this process in every round")
+    ap.add_argument("--new-reasons", action="store_true",
+                    help="with --fresh: the model's reasons new in every round too, as a real model's are")
     args = ap.parse_args()
+    if args.new_reasons and not args.fresh:
+        ap.error("--new-reasons goes with --fresh")
     base = peers.load(args.data, args.passages)
 
     def round_work(r: int) -> peers.Work:
         if not args.fresh:
             return base
-        return [(f"{q} [r{r}]", [{**c, "text": f"{c['text']} [r{r}]"} for c in chunks]) for q, chunks in base]
+        return peers.unseen(base, f"r{r}", new_reasons=args.new_reasons)
 
     work = base
     for owner, name, label in STAGES:
@@ -104,7 +110,8 @@ def main() -> int:
     calls = args.rounds * len(work)
     top = sum(v for k, v in SPENT.items() if not k.startswith(" "))
     print(f"One `Reranker.rerank` call, openai backend -> bench/fast_llm.py, {args.passages} DL19 passages, "
-          f"top {peers.TOP}{', first sight of every text (--fresh)' if args.fresh else ''}: mean ms per call "
+          f"top {peers.TOP}{', first sight of every text (--fresh)' if args.fresh else ''}"
+          f"{', new reasons in every answer (--new-reasons)' if args.new_reasons else ''}: mean ms per call "
           f"over {calls} calls\n")
     print("| stage | ms per call |")
     print("|---|---:|")

@@ -23,10 +23,13 @@ first `--passages` BM25 passages, after two warm-up rounds:
 `render`, `judge`, `retry`, `postpass`): every round, warm-up rounds included, sees texts this
 process has not seen (a mark appended to each query and passage, as `bench/call_stages.py --fresh`
 does), so the per-text caches hold nothing for them: what a batch of new questions costs.
+`--new-reasons` (with `--fresh`) marks the front of each passage instead, so the answers' reasons,
+which quote a ranked passage's opening words, are new in every round too, as a real model's are.
 
 "ours" is `whole` minus `complete`: every stage but the SDK's send and parse.
 
-Run:  python bench/instructions.py [--passages 20] [--stages whole complete ...] [--rounds 2] [--fresh]
+Run:  python bench/instructions.py [--passages 20] [--stages whole complete ...] [--rounds 2]
+        [--fresh [--new-reasons]]
 Needs valgrind (callgrind), its header `valgrind/callgrind.h` and a C compiler (Debian: valgrind,
 gcc); prints a Markdown table of instructions per call.
 """
@@ -41,6 +44,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -56,9 +60,11 @@ void cg_stop(void) { CALLGRIND_STOP_INSTRUMENTATION; CALLGRIND_DUMP_STATS; }
 """
 
 
-def child(stage: str, n: int, rounds: int, helper: str, fresh: bool = False) -> None:
+def child(stage: str, n: int, rounds: int, helper: str, fresh: bool = False,
+          new_reasons: bool = False) -> None:
     """Run `stage` `rounds` times over the queries, instrumented between cg_start and cg_stop;
-    `fresh`: each round (warm-up ones too) over texts not seen before (module docstring)."""
+    `fresh`: each round (warm-up ones too) over texts not seen before, `new_reasons` with answers
+    whose reasons are new too (module docstring)."""
     import peers
 
     import rag_rerank.engine as engine
@@ -133,8 +139,7 @@ def child(stage: str, n: int, rounds: int, helper: str, fresh: bool = False) -> 
     lim = as_limits(options.limits)
     if fresh:
         base = work
-        works = [[(f"{q} [r{r}]", [{**c, "text": f"{c['text']} [r{r}]"} for c in chunks])
-                  for q, chunks in base] for r in range(-2, rounds)]
+        works = [peers.unseen(base, f"r{r}", new_reasons=new_reasons) for r in range(-2, rounds)]
         work = [item for one in works for item in one]  # each call i is one (round, query)
     # Planned before the count, as a call plans before its post-pass: what planning caches of a
     # text (`--fresh`) is warm for the later stages in a real call too. `plan` itself plans afresh.
@@ -195,14 +200,15 @@ def build_helper(folder: Path) -> Path | None:
     return lib
 
 
-def count(stage: str, n: int, rounds: int, helper: Path, folder: Path, fresh: bool = False) -> int:
-    """Instructions of `stage`'s measured loop (the largest 'totals' of callgrind's dumps)."""
+def count(stage: str, n: int, rounds: int, helper: Path, folder: Path, sight: Sequence[str] = ()) -> int:
+    """Instructions of `stage`'s measured loop (the largest 'totals' of callgrind's dumps); `sight`:
+    the child's `--fresh` / `--new-reasons` flags."""
     out = folder / f"{stage}-{n}"
     env = {**os.environ, "PYTHONHASHSEED": "0", "PYTHONPATH": os.pathsep.join(
         filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     cmd = ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}.%p",
            sys.executable, str(Path(__file__).resolve()), "--child", stage, "--passages", str(n),
-           "--rounds", str(rounds), "--helper", str(helper), *(["--fresh"] if fresh else [])]
+           "--rounds", str(rounds), "--helper", str(helper), *sight]
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=3600)
     totals = [int(line.split()[1]) for f in folder.glob(f"{stage}-{n}.*")
               for line in f.read_text(encoding="utf-8", errors="replace").splitlines()
@@ -218,17 +224,22 @@ def main() -> int:
     ap.add_argument("--stages", nargs="+", choices=STAGES, default=list(STAGES))
     ap.add_argument("--rounds", type=int, default=2, help="measured rounds over the 43 queries")
     ap.add_argument("--fresh", action="store_true", help="texts unseen by the process in every round")
+    ap.add_argument("--new-reasons", action="store_true",
+                    help="with --fresh: the answers' reasons new in every round too, as a real model's are")
     ap.add_argument("--child", choices=STAGES, help=argparse.SUPPRESS)
     ap.add_argument("--helper", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.new_reasons and not args.fresh:
+        ap.error("--new-reasons goes with --fresh")
     if args.child:
-        child(args.child, args.passages[0], args.rounds, args.helper, args.fresh)
+        child(args.child, args.passages[0], args.rounds, args.helper, args.fresh, args.new_reasons)
         return 0
     import peers
 
     from tests.support.shared_data import need
 
     need(peers.DEFAULT_DATA)
+    flags = [*(["--fresh"] if args.fresh else []), *(["--new-reasons"] if args.new_reasons else [])]
     with tempfile.TemporaryDirectory() as tmp:
         helper = build_helper(Path(tmp))
         if helper is None:
@@ -237,9 +248,10 @@ def main() -> int:
         for n in args.passages:
             for stage in args.stages:
                 calls = 43 * args.rounds
-                table.setdefault(stage, {})[n] = count(stage, n, args.rounds, helper, Path(tmp),
-                                                             args.fresh) / calls
+                counted = count(stage, n, args.rounds, helper, Path(tmp), flags)
+                table.setdefault(stage, {})[n] = counted / calls
     sight = ", first sight of every text (--fresh)" if args.fresh else ""
+    sight += ", new reasons in every answer (--new-reasons)" if args.new_reasons else ""
     print(f"Instructions per call (callgrind, PYTHONHASHSEED=0), TREC DL19, top {10}, "
           f"{args.rounds} rounds of 43 queries{sight}\n")
     print("| stage | " + " | ".join(f"{n} passages" for n in args.passages) + " |")

@@ -65,6 +65,20 @@ def load(path: Path, n: int) -> Work:
             for q in data]
 
 
+def unseen(work: Work, mark: str, *, new_reasons: bool = False) -> Work:
+    """`work` with ` [mark]` appended to every query and passage: texts this process has not seen,
+    so the per-text caches hold nothing for them (`--fresh` of `call_stages.py`, `instructions.py`).
+
+    `new_reasons`: the passages' mark goes in front instead (`[mark] text`). The benches' fake model
+    quotes each ranked passage's opening words, so its reasons are then new too, as a real model's
+    are in every call; with the mark at the end they repeat round after round, and the output
+    guard's per-reason memos hit as they never do for a real answer."""
+    def marked(text: str) -> str:
+        return f"[{mark}] {text}" if new_reasons else f"{text} [{mark}]"
+
+    return [(f"{q} [{mark}]", [{**c, "text": marked(c["text"])} for c in chunks]) for q, chunks in work]
+
+
 def fast_server(latency: float = 0.0) -> contextlib.AbstractContextManager[str]:
     """bench/fast_llm.py in its own process (bench/batch.py starts it); yields its OpenAI base URL."""
     return fake_server(latency, server="fast_llm")

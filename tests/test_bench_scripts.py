@@ -100,3 +100,36 @@ def test_a_bench_script_whose_queries_fail_exits_1() -> None:
     last = out.stdout.strip().splitlines()[-1]
     assert last.startswith("FAILED: 17 of 17 calls raised; first: query de-01: InputError: "), last
     assert "ERROR" in out.stdout  # each failed query is on its row, not left out silently
+
+
+def test_unseen_texts_give_new_reasons_only_when_asked() -> None:
+    """`--fresh` benches mark every text so no per-text cache holds it; `--new-reasons` must also
+    make the fake model's reasons new (it quotes a passage's opening words), as a real model's are,
+    or the output guard's per-reason memos would hit in a figure that claims first sight."""
+    sys.path.insert(0, str(BENCH))
+    try:
+        import peers
+    finally:
+        sys.path.remove(str(BENCH))
+    from rag_rerank import Reranker
+    from rag_rerank.engine import plan
+    from tests.support.quoting_ranker import answer_for
+
+    work = [("what do cells hold?",  # passages longer than the eight words quoted, as DL19's are
+             [{"id": "a", "text": "IVF partitions the stored vectors into cells, each around a centroid."},
+              {"id": "b", "text": "HNSW links the stored vectors in layered graphs that a search walks."}])]
+    session = Reranker("local")
+    options = session.options(top_k=2)
+
+    def reasons(marked: peers.Work) -> list[str]:
+        (query, chunks), = marked
+        answer = answer_for(plan(session._setup, query, chunks, options).prompt)
+        return [r["reason"] for r in answer["ranked"]]
+
+    for new_reasons in (False, True):
+        one, two = (peers.unseen(work, mark, new_reasons=new_reasons) for mark in ("r1", "r2"))
+        assert one[0][0] == "what do cells hold? [r1]"
+        texts = [c["text"] for c in one[0][1]]
+        assert texts == ([f"[r1] {c['text']}" for c in work[0][1]] if new_reasons
+                         else [f"{c['text']} [r1]" for c in work[0][1]])
+        assert set(reasons(one)).isdisjoint(reasons(two)) == new_reasons
