@@ -6,15 +6,16 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from unittest.mock import patch
 
 import numpy as np
 import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from rag_rerank.embed import CallerVectors, get_embedder
+from rag_rerank.embed import CallerVectors, embed_texts, get_embedder
 from rag_rerank.embed.lexical import LexicalEmbedder, _word_hash, normalise_text
-from rag_rerank.errors import InputError
+from rag_rerank.errors import InputError, RerankError
 from rag_rerank.text import STOPWORDS, comparable
 from tests.support.shared_data import data_dir, require
 
@@ -218,3 +219,48 @@ def test_rows_are_the_plain_rule_bit_for_bit(texts: list[str]) -> None:
                 # signed zero weights: a cell summing them is +0.0, as an untouched one (`embed`)
                 LexicalEmbedder(dim=16, char_ngrams=(2,), char_weights=(0.0,))):
         assert emb.embed(texts).tobytes() == _plain_rows(emb, texts).tobytes()
+
+
+def _settings() -> list[LexicalEmbedder]:
+    """The bit-for-bit test's settings, and one whose values differ in size by many orders."""
+    return [LexicalEmbedder(),
+            LexicalEmbedder(stopword_weight=0.1, char_ngrams=(3, 5), char_weights=(0.5, 1.0)),
+            LexicalEmbedder(dim=64, word_weight=0.0, char_ngrams=(1, 2), char_weights=(1.0, 0.25)),
+            LexicalEmbedder(dim=16, char_ngrams=(2,), char_weights=(0.0,)),
+            # values far apart in size: the float32 norms' rounding depends on the order of the sums
+            LexicalEmbedder(dim=4096, word_weight=1e-30, char_ngrams=(1, 3), char_weights=(3e5, 1e-7))]
+
+
+@settings(max_examples=60, derandomize=True, deadline=None)
+@given(st.lists(_ANY_TEXT, min_size=1, max_size=5), st.booleans())
+@example(["the cat sat on the mat", "", "a of the", "Copy-edited TEXT, copied text!"], True)
+@example(["東京は日本の首都です。", "x", " " * 3], False)
+@example(["aaaa bbbb " * 60, "q"], True)
+def test_unit_entries_are_the_checked_rows_bit_for_bit(texts: list[str], numpy_as_assumed: bool) -> None:
+    """`unit_entries` is `embed_texts(emb, texts)` (the rows `l2_normalise`d again in float32) in
+    float64, bit for bit, and its stored entries are each row's `np.flatnonzero` columns and
+    values: from the touched cells alone, and by the dense way on a numpy that sums otherwise."""
+    with patch("rag_rerank.embed.lexical.numpy_sums_as_assumed", lambda: numpy_as_assumed):
+        _check_unit_entries(texts)
+
+
+def _check_unit_entries(texts: list[str]) -> None:
+    for emb in _settings():
+        made = emb.unit_entries(texts)
+        checked = embed_texts(emb, texts)
+        assert made.matrix.dtype == np.float64 and made.matrix.shape == checked.shape
+        assert made.matrix.tobytes() == checked.astype(np.float64).tobytes()
+        assert len(made.stored) == len(texts)
+        for row, (columns, values) in zip(checked, made.stored, strict=True):
+            nz = np.flatnonzero(row)
+            assert columns.dtype == np.int32 and columns.tolist() == nz.tolist()
+            assert values.dtype == np.float32 and values.tobytes() == row[nz].tobytes()
+
+
+def test_unit_entries_raise_what_the_checked_rows_raise() -> None:
+    emb = LexicalEmbedder(word_weight=1e308, char_weights=(1e308,))
+    with pytest.raises(RerankError) as checked:
+        embed_texts(emb, ["a a a b b"])
+    with pytest.raises(RerankError) as made:
+        emb.unit_entries(["a a a b b"])
+    assert str(made.value) == str(checked.value)

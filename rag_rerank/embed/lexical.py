@@ -29,8 +29,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..errors import InputError, Violation
+from ..errors import InputError, RerankError, Violation
 from ..text import STOPWORDS, comparable, latin1_table, latin1_translate
+from .base import l2_normalise, numpy_sums_as_assumed, sparse_row_norms
+from .memo import UnitEntries, row_entries
 
 _P = np.uint64(0x100000001B3)  # FNV-64 prime: odd, hence invertible modulo 2**64
 _P_INV = np.uint64(pow(0x100000001B3, -1, 2**64))
@@ -139,9 +141,48 @@ class LexicalEmbedder:
     def embed(self, texts: list[str]) -> np.ndarray:
         """One unit row per text (an all-zero row for a text without word characters). A row
         depends on its own text only: the same bits whatever else is embedded with it."""
+        counts, cells, units, _ = self._unit_cells(texts)
+        # The unit values written over the sums they came from, then every cell converted once:
+        # the untouched cells are +0.0 (a sum of weights starting from +0.0 that comes back to zero
+        # is +0.0), so this is the float32 matrix of zeros with the values cast into their cells,
+        # without zeroing a second n * dim block.
+        counts[cells] = units
+        return counts.astype(np.float32).reshape(len(texts), self.dim)
+
+    def unit_entries(self, texts: list[str]) -> UnitEntries:
+        """`l2_normalise(self.embed(texts))` (what `embed.embed_texts` hands on: the float32 rows
+        normalised once more in float32), as float64 rows with each row's non-zero entries: what
+        the post-pass multiplies and what `TextRows` stores, made from the touched cells alone.
+
+        Why: the dense way passes over all n * dim cells seven more times (to float32, a finiteness
+        check, squares, their sums, a division, to float64, and the store's scan for non-zero
+        entries); a row touches about one cell in ten. The float32 norms are numpy's own sums,
+        taken over the entries (`sparse_row_norms`); on a numpy that sums otherwise, the dense way."""
+        n, dim = len(texts), self.dim
+        counts, cells, units, row_of = self._unit_cells(texts)
+        values = units.astype(np.float32)
+        if not np.isfinite(values).all():  # `embed_texts`' check, for weights that overflow
+            raise RerankError(f"embedder {self.name!r} returned NaN or Infinity")
+        if not numpy_sums_as_assumed():
+            counts[cells] = units
+            dense = l2_normalise(counts.astype(np.float32).reshape(n, dim))
+            flat = np.flatnonzero(dense)
+            return UnitEntries(dense.astype(np.float64), row_entries(flat, dense.reshape(-1)[flat], n, dim))
+        norms = sparse_row_norms(row_of, cells & (dim - 1), values, n, dim)[row_of]
+        if norms.all():  # `l2_normalise`'s two ways: a plain division, zeros for a zero norm
+            values = values / norms
+        else:
+            values = np.divide(values, norms, out=np.zeros_like(values), where=norms > 0)
+        counts[cells] = values  # the untouched cells' +0.0 stays (float32 +0.0 over any norm)
+        kept = values != 0
+        return UnitEntries(counts.reshape(n, dim), row_entries(cells[kept], values[kept], n, dim))
+
+    def _unit_cells(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(the flat n * dim float64 block of each cell's summed signed weights, its non-zero cells
+        in order, their unit values in float64, the row of each): the rule `embed` writes out."""
         n = len(texts)
         if n == 0:
-            return np.zeros((0, self.dim), dtype=np.float32)
+            return np.zeros(0), *(np.zeros(0, dtype=np.int64),) * 3
         joined = "\x00".join(normalise_text(t).replace("\x00", " ") for t in texts)
         cp = np.frombuffer(joined.encode("utf-32-le"), dtype=np.uint32).astype(np.uint64)
         length = len(cp)
@@ -202,9 +243,10 @@ class LexicalEmbedder:
                 else:
                     weights.append(np.full(len(h), w, dtype=np.float64))
 
-        if not keys:
-            return np.zeros((n, self.dim), dtype=np.float32)
-        key = np.concatenate(keys)
+        key = np.concatenate(keys) if keys else np.zeros(0, dtype=np.uint64)
+        if not len(key):  # (`bincount` of nothing would be integers)
+            nothing = np.zeros(0, dtype=np.int64)
+            return np.zeros(n * self.dim), nothing, np.zeros(0), nothing
         signed = np.where((key >> np.uint64(63)) == 1, -1.0, 1.0) * np.concatenate(weights)
         flat = np.concatenate(rows) * self.dim + (key & np.uint64(self.dim - 1)).astype(np.int64)
         counts = np.bincount(flat, weights=signed, minlength=n * self.dim)
@@ -219,9 +261,4 @@ class LexicalEmbedder:
         vals = np.sign(sums) * np.log1p(np.abs(sums))
         row_of = cells // self.dim
         norms = np.sqrt(np.bincount(row_of, weights=vals * vals, minlength=n))
-        # The unit values written over the sums they came from, then every cell converted once:
-        # the untouched cells are +0.0 (a sum of weights starting from +0.0 that comes back to zero
-        # is +0.0), so this is the float32 matrix of zeros with the values cast into their cells,
-        # without zeroing a second n * dim block.
-        counts[cells] = vals / norms[row_of]
-        return counts.astype(np.float32).reshape(n, self.dim)
+        return counts, cells, vals / norms[row_of], row_of
