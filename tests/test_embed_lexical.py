@@ -14,7 +14,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from rag_rerank.embed import CallerVectors, embed_texts, get_embedder
-from rag_rerank.embed.lexical import LexicalEmbedder, _word_hash, normalise_text
+from rag_rerank.embed.lexical import LexicalEmbedder, _damped, _powers, _word_hash, normalise_text
 from rag_rerank.errors import InputError, RerankError
 from rag_rerank.text import STOPWORDS, comparable
 from tests.support.shared_data import data_dir, require
@@ -264,3 +264,33 @@ def test_unit_entries_raise_what_the_checked_rows_raise() -> None:
     with pytest.raises(RerankError) as made:
         emb.unit_entries(["a a a b b"])
     assert str(made.value) == str(checked.value)
+
+
+@settings(max_examples=300, derandomize=True, deadline=None)
+@given(st.text(alphabet=st.characters(max_codepoint=255), max_size=80))
+@example("Straße, 5 µm, ¼ ½ ¾ cup")
+@example("soft\xadhyphen, â\x80\x99s mojibake, ª º ¹²³ ¨´¸¯ \xa0 \x85 Ÿÿ ÀÉÎÕÜ")
+@example("\x00\x1c\x1f\x7f\x9f")
+@example("ǅ")  # beyond Latin-1: the folded way
+def test_latin1_text_is_read_by_the_rule_character_by_character(text: str) -> None:
+    """`normalise_text` of any Latin-1 text (one bytes translation through each character's own
+    form) is the plain rule over the whole text: `comparable`, then the non-word runs one space."""
+    assert normalise_text(text) == _plain_normalise(text)
+
+
+@settings(max_examples=100, derandomize=True, deadline=None)
+@given(st.lists(st.integers(-3000, 3000).filter(bool), max_size=50))
+@example([1, -1, 2, 1024, -1024, 1025])
+def test_damped_sums_are_log1p_bit_for_bit(whole: list[int]) -> None:
+    """A damped whole sum looked up (`_DAMPED_WHOLE`, within its reach) or computed is
+    sign(s) * log1p(|s|) computed for it, the same bits."""
+    sums = np.array(whole, dtype=np.float64)
+    assert _damped(sums, whole=True).tobytes() == (np.sign(sums) * np.log1p(np.abs(sums))).tobytes()
+
+
+def test_the_powers_are_the_prime_and_its_inverse() -> None:
+    powers, inverses = _powers(9000)
+    assert len(powers) == len(inverses) == 9000
+    for i in (0, 1, 2, 4095, 4096, 8999):
+        assert int(powers[i]) == pow(0x100000001B3, i, 2**64)
+        assert int(inverses[i]) == pow(0x100000001B3, -i, 2**64)

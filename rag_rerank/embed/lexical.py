@@ -71,8 +71,24 @@ def _mix(h: np.ndarray) -> np.ndarray:
 
 
 # `_NON_WORD` as a bytes table for Latin-1 text: every character it matches a space, the others
-# kept, and an ASCII capital in lower case (`comparable`'s fold, for ASCII text, which skips it).
+# kept, and an ASCII capital in lower case.
 _WORD_BYTES = latin1_table(lambda ch: " " if _NON_WORD.fullmatch(ch) else ch.lower() if ch.isascii() else ch)
+
+
+def _latin1_word(ch: str) -> str:
+    """`normalise_text`'s rule (`comparable`, then `_NON_WORD` a space) for one Latin-1 character
+    between two letters: itself, a space or nothing; "\x00" (which no character becomes: a control
+    is a space) for the few whose form is several characters or lies beyond Latin-1 (ß, ¼, ½, ¾, µ)."""
+    form = _NON_WORD.sub(" ", comparable(f"a{ch}a"))[1:-1]
+    return form if len(form) <= 1 and form <= "\xff" else "\x00"
+
+
+# The rule, character by character, for whole Latin-1 texts (ASCII, accents, web mojibake such as
+# "\u00e2\u0080\u0099"). Exact: `comparable` treats a Latin-1 text character by character (a
+# control becomes a space, a soft hyphen nothing; each character's NFKC form opens with a base
+# character, so nothing composes or reorders across two characters; case folding is per character),
+# and every run of white space or other non-word characters ends as one space here anyway.
+_LATIN1_WORD_BYTES = latin1_table(_latin1_word)
 
 
 def normalise_text(text: str) -> str:
@@ -80,17 +96,57 @@ def normalise_text(text: str) -> str:
     form quotations are compared in), every run of non-word characters one space, padded by one
     space. The padding makes word boundaries part of the character n-grams (" cat" differs from "cat").
 
-    Latin-1 text (ASCII, accents, mojibake: most text) takes one bytes translation and a split
-    instead of the regex, at a fraction of its cost per character. ASCII text skips `comparable`
-    as well: on ASCII it only lower-cases letters and makes controls and white space one space,
-    and here every one of those characters is a word boundary anyway. `tests/test_embed_lexical.py`
-    holds both short cuts to the rule.
-    """
-    folded = text if text.isascii() else comparable(text)
-    spaced = latin1_translate(folded, _WORD_BYTES)
-    if spaced is None:
-        return " " + _NON_WORD.sub(" ", folded).strip() + " "
+    Latin-1 text (ASCII, accents, mojibake: most text) takes one bytes translation through the rule
+    for each character (`_LATIN1_WORD_BYTES`) and a split, instead of `comparable` (NFKC, case
+    folding, a cleaning table) and the regex. The rest, and a Latin-1 text with one of the few
+    characters that become several, is folded first; when the folded text is Latin-1, one bytes
+    translation makes its non-word characters spaces. `tests/test_embed_lexical.py` holds both
+    short cuts to the rule."""
+    spaced = latin1_translate(text, _LATIN1_WORD_BYTES)
+    if spaced is None or "\x00" in spaced:
+        folded = comparable(text)
+        spaced = latin1_translate(folded, _WORD_BYTES)
+        if spaced is None:
+            return " " + _NON_WORD.sub(" ", folded).strip() + " "
     return " " + " ".join(spaced.split()) + " "
+
+
+# P**i and P**-i (mod 2**64) for i below their length: the same numbers for every call, so they are
+# made once and grown (doubling) when a call's joined texts are longer (`_powers`).
+_POWERS = (np.ones(1, dtype=np.uint64), np.ones(1, dtype=np.uint64))
+
+
+def _powers(length: int) -> tuple[np.ndarray, np.ndarray]:
+    """(P**i, P**-i) mod 2**64 for i < `length` (views of `_POWERS`, grown first when too short)."""
+    global _POWERS
+    powers, inverses = _POWERS
+    if len(powers) < length:
+        size = max(length, 2 * len(powers), 4096)
+        powers, inverses = np.full(size, _P), np.full(size, _P_INV)
+        powers[0] = inverses[0] = 1
+        with np.errstate(over="ignore"):
+            powers, inverses = np.cumprod(powers), np.cumprod(inverses)
+        powers.flags.writeable = inverses.flags.writeable = False
+        _POWERS = (powers, inverses)
+    return powers[:length], inverses[:length]
+
+
+# sign(s) * log1p(|s|) for the whole numbers s from -_LOG_REACH to _LOG_REACH, at s + _LOG_REACH:
+# computed by the same numpy expression over the same float64 numbers, so a look-up gives the bits
+# that computing it for each cell gives (`_damped`).
+_LOG_REACH = 1024
+_WHOLE = np.arange(-_LOG_REACH, _LOG_REACH + 1, dtype=np.float64)
+_DAMPED_WHOLE = np.sign(_WHOLE) * np.log1p(np.abs(_WHOLE))
+_DAMPED_WHOLE.flags.writeable = False
+
+
+def _damped(sums: np.ndarray, whole: bool) -> np.ndarray:
+    """sign(s) * log1p(|s|) of each sum: looked up in `_DAMPED_WHOLE` when they are whole numbers
+    within its reach (`whole`: the caller knows they are whole; a look-up costs a fraction of a
+    `log1p`), else computed."""
+    if whole and len(sums) and np.abs(sums).max() <= _LOG_REACH:
+        return _DAMPED_WHOLE.take(sums.astype(np.int64) + _LOG_REACH)
+    return np.sign(sums) * np.log1p(np.abs(sums))
 
 
 @dataclass(frozen=True)
@@ -137,6 +193,13 @@ class LexicalEmbedder:
             )
         if problems:
             raise InputError(problems, headline="invalid lexical embedder settings")
+
+    def _whole_sums(self, entries: int) -> bool:
+        """Whether every cell's sum of `entries` signed weights is a whole number, exactly: each
+        weight is one (no function word weighs a fraction) and no partial sum reaches 2**53."""
+        weights = (self.word_weight, *self.char_weights)
+        return (self.stopword_weight == 1 and all(float(w).is_integer() for w in weights)
+                and max(map(abs, weights)) * entries < 2**53)
 
     def embed(self, texts: list[str]) -> np.ndarray:
         """One unit row per text (an all-zero row for a text without word characters). A row
@@ -192,14 +255,7 @@ class LexicalEmbedder:
         damped = self.stopword_weight != 1
         # prefix hashes: H[i] = sum_{j<i} (cp[j] + 1) * P^j  (mod 2^64); +1 so that code point 0 counts
         with np.errstate(over="ignore"):
-            powers = np.empty(length, dtype=np.uint64)
-            powers[0] = 1
-            powers[1:] = _P
-            powers = np.cumprod(powers, dtype=np.uint64)
-            inv = np.empty(length, dtype=np.uint64)
-            inv[0] = 1
-            inv[1:] = _P_INV
-            inv = np.cumprod(inv, dtype=np.uint64)
+            powers, inv = _powers(length)
             prefix = np.empty(length + 1, dtype=np.uint64)
             prefix[0] = 0
             np.cumsum((cp + np.uint64(1)) * powers, out=prefix[1:])
@@ -257,8 +313,8 @@ class LexicalEmbedder:
         # comparison and scan are vectorised. (Sorting the touched cells with `np.unique` instead
         # of the dense sums cost more than both.)
         cells = np.flatnonzero(counts != 0)
-        sums = counts[cells]
-        vals = np.sign(sums) * np.log1p(np.abs(sums))
-        row_of = cells // self.dim
+        sums = counts.take(cells)
+        vals = _damped(sums, whole=self._whole_sums(len(key)))
+        row_of = cells >> (self.dim.bit_length() - 1)  # `cells // dim` for a power of two
         norms = np.sqrt(np.bincount(row_of, weights=vals * vals, minlength=n))
         return counts, cells, vals / norms[row_of], row_of
