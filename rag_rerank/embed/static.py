@@ -29,6 +29,7 @@ import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
+from itertools import chain
 from pathlib import Path
 
 import numpy as np
@@ -228,9 +229,26 @@ def tokenize(text: str) -> list[str]:
     return [vocab[i] for w in _words(text) for i in _pieces(w)]
 
 
+def _chunk_ids(chunk: str) -> tuple[int, ...]:
+    return _chunk_ids_cached(chunk) if len(chunk) <= _CACHED_CHUNK_CHARS else _chunk_ids_uncached(chunk)
+
+
+# White-space-separated runs looked up at once by `_wordpiece_ids` (a DL19 passage has about 80).
+_RUNS_AT_ONCE = 128
+
+
 def _wordpiece_ids(text: str, ids: list[int]) -> None:
-    for chunk in _normalise(text).split():
-        ids += _chunk_ids_cached(chunk) if len(chunk) <= _CACHED_CHUNK_CHARS else _chunk_ids_uncached(chunk)
+    """Appends the ids of `text`'s runs to `ids`, in order, stopping after the batch of runs that
+    reaches MAX_TOKENS (callers keep the first MAX_TOKENS: what follows is never read).
+
+    The runs are looked up `_RUNS_AT_ONCE` at a time with one `map` (C-level calls of the memo)
+    instead of a Python loop per run; a batch holding a run too long to memoise (rare) asks
+    `_chunk_ids` for each."""
+    runs = _normalise(text).split()
+    for start in range(0, len(runs), _RUNS_AT_ONCE):
+        batch = runs if len(runs) <= _RUNS_AT_ONCE else runs[start:start + _RUNS_AT_ONCE]
+        memoised = max(map(len, batch)) <= _CACHED_CHUNK_CHARS
+        ids += chain.from_iterable(map(_chunk_ids_cached if memoised else _chunk_ids, batch))
         if len(ids) >= MAX_TOKENS:
             return
 
