@@ -14,7 +14,14 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from rag_rerank.embed import CallerVectors, embed_texts, get_embedder
-from rag_rerank.embed.lexical import LexicalEmbedder, _damped, _powers, _word_hash, normalise_text
+from rag_rerank.embed.lexical import (
+    LexicalEmbedder,
+    _code_points,
+    _damped,
+    _powers,
+    _word_hash,
+    normalise_text,
+)
 from rag_rerank.errors import InputError, RerankError
 from rag_rerank.text import STOPWORDS, comparable
 from tests.support.shared_data import data_dir, require
@@ -294,3 +301,17 @@ def test_the_powers_are_the_prime_and_its_inverse() -> None:
     for i in (0, 1, 2, 4095, 4096, 8999):
         assert int(powers[i]) == pow(0x100000001B3, i, 2**64)
         assert int(inverses[i]) == pow(0x100000001B3, -i, 2**64)
+
+
+@settings(max_examples=200, derandomize=True, deadline=None)
+@given(st.lists(_ANY_TEXT | st.sampled_from(["", "  ", "!?", "Straße", "½ cup", "µm", "東京"]), max_size=6))
+@example(["the cat", "", "a  b\t c"])
+@example(["Stra\u00dfe  5", "x"])
+@example(["\u00bd", "y"])
+def test_code_points_are_the_normalised_texts_joined(texts: list[str]) -> None:
+    """`_code_points` (one pass over the call's translated bytes) is the code points of the texts'
+    `normalise_text` joined by NUL, as the plain way joins and encodes them."""
+    joined = "\x00".join(normalise_text(t) for t in texts)
+    plain = np.frombuffer(joined.encode("utf-32-le"), dtype=np.uint32).astype(np.uint64)
+    got = _code_points(texts)
+    assert got.dtype == np.uint64 and got.tolist() == plain.tolist()

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import InputError, RerankError, Violation
-from ..text import STOPWORDS, comparable, latin1_table, latin1_translate
+from ..text import STOPWORDS, comparable, is_latin1, latin1_table, latin1_translate
 from .base import l2_normalise, numpy_sums_as_assumed, sparse_row_norms
 from .memo import UnitEntries, row_entries
 
@@ -109,6 +109,41 @@ def normalise_text(text: str) -> str:
         if spaced is None:
             return " " + _NON_WORD.sub(" ", folded).strip() + " "
     return " " + " ".join(spaced.split()) + " "
+
+
+def _spaced(text: str) -> bytes | None:
+    """`text` through `_LATIN1_WORD_BYTES` (its words with one or more spaces around each) as
+    Latin-1 bytes, or its `normalise_text` when a character becomes several; None when that is not
+    Latin-1 or holds no word (`normalise_text` is then two spaces, which `_code_points` would make one)."""
+    try:
+        raw = text.encode("latin-1").translate(*_LATIN1_WORD_BYTES)
+    except UnicodeEncodeError:
+        return None
+    if b"\x00" in raw:
+        normalised = normalise_text(text)
+        if not normalised.isascii() and not is_latin1(normalised):
+            return None
+        raw = normalised.encode("latin-1")
+    return None if raw.isspace() or not raw else raw
+
+
+def _code_points(texts: list[str]) -> np.ndarray:
+    """The code points (uint64) of `normalise_text` of each text, joined by "\x00".
+
+    When every text is Latin-1 with a word (most calls), each is translated (`_spaced`) and the
+    whole call's runs of spaces are made one in a single numpy pass (a space after a space is
+    dropped; each text is padded by a space first), instead of a split and a join per text and a
+    UTF-32 encoding of the lot. A text that normalises to a space run would lose one of its two
+    spaces that way: such a call, and one with a text beyond Latin-1, joins `normalise_text` itself."""
+    spaced = list(map(_spaced, texts))
+    if None in spaced or not spaced:
+        joined = "\x00".join(normalise_text(t).replace("\x00", " ") for t in texts)
+        return np.frombuffer(joined.encode("utf-32-le"), dtype=np.uint32).astype(np.uint64)
+    raw = np.frombuffer(b" " + b" \x00 ".join(spaced) + b" ", dtype=np.uint8)  # type: ignore[arg-type]
+    space = raw == _SPACE
+    kept = np.ones(len(raw), dtype=bool)
+    np.logical_not(space[1:] & space[:-1], out=kept[1:])
+    return raw[kept].astype(np.uint64)
 
 
 # P**i and P**-i (mod 2**64) for i below their length: the same numbers for every call, so they are
@@ -246,8 +281,7 @@ class LexicalEmbedder:
         n = len(texts)
         if n == 0:
             return np.zeros(0), *(np.zeros(0, dtype=np.int64),) * 3
-        joined = "\x00".join(normalise_text(t).replace("\x00", " ") for t in texts)
-        cp = np.frombuffer(joined.encode("utf-32-le"), dtype=np.uint32).astype(np.uint64)
+        cp = _code_points(texts)
         length = len(cp)
         row = np.cumsum(cp == _SEP)  # text index of every position (the separator starts the next text)
         # With the default stopword_weight of 1 every word and n-gram weighs what its kind weighs:
