@@ -59,7 +59,8 @@ def sparse_row_norms(rows: np.ndarray, columns: np.ndarray, values: np.ndarray, 
     blocks = dim // block
     squares = values * values
     sums = np.zeros(n * blocks * _LANES, dtype=np.float32)
-    np.add.at(sums, (rows * blocks + columns // block) * _LANES + (columns & (_LANES - 1)), squares)
+    lane = (rows * blocks + (columns >> (block.bit_length() - 1))) * _LANES + (columns & (_LANES - 1))
+    np.add.at(sums, lane, squares)
     r = sums.reshape(n, blocks, _LANES)
     total = ((r[:, :, 0] + r[:, :, 1]) + (r[:, :, 2] + r[:, :, 3])) + ((r[:, :, 4] + r[:, :, 5])
                                                                       + (r[:, :, 6] + r[:, :, 7]))

@@ -266,14 +266,16 @@ class LexicalEmbedder:
             dense = l2_normalise(counts.astype(np.float32).reshape(n, dim))
             flat = np.flatnonzero(dense)
             return UnitEntries(dense.astype(np.float64), row_entries(flat, dense.reshape(-1)[flat], n, dim))
-        norms = sparse_row_norms(row_of, cells & (dim - 1), values, n, dim)[row_of]
+        norms = sparse_row_norms(row_of, cells & (dim - 1), values, n, dim).take(row_of)
         if norms.all():  # `l2_normalise`'s two ways: a plain division, zeros for a zero norm
             values = values / norms
         else:
             values = np.divide(values, norms, out=np.zeros_like(values), where=norms > 0)
         counts[cells] = values  # the untouched cells' +0.0 stays (float32 +0.0 over any norm)
         kept = values != 0
-        return UnitEntries(counts.reshape(n, dim), row_entries(cells[kept], values[kept], n, dim))
+        if not kept.all():
+            cells, values, row_of = cells[kept], values[kept], row_of[kept]
+        return UnitEntries(counts.reshape(n, dim), row_entries(cells, values, n, dim, row_of))
 
     def _unit_cells(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """(the flat n * dim float64 block of each cell's summed signed weights, its non-zero cells
@@ -302,7 +304,7 @@ class LexicalEmbedder:
             edges = np.diff(is_word.astype(np.int8), prepend=np.int8(0), append=np.int8(0))
             w_start = np.flatnonzero(edges == 1)
             w_end = np.flatnonzero(edges == -1)
-            w_hash = (prefix[w_end] - prefix[w_start]) * inv[w_start]
+            w_hash = (prefix.take(w_end) - prefix.take(w_start)) * inv.take(w_start)
             if damped:
                 at = np.minimum(np.searchsorted(_STOP_HASHES, w_hash), len(_STOP_HASHES) - 1)
                 is_stop = _STOP_HASHES[at] == w_hash
@@ -314,7 +316,7 @@ class LexicalEmbedder:
                 content_before = np.concatenate(([0], np.cumsum(content)))
             if self.word_weight:
                 keys.append(_mix(w_hash ^ np.uint64(0xD1B54A32D192ED03)))
-                rows.append(row[w_start])
+                rows.append(row.take(w_start))
                 weights.append(np.where(is_stop, self.word_weight * self.stopword_weight, self.word_weight)
                                if damped else np.full(len(w_hash), self.word_weight, dtype=np.float64))
             for n_len, w in zip(self.char_ngrams, self.char_weights, strict=True):
@@ -351,4 +353,4 @@ class LexicalEmbedder:
         vals = _damped(sums, whole=self._whole_sums(len(key)))
         row_of = cells >> (self.dim.bit_length() - 1)  # `cells // dim` for a power of two
         norms = np.sqrt(np.bincount(row_of, weights=vals * vals, minlength=n))
-        return counts, cells, vals / norms[row_of], row_of
+        return counts, cells, vals / norms.take(row_of), row_of
