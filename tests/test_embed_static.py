@@ -248,3 +248,19 @@ def test_wordpiece_ids_are_the_runs_ids_in_order(text: str) -> None:
     assert len(ids) - 1 <= len(plain)
     if not reads_foreign(text):  # (else words in such scripts take hashed units)
         assert token_ids(text) == plain[:MAX_TOKENS]
+
+
+@settings(max_examples=100, derandomize=True, deadline=None)
+@given(st.text(max_size=60) | st.text(alphabet=st.characters(max_codepoint=255), max_size=120))
+@example(" ".join(f"kubectl{n} logs, (exit-code {n})" for n in range(200)))
+@example("如何在linux上 重启 docker 容器")
+def test_text_ids_are_the_token_ids(text: str) -> None:
+    """A text's memoised id array (built from each run's ids as bytes on the WordPiece path) holds
+    `token_ids(text)`, read-only int64, and `token_ids` is the plain run-by-run rule there."""
+    from rag_rerank.embed.static import MAX_TOKENS, _text_ids
+
+    ids = _text_ids(text)
+    assert ids.dtype == np.int64 and not ids.flags.writeable
+    assert ids.tolist() == token_ids(text)
+    if not reads_foreign(text):
+        assert token_ids(text) == _plain_wordpiece_ids(text)[:MAX_TOKENS]

@@ -26,10 +26,10 @@ from __future__ import annotations
 import hashlib
 import re
 import unicodedata
+from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
-from itertools import chain
 from pathlib import Path
 
 import numpy as np
@@ -213,7 +213,13 @@ def _chunk_ids_uncached(chunk: str) -> tuple[int, ...]:
     return tuple(i for w in _chunk_words(chunk) for i in _pieces(w))
 
 
-_chunk_ids_cached = lru_cache(maxsize=131072)(_chunk_ids_uncached)
+def _chunk_bytes(chunk: str) -> bytes:
+    """`_chunk_ids_uncached(chunk)` as native int64 bytes: a text's ids are then one `bytes.join`
+    and one `np.frombuffer` away, without a Python int per id (`_wordpiece_array`)."""
+    return array("q", _chunk_ids_uncached(chunk)).tobytes()
+
+
+_chunk_ids_cached = lru_cache(maxsize=131072)(_chunk_bytes)
 
 
 @lru_cache(maxsize=65536)
@@ -229,28 +235,38 @@ def tokenize(text: str) -> list[str]:
     return [vocab[i] for w in _words(text) for i in _pieces(w)]
 
 
-def _chunk_ids(chunk: str) -> tuple[int, ...]:
-    return _chunk_ids_cached(chunk) if len(chunk) <= _CACHED_CHUNK_CHARS else _chunk_ids_uncached(chunk)
+def _chunk_ids(chunk: str) -> bytes:
+    return _chunk_ids_cached(chunk) if len(chunk) <= _CACHED_CHUNK_CHARS else _chunk_bytes(chunk)
 
 
-# White-space-separated runs looked up at once by `_wordpiece_ids` (a DL19 passage has about 80).
+# White-space-separated runs looked up at once by `_wordpiece_array` (a DL19 passage has about 80).
 _RUNS_AT_ONCE = 128
 
 
-def _wordpiece_ids(text: str, ids: list[int]) -> None:
-    """Appends the ids of `text`'s runs to `ids`, in order, stopping after the batch of runs that
-    reaches MAX_TOKENS (callers keep the first MAX_TOKENS: what follows is never read).
+def _wordpiece_array(text: str) -> np.ndarray:
+    """The WordPiece ids of `text`'s runs, in order, at most MAX_TOKENS, as a read-only int64 array.
 
     The runs are looked up `_RUNS_AT_ONCE` at a time with one `map` (C-level calls of the memo)
-    instead of a Python loop per run; a batch holding a run too long to memoise (rare) asks
-    `_chunk_ids` for each."""
+    instead of a Python loop per run, each run's ids held as bytes (`_chunk_bytes`), joined; a
+    batch holding a run too long to memoise (rare) asks `_chunk_ids` for each. It stops after the
+    batch that reaches MAX_TOKENS."""
     runs = _normalise(text).split()
+    parts: list[bytes] = []
+    size = 0
     for start in range(0, len(runs), _RUNS_AT_ONCE):
         batch = runs if len(runs) <= _RUNS_AT_ONCE else runs[start:start + _RUNS_AT_ONCE]
         memoised = max(map(len, batch)) <= _CACHED_CHUNK_CHARS
-        ids += chain.from_iterable(map(_chunk_ids_cached if memoised else _chunk_ids, batch))
-        if len(ids) >= MAX_TOKENS:
-            return
+        parts.append(b"".join(map(_chunk_ids_cached if memoised else _chunk_ids, batch)))
+        size += len(parts[-1])
+        if size >= 8 * MAX_TOKENS:
+            break
+    joined = parts[0] if len(parts) == 1 else b"".join(parts)
+    return np.frombuffer(joined, dtype=np.int64)[:MAX_TOKENS]
+
+
+def _wordpiece_ids(text: str, ids: list[int]) -> None:
+    """Appends `_wordpiece_array(text)` to `ids` (callers keep their first MAX_TOKENS ids)."""
+    ids += _wordpiece_array(text).tolist()
 
 
 # --- text the table cannot read -------------------------------------------------------------------
@@ -318,16 +334,20 @@ def _foreign_word_ids(word: str) -> tuple[int, ...]:
 _foreign_word_ids_cached = lru_cache(maxsize=131072)(_foreign_word_ids)
 
 
+def _plain(text: str) -> bool:
+    """Whether `text` is read by WordPiece alone (no script the table cannot read dominates it)."""
+    return text.isascii() or not reads_foreign(text)
+
+
 def token_ids(text: str) -> list[int]:
     """The token ids of `text`, at most MAX_TOKENS: WordPiece for what the table reads (memoised per
     white-space-separated run: a run recurs across texts, so most cost one dictionary lookup), and
     hashed units for words in scripts it cannot (see `OOV_BASE`), in reading order, when those
     scripts dominate the text (`embed.units.reads_foreign`)."""
 
+    if _plain(text):
+        return _wordpiece_array(text).tolist()
     ids: list[int] = []
-    if text.isascii() or not reads_foreign(text):
-        _wordpiece_ids(text, ids)
-        return ids[:MAX_TOKENS]
     pos = 0
     for m in WORD.finditer(text):
         if not _has_foreign(m.group()):
@@ -347,7 +367,7 @@ def token_ids(text: str) -> list[int]:
 def _text_ids(text: str) -> np.ndarray:
     """`token_ids(text)` as a read-only int64 array, memoised per text (about 1.6 KB each): the
     local backend and the post-pass tokenise the same chunks, and chunks come back across calls."""
-    ids = np.asarray(token_ids(text), dtype=np.int64)
+    ids = _wordpiece_array(text) if _plain(text) else np.asarray(token_ids(text), dtype=np.int64)
     ids.flags.writeable = False
     return ids
 
