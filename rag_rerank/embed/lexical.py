@@ -298,7 +298,7 @@ class LexicalEmbedder:
 
             keys: list[np.ndarray] = []
             rows: list[np.ndarray] = []
-            weights: list[np.ndarray] = []
+            weights: list[np.ndarray | float] = []  # an array, or one weight for every entry
             not_sep = cp != _SEP
             is_word = not_sep & (cp != _SPACE)
             edges = np.diff(is_word.astype(np.int8), prepend=np.int8(0), append=np.int8(0))
@@ -318,7 +318,7 @@ class LexicalEmbedder:
                 keys.append(_mix(w_hash ^ np.uint64(0xD1B54A32D192ED03)))
                 rows.append(row.take(w_start))
                 weights.append(np.where(is_stop, self.word_weight * self.stopword_weight, self.word_weight)
-                               if damped else np.full(len(w_hash), self.word_weight, dtype=np.float64))
+                               if damped else self.word_weight)
             for n_len, w in zip(self.char_ngrams, self.char_weights, strict=True):
                 if length < n_len:
                     continue
@@ -333,14 +333,23 @@ class LexicalEmbedder:
                     glue = (content_before[n_len:] == content_before[:m])[ok]
                     weights.append(np.where(glue, w * self.stopword_weight, w))
                 else:
-                    weights.append(np.full(len(h), w, dtype=np.float64))
+                    weights.append(w)
 
-        key = np.concatenate(keys) if keys else np.zeros(0, dtype=np.uint64)
-        if not len(key):  # (`bincount` of nothing would be integers)
+        entries = sum(map(len, keys))
+        if not entries:  # (`bincount` of nothing would be integers)
             nothing = np.zeros(0, dtype=np.int64)
             return np.zeros(n * self.dim), nothing, np.zeros(0), nothing
-        signed = np.where((key >> np.uint64(63)) == 1, -1.0, 1.0) * np.concatenate(weights)
-        flat = np.concatenate(rows) * self.dim + (key & np.uint64(self.dim - 1)).astype(np.int64)
+        # Each entry's cell and signed weight, every kind written into its stretch of the two arrays
+        # (no concatenation of keys, rows and weights): the sign is the key's top bit, the column its
+        # low bits (read through the key's int64 view: the same bits, without a conversion).
+        flat, signed = np.empty(entries, dtype=np.int64), np.empty(entries)
+        at = 0
+        for key, rows_of, weight in zip(keys, rows, weights, strict=True):
+            end = at + len(key)
+            bits = key.view(np.int64)
+            np.multiply(np.where(bits < 0, -1.0, 1.0), weight, out=signed[at:end])
+            np.add(rows_of * self.dim, bits & (self.dim - 1), out=flat[at:end])
+            at = end
         counts = np.bincount(flat, weights=signed, minlength=n * self.dim)
         # Only the few touched cells are transformed and normalised: the dense matrix is mostly
         # zeros. They are found on a boolean mask (`counts != 0`, the same cells): `np.flatnonzero`
@@ -350,7 +359,7 @@ class LexicalEmbedder:
         # of the dense sums cost more than both.)
         cells = np.flatnonzero(counts != 0)
         sums = counts.take(cells)
-        vals = _damped(sums, whole=self._whole_sums(len(key)))
+        vals = _damped(sums, whole=self._whole_sums(entries))
         row_of = cells >> (self.dim.bit_length() - 1)  # `cells // dim` for a power of two
         norms = np.sqrt(np.bincount(row_of, weights=vals * vals, minlength=n))
         return counts, cells, vals / norms.take(row_of), row_of
