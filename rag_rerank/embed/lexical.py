@@ -274,8 +274,8 @@ class LexicalEmbedder:
         counts[cells] = values  # the untouched cells' +0.0 stays (float32 +0.0 over any norm)
         kept = values != 0
         if not kept.all():
-            cells, values, row_of = cells[kept], values[kept], row_of[kept]
-        return UnitEntries(counts.reshape(n, dim), row_entries(cells, values, n, dim, row_of))
+            cells, values = cells[kept], values[kept]
+        return UnitEntries(counts.reshape(n, dim), row_entries(cells, values, n, dim))
 
     def _unit_cells(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """(the flat n * dim float64 block of each cell's summed signed weights, its non-zero cells

@@ -77,17 +77,17 @@ class UnitEntries:
     stored: list[tuple[np.ndarray, np.ndarray]]
 
 
-def row_entries(flat: np.ndarray, values: np.ndarray, n: int, dim: int,
-                rows: np.ndarray | None = None) -> list[tuple[np.ndarray, np.ndarray]]:
+def row_entries(flat: np.ndarray, values: np.ndarray, n: int,
+                dim: int) -> list[tuple[np.ndarray, np.ndarray]]:
     """Each of `n` rows' entries as (int32 columns, float32 values), from the entries of an (n, dim)
     block at ascending flat positions `flat` (non-zero values: what `np.flatnonzero` finds). Each
     row's stretch is sliced off (`np.split` costs a Python loop of its own per row) and copied (a
     stored row does not keep the whole block alive); a column is `flat & (dim - 1)` for a
     power-of-two width (the lexical embedder's: `flat % dim` for a non-negative one, without a
-    division per entry). `rows`, when the caller has them, are `flat // dim`."""
+    division per entry)."""
     columns = (flat & (dim - 1) if dim & (dim - 1) == 0 else flat % dim).astype(np.int32)
     values = values.astype(np.float32, copy=False)
-    ends = np.cumsum(np.bincount(flat // dim if rows is None else rows, minlength=n)).tolist()
+    ends = np.searchsorted(flat, np.arange(1, n + 1) * dim).tolist()  # each row's end: `flat` ascends
     return [(columns[a:b].copy(), values[a:b].copy()) for a, b in zip([0, *ends[:-1]], ends, strict=True)]
 
 
