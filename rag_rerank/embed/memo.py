@@ -15,9 +15,10 @@ from __future__ import annotations
 import operator
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -65,6 +66,39 @@ class Memo:
         if item == "inner":  # not set yet (unpickling): looking it up here would recurse forever
             raise AttributeError(item)
         return getattr(self.inner, item)
+
+
+class MemoInfo(NamedTuple):
+    """How full a `RunMemo` is (the fields of `functools.lru_cache`'s `cache_info()` it has)."""
+
+    maxsize: int
+    currsize: int
+
+
+class RunMemo(dict[str, Any]):
+    """`rule` of each key met, filled on first sight and emptied when it holds `maxsize` keys: a
+    per-word memo read with `map(memo.__getitem__, words)`, a dictionary look-up done in C.
+
+    Why not `lru_cache`: most of a text's words (or runs) were met before, and its call costs more
+    than the look-up (an argument tuple, the recency list: about 370 instructions a word). Emptying
+    when full keeps it bounded; the words that recur come back at once."""
+
+    def __init__(self, rule: Callable[[str], Any], maxsize: int) -> None:
+        super().__init__()
+        self.rule = rule
+        self.maxsize = maxsize
+
+    def __missing__(self, key: str) -> Any:
+        if len(self) >= self.maxsize:
+            self.clear()
+        value = self[key] = self.rule(key)
+        return value
+
+    def __call__(self, key: str) -> Any:
+        return self[key]
+
+    def cache_info(self) -> MemoInfo:
+        return MemoInfo(self.maxsize, len(self))
 
 
 @dataclass(frozen=True)

@@ -35,7 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from ..text import Latin1Table, latin1_table, latin1_translate
-from .memo import TextRows
+from .memo import RunMemo, TextRows
 from .units import WORD, clean_word, kind, reads_foreign, split_word
 
 TABLE = Path(__file__).with_name("static_minilm.npz")
@@ -219,7 +219,7 @@ def _chunk_bytes(chunk: str) -> bytes:
     return array("q", _chunk_ids_uncached(chunk)).tobytes()
 
 
-_chunk_ids_cached = lru_cache(maxsize=131072)(_chunk_bytes)
+_chunk_ids_cached = RunMemo(_chunk_bytes, 131072)
 
 
 @lru_cache(maxsize=65536)
@@ -236,7 +236,7 @@ def tokenize(text: str) -> list[str]:
 
 
 def _chunk_ids(chunk: str) -> bytes:
-    return _chunk_ids_cached(chunk) if len(chunk) <= _CACHED_CHUNK_CHARS else _chunk_bytes(chunk)
+    return _chunk_ids_cached[chunk] if len(chunk) <= _CACHED_CHUNK_CHARS else _chunk_bytes(chunk)
 
 
 # White-space-separated runs looked up at once by `_wordpiece_array` (a DL19 passage has about 80).
@@ -256,7 +256,7 @@ def _wordpiece_array(text: str) -> np.ndarray:
     for start in range(0, len(runs), _RUNS_AT_ONCE):
         batch = runs if len(runs) <= _RUNS_AT_ONCE else runs[start:start + _RUNS_AT_ONCE]
         memoised = max(map(len, batch)) <= _CACHED_CHUNK_CHARS
-        parts.append(b"".join(map(_chunk_ids_cached if memoised else _chunk_ids, batch)))
+        parts.append(b"".join(map(_chunk_ids_cached.__getitem__ if memoised else _chunk_ids, batch)))
         size += len(parts[-1])
         if size >= 8 * MAX_TOKENS:
             break
