@@ -153,3 +153,10 @@ def test_a_run_memo_is_its_rule_and_stays_bounded(keys: list[str], maxsize: int)
     assert memo.cache_info().maxsize == maxsize and memo.cache_info().currsize == len(memo) <= maxsize
     if len(set(keys)) <= maxsize:  # nothing forgotten: the rule ran once per distinct key
         assert sorted(calls) == sorted(set(keys))
+
+
+def test_a_run_memo_keeps_no_key_longer_than_its_longest() -> None:
+    memo = RunMemo(str.upper, 8, longest=3)
+    keys = ["abc", "abcd", "abc", "abcdefgh"]
+    assert list(map(memo.__getitem__, keys)) == [k.upper() for k in keys]
+    assert dict(memo) == {"abc": "ABC"}

@@ -76,19 +76,23 @@ class MemoInfo(NamedTuple):
 
 
 class RunMemo(dict[str, Any]):
-    """`rule` of each key met, filled on first sight and emptied when it holds `maxsize` keys: a
-    per-word memo read with `map(memo.__getitem__, words)`, a dictionary look-up done in C.
+    """`rule` of each key met, filled on first sight and emptied when it holds `maxsize` keys (a
+    key longer than `longest` is never kept: computed each time): a per-word memo read with
+    `map(memo.__getitem__, words)`, a dictionary look-up done in C.
 
     Why not `lru_cache`: most of a text's words (or runs) were met before, and its call costs more
     than the look-up (an argument tuple, the recency list: about 370 instructions a word). Emptying
     when full keeps it bounded; the words that recur come back at once."""
 
-    def __init__(self, rule: Callable[[str], Any], maxsize: int) -> None:
+    def __init__(self, rule: Callable[[str], Any], maxsize: int, longest: int | None = None) -> None:
         super().__init__()
         self.rule = rule
         self.maxsize = maxsize
+        self.longest = longest
 
     def __missing__(self, key: str) -> Any:
+        if self.longest is not None and len(key) > self.longest:
+            return self.rule(key)
         if len(self) >= self.maxsize:
             self.clear()
         value = self[key] = self.rule(key)

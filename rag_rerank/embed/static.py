@@ -112,7 +112,7 @@ def _normalise(text: str) -> str:
     translation (`_latin1_table`) instead of a dictionary look-up per character (per distinct
     character for ASCII) in each of two translations."""
     normalised = latin1_translate(text, _latin1_table())
-    return _normalise_unicode(text) if normalised is None else normalised.lower()
+    return _normalise_unicode(text) if normalised is None else normalised
 
 
 def _normalise_unicode(text: str) -> str:
@@ -125,12 +125,14 @@ def _normalise_unicode(text: str) -> str:
 
 @lru_cache(maxsize=1)
 def _latin1_table() -> Latin1Table:
-    """`_normalise_unicode` of Latin-1 text before lower case, one character at a time: each
-    character cleaned, decomposed and stripped of its marks by the same rule. Exact for whole texts:
-    no Latin-1 character composes with another or is a combining mark, and the marks a decomposition
-    makes (the only characters canonical reordering moves) are all deleted. Each kept character
-    stays one Latin-1 character (`latin1_table` refuses more; tests/test_embed_static.py)."""
-    return latin1_table(lambda ch: unicodedata.normalize("NFD", ch.translate(_CLEAN)).translate(_UNMARK))
+    """`_normalise_unicode` of Latin-1 text, one character at a time: each character cleaned,
+    decomposed, stripped of its marks and lower-cased by the same rule. Exact for whole texts: no
+    Latin-1 character composes with another or is a combining mark, the marks a decomposition makes
+    (the only characters canonical reordering moves) are all deleted, and lower case is per
+    character (its one rule with a context, the Greek final sigma, is beyond Latin-1). Each kept
+    character stays one Latin-1 character (`latin1_table` refuses more; tests/test_embed_static.py)."""
+    return latin1_table(lambda ch: unicodedata.normalize("NFD", ch.translate(_CLEAN)).translate(_UNMARK)
+                        .lower())
 
 
 _ASCII_WORDS = re.compile(r"[A-Za-z0-9]+|[^A-Za-z0-9]")
@@ -219,7 +221,7 @@ def _chunk_bytes(chunk: str) -> bytes:
     return array("q", _chunk_ids_uncached(chunk)).tobytes()
 
 
-_chunk_ids_cached = RunMemo(_chunk_bytes, 131072)
+_chunk_ids_cached = RunMemo(_chunk_bytes, 131072, longest=_CACHED_CHUNK_CHARS)
 
 
 @lru_cache(maxsize=65536)
@@ -235,10 +237,6 @@ def tokenize(text: str) -> list[str]:
     return [vocab[i] for w in _words(text) for i in _pieces(w)]
 
 
-def _chunk_ids(chunk: str) -> bytes:
-    return _chunk_ids_cached[chunk] if len(chunk) <= _CACHED_CHUNK_CHARS else _chunk_bytes(chunk)
-
-
 # White-space-separated runs looked up at once by `_wordpiece_array` (a DL19 passage has about 80).
 _RUNS_AT_ONCE = 128
 
@@ -246,17 +244,16 @@ _RUNS_AT_ONCE = 128
 def _wordpiece_array(text: str) -> np.ndarray:
     """The WordPiece ids of `text`'s runs, in order, at most MAX_TOKENS, as a read-only int64 array.
 
-    The runs are looked up `_RUNS_AT_ONCE` at a time with one `map` (C-level calls of the memo)
-    instead of a Python loop per run, each run's ids held as bytes (`_chunk_bytes`), joined; a
-    batch holding a run too long to memoise (rare) asks `_chunk_ids` for each. It stops after the
-    batch that reaches MAX_TOKENS."""
+    The runs are looked up `_RUNS_AT_ONCE` at a time with one `map` (C-level calls of the memo,
+    which keeps no run longer than `_CACHED_CHUNK_CHARS`) instead of a Python loop per run, each
+    run's ids held as bytes (`_chunk_bytes`), joined. It stops after the batch that reaches
+    MAX_TOKENS."""
     runs = _normalise(text).split()
     parts: list[bytes] = []
     size = 0
     for start in range(0, len(runs), _RUNS_AT_ONCE):
         batch = runs if len(runs) <= _RUNS_AT_ONCE else runs[start:start + _RUNS_AT_ONCE]
-        memoised = max(map(len, batch)) <= _CACHED_CHUNK_CHARS
-        parts.append(b"".join(map(_chunk_ids_cached.__getitem__ if memoised else _chunk_ids, batch)))
+        parts.append(b"".join(map(_chunk_ids_cached.__getitem__, batch)))
         size += len(parts[-1])
         if size >= 8 * MAX_TOKENS:
             break
