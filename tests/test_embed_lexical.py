@@ -315,3 +315,10 @@ def test_code_points_are_the_normalised_texts_joined(texts: list[str]) -> None:
     plain = np.frombuffer(joined.encode("utf-32-le"), dtype=np.uint32).astype(np.uint64)
     got = _code_points(texts)
     assert got.dtype == np.uint64 and got.tolist() == plain.tolist()
+
+
+def test_the_latin1_table_deletes_no_ascii_character() -> None:
+    """`_spaced` translates ASCII text without the deletions: the table must delete none of it."""
+    from rag_rerank.embed.lexical import _LATIN1_WORD_BYTES
+
+    assert all(c >= 128 for c in _LATIN1_WORD_BYTES[1])

@@ -116,9 +116,11 @@ def _spaced(text: str) -> bytes | None:
     Latin-1 bytes, or its `normalise_text` when a character becomes several; None when that is not
     Latin-1 or holds no word (`normalise_text` is then two spaces, which `_code_points` would make one)."""
     try:
-        raw = text.encode("latin-1").translate(*_LATIN1_WORD_BYTES)
+        raw = text.encode("latin-1")
     except UnicodeEncodeError:
         return None
+    # the table deletes no ASCII character: ASCII takes the translation's way without deletions
+    raw = raw.translate(_LATIN1_WORD_BYTES[0]) if text.isascii() else raw.translate(*_LATIN1_WORD_BYTES)
     if b"\x00" in raw:
         normalised = normalise_text(text)
         if not normalised.isascii() and not is_latin1(normalised):
