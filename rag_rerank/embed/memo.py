@@ -1,5 +1,6 @@
 """Each text embedded once: a small, bounded, thread-safe memo around a model embedder (`Memo`),
-and the rows the numpy embedders computed for texts they saw before (`TextRows`).
+the rows the numpy embedders computed for texts they saw before (`TextRows`, which also takes rows
+made from their non-zero entries, `UnitEntries`), and a bounded per-word memo read in C (`RunMemo`).
 
 Why: with a model-backed profile (sentence-transformers, an OpenAI-compatible endpoint), the local
 backend embeds the query and the chunks to score them, and the post-pass embeds the same chunks
