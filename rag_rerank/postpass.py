@@ -46,7 +46,7 @@ import itertools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import lru_cache, partial
 from typing import Any
 
 import numpy as np
@@ -366,8 +366,9 @@ def _embed_rows(embedder: Any, texts: Sequence[str], rows: Sequence[int]) -> np.
         if len(_SETTING) >= 64:
             _SETTING.clear()
         setting = _SETTING.setdefault(embedder, next(_NUMBERS))
-    return UNIT_ROWS[kind].rows([(setting, t) for t in sub], sub, lambda fresh: embed_texts(embedder, fresh),
-                                embedder.dim, dtype=np.float64)
+    # the lexical embedder's own unit rows: `embed_texts`' bits, made from the touched cells alone
+    compute = embedder.unit_entries if type(embedder) is LexicalEmbedder else partial(embed_texts, embedder)
+    return UNIT_ROWS[kind].rows([(setting, t) for t in sub], sub, compute, embedder.dim, dtype=np.float64)
 
 
 def _resolve_vectors(

@@ -6,15 +6,23 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from unittest.mock import patch
 
 import numpy as np
 import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from rag_rerank.embed import CallerVectors, get_embedder
-from rag_rerank.embed.lexical import LexicalEmbedder, _word_hash, normalise_text
-from rag_rerank.errors import InputError
+from rag_rerank.embed import CallerVectors, embed_texts, get_embedder
+from rag_rerank.embed.lexical import (
+    LexicalEmbedder,
+    _code_points,
+    _damped,
+    _powers,
+    _word_hash,
+    normalise_text,
+)
+from rag_rerank.errors import InputError, RerankError
 from rag_rerank.text import STOPWORDS, comparable
 from tests.support.shared_data import data_dir, require
 
@@ -218,3 +226,99 @@ def test_rows_are_the_plain_rule_bit_for_bit(texts: list[str]) -> None:
                 # signed zero weights: a cell summing them is +0.0, as an untouched one (`embed`)
                 LexicalEmbedder(dim=16, char_ngrams=(2,), char_weights=(0.0,))):
         assert emb.embed(texts).tobytes() == _plain_rows(emb, texts).tobytes()
+
+
+def _settings() -> list[LexicalEmbedder]:
+    """The bit-for-bit test's settings, and one whose values differ in size by many orders."""
+    return [LexicalEmbedder(),
+            LexicalEmbedder(stopword_weight=0.1, char_ngrams=(3, 5), char_weights=(0.5, 1.0)),
+            LexicalEmbedder(dim=64, word_weight=0.0, char_ngrams=(1, 2), char_weights=(1.0, 0.25)),
+            LexicalEmbedder(dim=16, char_ngrams=(2,), char_weights=(0.0,)),
+            # values far apart in size: the float32 norms' rounding depends on the order of the sums
+            LexicalEmbedder(dim=4096, word_weight=1e-30, char_ngrams=(1, 3), char_weights=(3e5, 1e-7))]
+
+
+@settings(max_examples=60, derandomize=True, deadline=None)
+@given(st.lists(_ANY_TEXT, min_size=1, max_size=5), st.booleans())
+@example(["the cat sat on the mat", "", "a of the", "Copy-edited TEXT, copied text!"], True)
+@example(["東京は日本の首都です。", "x", " " * 3], False)
+@example(["aaaa bbbb " * 60, "q"], True)
+def test_unit_entries_are_the_checked_rows_bit_for_bit(texts: list[str], numpy_as_assumed: bool) -> None:
+    """`unit_entries` is `embed_texts(emb, texts)` (the rows `l2_normalise`d again in float32) in
+    float64, bit for bit, and its stored entries are each row's `np.flatnonzero` columns and
+    values: from the touched cells alone, and by the dense way on a numpy that sums otherwise."""
+    with patch("rag_rerank.embed.lexical.numpy_sums_as_assumed", lambda: numpy_as_assumed):
+        _check_unit_entries(texts)
+
+
+def _check_unit_entries(texts: list[str]) -> None:
+    for emb in _settings():
+        made = emb.unit_entries(texts)
+        checked = embed_texts(emb, texts)
+        assert made.matrix.dtype == np.float64 and made.matrix.shape == checked.shape
+        assert made.matrix.tobytes() == checked.astype(np.float64).tobytes()
+        assert len(made.stored) == len(texts)
+        for row, (columns, values) in zip(checked, made.stored, strict=True):
+            nz = np.flatnonzero(row)
+            assert columns.dtype == np.int32 and columns.tolist() == nz.tolist()
+            assert values.dtype == np.float32 and values.tobytes() == row[nz].tobytes()
+
+
+def test_unit_entries_raise_what_the_checked_rows_raise() -> None:
+    emb = LexicalEmbedder(word_weight=1e308, char_weights=(1e308,))
+    with pytest.raises(RerankError) as checked, np.errstate(invalid="ignore"):
+        embed_texts(emb, ["a a a b b"])
+    with pytest.raises(RerankError) as made, np.errstate(invalid="ignore"):
+        emb.unit_entries(["a a a b b"])
+    assert str(made.value) == str(checked.value)
+
+
+@settings(max_examples=300, derandomize=True, deadline=None)
+@given(st.text(alphabet=st.characters(max_codepoint=255), max_size=80))
+@example("Straße, 5 µm, ¼ ½ ¾ cup")
+@example("soft\xadhyphen, â\x80\x99s mojibake, ª º ¹²³ ¨´¸¯ \xa0 \x85 Ÿÿ ÀÉÎÕÜ")
+@example("\x00\x1c\x1f\x7f\x9f")
+@example("ǅ")  # beyond Latin-1: the folded way
+def test_latin1_text_is_read_by_the_rule_character_by_character(text: str) -> None:
+    """`normalise_text` of any Latin-1 text (one bytes translation through each character's own
+    form) is the plain rule over the whole text: `comparable`, then the non-word runs one space."""
+    assert normalise_text(text) == _plain_normalise(text)
+
+
+@settings(max_examples=100, derandomize=True, deadline=None)
+@given(st.lists(st.integers(-3000, 3000).filter(bool), max_size=50))
+@example([1, -1, 2, 1024, -1024, 1025])
+def test_damped_sums_are_log1p_bit_for_bit(whole: list[int]) -> None:
+    """A damped whole sum looked up (`_DAMPED_WHOLE`, within its reach) or computed is
+    sign(s) * log1p(|s|) computed for it, the same bits."""
+    sums = np.array(whole, dtype=np.float64)
+    assert _damped(sums, whole=True).tobytes() == (np.sign(sums) * np.log1p(np.abs(sums))).tobytes()
+
+
+def test_the_powers_are_the_prime_and_its_inverse() -> None:
+    powers, inverses = _powers(9000)
+    assert len(powers) == len(inverses) == 9000
+    for i in (0, 1, 2, 4095, 4096, 8999):
+        assert int(powers[i]) == pow(0x100000001B3, i, 2**64)
+        assert int(inverses[i]) == pow(0x100000001B3, -i, 2**64)
+
+
+@settings(max_examples=200, derandomize=True, deadline=None)
+@given(st.lists(_ANY_TEXT | st.sampled_from(["", "  ", "!?", "Straße", "½ cup", "µm", "東京"]), max_size=6))
+@example(["the cat", "", "a  b\t c"])
+@example(["Stra\u00dfe  5", "x"])
+@example(["\u00bd", "y"])
+def test_code_points_are_the_normalised_texts_joined(texts: list[str]) -> None:
+    """`_code_points` (one pass over the call's translated bytes) is the code points of the texts'
+    `normalise_text` joined by NUL, as the plain way joins and encodes them."""
+    joined = "\x00".join(normalise_text(t) for t in texts)
+    plain = np.frombuffer(joined.encode("utf-32-le"), dtype=np.uint32).astype(np.uint64)
+    got = _code_points(texts)
+    assert got.dtype == np.uint64 and got.tolist() == plain.tolist()
+
+
+def test_the_latin1_table_deletes_no_ascii_character() -> None:
+    """`_spaced` translates ASCII text without the deletions: the table must delete none of it."""
+    from rag_rerank.embed.lexical import _LATIN1_WORD_BYTES
+
+    assert all(c >= 128 for c in _LATIN1_WORD_BYTES[1])

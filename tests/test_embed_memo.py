@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from rag_rerank import rerank
 from rag_rerank.embed.lexical import LexicalEmbedder
-from rag_rerank.embed.memo import Memo, TextRows
+from rag_rerank.embed.memo import Memo, RunMemo, TextRows
 from tests.support.fake_llm import FakeLLM
 
 
@@ -133,3 +133,30 @@ def test_text_rows_are_the_computed_rows_in_their_places(calls: list[list[str]],
                 assert vals.tobytes() == row_of(t)[nz].tobytes()
             else:
                 assert stored.tobytes() == row_of(t).tobytes()
+
+
+@settings(max_examples=60, derandomize=True, deadline=None)
+@given(st.lists(st.text(max_size=6), max_size=40), st.integers(1, 5))
+def test_a_run_memo_is_its_rule_and_stays_bounded(keys: list[str], maxsize: int) -> None:
+    """`RunMemo` gives its rule's value for every key, looked up through `map` or called, across
+    its emptying, and never holds more than `maxsize` keys."""
+    calls: list[str] = []
+
+    def rule(key: str) -> bytes:
+        calls.append(key)
+        return key.encode("utf-8")[::-1]
+
+    memo = RunMemo(rule, maxsize)
+    expected = [k.encode("utf-8")[::-1] for k in keys]
+    assert list(map(memo.__getitem__, keys)) == expected
+    assert [memo(k) for k in keys] == expected
+    assert memo.cache_info().maxsize == maxsize and memo.cache_info().currsize == len(memo) <= maxsize
+    if len(set(keys)) <= maxsize:  # nothing forgotten: the rule ran once per distinct key
+        assert sorted(calls) == sorted(set(keys))
+
+
+def test_a_run_memo_keeps_no_key_longer_than_its_longest() -> None:
+    memo = RunMemo(str.upper, 8, longest=3)
+    keys = ["abc", "abcd", "abc", "abcdefgh"]
+    assert list(map(memo.__getitem__, keys)) == [k.upper() for k in keys]
+    assert dict(memo) == {"abc": "ABC"}

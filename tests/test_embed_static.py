@@ -13,6 +13,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from rag_rerank.embed.static import StaticEmbedder, segment_match, token_ids, token_match, tokenize
+from rag_rerank.embed.units import reads_foreign
 from tests.support.pinned import PIN_QUERY, PIN_TEXTS, assert_pinned
 
 TEXTS = [
@@ -217,3 +218,49 @@ def test_mean_vectors_are_each_texts_own_mean_bit_for_bit(ids_per_text: list[lis
         norm = np.linalg.norm(mean[None, :], axis=1, keepdims=True)
         alone = np.divide(mean[None, :], norm, out=np.zeros((1, len(mean)), dtype=np.float32), where=norm > 0)
         assert row.tobytes() == alone[0].tobytes()
+
+
+def _plain_wordpiece_ids(text: str) -> list[int]:
+    """`_wordpiece_ids`' rule, one white-space-separated run at a time and never memoised."""
+    from rag_rerank.embed.static import _chunk_ids_uncached, _normalise
+
+    return [i for run in _normalise(text).split() for i in _chunk_ids_uncached(run)]
+
+
+@settings(max_examples=150, derandomize=True, deadline=None)
+@given(st.text(max_size=60) | st.text(alphabet=st.characters(max_codepoint=255), max_size=120)
+       | st.lists(st.sampled_from(["kubectl", "logs,", "x" * 70, "(exit-code", "\u00e9t\u00e9", "7)"]),
+                  max_size=300).map(" ".join))
+@example(" ".join(["pod"] * 200 + ["y" * 80] + ["node"] * 200))
+@example(" ".join(f"kubectl{n} logs, (exit-code {n})" for n in range(200)))
+def test_wordpiece_ids_are_the_runs_ids_in_order(text: str) -> None:
+    """`_wordpiece_ids` (runs looked up a batch at a time, memoised or not by length) appends what
+    the plain run-by-run rule gives, at least up to MAX_TOKENS, and stops within a batch of it."""
+    from rag_rerank.embed.static import MAX_TOKENS, _wordpiece_ids
+
+    plain = _plain_wordpiece_ids(text)
+    ids = [7]
+    _wordpiece_ids(text, ids)
+    assert ids[0] == 7 and ids[1:MAX_TOKENS + 1] == plain[:MAX_TOKENS]
+    assert ids[1:] == plain[:len(ids) - 1]
+    if len(plain) > MAX_TOKENS:
+        assert len(ids) - 1 >= MAX_TOKENS
+    assert len(ids) - 1 <= len(plain)
+    if not reads_foreign(text):  # (else words in such scripts take hashed units)
+        assert token_ids(text) == plain[:MAX_TOKENS]
+
+
+@settings(max_examples=100, derandomize=True, deadline=None)
+@given(st.text(max_size=60) | st.text(alphabet=st.characters(max_codepoint=255), max_size=120))
+@example(" ".join(f"kubectl{n} logs, (exit-code {n})" for n in range(200)))
+@example("如何在linux上 重启 docker 容器")
+def test_text_ids_are_the_token_ids(text: str) -> None:
+    """A text's memoised id array (built from each run's ids as bytes on the WordPiece path) holds
+    `token_ids(text)`, read-only int64, and `token_ids` is the plain run-by-run rule there."""
+    from rag_rerank.embed.static import MAX_TOKENS, _text_ids
+
+    ids = _text_ids(text)
+    assert ids.dtype == np.int64 and not ids.flags.writeable
+    assert ids.tolist() == token_ids(text)
+    if not reads_foreign(text):
+        assert token_ids(text) == _plain_wordpiece_ids(text)[:MAX_TOKENS]

@@ -56,3 +56,12 @@ def test_the_dominant_script_picks_the_analyser() -> None:
 
 def test_visible_text_has_no_controls_or_zero_width_characters() -> None:
     assert visible("password\x00reset\x1b[31m\u200b ok\tx") == "password reset [31m ok\tx"
+
+
+def test_no_latin1_character_counts_for_a_foreign_script() -> None:
+    """`reads_foreign` answers False for Latin-1 text without reading it: no Latin-1 character
+    counts as a letter of a script that needs these units."""
+    from rag_rerank.embed.units import _LETTER_KIND
+
+    assert all("f" not in chr(c).translate(_LETTER_KIND) for c in range(256))
+    assert not reads_foreign("".join(map(chr, range(256))) * 3)

@@ -6,6 +6,7 @@ never imports the package that imports it.
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Protocol, runtime_checkable
 
 import numpy as np
@@ -37,4 +38,52 @@ def l2_normalise(matrix: np.ndarray) -> np.ndarray:
     return np.divide(m, norms, out=np.zeros_like(m), where=positive)
 
 
-__all__ = ["Embedder", "l2_normalise"]
+# numpy sums a float32 row of more than 8 values pairwise: runs of at most 128 (halving longer ones at
+# multiples of 8), each in 8 interleaved running sums combined as ((0+1)+(2+3))+((4+5)+(6+7)), and the
+# halves' sums added back up the tree (`FLOAT_pairwise_sum`). For a width that is a power of two of
+# at least 16, every run is a whole block of `min(width, 128)` columns.
+_BLOCK, _LANES = 128, 8
+
+
+def sparse_row_norms(rows: np.ndarray, columns: np.ndarray, values: np.ndarray, n: int,
+                     dim: int) -> np.ndarray:
+    """`np.linalg.norm(m, axis=1)` of the (n, dim) float32 matrix `m` holding `values` at (`rows`,
+    `columns`), sorted by row then column, and +0.0 elsewhere: the same float32 bits, from the
+    entries alone (`dim` a power of two of at least 16).
+
+    Why: `l2_normalise` of a mostly empty row reads and squares every cell; a zero adds nothing to
+    a sum, so each of numpy's running sums (the comment above) is the sum of its non-zero squares,
+    taken in column order. They are added in that order one by one (`np.add.at` is unbuffered),
+    then combined as numpy combines them. `numpy_sums_as_assumed` checks the rule on this numpy."""
+    block = min(dim, _BLOCK)
+    blocks = dim // block
+    squares = values * values
+    sums = np.zeros(n * blocks * _LANES, dtype=np.float32)
+    lane = (rows * blocks + (columns >> (block.bit_length() - 1))) * _LANES + (columns & (_LANES - 1))
+    np.add.at(sums, lane, squares)
+    r = sums.reshape(n, blocks, _LANES)
+    total = ((r[:, :, 0] + r[:, :, 1]) + (r[:, :, 2] + r[:, :, 3])) + ((r[:, :, 4] + r[:, :, 5])
+                                                                      + (r[:, :, 6] + r[:, :, 7]))
+    while total.shape[1] > 1:  # the blocks' sums, pairwise up the halving tree
+        total = total[:, 0::2] + total[:, 1::2]
+    return np.sqrt(total[:, 0])
+
+
+@lru_cache(maxsize=1)
+def numpy_sums_as_assumed() -> bool:
+    """Whether this numpy's `np.linalg.norm` of float32 rows is `sparse_row_norms`' rule: checked
+    once on rows whose sums round differently in any other order (a numpy that summed otherwise,
+    with wider running sums for one, would fail it; the caller then takes the dense path)."""
+    rng = np.random.default_rng(20261129)
+    for dim in (16, 64, 4096):
+        dense = rng.standard_normal((3, dim)).astype(np.float32) * np.float32(1e3)
+        dense[rng.random((3, dim)) < 0.5] = 0
+        dense[2] = 0
+        flat = np.flatnonzero(dense)
+        got = sparse_row_norms(flat // dim, flat % dim, dense.reshape(-1)[flat], 3, dim)
+        if got.tobytes() != np.linalg.norm(dense, axis=1).tobytes():
+            return False
+    return True
+
+
+__all__ = ["Embedder", "l2_normalise", "numpy_sums_as_assumed", "sparse_row_norms"]

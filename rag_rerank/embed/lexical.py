@@ -29,8 +29,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..errors import InputError, Violation
-from ..text import STOPWORDS, comparable, latin1_table, latin1_translate
+from ..errors import InputError, RerankError, Violation
+from ..text import STOPWORDS, comparable, is_latin1, latin1_table, latin1_translate
+from .base import l2_normalise, numpy_sums_as_assumed, sparse_row_norms
+from .memo import UnitEntries, row_entries
 
 _P = np.uint64(0x100000001B3)  # FNV-64 prime: odd, hence invertible modulo 2**64
 _P_INV = np.uint64(pow(0x100000001B3, -1, 2**64))
@@ -69,8 +71,24 @@ def _mix(h: np.ndarray) -> np.ndarray:
 
 
 # `_NON_WORD` as a bytes table for Latin-1 text: every character it matches a space, the others
-# kept, and an ASCII capital in lower case (`comparable`'s fold, for ASCII text, which skips it).
+# kept, and an ASCII capital in lower case.
 _WORD_BYTES = latin1_table(lambda ch: " " if _NON_WORD.fullmatch(ch) else ch.lower() if ch.isascii() else ch)
+
+
+def _latin1_word(ch: str) -> str:
+    """`normalise_text`'s rule (`comparable`, then `_NON_WORD` a space) for one Latin-1 character
+    between two letters: itself, a space or nothing; "\x00" (which no character becomes: a control
+    is a space) for the few whose form is several characters or lies beyond Latin-1 (ß, ¼, ½, ¾, µ)."""
+    form = _NON_WORD.sub(" ", comparable(f"a{ch}a"))[1:-1]
+    return form if len(form) <= 1 and form <= "\xff" else "\x00"
+
+
+# The rule, character by character, for whole Latin-1 texts (ASCII, accents, web mojibake such as
+# "\u00e2\u0080\u0099"). Exact: `comparable` treats a Latin-1 text character by character (a
+# control becomes a space, a soft hyphen nothing; each character's NFKC form opens with a base
+# character, so nothing composes or reorders across two characters; case folding is per character),
+# and every run of white space or other non-word characters ends as one space here anyway.
+_LATIN1_WORD_BYTES = latin1_table(_latin1_word)
 
 
 def normalise_text(text: str) -> str:
@@ -78,17 +96,94 @@ def normalise_text(text: str) -> str:
     form quotations are compared in), every run of non-word characters one space, padded by one
     space. The padding makes word boundaries part of the character n-grams (" cat" differs from "cat").
 
-    Latin-1 text (ASCII, accents, mojibake: most text) takes one bytes translation and a split
-    instead of the regex, at a fraction of its cost per character. ASCII text skips `comparable`
-    as well: on ASCII it only lower-cases letters and makes controls and white space one space,
-    and here every one of those characters is a word boundary anyway. `tests/test_embed_lexical.py`
-    holds both short cuts to the rule.
-    """
-    folded = text if text.isascii() else comparable(text)
-    spaced = latin1_translate(folded, _WORD_BYTES)
-    if spaced is None:
-        return " " + _NON_WORD.sub(" ", folded).strip() + " "
+    Latin-1 text (ASCII, accents, mojibake: most text) takes one bytes translation through the rule
+    for each character (`_LATIN1_WORD_BYTES`) and a split, instead of `comparable` (NFKC, case
+    folding, a cleaning table) and the regex. The rest, and a Latin-1 text with one of the few
+    characters that become several, is folded first; when the folded text is Latin-1, one bytes
+    translation makes its non-word characters spaces. `tests/test_embed_lexical.py` holds both
+    short cuts to the rule."""
+    spaced = latin1_translate(text, _LATIN1_WORD_BYTES)
+    if spaced is None or "\x00" in spaced:
+        folded = comparable(text)
+        spaced = latin1_translate(folded, _WORD_BYTES)
+        if spaced is None:
+            return " " + _NON_WORD.sub(" ", folded).strip() + " "
     return " " + " ".join(spaced.split()) + " "
+
+
+def _spaced(text: str) -> bytes | None:
+    """`text` through `_LATIN1_WORD_BYTES` (its words with one or more spaces around each) as
+    Latin-1 bytes, or its `normalise_text` when a character becomes several; None when that is not
+    Latin-1 or holds no word (`normalise_text` is then two spaces, which `_code_points` would make one)."""
+    try:
+        raw = text.encode("latin-1")
+    except UnicodeEncodeError:
+        return None
+    # the table deletes no ASCII character: ASCII takes the translation's way without deletions
+    raw = raw.translate(_LATIN1_WORD_BYTES[0]) if text.isascii() else raw.translate(*_LATIN1_WORD_BYTES)
+    if b"\x00" in raw:
+        normalised = normalise_text(text)
+        if not normalised.isascii() and not is_latin1(normalised):
+            return None
+        raw = normalised.encode("latin-1")
+    return None if raw.isspace() or not raw else raw
+
+
+def _code_points(texts: list[str]) -> np.ndarray:
+    """The code points (uint64) of `normalise_text` of each text, joined by "\x00".
+
+    When every text is Latin-1 with a word (most calls), each is translated (`_spaced`) and the
+    whole call's runs of spaces are made one in a single numpy pass (a space after a space is
+    dropped; each text is padded by a space first), instead of a split and a join per text and a
+    UTF-32 encoding of the lot. A text that normalises to a space run would lose one of its two
+    spaces that way: such a call, and one with a text beyond Latin-1, joins `normalise_text` itself."""
+    spaced = list(map(_spaced, texts))
+    if None in spaced or not spaced:
+        joined = "\x00".join(normalise_text(t).replace("\x00", " ") for t in texts)
+        return np.frombuffer(joined.encode("utf-32-le"), dtype=np.uint32).astype(np.uint64)
+    raw = np.frombuffer(b" " + b" \x00 ".join(spaced) + b" ", dtype=np.uint8)  # type: ignore[arg-type]
+    space = raw == _SPACE
+    kept = np.ones(len(raw), dtype=bool)
+    np.logical_not(space[1:] & space[:-1], out=kept[1:])
+    return raw[kept].astype(np.uint64)
+
+
+# P**i and P**-i (mod 2**64) for i below their length: the same numbers for every call, so they are
+# made once and grown (doubling) when a call's joined texts are longer (`_powers`).
+_POWERS = (np.ones(1, dtype=np.uint64), np.ones(1, dtype=np.uint64))
+
+
+def _powers(length: int) -> tuple[np.ndarray, np.ndarray]:
+    """(P**i, P**-i) mod 2**64 for i < `length` (views of `_POWERS`, grown first when too short)."""
+    global _POWERS
+    powers, inverses = _POWERS
+    if len(powers) < length:
+        size = max(length, 2 * len(powers), 4096)
+        powers, inverses = np.full(size, _P), np.full(size, _P_INV)
+        powers[0] = inverses[0] = 1
+        with np.errstate(over="ignore"):
+            powers, inverses = np.cumprod(powers), np.cumprod(inverses)
+        powers.flags.writeable = inverses.flags.writeable = False
+        _POWERS = (powers, inverses)
+    return powers[:length], inverses[:length]
+
+
+# sign(s) * log1p(|s|) for the whole numbers s from -_LOG_REACH to _LOG_REACH, at s + _LOG_REACH:
+# computed by the same numpy expression over the same float64 numbers, so a look-up gives the bits
+# that computing it for each cell gives (`_damped`).
+_LOG_REACH = 1024
+_WHOLE = np.arange(-_LOG_REACH, _LOG_REACH + 1, dtype=np.float64)
+_DAMPED_WHOLE = np.sign(_WHOLE) * np.log1p(np.abs(_WHOLE))
+_DAMPED_WHOLE.flags.writeable = False
+
+
+def _damped(sums: np.ndarray, whole: bool) -> np.ndarray:
+    """sign(s) * log1p(|s|) of each sum: looked up in `_DAMPED_WHOLE` when they are whole numbers
+    within its reach (`whole`: the caller knows they are whole; a look-up costs a fraction of a
+    `log1p`), else computed."""
+    if whole and len(sums) and np.abs(sums).max() <= _LOG_REACH:
+        return _DAMPED_WHOLE.take(sums.astype(np.int64) + _LOG_REACH)
+    return np.sign(sums) * np.log1p(np.abs(sums))
 
 
 @dataclass(frozen=True)
@@ -136,14 +231,61 @@ class LexicalEmbedder:
         if problems:
             raise InputError(problems, headline="invalid lexical embedder settings")
 
+    def _whole_sums(self, entries: int) -> bool:
+        """Whether every cell's sum of `entries` signed weights is a whole number, exactly: each
+        weight is one (no function word weighs a fraction) and no partial sum reaches 2**53."""
+        weights = (self.word_weight, *self.char_weights)
+        return (self.stopword_weight == 1 and all(float(w).is_integer() for w in weights)
+                and max(map(abs, weights)) * entries < 2**53)
+
     def embed(self, texts: list[str]) -> np.ndarray:
         """One unit row per text (an all-zero row for a text without word characters). A row
         depends on its own text only: the same bits whatever else is embedded with it."""
+        counts, cells, units, _ = self._unit_cells(texts)
+        # The unit values written over the sums they came from, then every cell converted once:
+        # the untouched cells are +0.0 (a sum of weights starting from +0.0 that comes back to zero
+        # is +0.0), so this is the float32 matrix of zeros with the values cast into their cells,
+        # without zeroing a second n * dim block.
+        counts[cells] = units
+        return counts.astype(np.float32).reshape(len(texts), self.dim)
+
+    def unit_entries(self, texts: list[str]) -> UnitEntries:
+        """`l2_normalise(self.embed(texts))` (what `embed.embed_texts` hands on: the float32 rows
+        normalised once more in float32), as float64 rows with each row's non-zero entries: what
+        the post-pass multiplies and what `TextRows` stores, made from the touched cells alone.
+
+        Why: the dense way passes over all n * dim cells seven more times (to float32, a finiteness
+        check, squares, their sums, a division, to float64, and the store's scan for non-zero
+        entries); a row touches about one cell in ten. The float32 norms are numpy's own sums,
+        taken over the entries (`sparse_row_norms`); on a numpy that sums otherwise, the dense way."""
+        n, dim = len(texts), self.dim
+        counts, cells, units, row_of = self._unit_cells(texts)
+        values = units.astype(np.float32)
+        if not np.isfinite(values).all():  # `embed_texts`' check, for weights that overflow
+            raise RerankError(f"embedder {self.name!r} returned NaN or Infinity")
+        if not numpy_sums_as_assumed():
+            counts[cells] = units
+            dense = l2_normalise(counts.astype(np.float32).reshape(n, dim))
+            flat = np.flatnonzero(dense)
+            return UnitEntries(dense.astype(np.float64), row_entries(flat, dense.reshape(-1)[flat], n, dim))
+        norms = sparse_row_norms(row_of, cells & (dim - 1), values, n, dim).take(row_of)
+        if norms.all():  # `l2_normalise`'s two ways: a plain division, zeros for a zero norm
+            values = values / norms
+        else:
+            values = np.divide(values, norms, out=np.zeros_like(values), where=norms > 0)
+        counts[cells] = values  # the untouched cells' +0.0 stays (float32 +0.0 over any norm)
+        kept = values != 0
+        if not kept.all():
+            cells, values = cells[kept], values[kept]
+        return UnitEntries(counts.reshape(n, dim), row_entries(cells, values, n, dim))
+
+    def _unit_cells(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(the flat n * dim float64 block of each cell's summed signed weights, its non-zero cells
+        in order, their unit values in float64, the row of each): the rule `embed` writes out."""
         n = len(texts)
         if n == 0:
-            return np.zeros((0, self.dim), dtype=np.float32)
-        joined = "\x00".join(normalise_text(t).replace("\x00", " ") for t in texts)
-        cp = np.frombuffer(joined.encode("utf-32-le"), dtype=np.uint32).astype(np.uint64)
+            return np.zeros(0), *(np.zeros(0, dtype=np.int64),) * 3
+        cp = _code_points(texts)
         length = len(cp)
         row = np.cumsum(cp == _SEP)  # text index of every position (the separator starts the next text)
         # With the default stopword_weight of 1 every word and n-gram weighs what its kind weighs:
@@ -151,27 +293,20 @@ class LexicalEmbedder:
         damped = self.stopword_weight != 1
         # prefix hashes: H[i] = sum_{j<i} (cp[j] + 1) * P^j  (mod 2^64); +1 so that code point 0 counts
         with np.errstate(over="ignore"):
-            powers = np.empty(length, dtype=np.uint64)
-            powers[0] = 1
-            powers[1:] = _P
-            powers = np.cumprod(powers, dtype=np.uint64)
-            inv = np.empty(length, dtype=np.uint64)
-            inv[0] = 1
-            inv[1:] = _P_INV
-            inv = np.cumprod(inv, dtype=np.uint64)
+            powers, inv = _powers(length)
             prefix = np.empty(length + 1, dtype=np.uint64)
             prefix[0] = 0
             np.cumsum((cp + np.uint64(1)) * powers, out=prefix[1:])
 
             keys: list[np.ndarray] = []
             rows: list[np.ndarray] = []
-            weights: list[np.ndarray] = []
+            weights: list[np.ndarray | float] = []  # an array, or one weight for every entry
             not_sep = cp != _SEP
             is_word = not_sep & (cp != _SPACE)
             edges = np.diff(is_word.astype(np.int8), prepend=np.int8(0), append=np.int8(0))
             w_start = np.flatnonzero(edges == 1)
             w_end = np.flatnonzero(edges == -1)
-            w_hash = (prefix[w_end] - prefix[w_start]) * inv[w_start]
+            w_hash = (prefix.take(w_end) - prefix.take(w_start)) * inv.take(w_start)
             if damped:
                 at = np.minimum(np.searchsorted(_STOP_HASHES, w_hash), len(_STOP_HASHES) - 1)
                 is_stop = _STOP_HASHES[at] == w_hash
@@ -183,9 +318,9 @@ class LexicalEmbedder:
                 content_before = np.concatenate(([0], np.cumsum(content)))
             if self.word_weight:
                 keys.append(_mix(w_hash ^ np.uint64(0xD1B54A32D192ED03)))
-                rows.append(row[w_start])
+                rows.append(row.take(w_start))
                 weights.append(np.where(is_stop, self.word_weight * self.stopword_weight, self.word_weight)
-                               if damped else np.full(len(w_hash), self.word_weight, dtype=np.float64))
+                               if damped else self.word_weight)
             for n_len, w in zip(self.char_ngrams, self.char_weights, strict=True):
                 if length < n_len:
                     continue
@@ -200,13 +335,23 @@ class LexicalEmbedder:
                     glue = (content_before[n_len:] == content_before[:m])[ok]
                     weights.append(np.where(glue, w * self.stopword_weight, w))
                 else:
-                    weights.append(np.full(len(h), w, dtype=np.float64))
+                    weights.append(w)
 
-        if not keys:
-            return np.zeros((n, self.dim), dtype=np.float32)
-        key = np.concatenate(keys)
-        signed = np.where((key >> np.uint64(63)) == 1, -1.0, 1.0) * np.concatenate(weights)
-        flat = np.concatenate(rows) * self.dim + (key & np.uint64(self.dim - 1)).astype(np.int64)
+        entries = sum(map(len, keys))
+        if not entries:  # (`bincount` of nothing would be integers)
+            nothing = np.zeros(0, dtype=np.int64)
+            return np.zeros(n * self.dim), nothing, np.zeros(0), nothing
+        # Each entry's cell and signed weight, every kind written into its stretch of the two arrays
+        # (no concatenation of keys, rows and weights): the sign is the key's top bit, the column its
+        # low bits (read through the key's int64 view: the same bits, without a conversion).
+        flat, signed = np.empty(entries, dtype=np.int64), np.empty(entries)
+        at = 0
+        for key, rows_of, weight in zip(keys, rows, weights, strict=True):
+            end = at + len(key)
+            bits = key.view(np.int64)
+            np.multiply(np.where(bits < 0, -1.0, 1.0), weight, out=signed[at:end])
+            np.add(rows_of * self.dim, bits & (self.dim - 1), out=flat[at:end])
+            at = end
         counts = np.bincount(flat, weights=signed, minlength=n * self.dim)
         # Only the few touched cells are transformed and normalised: the dense matrix is mostly
         # zeros. They are found on a boolean mask (`counts != 0`, the same cells): `np.flatnonzero`
@@ -215,13 +360,8 @@ class LexicalEmbedder:
         # comparison and scan are vectorised. (Sorting the touched cells with `np.unique` instead
         # of the dense sums cost more than both.)
         cells = np.flatnonzero(counts != 0)
-        sums = counts[cells]
-        vals = np.sign(sums) * np.log1p(np.abs(sums))
-        row_of = cells // self.dim
+        sums = counts.take(cells)
+        vals = _damped(sums, whole=self._whole_sums(entries))
+        row_of = cells >> (self.dim.bit_length() - 1)  # `cells // dim` for a power of two
         norms = np.sqrt(np.bincount(row_of, weights=vals * vals, minlength=n))
-        # The unit values written over the sums they came from, then every cell converted once:
-        # the untouched cells are +0.0 (a sum of weights starting from +0.0 that comes back to zero
-        # is +0.0), so this is the float32 matrix of zeros with the values cast into their cells,
-        # without zeroing a second n * dim block.
-        counts[cells] = vals / norms[row_of]
-        return counts.astype(np.float32).reshape(n, self.dim)
+        return counts, cells, vals / norms.take(row_of), row_of

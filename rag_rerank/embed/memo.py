@@ -1,5 +1,6 @@
 """Each text embedded once: a small, bounded, thread-safe memo around a model embedder (`Memo`),
-and the rows the numpy embedders computed for texts they saw before (`TextRows`).
+the rows the numpy embedders computed for texts they saw before (`TextRows`, which also takes rows
+made from their non-zero entries, `UnitEntries`), and a bounded per-word memo read in C (`RunMemo`).
 
 Why: with a model-backed profile (sentence-transformers, an OpenAI-compatible endpoint), the local
 backend embeds the query and the chunks to score them, and the post-pass embeds the same chunks
@@ -15,8 +16,10 @@ from __future__ import annotations
 import operator
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -66,6 +69,67 @@ class Memo:
         return getattr(self.inner, item)
 
 
+class MemoInfo(NamedTuple):
+    """How full a `RunMemo` is (the fields of `functools.lru_cache`'s `cache_info()` it has)."""
+
+    maxsize: int
+    currsize: int
+
+
+class RunMemo(dict[str, Any]):
+    """`rule` of each key met, filled on first sight and emptied when it holds `maxsize` keys (a
+    key longer than `longest` is never kept: computed each time): a per-word memo read with
+    `map(memo.__getitem__, words)`, a dictionary look-up done in C.
+
+    Why not `lru_cache`: most of a text's words (or runs) were met before, and its call costs more
+    than the look-up (an argument tuple, the recency list: about 370 instructions a word). Emptying
+    when full keeps it bounded; the words that recur come back at once."""
+
+    def __init__(self, rule: Callable[[str], Any], maxsize: int, longest: int | None = None) -> None:
+        super().__init__()
+        self.rule = rule
+        self.maxsize = maxsize
+        self.longest = longest
+
+    def __missing__(self, key: str) -> Any:
+        if self.longest is not None and len(key) > self.longest:
+            return self.rule(key)
+        if len(self) >= self.maxsize:
+            self.clear()
+        value = self[key] = self.rule(key)
+        return value
+
+    def __call__(self, key: str) -> Any:
+        return self[key]
+
+    def cache_info(self) -> MemoInfo:
+        return MemoInfo(self.maxsize, len(self))
+
+
+@dataclass(frozen=True)
+class UnitEntries:
+    """Rows an embedder made from their non-zero entries, for `TextRows.rows`: `matrix` the (n, dim)
+    float64 rows, `stored` each row's non-zero entries as `TextRows(sparse=True)` keeps them. Why:
+    the store need not scan the dense rows for entries the embedder has just placed."""
+
+    matrix: np.ndarray
+    stored: list[tuple[np.ndarray, np.ndarray]]
+
+
+def row_entries(flat: np.ndarray, values: np.ndarray, n: int,
+                dim: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Each of `n` rows' entries as (int32 columns, float32 values), from the entries of an (n, dim)
+    block at ascending flat positions `flat` (non-zero values: what `np.flatnonzero` finds). Each
+    row's stretch is sliced off (`np.split` costs a Python loop of its own per row) and copied (a
+    stored row does not keep the whole block alive); a column is `flat & (dim - 1)` for a
+    power-of-two width (the lexical embedder's: `flat % dim` for a non-negative one, without a
+    division per entry)."""
+    columns = (flat & (dim - 1) if dim & (dim - 1) == 0 else flat % dim).astype(np.int32)
+    values = values.astype(np.float32, copy=False)
+    ends = np.searchsorted(flat, np.arange(1, n + 1) * dim).tolist()  # each row's end: `flat` ascends
+    return [(columns[a:b].copy(), values[a:b].copy()) for a, b in zip([0, *ends[:-1]], ends, strict=True)]
+
+
 _is_none = partial(operator.is_, None)  # `row is None`, for `map` (a row may be an array)
 
 
@@ -96,21 +160,24 @@ class TextRows:
              dtype: Any = np.float32) -> np.ndarray:
         """float32 rows for `texts` (cached under `keys`, one per text), `compute(missing texts)`
         making those not cached in one call; with `dtype=np.float64`, the same values in float64
-        (what a similarity product reads: no float32 copy made to be converted)."""
+        (what a similarity product reads: no float32 copy made to be converted). `compute` may hand
+        back `UnitEntries` (float64 rows with their non-zero entries) instead of a float32 matrix."""
         found, missing = self._lookup(keys)
         if not missing and not self.sparse:  # every row cached, in order: one conversion
             return np.array([row for _, row in found], dtype=dtype).reshape(len(texts), dim)
         if not missing:
             return self._placed(found, len(texts), dim, dtype)
         firsts = [at[0] for at in missing.values()]
-        fresh = np.asarray(compute([texts[k] for k in firsts]), dtype=np.float32)
+        made = compute([texts[k] for k in firsts])
+        entries = made.stored if isinstance(made, UnitEntries) and self.sparse else None
+        fresh = made.matrix if isinstance(made, UnitEntries) else np.asarray(made, dtype=np.float32)
         if not found and fresh.shape == (len(texts), dim):  # each text new and once (first sight)
-            out = fresh.astype(dtype)
+            out = fresh.astype(dtype, copy=False)
         else:
             out = self._placed(found, len(texts), dim, dtype)
             places = [k for at in missing.values() for k in at]  # each key's places, in key order
             out[places] = fresh[np.repeat(np.arange(len(firsts)), [len(at) for at in missing.values()])]
-        stored = self._stored(fresh)
+        stored = self._stored(fresh.astype(np.float32, copy=False)) if entries is None else entries
         with self._lock:
             for key, row in zip(missing, stored, strict=True):
                 self._rows[key] = row
@@ -121,20 +188,13 @@ class TextRows:
 
     def _stored(self, fresh: np.ndarray) -> list[Any]:
         """What is kept of each row of `fresh`: a copy of its own (not a view holding the whole
-        block), or, `sparse`, its non-zero entries as (int32 indices, float32 values). The non-zero
-        entries of all rows are found in one pass over the block, not one pass per row; each row's
-        stretch is then sliced off (`np.split` costs a Python loop of its own per row), and a column
-        is `flat & (dim - 1)` for a power-of-two width (the lexical embedder's: the same number as
-        `flat % dim` for a non-negative one, without a division per entry)."""
+        block), or, `sparse`, its non-zero entries as (int32 indices, float32 values) (`row_entries`
+        of the block's non-zero entries, found in one pass over it, not one pass per row)."""
         if not self.sparse:
             return [row.copy() for row in fresh]
-        dim = fresh.shape[1]
-        mask = fresh != 0  # the entries `np.flatnonzero` keeps (NaN too; -0.0 not)
-        flat = np.flatnonzero(mask)
-        columns = (flat & (dim - 1) if dim & (dim - 1) == 0 else flat % dim).astype(np.int32)
-        values = fresh.reshape(-1)[flat]
-        ends = np.cumsum(np.count_nonzero(mask, axis=1)).tolist()
-        return [(columns[a:b].copy(), values[a:b].copy()) for a, b in zip([0, *ends[:-1]], ends, strict=True)]
+        n, dim = fresh.shape
+        flat = np.flatnonzero(fresh != 0)  # the entries `np.flatnonzero` keeps (NaN too; -0.0 not)
+        return row_entries(flat, fresh.reshape(-1)[flat], n, dim)
 
     def _lookup(self, keys: list[Any]) -> tuple[list[tuple[int, Any]], dict[Any, list[int]]]:
         """(place and stored row of each key stored, each key not stored -> its places); the

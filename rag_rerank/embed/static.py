@@ -26,6 +26,7 @@ from __future__ import annotations
 import hashlib
 import re
 import unicodedata
+from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -34,7 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from ..text import Latin1Table, latin1_table, latin1_translate
-from .memo import TextRows
+from .memo import RunMemo, TextRows
 from .units import WORD, clean_word, kind, reads_foreign, split_word
 
 TABLE = Path(__file__).with_name("static_minilm.npz")
@@ -111,7 +112,7 @@ def _normalise(text: str) -> str:
     translation (`_latin1_table`) instead of a dictionary look-up per character (per distinct
     character for ASCII) in each of two translations."""
     normalised = latin1_translate(text, _latin1_table())
-    return _normalise_unicode(text) if normalised is None else normalised.lower()
+    return _normalise_unicode(text) if normalised is None else normalised
 
 
 def _normalise_unicode(text: str) -> str:
@@ -124,12 +125,14 @@ def _normalise_unicode(text: str) -> str:
 
 @lru_cache(maxsize=1)
 def _latin1_table() -> Latin1Table:
-    """`_normalise_unicode` of Latin-1 text before lower case, one character at a time: each
-    character cleaned, decomposed and stripped of its marks by the same rule. Exact for whole texts:
-    no Latin-1 character composes with another or is a combining mark, and the marks a decomposition
-    makes (the only characters canonical reordering moves) are all deleted. Each kept character
-    stays one Latin-1 character (`latin1_table` refuses more; tests/test_embed_static.py)."""
-    return latin1_table(lambda ch: unicodedata.normalize("NFD", ch.translate(_CLEAN)).translate(_UNMARK))
+    """`_normalise_unicode` of Latin-1 text, one character at a time: each character cleaned,
+    decomposed, stripped of its marks and lower-cased by the same rule. Exact for whole texts: no
+    Latin-1 character composes with another or is a combining mark, the marks a decomposition makes
+    (the only characters canonical reordering moves) are all deleted, and lower case is per
+    character (its one rule with a context, the Greek final sigma, is beyond Latin-1). Each kept
+    character stays one Latin-1 character (`latin1_table` refuses more; tests/test_embed_static.py)."""
+    return latin1_table(lambda ch: unicodedata.normalize("NFD", ch.translate(_CLEAN)).translate(_UNMARK)
+                        .lower())
 
 
 _ASCII_WORDS = re.compile(r"[A-Za-z0-9]+|[^A-Za-z0-9]")
@@ -212,7 +215,13 @@ def _chunk_ids_uncached(chunk: str) -> tuple[int, ...]:
     return tuple(i for w in _chunk_words(chunk) for i in _pieces(w))
 
 
-_chunk_ids_cached = lru_cache(maxsize=131072)(_chunk_ids_uncached)
+def _chunk_bytes(chunk: str) -> bytes:
+    """`_chunk_ids_uncached(chunk)` as native int64 bytes: a text's ids are then one `bytes.join`
+    and one `np.frombuffer` away, without a Python int per id (`_wordpiece_array`)."""
+    return array("q", _chunk_ids_uncached(chunk)).tobytes()
+
+
+_chunk_ids_cached = RunMemo(_chunk_bytes, 131072, longest=_CACHED_CHUNK_CHARS)
 
 
 @lru_cache(maxsize=65536)
@@ -228,11 +237,33 @@ def tokenize(text: str) -> list[str]:
     return [vocab[i] for w in _words(text) for i in _pieces(w)]
 
 
+# White-space-separated runs looked up at once by `_wordpiece_array` (a DL19 passage has about 80).
+_RUNS_AT_ONCE = 128
+
+
+def _wordpiece_array(text: str) -> np.ndarray:
+    """The WordPiece ids of `text`'s runs, in order, at most MAX_TOKENS, as a read-only int64 array.
+
+    The runs are looked up `_RUNS_AT_ONCE` at a time with one `map` (C-level calls of the memo,
+    which keeps no run longer than `_CACHED_CHUNK_CHARS`) instead of a Python loop per run, each
+    run's ids held as bytes (`_chunk_bytes`), joined. It stops after the batch that reaches
+    MAX_TOKENS."""
+    runs = _normalise(text).split()
+    parts: list[bytes] = []
+    size = 0
+    for start in range(0, len(runs), _RUNS_AT_ONCE):
+        batch = runs if len(runs) <= _RUNS_AT_ONCE else runs[start:start + _RUNS_AT_ONCE]
+        parts.append(b"".join(map(_chunk_ids_cached.__getitem__, batch)))
+        size += len(parts[-1])
+        if size >= 8 * MAX_TOKENS:
+            break
+    joined = parts[0] if len(parts) == 1 else b"".join(parts)
+    return np.frombuffer(joined, dtype=np.int64)[:MAX_TOKENS]
+
+
 def _wordpiece_ids(text: str, ids: list[int]) -> None:
-    for chunk in _normalise(text).split():
-        ids += _chunk_ids_cached(chunk) if len(chunk) <= _CACHED_CHUNK_CHARS else _chunk_ids_uncached(chunk)
-        if len(ids) >= MAX_TOKENS:
-            return
+    """Appends `_wordpiece_array(text)` to `ids` (callers keep their first MAX_TOKENS ids)."""
+    ids += _wordpiece_array(text).tolist()
 
 
 # --- text the table cannot read -------------------------------------------------------------------
@@ -300,16 +331,20 @@ def _foreign_word_ids(word: str) -> tuple[int, ...]:
 _foreign_word_ids_cached = lru_cache(maxsize=131072)(_foreign_word_ids)
 
 
+def _plain(text: str) -> bool:
+    """Whether `text` is read by WordPiece alone (no script the table cannot read dominates it)."""
+    return text.isascii() or not reads_foreign(text)
+
+
 def token_ids(text: str) -> list[int]:
     """The token ids of `text`, at most MAX_TOKENS: WordPiece for what the table reads (memoised per
     white-space-separated run: a run recurs across texts, so most cost one dictionary lookup), and
     hashed units for words in scripts it cannot (see `OOV_BASE`), in reading order, when those
     scripts dominate the text (`embed.units.reads_foreign`)."""
 
+    if _plain(text):
+        return _wordpiece_array(text).tolist()
     ids: list[int] = []
-    if text.isascii() or not reads_foreign(text):
-        _wordpiece_ids(text, ids)
-        return ids[:MAX_TOKENS]
     pos = 0
     for m in WORD.finditer(text):
         if not _has_foreign(m.group()):
@@ -329,7 +364,7 @@ def token_ids(text: str) -> list[int]:
 def _text_ids(text: str) -> np.ndarray:
     """`token_ids(text)` as a read-only int64 array, memoised per text (about 1.6 KB each): the
     local backend and the post-pass tokenise the same chunks, and chunks come back across calls."""
-    ids = np.asarray(token_ids(text), dtype=np.int64)
+    ids = _wordpiece_array(text) if _plain(text) else np.asarray(token_ids(text), dtype=np.int64)
     ids.flags.writeable = False
     return ids
 

@@ -23,6 +23,8 @@ import re
 import unicodedata
 from functools import lru_cache
 
+from ..text import is_latin1
+
 # Scripts written without spaces between words: character unigrams and bigrams.
 _UNSPACED_PREFIXES = ("CJK ", "HIRAGANA", "KATAKANA", "HANGUL", "HALFWIDTH KATAKANA", "HALFWIDTH HANGUL",
                       "IDEOGRAPHIC", "THAI", "LAO ", "KHMER", "MYANMAR", "TIBETAN")
@@ -100,7 +102,7 @@ def reads_foreign(text: str) -> bool:
     Arabic, ...): the text's dominant script picks its analyser, as a search engine picks one per
     document language. Latin-dominant text (English quoting "東京タワー") keeps the plain word split,
     so adding a foreign name to an English chunk does not change how its English is read."""
-    if text.isascii():
+    if is_latin1(text):  # no Latin-1 character is in such a script (tests/test_embed_units.py)
         return False
     letters = text.translate(_LETTER_KIND)  # one C-level pass: "f" per foreign letter, "l" per other
     return letters.count("f") > letters.count("l")
