@@ -55,6 +55,7 @@ from typing import TypeVar
 import numpy as np
 
 from .embed.static import StaticEmbedder, in_vocabulary
+from .frozen import direct_init_read_often
 from .text import NEGATIONS, STOPWORDS, inflection_key, latin1_table, latin1_translate, readable
 
 _T = TypeVar("_T")
@@ -149,6 +150,7 @@ RULES: dict[str, Rules] = {
 }
 
 
+@direct_init_read_often  # built once per text, its fields read at every pair it is judged in
 @dataclass(frozen=True)
 class Reading:
     """What the judgement needs of one text, read once."""
@@ -396,7 +398,7 @@ def read(text: str) -> Reading:
                 words[k], names[k] = _ORDINALS[w], True
     content = [w for w, name in zip(words, names, strict=True) if name or w not in _NOT_CONTENT]
     keys = list(map(_KEYS.__getitem__, content))
-    negations = sum(map(NEGATIONS.__contains__, words))
+    negations = 0 if NEGATIONS.isdisjoint(words) else sum(map(NEGATIONS.__contains__, words))
     if negations and "no" in words:  # a "No," it discounts is the word "no": without it, there is none
         negations -= len(_INTERJECTION.findall(shown))
     # Every word holding a digit is a name (`_word`; a folded number and an ordinal are names too,

@@ -7,6 +7,7 @@ The pairwise judgement is tested in tests/test_redundancy.py.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from unittest.mock import patch
 
@@ -14,6 +15,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from rag_rerank import redundancy
+from rag_rerank.frozen import generated_init, with_direct_init
 from rag_rerank.redundancy import (
     _CLASSES,
     _DIGIT_GROUP_CORE,
@@ -133,3 +135,15 @@ def test_the_class_of_every_latin1_character_is_its_regex_class() -> None:
 def test_the_words_are_the_plain_tokens(text: str) -> None:
     """Whichever path `_pieces` takes, its words are `_TOKEN`'s matches in the cleaned text."""
     assert _pieces(text)[1] == _TOKEN.findall(_cleaned(readable(text)))
+
+
+def test_a_reading_is_built_by_the_direct_init_the_frozen_tests_hold() -> None:
+    """`Reading` is built without a setattr per field (`frozen.direct_init_read_often`): it is
+    among the classes tests/test_frozen.py holds to their generated `__init__`, and a reading made
+    by it equals one made by the generated one."""
+    reading = read("The cache holds 3 keys. It is not warm.")
+    assert Reading in with_direct_init()
+    fields = {f.name: getattr(reading, f.name) for f in dataclasses.fields(Reading)}
+    expected = object.__new__(Reading)
+    generated_init(Reading)(expected, **fields)
+    assert expected == reading and list(vars(expected)) == [f.name for f in dataclasses.fields(Reading)]
