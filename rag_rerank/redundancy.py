@@ -85,6 +85,7 @@ _NUMBER_WORDS = frozenset([*_UNITS, *_TENS, *_SCALES])
 _ORDINALS = {w: str(i) for i, w in enumerate(
     ("first", "second", "third", "fourth", "fifth", "sixth", "seventh", "eighth", "ninth", "tenth"), 1)}
 _ORDINAL_SUFFIX = re.compile(r"\A(\d+)(?:st|nd|rd|th)\Z")
+_NUMBERS_AND_ORDINALS = frozenset([*_NUMBER_WORDS, *_ORDINALS])  # what `read` folds or rewrites
 # Texts of at most this many words are sentences (what the judged pairs hold: 28 words at most),
 # whose meaning the sentence vectors compare; a longer one is a passage, whose meaning only the
 # lexical near-copy cosine stands for (`judge`).
@@ -390,12 +391,13 @@ def read(text: str) -> Reading:
     """`text` read for the judgement (memoised: a chunk is compared with many others). Word by word
     only where a word needs it: each step runs over the words in C (`map`, `compress`, `Counter`)."""
     shown, tokens, where = _pieces(text)
-    words, names = _fold_numbers(*(_run_tokens(*where, tokens) if isinstance(where, tuple)
-                                   else _raw_tokens(where)))
-    if not _ORDINALS.keys().isdisjoint(words):
-        for k, w in enumerate(words):
-            if w in _ORDINALS:
-                words[k], names[k] = _ORDINALS[w], True
+    words, names = _run_tokens(*where, tokens) if isinstance(where, tuple) else _raw_tokens(where)
+    if not _NUMBERS_AND_ORDINALS.isdisjoint(words):  # most texts spell neither: one pass tells
+        words, names = _fold_numbers(words, names)
+        if not _ORDINALS.keys().isdisjoint(words):
+            for k, w in enumerate(words):
+                if w in _ORDINALS:
+                    words[k], names[k] = _ORDINALS[w], True
     content = [w for w, name in zip(words, names, strict=True) if name or w not in _NOT_CONTENT]
     keys = list(map(_KEYS.__getitem__, content))
     negations = 0 if NEGATIONS.isdisjoint(words) else sum(map(NEGATIONS.__contains__, words))
