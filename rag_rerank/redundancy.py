@@ -55,7 +55,8 @@ from typing import TypeVar
 import numpy as np
 
 from .embed.static import StaticEmbedder, in_vocabulary
-from .text import NEGATIONS, STOPWORDS, inflection_key, readable
+from .frozen import direct_init_read_often
+from .text import NEGATIONS, STOPWORDS, inflection_key, latin1_table, latin1_translate, readable
 
 _T = TypeVar("_T")
 _TOKEN = re.compile(r"\d+(?:\.\d+)+|\w+")  # a decimal number is one word
@@ -84,6 +85,7 @@ _NUMBER_WORDS = frozenset([*_UNITS, *_TENS, *_SCALES])
 _ORDINALS = {w: str(i) for i, w in enumerate(
     ("first", "second", "third", "fourth", "fifth", "sixth", "seventh", "eighth", "ninth", "tenth"), 1)}
 _ORDINAL_SUFFIX = re.compile(r"\A(\d+)(?:st|nd|rd|th)\Z")
+_NUMBERS_AND_ORDINALS = frozenset([*_NUMBER_WORDS, *_ORDINALS])  # what `read` folds or rewrites
 # Texts of at most this many words are sentences (what the judged pairs hold: 28 words at most),
 # whose meaning the sentence vectors compare; a longer one is a passage, whose meaning only the
 # lexical near-copy cosine stands for (`judge`).
@@ -96,6 +98,28 @@ _INTERJECTION = re.compile(r"(?<!\w)no\s*[,.!;:]", re.IGNORECASE)
 _INITIALS = re.compile(r"(?<!\w)(?:[^\W\d_]\.){2,}(?!\w)")
 # What any match of `_INITIALS` holds ("U.S." holds ".S."), found by its opening "." at once.
 _INITIALS_CORE = re.compile(r"\.[^\W\d_]\.")
+
+
+def _class(ch: str) -> str:
+    """A Latin-1 character's class in `_CLASSES`, by the regexes' own classes: "0" a digit (`\\d`), "a"
+    a letter (`[^\\W\\d_]`), "," a separator of digit groups (`_DIGIT_GROUP`), "." a full stop, "-"
+    anything else."""
+    if re.match(r"\d", ch):
+        return "0"
+    if re.match(r"[^\W\d_]", ch):
+        return "a"
+    return "," if re.match(r"[,' \u00a0\u202f_]", ch) else "." if ch == "." else "-"
+
+
+# Reading a text of Latin-1 characters (most text: ASCII, accents, web mojibake), `_pieces` asks
+# whether it holds a digit group (`_DIGIT_GROUP_CORE`: "0,000"), dotted initials (`_INITIALS_CORE`:
+# ".a.") or a decimal number ("0.0") by a substring search of its classes, one bytes translation
+# (`_CLASSES`), instead of one regex search each. Without a decimal number its words are its runs
+# of word characters (`_TOKEN` takes its decimal branch only at a digit, "." and a digit): they are
+# `str.split` of another translation (`_WORD_RUNS`: every other character a space), where sre's
+# split made a match object, a word and a gap for each word.
+_CLASSES = latin1_table(_class)
+_WORD_RUNS = latin1_table(lambda ch: ch if re.match(r"\w", ch) else " ")
 # Function words that still carry a claim: an order in time or space, a quantity ("before" /
 # "after", "all" / "each"): content words here, though not evidence in a quotation (`STOPWORDS`).
 _MEANINGFUL = frozenset(("above", "after", "against", "before", "below", "down", "during", "few", "more",
@@ -127,6 +151,7 @@ RULES: dict[str, Rules] = {
 }
 
 
+@direct_init_read_often  # built once per text, its fields read at every pair it is judged in
 @dataclass(frozen=True)
 class Reading:
     """What the judgement needs of one text, read once."""
@@ -244,6 +269,30 @@ def _raw_tokens(pieces: list[str]) -> tuple[list[str], list[bool]]:
     return list(words), names
 
 
+def _run_tokens(cleaned: str, runs: str, tokens: list[str]) -> tuple[list[str], list[bool]]:
+    """`_raw_tokens` of a text whose words (`tokens`) are its runs of word characters (`_word_runs`:
+    `runs` is the cleaned text with every other character a space), which keeps no gaps. Only a
+    capitalised word that is not a name anywhere is looked for: the first whole word equal to it
+    after the last one found is that word (each word equal to it is one of those looked for). It
+    opens a sentence when the last character before it that is not a space is one of `_OPENERS`,
+    or when there is none: the gap's last character, or the last of the word before (never an
+    opener), as white space in a text as read is one space."""
+    if not tokens:
+        return [], []
+    words, anywhere, capital = zip(*map(_WORDS.__getitem__, tokens), strict=True)
+    names = list(anywhere)
+    wanted = [k for k in compress(range(len(names)), capital) if not names[k]]
+    if wanted:
+        runs, cleaned = f"  {runs} ", "  " + cleaned  # each word has two characters before it, and one after
+        at = 0
+        for k in wanted:
+            at = runs.find(f" {tokens[k]} ", at) + 1  # where the word starts
+            before = cleaned[at - 2:at].rstrip()
+            names[k] = bool(before) and before[-1] not in _OPENERS
+            at += len(tokens[k])
+    return list(words), names
+
+
 def _fold_numbers(words: list[str], names: list[bool]) -> tuple[list[str], list[bool]]:
     """Number words as the number they spell ("forty five" -> "45", "two" -> "2"), a name; the
     words between two numbers are copied as they stand, a slice at a time."""
@@ -295,13 +344,33 @@ def _cleaned(shown: str) -> str:
     return shown
 
 
+def _word_runs(shown: str) -> tuple[str, str] | None:
+    """The cleaned text (`_cleaned`) and the same with every character but a word character a space
+    (`_WORD_RUNS`), when its words are its runs of word characters: a Latin-1 text without a
+    decimal number. None for any other text. Most texts need no cleaning, and are not cleaned."""
+    classes = latin1_translate(shown, _CLASSES)
+    if classes is not None and ("0,000" in classes or ".a." in classes):  # a digit group, initials
+        shown = _cleaned(shown)  # still Latin-1: cleaning only deletes characters
+        classes = latin1_translate(shown, _CLASSES)
+    if classes is None or "0.0" in classes:  # beyond Latin-1, or a digit, "." and a digit
+        return None
+    return shown, latin1_translate(shown, _WORD_RUNS)
+
+
 @lru_cache(maxsize=256)
-def _pieces(text: str) -> tuple[str, list[str]]:
-    """`readable(text)`, and its cleaned text split into gaps and words (`_TOKENS`): where both
-    `surely_passage` and `read` start, made once for a text both look at (a list's texts are asked
-    the one, then read; a short memo: it hands over within one list)."""
-    cleaned = _cleaned(shown := readable(text))
-    return shown, (_TOKENS_ASCII if cleaned.isascii() else _TOKENS).split(cleaned)
+def _pieces(text: str) -> tuple[str, list[str], list[str] | tuple[str, str]]:
+    """`readable(text)`, the words of its cleaned text (`_cleaned`), and what tells where each word
+    stands: the cleaned text split into gaps and words (`_TOKENS`), or, when its words are its runs
+    of word characters, the cleaned text and its runs (`_word_runs`). Where both `surely_passage`
+    and `read` start, made once for a text both look at (a list's texts are asked the one, then
+    read; a short memo: it hands over within one list)."""
+    shown = readable(text)
+    found = _word_runs(shown)
+    if found is not None:
+        return shown, found[1].split(), found
+    cleaned = _cleaned(shown)
+    pieces = (_TOKENS_ASCII if cleaned.isascii() else _TOKENS).split(cleaned)
+    return shown, pieces[1::2], pieces
 
 
 @lru_cache(maxsize=8192)
@@ -310,7 +379,7 @@ def surely_passage(text: str) -> bool:
     words are the `_TOKEN` matches of the same cleaned text, less at most one per number word or
     "and" (folded into a number); False when that lower bound does not settle it. A list of
     passages is then judged on the lexical cosine alone, without reading any of them."""
-    tokens = _pieces(text)[1][1::2]
+    tokens = _pieces(text)[1]
     if len(tokens) <= SHORT_WORDS:
         return False
     foldable = sum(map(_FOLDABLE.__contains__, map(str.casefold, tokens)))
@@ -321,15 +390,17 @@ def surely_passage(text: str) -> bool:
 def read(text: str) -> Reading:
     """`text` read for the judgement (memoised: a chunk is compared with many others). Word by word
     only where a word needs it: each step runs over the words in C (`map`, `compress`, `Counter`)."""
-    shown, pieces = _pieces(text)
-    words, names = _fold_numbers(*_raw_tokens(pieces))
-    if not _ORDINALS.keys().isdisjoint(words):
-        for k, w in enumerate(words):
-            if w in _ORDINALS:
-                words[k], names[k] = _ORDINALS[w], True
+    shown, tokens, where = _pieces(text)
+    words, names = _run_tokens(*where, tokens) if isinstance(where, tuple) else _raw_tokens(where)
+    if not _NUMBERS_AND_ORDINALS.isdisjoint(words):  # most texts spell neither: one pass tells
+        words, names = _fold_numbers(words, names)
+        if not _ORDINALS.keys().isdisjoint(words):
+            for k, w in enumerate(words):
+                if w in _ORDINALS:
+                    words[k], names[k] = _ORDINALS[w], True
     content = [w for w, name in zip(words, names, strict=True) if name or w not in _NOT_CONTENT]
     keys = list(map(_KEYS.__getitem__, content))
-    negations = sum(map(NEGATIONS.__contains__, words))
+    negations = 0 if NEGATIONS.isdisjoint(words) else sum(map(NEGATIONS.__contains__, words))
     if negations and "no" in words:  # a "No," it discounts is the word "no": without it, there is none
         negations -= len(_INTERJECTION.findall(shown))
     # Every word holding a digit is a name (`_word`; a folded number and an ordinal are names too,

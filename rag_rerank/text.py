@@ -51,12 +51,27 @@ _CLEAN = _Cleaner()
 def readable(text: str) -> str:
     """`text` as a reader sees it and a reason quotes it (see the module docstring): controls a
     space, format characters gone, NFKC, whitespace runs one space, no space at either end."""
-    if text.isascii() and text.isprintable():
-        return " ".join(text.split())
+    if text.isascii() and not text.encode("ascii").translate(None, _PRINTABLE_ASCII):
+        return _one_space(text)  # printable ASCII: nothing to clean (NFKC keeps ASCII as it is)
     cleaned = latin1_translate(text, _latin1_clean())  # accents, mojibake with C1 controls
-    if cleaned is None:
-        cleaned = text.translate(_CLEAN)  # a dictionary look-up per character
-    return " ".join(unicodedata.normalize("NFKC", cleaned).split())
+    if cleaned is not None:
+        return _one_space(unicodedata.normalize("NFKC", cleaned))
+    return " ".join(unicodedata.normalize("NFKC", text.translate(_CLEAN)).split())  # a look-up a character
+
+
+# Printable ASCII, deleted from a text's bytes to show it holds nothing else: one pass in C, where
+# `str.isprintable` looks each character's category up.
+_PRINTABLE_ASCII = bytes(range(0x20, 0x7F))
+
+
+def _one_space(text: str) -> str:
+    """`" ".join(text.split())` of a text whose only white space character is " " (printable ASCII;
+    Latin-1 with its controls made spaces, then NFKC): `text` itself when it holds no two spaces
+    together and none at either end, as most text does, without splitting and joining it (a string
+    made for every word)."""
+    if "  " not in text and text[:1] != " " and text[-1:] != " ":
+        return text
+    return " ".join(text.split())
 
 
 Latin1Table = tuple[bytes, bytes]  # (a byte for each of the 256 Latin-1 characters, the bytes deleted)

@@ -79,3 +79,47 @@ def test_latin1_text_is_cleaned_as_the_character_table_cleans_it(text: str) -> N
     from rag_rerank.text import _CLEAN
 
     assert readable(text) == " ".join(unicodedata.normalize("NFKC", text.translate(_CLEAN)).split())
+
+
+@settings(max_examples=500, derandomize=True, deadline=None)
+@given(st.lists(st.sampled_from([" ", "  ", "word", "caf\u00e9", "\u0301", "x"]), max_size=12).map("".join))
+@example("")
+@example(" ")
+@example("a b")
+def test_the_one_space_short_cut_is_the_join_of_the_split(text: str) -> None:
+    """`readable`'s last step hands back a one-spaced text as it is, without splitting and joining
+    it: the same string as the split and join, for a text whose only white space is " "."""
+    from rag_rerank.text import _one_space
+
+    assert _one_space(text) == " ".join(text.split())
+
+
+def test_the_only_white_space_readable_joins_by_its_short_cut_is_the_space() -> None:
+    """What `_one_space` rests on, over every character: printable ASCII holds no white space but
+    " "; nor does a Latin-1 character other than a control or a format character once NFKC made
+    it compatible, and NFKC's composition makes no white space (none decomposes into two)."""
+    printable = bytes(range(0x20, 0x7F)).decode("ascii")
+    assert [c for c in printable if c.isspace()] == [" "]
+    kept = [chr(c) for c in range(256) if unicodedata.category(chr(c)) not in ("Cc", "Cf")]
+    assert not [c for c in kept if any(w.isspace() and w != " " for w in unicodedata.normalize("NFKC", c))]
+    spaces = [chr(c) for c in range(0x110000) if chr(c).isspace()]
+    assert not [c for c in spaces if len(unicodedata.decomposition(c).split()) == 2
+                and not unicodedata.decomposition(c).startswith("<")]
+
+
+_SPACES_AND_CONTROLS = st.sampled_from([
+    " ", "  ", "\t", "\n", "\x0b", "\x0c", "\r", "\x1c", "\x1f", "\x85", "\x7f", "\x00", "\u00a0", "\u00a8",
+    "\u00ad", "\u1680", "\u2000", "\u2028", "\u3000", "\u200b", "\ufeff", "word", "caf\u00e9"])
+
+
+@settings(max_examples=500, derandomize=True, deadline=None)
+@given(st.lists(st.one_of(_SPACES_AND_CONTROLS, st.text(max_size=6)), max_size=12).map("".join))
+@example("")
+@example(" a ")
+@example("a\x7fb")
+@example("\u00a8")
+def test_readable_is_its_plain_rule(text: str) -> None:
+    """`readable` by its short cuts is the rule the module docstring states, written plainly."""
+    from rag_rerank.text import _CLEAN
+
+    assert readable(text) == " ".join(unicodedata.normalize("NFKC", text.translate(_CLEAN)).split())

@@ -1,0 +1,149 @@
+"""rag_rerank/redundancy.py, reading one text: the fast paths `read` and `surely_passage` take on
+first sight (a text the process has not seen), each held to the plain rule it stands for, over
+arbitrary Unicode and over the Latin-1 text those paths are for.
+
+The pairwise judgement is tested in tests/test_redundancy.py.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from unittest.mock import patch
+
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+
+from rag_rerank import redundancy
+from rag_rerank.frozen import generated_init, with_direct_init
+from rag_rerank.redundancy import (
+    _CLASSES,
+    _DIGIT_GROUP_CORE,
+    _INITIALS_CORE,
+    _TOKEN,
+    _TOKENS,
+    Reading,
+    _cleaned,
+    _pieces,
+    _raw_tokens,
+    _run_tokens,
+    _word_runs,
+    read,
+)
+from rag_rerank.text import is_latin1, latin1_translate, readable
+
+# What the Latin-1 path must get right: capitals where a sentence opens and where it does not,
+# openers, decimals, digit groups, dotted initials, accents and mojibake, acronyms, words inside
+# words ("iPhone" / "Phone"), and the same word at both kinds of place.
+_LATIN1_PIECES = st.sampled_from([
+    "The", "the", "A", "a", "AB", "Phone", "iPhone", "Co2", "Co", "It", "IT", "\u00c9t\u00e9",
+    "\u00e9t\u00e9",
+    "\u00c3\u00a9", "\u00e2\u0080\u0099", "U.S.", "u.n.", "e.g.", "1.5", "1.5.2", "12.", ".5", "1..2", "a1.5",
+    "1,000", "1 000", "2\u00a0500", "5'000", "1_000", "3rd", "\u00b2.3", "\u00aa", "\u00b5", "_", "x_1",
+    ".", ",", "!", "?", ":", ";", '"', "(", ")", "\u00ab", "\u00bb", "-", "'", " ", "\u00a0", "\n", "\t",
+    "\x85", "\x00", "\u00ad"])
+_LATIN1_TEXT = st.one_of(
+    st.lists(st.one_of(_LATIN1_PIECES, st.text(st.characters(max_codepoint=255), max_size=4)),
+             max_size=40).map(" ".join),
+    st.lists(st.one_of(_LATIN1_PIECES, st.text(st.characters(max_codepoint=255), max_size=4)),
+             max_size=40).map("".join))
+
+
+def _read_by_regex(text: str) -> Reading:
+    """`read(text)` with the Latin-1 path switched off: every text split by the regexes."""
+    read.cache_clear()
+    _pieces.cache_clear()
+    try:
+        with patch.object(redundancy, "_word_runs", lambda shown: None):
+            return read(text)
+    finally:
+        read.cache_clear()
+        _pieces.cache_clear()
+
+
+def _fields(reading: Reading) -> tuple[object, ...]:
+    """Every field of a reading, the order of its counters and maps included."""
+    return (reading.words, list(reading.content.items()), list(reading.surface.items()), reading.names,
+            list(reading.numbers.items()), reading.negations, reading.shown, reading.folded, reading.length)
+
+
+def _regex_reading(shown: str) -> tuple[str, list[str], tuple[list[str], list[bool]]]:
+    """The plain rule: the text cleaned by its regexes, split by `_TOKENS` into gaps and words, and
+    each word's place read from its gap (`_raw_tokens`)."""
+    cleaned = _cleaned(shown)
+    pieces = _TOKENS.split(cleaned)
+    return cleaned, pieces[1::2], _raw_tokens(pieces)
+
+
+@settings(max_examples=600, deadline=None, derandomize=True)
+@given(st.one_of(_LATIN1_TEXT, st.text(max_size=60)))
+@example("The U.S. said: Two. (It) works, IBM says 3rd. \u00abLe\u00bb 1,000 iPhone Phone A AB A.")
+@example("Phone iPhone Phone Co2 Co Co")
+@example("End. Co2 Co. AB A")  # a word that is not looked up, opening a sentence, begins with one that is
+@example('"The end" -The The. the The')
+@example("Version 1.5 of It")
+@example("1 000.5 It")
+@example("")
+def test_the_latin1_reading_is_the_regex_reading(text: str) -> None:
+    """`_word_runs` finds the words of a Latin-1 text without a decimal number as its runs of word
+    characters, and `_run_tokens` each capitalised word's place by looking the word up: the same
+    cleaned text, words and names as the regexes' split and its gaps (and it is the path taken:
+    None only for a text beyond Latin-1 or with a digit, "." and a digit once cleaned)."""
+    shown = readable(text)
+    cleaned, tokens, (words, names) = _regex_reading(shown)
+    found = _word_runs(shown)
+    if found is None:
+        assert not is_latin1(shown) or re.search(r"\d\.\d", cleaned)
+        assert isinstance(_pieces(text)[2], list)
+        return
+    assert is_latin1(shown) and not re.search(r"\d\.\d", cleaned)
+    assert found[0] == cleaned
+    assert found[1].split() == tokens
+    assert _run_tokens(*found, tokens) == (words, names)
+    assert _pieces(text) == (shown, tokens, found)
+    assert _fields(read(text)) == _fields(_read_by_regex(text))
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(_LATIN1_TEXT)
+@example("1,000 and U.S. and 1.5 and 12. and .5")
+def test_the_classes_find_what_the_regexes_find(text: str) -> None:
+    """`_word_runs` asks the class string (`_CLASSES`) for a digit group, dotted initials and a
+    decimal number by a substring search: each found exactly when its regex finds it."""
+    shown = readable(text)
+    classes = latin1_translate(shown, _CLASSES)
+    if classes is None:  # NFKC took it beyond Latin-1 ("\u00bc" is "1\u20444")
+        assert not is_latin1(shown)
+        return
+    assert len(classes) == len(shown)
+    assert ("0,000" in classes) == bool(_DIGIT_GROUP_CORE.search(shown))
+    assert (".a." in classes) == bool(_INITIALS_CORE.search(shown))
+    assert ("0.0" in classes) == bool(re.search(r"\d\.\d", shown))
+
+
+def test_the_class_of_every_latin1_character_is_its_regex_class() -> None:
+    """Each Latin-1 character's class, against the regexes' classes one character at a time."""
+    classes = latin1_translate("".join(map(chr, range(256))), _CLASSES)
+    assert classes is not None
+    for ch, cls in zip(map(chr, range(256)), classes, strict=True):
+        expected = ("0" if re.fullmatch(r"\d", ch) else "a" if re.fullmatch(r"[^\W\d_]", ch)
+                    else "," if re.fullmatch(r"[,' \u00a0\u202f_]", ch) else "." if ch == "." else "-")
+        assert cls == expected, (ch, cls)
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(st.one_of(_LATIN1_TEXT, st.text(max_size=40)))
+def test_the_words_are_the_plain_tokens(text: str) -> None:
+    """Whichever path `_pieces` takes, its words are `_TOKEN`'s matches in the cleaned text."""
+    assert _pieces(text)[1] == _TOKEN.findall(_cleaned(readable(text)))
+
+
+def test_a_reading_is_built_by_the_direct_init_the_frozen_tests_hold() -> None:
+    """`Reading` is built without a setattr per field (`frozen.direct_init_read_often`): it is
+    among the classes tests/test_frozen.py holds to their generated `__init__`, and a reading made
+    by it equals one made by the generated one."""
+    reading = read("The cache holds 3 keys. It is not warm.")
+    assert Reading in with_direct_init()
+    fields = {f.name: getattr(reading, f.name) for f in dataclasses.fields(Reading)}
+    expected = object.__new__(Reading)
+    generated_init(Reading)(expected, **fields)
+    assert expected == reading and list(vars(expected)) == [f.name for f in dataclasses.fields(Reading)]
