@@ -424,40 +424,77 @@ def differences(a: Reading, b: Reading) -> tuple[list[str], list[str]]:
     return only_a, only_b
 
 
+def _alike_keys(word: str) -> frozenset[str]:
+    """Strings two words `_alike` share at least one of (`test_alike_words_share_a_key`):
+    - an abbreviation (a prefix of 3+ letters) and a typo past the second letter keep the first
+      two letters;
+    - a typo in the first two letters of words of 4+ letters keeps what follows it: after the
+      third letter for a swap, the second for a replacement (words of one length); and for a
+      letter inserted or deleted, the longer word after its second letter is the shorter after
+      its first.
+    A word of 2 letters or fewer has none (a typo needs 4, an abbreviation 3)."""
+    if len(word) < 3:
+        return frozenset()
+    return frozenset((word[:2], word[1:], word[2:], word[3:]) if len(word) >= 4 else (word[:2],))
+
+
+def _found_by(word: str) -> frozenset[str | tuple[str]]:
+    """The keys under which `_unalike` finds `word` as the other text's word: its `_alike_keys`,
+    and for a word outside the static table's vocabulary the same keys tagged (each in a 1-tuple,
+    never equal to a string), which is all a vocabulary word looks for (`_looks_for`). A number
+    has none: it is never another spelling. (A set keeps its members' hashes: the tuples are
+    hashed once, here.)"""
+    if _is_number(word):
+        return frozenset()
+    keys = _alike_keys(word)
+    return keys if in_vocabulary(word) else keys | {(key,) for key in keys}
+
+
+def _looks_for(word: str) -> frozenset[str | tuple[str]]:
+    """The keys `_unalike` looks `word` up by (`_found_by`): an unknown word may be another spelling
+    of any word but a number, so it looks for the plain keys; a vocabulary word only of an unknown
+    word (two vocabulary words are two words), so it looks for the tagged keys; a number for none."""
+    if _is_number(word):
+        return frozenset()
+    keys = _alike_keys(word)
+    return frozenset((key,) for key in keys) if in_vocabulary(word) else keys
+
+
+_FOUND_BY = _Memo(_found_by)
+_LOOKS_FOR = _Memo(_looks_for)
+
+
 def _unalike(only_a: list[str], a: Reading, only_b: list[str], b: Reading) -> tuple[list[str], list[str]]:
     """`only_a` and `only_b` less the pairs of words that are one word written two ways (`_alike`),
     each word of `a` matched with the first word of `b` still unmatched, in their order.
 
-    Decided from facts read once per word: a number is never another spelling, nor are two
-    vocabulary words, so a vocabulary word of `a` is compared only with `b`'s unknown words (few:
-    most pairs compare none), any other word of `a` with all of `b`'s words but numbers."""
+    A number is never another spelling, nor are two vocabulary words; and two words alike share a
+    key (`_alike_keys`). Each word's keys, tagged by what it may be another spelling of, are read
+    once per word (`_found_by`, `_looks_for`), so set operations in C find the few words of `a`
+    that may be alike one of `b`'s (most pairs have none), and only those are compared."""
     spelt_b = list(map(b.surface.get, only_b, only_b))
-    loose = [k for k, sy in enumerate(spelt_b) if not _NUMERIC[sy]]  # what an unknown word may match
-    unknown = [k for k in loose if not in_vocabulary(spelt_b[k])]  # what a vocabulary word may match
-    if not loose:
+    found_b = list(map(_FOUND_BY.__getitem__, spelt_b))
+    index = set().union(*found_b)
+    if not index:
         return only_a, only_b
+    spelt_a = list(map(a.surface.get, only_a, only_a))
+    looks_a = list(map(_LOOKS_FOR.__getitem__, spelt_a))
+    near = list(compress(range(len(only_a)), map(index.intersection, looks_a)))
+    if not near:
+        return only_a, only_b  # no word of `a` shares a key with one of b's it may be: none is alike
     taken: set[int] = set()  # positions in only_b matched
-    kept_a = []
-    for x, sx in zip(only_a, map(a.surface.get, only_a, only_a), strict=True):
-        match = None
-        if not _NUMERIC[sx]:
-            first, last, size = sx[:1], sx[-1:], len(sx)
-            for k in unknown if in_vocabulary(sx) else loose:
-                sy = spelt_b[k]
-                # An abbreviation shares the first letter, a typo the first or the last (one
-                # edit leaves one end as it was) and the length within one letter: most pairs end
-                # at this test, before `_alike` (`test_alike_words_share_an_end`).
-                if k not in taken and (sy[:1] == first or (sy[-1:] == last and -1 <= size - len(sy) <= 1)) \
-                        and _alike(sx, sy):
-                    match = k
-                    break
-        if match is None:
-            kept_a.append(x)
-        else:
-            taken.add(match)
+    matched: set[int] = set()  # positions in only_a matched
+    for i in near:
+        sx, looks = spelt_a[i], looks_a[i]
+        for k, found in enumerate(found_b):
+            if k not in taken and not found.isdisjoint(looks) and _alike(sx, spelt_b[k]):
+                taken.add(k)
+                matched.add(i)
+                break
     if not taken:
         return only_a, only_b
-    return kept_a, [y for k, y in enumerate(only_b) if k not in taken]
+    return ([x for i, x in enumerate(only_a) if i not in matched],
+            [y for k, y in enumerate(only_b) if k not in taken])
 
 
 def copies(a: Reading, b: Reading) -> bool:

@@ -1,0 +1,125 @@
+"""rag_rerank/redundancy.py, the judgement of a pair: the fast paths held to the plain rules.
+
+`differences` and the helpers it calls find the words two texts do not share, spelling aside, with
+indexes, set tests and early exits that skip most of the work of the rule as first written. Each
+test here restates that rule plainly (word by word, as the module docstring says it) and checks
+the fast path gives the same answer, over texts built from words that are alike in every way the
+rule knows (typos, abbreviations, joins, acronyms, numbers, names) and over arbitrary Unicode.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+
+from rag_rerank.embed.static import in_vocabulary
+from rag_rerank.redundancy import (
+    _KEYS,
+    Reading,
+    _alike,
+    _alike_keys,
+    _spelled_out,
+    differences,
+    read,
+)
+
+
+def _plain_missing(mine: Counter[str], theirs: Counter[str]) -> list[str]:
+    return list((mine - theirs).elements())
+
+
+def _plain_unalike(only_a: list[str], a: Reading, only_b: list[str],
+                   b: Reading) -> tuple[list[str], list[str]]:
+    """Each word of `a` matched with the first word of `b` still unmatched that is `_alike` it, in
+    their order; a number is never another spelling, nor are two vocabulary words."""
+    def number(word: str) -> bool:
+        return any(ch.isdigit() for ch in word)
+
+    taken: set[int] = set()
+    kept_a = []
+    for x in only_a:
+        sx = a.surface.get(x, x)
+        match = None
+        for k, y in enumerate(only_b):
+            sy = b.surface.get(y, y)
+            if k in taken or number(sx) or number(sy) or (in_vocabulary(sx) and in_vocabulary(sy)):
+                continue
+            if _alike(sx, sy):
+                match = k
+                break
+        if match is None:
+            kept_a.append(x)
+        else:
+            taken.add(match)
+    return kept_a, [y for k, y in enumerate(only_b) if k not in taken]
+
+
+def _plain_differences(a: Reading, b: Reading) -> tuple[list[str], list[str]]:
+    """`differences` as first written: the Counter differences, the pairs of words alike taken
+    out, then each remaining word that is two of the other text's words joined or their initials."""
+    only_a, only_b = _plain_missing(a.content, b.content), _plain_missing(b.content, a.content)
+    if only_a and only_b:
+        only_a, only_b = _plain_unalike(only_a, a, only_b, b)
+    for mine, theirs, own, other in ((only_a, only_b, a, b), (only_b, only_a, b, a)):
+        for x in list(mine):
+            parts = _spelled_out(own.surface.get(x, x), other)
+            if parts:
+                mine.remove(x)
+                for part in parts:
+                    if _KEYS[part] in theirs:
+                        theirs.remove(_KEYS[part])
+    return only_a, only_b
+
+
+# Words alike in the ways the judgement knows: typos and abbreviations of vocabulary words (and of
+# each other), two vocabulary words that are alike but two words, joins and acronyms, numbers,
+# names, short words; and arbitrary Unicode.
+_WORDS = st.sampled_from(["receive", "recieve", "reciev", "rec", "government", "goverment", "govt", "gov",
+                          "play", "player", "plya", "talking", "walking", "tie", "break", "tiebreak",
+                          "tie-break", "global", "interpreter", "lock", "GIL", "gil", "Obama", "Obamas",
+                          "obama's", "teh", "the", "thee", "cat", "cats", "tac", "act", "3", "3rd", "three",
+                          "1.5", "1.50", "x", "xy", "xyz", "xyzw", "yxzw", "xzyw", "Paris", "paris", "no",
+                          "not", "color", "colour", "colr", "and", "a", "ab", "abc", "abcd", "abce", "bacd",
+                          "acbd", "abcde", "é", "éa", "éab", "éabc"])
+_TEXT = st.lists(st.one_of(_WORDS, _WORDS, _WORDS, st.text(max_size=8)), max_size=24).map(" ".join)
+
+
+@settings(max_examples=600, deadline=None, derandomize=True)
+@given(_TEXT, _TEXT)
+@example("the govt said it will recieve the tiebreak", "the government says it receives a tie break")
+@example("abcd abce bacd", "acbd abcd abce")
+@example("xyzw yxzw", "xzyw xyzw xyzw")
+@example("Obama's cats play", "obamas tac plya colr")
+@example("the xyzw", "the xzyw")  # a swap of the second and third letters: only their rest is alike
+def test_differences_are_the_plain_rule(a: str, b: str) -> None:
+    """`differences` (with its indexed `_unalike`) is the rule written word by word, both ways."""
+    ra, rb = read(a), read(b)
+    assert differences(ra, rb) == _plain_differences(ra, rb)
+    assert differences(rb, ra) == _plain_differences(rb, ra)
+
+
+_EDITS = st.sampled_from(["replace", "insert", "delete", "swap", "prefix", "other"])
+
+
+@settings(max_examples=1000, deadline=None, derandomize=True)
+@given(st.text(min_size=1, max_size=10), st.integers(0, 12), _EDITS, st.text(min_size=1, max_size=10))
+@example("receive", 0, "swap", "x")
+@example("receive", 1, "swap", "x")
+@example("receive", 0, "insert", "x")
+@example("receive", 1, "delete", "x")
+@example("abcd", 0, "replace", "x")
+@example("abc", 3, "insert", "x")
+@example("government", 3, "prefix", "x")
+def test_alike_words_share_a_key(word: str, at: int, edit: str, other: str) -> None:
+    """What lets `_unalike` compare only words sharing a key: two words `_alike` share one of their
+    `_alike_keys` (a word and each kind of edit of it at every place, and arbitrary pairs)."""
+    i = at % (len(word) + 1)
+    edited = {"replace": word[:i] + other[0] + word[i + 1:], "insert": word[:i] + other[0] + word[i:],
+              "delete": word[:i] + word[i + 1:],
+              "swap": word[:i] + word[i + 1:i + 2] + word[i:i + 1] + word[i + 2:],
+              "prefix": word[:i], "other": other}[edit]
+    for a, b in ((word, edited), (edited, word), (word, other)):
+        if _alike(a, b):
+            assert _alike_keys(a) & _alike_keys(b), (a, b)
