@@ -391,13 +391,13 @@ def _spelled_out(word: str, other: Reading) -> tuple[str, ...]:
 def _missing(mine: Counter[str], theirs: Counter[str]) -> list[str]:
     """`list((mine - theirs).elements())` without building the Counter: each key as many times as
     `mine` has it more often than `theirs`, in `mine`'s order (both hold positive counts only)."""
+    get = theirs.get
     out: list[str] = []
     for key, count in mine.items():
-        more = count - theirs.get(key, 0)
-        if more == 1:
+        if count > get(key, 0):
             out.append(key)
-        elif more > 1:
-            out.extend([key] * more)
+            if count > 1:  # the rest of its copies, if `theirs` has fewer by more than one
+                out.extend([key] * (count - get(key, 0) - 1))
     return out
 
 
@@ -415,7 +415,8 @@ def differences(a: Reading, b: Reading) -> tuple[list[str], list[str]]:
         if joined.keys().isdisjoint(spelt) and not any(map(initials.__contains__, spelt)):
             continue  # no word of `mine` is two of the other's words joined, nor their initials
         for x, sx in zip(list(mine), spelt, strict=True):
-            parts = _spelled_out(sx, other) if sx in joined or sx in initials else ()  # as above
+            # As above; a stretch of initials has 2 to 6 letters (`_spelled_out`).
+            parts = _spelled_out(sx, other) if sx in joined or (2 <= len(sx) <= 6 and sx in initials) else ()
             if parts:
                 mine.remove(x)
                 for part in parts:
@@ -522,6 +523,15 @@ def _negations_toward(own: Reading, other: Reading) -> int:
 
 
 
+def _has_vector(word: str) -> bool:
+    """Whether `_substituted` may compare `word`: not a number, and a whole word of the static
+    table's vocabulary (a fact of the word, memoised in `_HAS_VECTOR`)."""
+    return not _is_number(word) and in_vocabulary(word)
+
+
+_HAS_VECTOR = _Memo(_has_vector)
+
+
 def _substituted(lone: Sequence[str], own: Reading, other_lone: Sequence[str], other: Reading,
                  substitute: float) -> bool:
     """Whether every word of `lone` (content-word keys of `own` the other text lacks) has a close
@@ -533,11 +543,11 @@ def _substituted(lone: Sequence[str], own: Reading, other_lone: Sequence[str], o
         return True
     if not other_lone:
         return False
-    mine = [own.surface.get(x, x) for x in lone]
-    if any(_NUMERIC[w] or w in own.names or not in_vocabulary(w) for w in mine):
+    mine = list(map(own.surface.get, lone, lone))
+    if not own.names.isdisjoint(mine) or not all(map(_HAS_VECTOR.__getitem__, mine)):
         return False
-    theirs = [other.surface.get(y, y) for y in other_lone]
-    theirs = [w for w in theirs if not _NUMERIC[w] and w not in other.names and in_vocabulary(w)]
+    spelt = map(other.surface.get, other_lone, other_lone)
+    theirs = list(filterfalse(other.names.__contains__, filter(_HAS_VECTOR.__getitem__, spelt)))
     if not theirs:
         return False
     return bool((word_vectors(tuple(mine)) @ word_vectors(tuple(theirs)).T).max(axis=1).min() >= substitute)

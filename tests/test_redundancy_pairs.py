@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections import Counter
 
+import numpy as np
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
@@ -20,9 +21,12 @@ from rag_rerank.redundancy import (
     Reading,
     _alike,
     _alike_keys,
+    _missing,
     _spelled_out,
+    _substituted,
     differences,
     read,
+    word_vectors,
 )
 
 
@@ -92,6 +96,7 @@ _TEXT = st.lists(st.one_of(_WORDS, _WORDS, _WORDS, st.text(max_size=8)), max_siz
 @example("abcd abce bacd", "acbd abcd abce")
 @example("xyzw yxzw", "xzyw xyzw xyzw")
 @example("Obama's cats play", "obamas tac plya colr")
+@example("a tb and gil", "a tie break and global interpreter lock")  # acronyms of 2 and 3 letters
 @example("the xyzw", "the xzyw")  # a swap of the second and third letters: only their rest is alike
 def test_differences_are_the_plain_rule(a: str, b: str) -> None:
     """`differences` (with its indexed `_unalike`) is the rule written word by word, both ways."""
@@ -123,3 +128,42 @@ def test_alike_words_share_a_key(word: str, at: int, edit: str, other: str) -> N
     for a, b in ((word, edited), (edited, word), (word, other)):
         if _alike(a, b):
             assert _alike_keys(a) & _alike_keys(b), (a, b)
+
+
+@settings(max_examples=500, deadline=None, derandomize=True)
+@given(st.dictionaries(st.text(max_size=3), st.integers(1, 4), max_size=12),
+       st.dictionaries(st.text(max_size=3), st.integers(1, 4), max_size=12))
+@example({"a": 3, "b": 1, "c": 2}, {"a": 1, "c": 2, "d": 1})
+def test_missing_is_the_counter_difference(mine: dict[str, int], theirs: dict[str, int]) -> None:
+    """`_missing` is `Counter` subtraction's elements, in `mine`'s order, without the Counter."""
+    assert _missing(Counter(mine), Counter(theirs)) == _plain_missing(Counter(mine), Counter(theirs))
+
+
+def _plain_substituted(lone: list[str], own: Reading, other_lone: list[str], other: Reading,
+                       substitute: float) -> bool:
+    """Every lone word a vocabulary word, neither a number nor a name, with a close substitute
+    among the other's lone words that are such words too."""
+    def comparable(word: str, reading: Reading) -> bool:
+        return not any(ch.isdigit() for ch in word) and word not in reading.names and in_vocabulary(word)
+
+    if not lone:
+        return True
+    mine = [own.surface.get(x, x) for x in lone]
+    theirs = [w for w in (other.surface.get(y, y) for y in other_lone) if comparable(w, other)]
+    if not all(comparable(w, own) for w in mine) or not theirs:
+        return False
+    cosines = word_vectors(tuple(mine)) @ word_vectors(tuple(theirs)).T
+    return all(float(np.max(row)) >= substitute for row in cosines)
+
+
+@settings(max_examples=400, deadline=None, derandomize=True)
+@given(_TEXT, _TEXT, st.sampled_from([0.0, 0.3, 0.5, 0.8]))
+@example("the govt said it will recieve the cats", "Paris says 3 tac play colour", 0.3)
+@example("colour play", "color player", 0.5)
+def test_substitution_is_the_plain_rule(a: str, b: str, substitute: float) -> None:
+    """`_substituted` (C passes over memoised word facts) is the rule written word by word."""
+    ra, rb = read(a), read(b)
+    only_a, only_b = _plain_differences(ra, rb)
+    for lone, own, other_lone, other in ((only_a, ra, only_b, rb), (only_b, rb, only_a, ra)):
+        assert _substituted(lone, own, other_lone, other, substitute) == \
+            _plain_substituted(lone, own, other_lone, other, substitute)
