@@ -401,6 +401,15 @@ def _missing(mine: Counter[str], theirs: Counter[str]) -> list[str]:
     return out
 
 
+def _initials_long(word: str) -> bool:
+    """Whether `word` is as long as a stretch of initials `_spelled_out` looks for (2 to 6 letters):
+    a shorter or longer word is never one, though a one-letter word is in most texts' initials."""
+    return 2 <= len(word) <= 6
+
+
+_INITIALS_LONG = _Memo(_initials_long)
+
+
 def differences(a: Reading, b: Reading) -> tuple[list[str], list[str]]:
     """The content words (keys) each text has that the other lacks, spelling aside."""
     only_a = _missing(a.content, b.content)
@@ -412,11 +421,11 @@ def differences(a: Reading, b: Reading) -> tuple[list[str], list[str]]:
             continue
         spelt = list(map(own.surface.get, mine, mine))
         joined, initials = other.spellings
-        if joined.keys().isdisjoint(spelt) and not any(map(initials.__contains__, spelt)):
+        if joined.keys().isdisjoint(spelt) and \
+                not any(map(initials.__contains__, filter(_INITIALS_LONG.__getitem__, spelt))):
             continue  # no word of `mine` is two of the other's words joined, nor their initials
         for x, sx in zip(list(mine), spelt, strict=True):
-            # As above; a stretch of initials has 2 to 6 letters (`_spelled_out`).
-            parts = _spelled_out(sx, other) if sx in joined or (2 <= len(sx) <= 6 and sx in initials) else ()
+            parts = _spelled_out(sx, other) if sx in joined or (_INITIALS_LONG[sx] and sx in initials) else ()
             if parts:
                 mine.remove(x)
                 for part in parts:

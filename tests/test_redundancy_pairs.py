@@ -17,10 +17,18 @@ from hypothesis import strategies as st
 
 from rag_rerank.embed.static import in_vocabulary
 from rag_rerank.redundancy import (
+    _FOUND_BY,
+    _HAS_VECTOR,
+    _INITIALS_LONG,
     _KEYS,
+    _LOOKS_FOR,
     Reading,
     _alike,
     _alike_keys,
+    _found_by,
+    _has_vector,
+    _initials_long,
+    _looks_for,
     _missing,
     _spelled_out,
     _substituted,
@@ -167,3 +175,18 @@ def test_substitution_is_the_plain_rule(a: str, b: str, substitute: float) -> No
     for lone, own, other_lone, other in ((only_a, ra, only_b, rb), (only_b, rb, only_a, ra)):
         assert _substituted(lone, own, other_lone, other, substitute) == \
             _plain_substituted(lone, own, other_lone, other, substitute)
+
+
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(st.lists(st.one_of(_WORDS, st.text(min_size=1, max_size=8)), min_size=1, max_size=20))
+def test_the_pair_memos_are_their_rules(words: list[str]) -> None:
+    """The per-word memos of the pair judgement hand back their rules, also across their emptying."""
+    for memo, rule in ((_FOUND_BY, _found_by), (_LOOKS_FOR, _looks_for), (_HAS_VECTOR, _has_vector),
+                       (_INITIALS_LONG, _initials_long)):
+        memo.clear()
+        try:
+            memo.limit = 3
+            assert list(map(memo.__getitem__, words)) == list(map(rule, words))
+            assert len(memo) <= 3
+        finally:
+            del memo.limit  # the class's limit again
