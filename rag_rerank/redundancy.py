@@ -489,7 +489,7 @@ def _unalike(only_a: list[str], a: Reading, only_b: list[str], b: Reading) -> tu
         return only_a, only_b
     spelt_a = list(map(a.surface.get, only_a, only_a))
     looks_a = list(map(_LOOKS_FOR.__getitem__, spelt_a))
-    near = list(compress(range(len(only_a)), map(index.intersection, looks_a)))
+    near = [i for i, apart in enumerate(map(index.isdisjoint, looks_a)) if not apart]
     if not near:
         return only_a, only_b  # no word of `a` shares a key with one of b's it may be: none is alike
     taken: set[int] = set()  # positions in only_b matched
@@ -617,8 +617,8 @@ def judge(a: Reading, b: Reading, semantic: float, rules: Rules, lexical: float 
     more_a, more_b = bool(_missing(a.numbers, b.numbers)), bool(_missing(b.numbers, a.numbers))
     if more_a and more_b:
         return Verdict(False, "numbers")
-    if any(a.surface.get(x, x) in a.names for x in only_a) or \
-            any(b.surface.get(y, y) in b.names for y in only_b):
+    if not a.names.isdisjoint(map(a.surface.get, only_a, only_a)) or \
+            not b.names.isdisjoint(map(b.surface.get, only_b, only_b)):  # a lone word is a name
         return Verdict(False, "names")
     if more_a or more_b:
         return Verdict(False, "numbers")

@@ -22,7 +22,11 @@ from rag_rerank.redundancy import (
     _INITIALS_LONG,
     _KEYS,
     _LOOKS_FOR,
+    LEXICAL_COPY,
+    RULES,
+    SHORT_WORDS,
     Reading,
+    Verdict,
     _alike,
     _alike_keys,
     _found_by,
@@ -30,9 +34,12 @@ from rag_rerank.redundancy import (
     _initials_long,
     _looks_for,
     _missing,
+    _negations_toward,
     _spelled_out,
     _substituted,
+    copies,
     differences,
+    judge,
     read,
     word_vectors,
 )
@@ -190,3 +197,48 @@ def test_the_pair_memos_are_their_rules(words: list[str]) -> None:
             assert len(memo) <= 3
         finally:
             del memo.limit  # the class's limit again
+
+
+def _plain_judge(a: Reading, b: Reading, semantic: float, lexical: float) -> Verdict:
+    """`judge` as the module docstring states it, on the plain rules above (static rules)."""
+    rules = RULES["static"]
+    if copies(a, b):
+        return Verdict(True, "copy")
+    if not a.content or not b.content:
+        return Verdict(False, "no content")
+    if _negations_toward(a, b) != _negations_toward(b, a):
+        return Verdict(False, "negation")
+    only_a, only_b = _plain_differences(a, b)
+    passage = len(a.words) > SHORT_WORDS or len(b.words) > SHORT_WORDS
+    close = lexical >= LEXICAL_COPY if passage else semantic >= rules.tau
+    if not only_a and not only_b:
+        return Verdict(True, "copy")
+    a_in_b = not only_a or (close and _plain_substituted(only_a, a, only_b, b, rules.substitute))
+    b_in_a = not only_b or (close and _plain_substituted(only_b, b, only_a, a, rules.substitute))
+    if a_in_b and b_in_a:
+        return Verdict(True, "restatement") if only_a and only_b else \
+            Verdict(True, "contained", 1 if not only_a else 0)
+    if a_in_b or b_in_a:
+        return Verdict(True, "contained", 1 if a_in_b else 0)
+    more_a = bool(_plain_missing(a.numbers, b.numbers))
+    more_b = bool(_plain_missing(b.numbers, a.numbers))
+    if more_a and more_b:
+        return Verdict(False, "numbers")
+    if any(a.surface.get(x, x) in a.names for x in only_a) or \
+            any(b.surface.get(y, y) in b.names for y in only_b):
+        return Verdict(False, "names")
+    if more_a or more_b:
+        return Verdict(False, "numbers")
+    return Verdict(False, "substitution" if close else "meaning")
+
+
+@settings(max_examples=400, deadline=None, derandomize=True)
+@given(_TEXT, _TEXT, st.sampled_from([0.0, 0.6, 0.95]), st.sampled_from([0.0, 0.3, 0.9]))
+@example("Obama said 3 cats play", "Paris says 4 cats play", 0.95, 0.9)
+@example("the govt will recieve colour", "the government receives color", 0.95, 0.9)
+@example("No, it does not play", "it plays", 0.95, 0.9)
+def test_judge_is_the_plain_rule(a: str, b: str, semantic: float, lexical: float) -> None:
+    """`judge`, both ways, is the judgement written plainly on the plain rules."""
+    ra, rb = read(a), read(b)
+    assert judge(ra, rb, semantic, RULES["static"], lexical) == _plain_judge(ra, rb, semantic, lexical)
+    assert judge(rb, ra, semantic, RULES["static"], lexical) == _plain_judge(rb, ra, semantic, lexical)
