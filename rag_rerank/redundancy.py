@@ -470,8 +470,16 @@ def _looks_for(word: str) -> frozenset[str | tuple[str]]:
     return frozenset((key,) for key in keys) if in_vocabulary(word) else keys
 
 
-_FOUND_BY = _Memo(_found_by)
-_LOOKS_FOR = _Memo(_looks_for)
+class _KeysMemo(_Memo[frozenset[str | tuple[str]]]):
+    """A `_Memo` of fewer words, for `_found_by` and `_looks_for`: a word's keys take about 0.7 KB
+    each way (a set of four to eight strings and tuples) where `_WORDS`' facts take 0.14 KB, so that
+    both stay within about 12 MB; the lone words of the pairs judged are far fewer than the words read."""
+
+    limit = 8192
+
+
+_FOUND_BY = _KeysMemo(_found_by)
+_LOOKS_FOR = _KeysMemo(_looks_for)
 
 
 def _unalike(only_a: list[str], a: Reading, only_b: list[str], b: Reading) -> tuple[list[str], list[str]]:
