@@ -33,6 +33,7 @@ from rag_rerank.redundancy import (
     _has_vector,
     _initials_long,
     _looks_for,
+    _Memo,
     _missing,
     _negations_toward,
     _spelled_out,
@@ -187,16 +188,13 @@ def test_substitution_is_the_plain_rule(a: str, b: str, substitute: float) -> No
 @settings(max_examples=200, deadline=None, derandomize=True)
 @given(st.lists(st.one_of(_WORDS, st.text(min_size=1, max_size=8)), min_size=1, max_size=20))
 def test_the_pair_memos_are_their_rules(words: list[str]) -> None:
-    """The per-word memos of the pair judgement hand back their rules, also across their emptying."""
+    """The per-word memos of the pair judgement are `_Memo`s of their rules (whose filling and
+    emptying tests/test_redundancy.py checks), the two key memos holding fewer words."""
     for memo, rule in ((_FOUND_BY, _found_by), (_LOOKS_FOR, _looks_for), (_HAS_VECTOR, _has_vector),
                        (_INITIALS_LONG, _initials_long)):
-        memo.clear()
-        try:
-            memo.limit = 3
-            assert list(map(memo.__getitem__, words)) == list(map(rule, words))
-            assert len(memo) <= 3
-        finally:
-            del memo.limit  # the class's limit again
+        assert isinstance(memo, _Memo) and memo.rule is rule
+        assert [memo[w] for w in words] == [rule(w) for w in words]
+    assert _FOUND_BY.limit == _LOOKS_FOR.limit < _Memo.limit
 
 
 def _plain_judge(a: Reading, b: Reading, semantic: float, lexical: float) -> Verdict:
