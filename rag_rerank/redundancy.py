@@ -411,27 +411,36 @@ _INITIALS_LONG = _Memo(_initials_long)
 
 
 def differences(a: Reading, b: Reading) -> tuple[list[str], list[str]]:
-    """The content words (keys) each text has that the other lacks, spelling aside."""
+    """The content words (keys) each text has that the other lacks, spelling aside. Each list goes
+    with the words its keys came from (`surface`), looked up once and kept in step with it."""
     only_a = _missing(a.content, b.content)
     only_b = _missing(b.content, a.content)
+    spelt_a = list(map(a.surface.get, only_a, only_a))
+    spelt_b = list(map(b.surface.get, only_b, only_b))
     if only_a and only_b:
-        only_a, only_b = _unalike(only_a, a, only_b, b)
-    for mine, theirs, own, other in ((only_a, only_b, a, b), (only_b, only_a, b, a)):
+        only_a, spelt_a, only_b, spelt_b = _unalike(only_a, spelt_a, only_b, spelt_b)
+    for mine, spelt, theirs, spelt_theirs, other in ((only_a, spelt_a, only_b, spelt_b, b),
+                                                     (only_b, spelt_b, only_a, spelt_a, a)):
         if not mine:
             continue
-        spelt = list(map(own.surface.get, mine, mine))
         joined, initials = other.spellings
         if joined.keys().isdisjoint(spelt) and \
                 not any(map(initials.__contains__, filter(_INITIALS_LONG.__getitem__, spelt))):
             continue  # no word of `mine` is two of the other's words joined, nor their initials
-        for x, sx in zip(list(mine), spelt, strict=True):
+        for x, sx in zip(list(mine), list(spelt), strict=True):
             parts = _spelled_out(sx, other) if sx in joined or (_INITIALS_LONG[sx] and sx in initials) else ()
             if parts:
-                mine.remove(x)
+                _remove(x, mine, spelt)
                 for part in parts:
                     if _KEYS[part] in theirs:
-                        theirs.remove(_KEYS[part])
+                        _remove(_KEYS[part], theirs, spelt_theirs)
     return only_a, only_b
+
+
+def _remove(key: str, keys: list[str], spelt: list[str]) -> None:
+    """`keys.remove(key)`, and the word at the same place of `spelt` with it."""
+    at = keys.index(key)
+    del keys[at], spelt[at]
 
 
 def _alike_keys(word: str) -> frozenset[str]:
@@ -482,24 +491,24 @@ _FOUND_BY = _KeysMemo(_found_by)
 _LOOKS_FOR = _KeysMemo(_looks_for)
 
 
-def _unalike(only_a: list[str], a: Reading, only_b: list[str], b: Reading) -> tuple[list[str], list[str]]:
-    """`only_a` and `only_b` less the pairs of words that are one word written two ways (`_alike`),
-    each word of `a` matched with the first word of `b` still unmatched, in their order.
+def _unalike(only_a: list[str], spelt_a: list[str], only_b: list[str],
+             spelt_b: list[str]) -> tuple[list[str], list[str], list[str], list[str]]:
+    """`only_a` and `only_b` (and the words they came from, `spelt_a` and `spelt_b`) less the pairs
+    of words that are one word written two ways (`_alike`), each word of `a` matched with the first
+    word of `b` still unmatched, in their order.
 
     A number is never another spelling, nor are two vocabulary words; and two words alike share a
     key (`_alike_keys`). Each word's keys, tagged by what it may be another spelling of, are read
     once per word (`_found_by`, `_looks_for`), so set operations in C find the few words of `a`
     that may be alike one of `b`'s (most pairs have none), and only those are compared."""
-    spelt_b = list(map(b.surface.get, only_b, only_b))
     found_b = list(map(_FOUND_BY.__getitem__, spelt_b))
     index = set().union(*found_b)
     if not index:
-        return only_a, only_b
-    spelt_a = list(map(a.surface.get, only_a, only_a))
+        return only_a, spelt_a, only_b, spelt_b
     looks_a = list(map(_LOOKS_FOR.__getitem__, spelt_a))
     near = [i for i, apart in enumerate(map(index.isdisjoint, looks_a)) if not apart]
     if not near:
-        return only_a, only_b  # no word of `a` shares a key with one of b's it may be: none is alike
+        return only_a, spelt_a, only_b, spelt_b  # no word of `a` shares a key with one of b's it may be
     taken: set[int] = set()  # positions in only_b matched
     matched: set[int] = set()  # positions in only_a matched
     for i in near:
@@ -510,9 +519,11 @@ def _unalike(only_a: list[str], a: Reading, only_b: list[str], b: Reading) -> tu
                 matched.add(i)
                 break
     if not taken:
-        return only_a, only_b
-    return ([x for i, x in enumerate(only_a) if i not in matched],
-            [y for k, y in enumerate(only_b) if k not in taken])
+        return only_a, spelt_a, only_b, spelt_b
+    kept_a = [i for i in range(len(only_a)) if i not in matched]
+    kept_b = [k for k in range(len(only_b)) if k not in taken]
+    return ([only_a[i] for i in kept_a], [spelt_a[i] for i in kept_a],
+            [only_b[k] for k in kept_b], [spelt_b[k] for k in kept_b])
 
 
 def copies(a: Reading, b: Reading) -> bool:

@@ -113,6 +113,7 @@ _TEXT = st.lists(st.one_of(_WORDS, _WORDS, _WORDS, st.text(max_size=8)), max_siz
 @example("xyzw yxzw", "xzyw xyzw xyzw")
 @example("Obama's cats play", "obamas tac plya colr")
 @example("a tb and gil", "a tie break and global interpreter lock")  # acronyms of 2 and 3 letters
+@example("my exwife has the global interpreter lock", "my ex wife has the gil")  # a join, then an acronym
 @example("the xyzw", "the xzyw")  # a swap of the second and third letters: only their rest is alike
 def test_differences_are_the_plain_rule(a: str, b: str) -> None:
     """`differences` (with its indexed `_unalike`) is the rule written word by word, both ways."""
