@@ -411,8 +411,14 @@ _INITIALS_LONG = _Memo(_initials_long)
 
 
 def differences(a: Reading, b: Reading) -> tuple[list[str], list[str]]:
-    """The content words (keys) each text has that the other lacks, spelling aside. Each list goes
-    with the words its keys came from (`surface`), looked up once and kept in step with it."""
+    """The content words (keys) each text has that the other lacks, spelling aside."""
+    only_a, _, only_b, _ = _differences(a, b)
+    return only_a, only_b
+
+
+def _differences(a: Reading, b: Reading) -> tuple[list[str], list[str], list[str], list[str]]:
+    """`differences`, each list with the words its keys came from (`surface`), looked up once and
+    kept in step with it, for `judge` to read them from: (only_a, its words, only_b, its words)."""
     only_a = _missing(a.content, b.content)
     only_b = _missing(b.content, a.content)
     spelt_a = list(map(a.surface.get, only_a, only_a))
@@ -434,7 +440,7 @@ def differences(a: Reading, b: Reading) -> tuple[list[str], list[str]]:
                 for part in parts:
                     if _KEYS[part] in theirs:
                         _remove(_KEYS[part], theirs, spelt_theirs)
-    return only_a, only_b
+    return only_a, spelt_a, only_b, spelt_b
 
 
 def _remove(key: str, keys: list[str], spelt: list[str]) -> None:
@@ -560,22 +566,21 @@ def _has_vector(word: str) -> bool:
 _HAS_VECTOR = _Memo(_has_vector)
 
 
-def _substituted(lone: Sequence[str], own: Reading, other_lone: Sequence[str], other: Reading,
+def _substituted(mine: Sequence[str], own: Reading, other_lone: Sequence[str], other: Reading,
                  substitute: float) -> bool:
-    """Whether every word of `lone` (content-word keys of `own` the other text lacks) has a close
-    substitute among `other_lone`: a word whose static vector's cosine with it is at least
+    """Whether every word of `mine` (the words of `own` whose content-word keys the other text
+    lacks, `_differences`) has a close substitute among `other_lone` (the other's such words): a
+    word whose static vector's cosine with it is at least
     `substitute`; both words must be whole words of the table's vocabulary (a word it spells in
     pieces has no vector of its own to compare). A number or a name has none (another value,
     another subject), nor has any word when the other text has no word of its own to stand for it."""
-    if not lone:
+    if not mine:
         return True
     if not other_lone:
         return False
-    mine = list(map(own.surface.get, lone, lone))
     if not own.names.isdisjoint(mine) or not all(map(_HAS_VECTOR.__getitem__, mine)):
         return False
-    spelt = map(other.surface.get, other_lone, other_lone)
-    theirs = list(filterfalse(other.names.__contains__, filter(_HAS_VECTOR.__getitem__, spelt)))
+    theirs = list(filterfalse(other.names.__contains__, filter(_HAS_VECTOR.__getitem__, other_lone)))
     if not theirs:
         return False
     return bool((word_vectors(tuple(mine)) @ word_vectors(tuple(theirs)).T).max(axis=1).min() >= substitute)
@@ -616,7 +621,7 @@ def judge(a: Reading, b: Reading, semantic: float, rules: Rules, lexical: float 
         return Verdict(False, "no content")  # a text that says nothing is not said by another
     if _negations_toward(a, b) != _negations_toward(b, a):
         return Verdict(False, "negation")  # settled before the word-by-word comparison it needs not
-    only_a, only_b = differences(a, b)
+    only_a, spelt_a, only_b, spelt_b = _differences(a, b)
     # Each text's words the other lacks, each with a close substitute there (or none to account for).
     passage = len(a.words) > SHORT_WORDS or len(b.words) > SHORT_WORDS
     close = lexical >= LEXICAL_COPY if passage else semantic >= rules.tau
@@ -624,8 +629,8 @@ def judge(a: Reading, b: Reading, semantic: float, rules: Rules, lexical: float 
         return Verdict(True, "copy")  # the same content words: one text said again
     # A text whose every word the other has, or stands for with a close substitute, says nothing
     # the other does not: inside it when the other says more (that one is kept), else a restatement.
-    a_in_b = not only_a or (close and _substituted(only_a, a, only_b, b, rules.substitute))
-    b_in_a = not only_b or (close and _substituted(only_b, b, only_a, a, rules.substitute))
+    a_in_b = not only_a or (close and _substituted(spelt_a, a, spelt_b, b, rules.substitute))
+    b_in_a = not only_b or (close and _substituted(spelt_b, b, spelt_a, a, rules.substitute))
     if a_in_b and b_in_a:
         return Verdict(True, "restatement") if only_a and only_b else \
             Verdict(True, "contained", 1 if not only_a else 0)
@@ -636,8 +641,7 @@ def judge(a: Reading, b: Reading, semantic: float, rules: Rules, lexical: float 
     more_a, more_b = bool(_missing(a.numbers, b.numbers)), bool(_missing(b.numbers, a.numbers))
     if more_a and more_b:
         return Verdict(False, "numbers")
-    if not a.names.isdisjoint(map(a.surface.get, only_a, only_a)) or \
-            not b.names.isdisjoint(map(b.surface.get, only_b, only_b)):  # a lone word is a name
+    if not a.names.isdisjoint(spelt_a) or not b.names.isdisjoint(spelt_b):  # a lone word is a name
         return Verdict(False, "names")
     if more_a or more_b:
         return Verdict(False, "numbers")

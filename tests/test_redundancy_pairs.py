@@ -29,6 +29,7 @@ from rag_rerank.redundancy import (
     Verdict,
     _alike,
     _alike_keys,
+    _differences,
     _found_by,
     _has_vector,
     _initials_long,
@@ -116,10 +117,14 @@ _TEXT = st.lists(st.one_of(_WORDS, _WORDS, _WORDS, st.text(max_size=8)), max_siz
 @example("my exwife has the global interpreter lock", "my ex wife has the gil")  # a join, then an acronym
 @example("the xyzw", "the xzyw")  # a swap of the second and third letters: only their rest is alike
 def test_differences_are_the_plain_rule(a: str, b: str) -> None:
-    """`differences` (with its indexed `_unalike`) is the rule written word by word, both ways."""
+    """`differences` (with its indexed `_unalike`) is the rule written word by word, both ways, and
+    the words `_differences` hands `judge` with it are the lone keys' words."""
     ra, rb = read(a), read(b)
-    assert differences(ra, rb) == _plain_differences(ra, rb)
-    assert differences(rb, ra) == _plain_differences(rb, ra)
+    for one, other in ((ra, rb), (rb, ra)):
+        only_a, spelt_a, only_b, spelt_b = _differences(one, other)
+        assert differences(one, other) == (only_a, only_b) == _plain_differences(one, other)
+        assert spelt_a == [one.surface.get(x, x) for x in only_a]
+        assert spelt_b == [other.surface.get(y, y) for y in only_b]
 
 
 _EDITS = st.sampled_from(["replace", "insert", "delete", "swap", "prefix", "other"])
@@ -182,7 +187,9 @@ def test_substitution_is_the_plain_rule(a: str, b: str, substitute: float) -> No
     ra, rb = read(a), read(b)
     only_a, only_b = _plain_differences(ra, rb)
     for lone, own, other_lone, other in ((only_a, ra, only_b, rb), (only_b, rb, only_a, ra)):
-        assert _substituted(lone, own, other_lone, other, substitute) == \
+        mine = [own.surface.get(x, x) for x in lone]
+        theirs = [other.surface.get(y, y) for y in other_lone]
+        assert _substituted(mine, own, theirs, other, substitute) == \
             _plain_substituted(lone, own, other_lone, other, substitute)
 
 
