@@ -462,73 +462,145 @@ def _spelled_out(word: str, other: Reading) -> tuple[str, ...]:
 def _missing(mine: Counter[str], theirs: Counter[str]) -> list[str]:
     """`list((mine - theirs).elements())` without building the Counter: each key as many times as
     `mine` has it more often than `theirs`, in `mine`'s order (both hold positive counts only)."""
+    get = theirs.get
     out: list[str] = []
     for key, count in mine.items():
-        more = count - theirs.get(key, 0)
-        if more == 1:
+        if count > get(key, 0):
             out.append(key)
-        elif more > 1:
-            out.extend([key] * more)
+            if count > 1:  # the rest of its copies, if `theirs` has fewer by more than one
+                out.extend([key] * (count - get(key, 0) - 1))
     return out
+
+
+def _initials_long(word: str) -> bool:
+    """Whether `word` is as long as a stretch of initials `_spelled_out` looks for (2 to 6 letters):
+    a shorter or longer word is never one, though a one-letter word is in most texts' initials."""
+    return 2 <= len(word) <= 6
+
+
+_INITIALS_LONG = _Memo(_initials_long)
 
 
 def differences(a: Reading, b: Reading) -> tuple[list[str], list[str]]:
     """The content words (keys) each text has that the other lacks, spelling aside."""
-    only_a = _missing(a.content, b.content)
-    only_b = _missing(b.content, a.content)
-    if only_a and only_b:
-        only_a, only_b = _unalike(only_a, a, only_b, b)
-    for mine, theirs, own, other in ((only_a, only_b, a, b), (only_b, only_a, b, a)):
-        if not mine:
-            continue
-        spelt = list(map(own.surface.get, mine, mine))
-        joined, initials = other.spellings
-        if joined.keys().isdisjoint(spelt) and not any(map(initials.__contains__, spelt)):
-            continue  # no word of `mine` is two of the other's words joined, nor their initials
-        for x, sx in zip(list(mine), spelt, strict=True):
-            parts = _spelled_out(sx, other) if sx in joined or sx in initials else ()  # as above
-            if parts:
-                mine.remove(x)
-                for part in parts:
-                    if _KEYS[part] in theirs:
-                        theirs.remove(_KEYS[part])
+    only_a, _, only_b, _ = _differences(a, b)
     return only_a, only_b
 
 
-def _unalike(only_a: list[str], a: Reading, only_b: list[str], b: Reading) -> tuple[list[str], list[str]]:
-    """`only_a` and `only_b` less the pairs of words that are one word written two ways (`_alike`),
-    each word of `a` matched with the first word of `b` still unmatched, in their order.
-
-    Decided from facts read once per word: a number is never another spelling, nor are two
-    vocabulary words, so a vocabulary word of `a` is compared only with `b`'s unknown words (few:
-    most pairs compare none), any other word of `a` with all of `b`'s words but numbers."""
+def _differences(a: Reading, b: Reading) -> tuple[list[str], list[str], list[str], list[str]]:
+    """`differences`, each list with the words its keys came from (`surface`), looked up once and
+    kept in step with it, for `judge` to read them from: (only_a, its words, only_b, its words)."""
+    only_a = _missing(a.content, b.content)
+    only_b = _missing(b.content, a.content)
+    spelt_a = list(map(a.surface.get, only_a, only_a))
     spelt_b = list(map(b.surface.get, only_b, only_b))
-    loose = [k for k, sy in enumerate(spelt_b) if not _NUMERIC[sy]]  # what an unknown word may match
-    unknown = [k for k in loose if not in_vocabulary(spelt_b[k])]  # what a vocabulary word may match
-    if not loose:
-        return only_a, only_b
+    if only_a and only_b:
+        only_a, spelt_a, only_b, spelt_b = _unalike(only_a, spelt_a, only_b, spelt_b)
+    for mine, spelt, theirs, spelt_theirs, other in ((only_a, spelt_a, only_b, spelt_b, b),
+                                                     (only_b, spelt_b, only_a, spelt_a, a)):
+        if not mine:
+            continue
+        joined, initials = other.spellings
+        if joined.keys().isdisjoint(spelt) and \
+                not any(map(initials.__contains__, filter(_INITIALS_LONG.__getitem__, spelt))):
+            continue  # no word of `mine` is two of the other's words joined, nor their initials
+        for x, sx in zip(list(mine), list(spelt), strict=True):
+            parts = _spelled_out(sx, other) if sx in joined or (_INITIALS_LONG[sx] and sx in initials) else ()
+            if parts:
+                _remove(x, mine, spelt)
+                for part in parts:
+                    if _KEYS[part] in theirs:
+                        _remove(_KEYS[part], theirs, spelt_theirs)
+    return only_a, spelt_a, only_b, spelt_b
+
+
+def _remove(key: str, keys: list[str], spelt: list[str]) -> None:
+    """`keys.remove(key)`, and the word at the same place of `spelt` with it."""
+    at = keys.index(key)
+    del keys[at], spelt[at]
+
+
+def _alike_keys(word: str) -> frozenset[str]:
+    """Strings two words `_alike` share at least one of (`test_alike_words_share_a_key`):
+    - an abbreviation (a prefix of 3+ letters) and a typo past the second letter keep the first
+      two letters;
+    - a typo in the first two letters of words of 4+ letters keeps what follows it: after the
+      third letter for a swap, the second for a replacement (words of one length); and for a
+      letter inserted or deleted, the longer word after its second letter is the shorter after
+      its first.
+    A word of 2 letters or fewer has none (a typo needs 4, an abbreviation 3)."""
+    if len(word) < 3:
+        return frozenset()
+    return frozenset((word[:2], word[1:], word[2:], word[3:]) if len(word) >= 4 else (word[:2],))
+
+
+def _found_by(word: str) -> frozenset[str | tuple[str]]:
+    """The keys under which `_unalike` finds `word` as the other text's word: its `_alike_keys`,
+    and for a word outside the static table's vocabulary the same keys tagged (each in a 1-tuple,
+    never equal to a string), which is all a vocabulary word looks for (`_looks_for`). A number
+    has none: it is never another spelling. (A set keeps its members' hashes: the tuples are
+    hashed once, here.)"""
+    if _is_number(word):
+        return frozenset()
+    keys = _alike_keys(word)
+    return keys if in_vocabulary(word) else keys | {(key,) for key in keys}
+
+
+def _looks_for(word: str) -> frozenset[str | tuple[str]]:
+    """The keys `_unalike` looks `word` up by (`_found_by`): an unknown word may be another spelling
+    of any word but a number, so it looks for the plain keys; a vocabulary word only of an unknown
+    word (two vocabulary words are two words), so it looks for the tagged keys; a number for none."""
+    if _is_number(word):
+        return frozenset()
+    keys = _alike_keys(word)
+    return frozenset((key,) for key in keys) if in_vocabulary(word) else keys
+
+
+class _KeysMemo(_Memo[frozenset[str | tuple[str]]]):
+    """A `_Memo` of fewer words, for `_found_by` and `_looks_for`: a word's keys take about 0.7 KB
+    each way (a set of four to eight strings and tuples) where `_WORDS`' facts take 0.14 KB, so that
+    both stay within about 12 MB; the lone words of the pairs judged are far fewer than the words read."""
+
+    limit = 8192
+
+
+_FOUND_BY = _KeysMemo(_found_by)
+_LOOKS_FOR = _KeysMemo(_looks_for)
+
+
+def _unalike(only_a: list[str], spelt_a: list[str], only_b: list[str],
+             spelt_b: list[str]) -> tuple[list[str], list[str], list[str], list[str]]:
+    """`only_a` and `only_b` (and the words they came from, `spelt_a` and `spelt_b`) less the pairs
+    of words that are one word written two ways (`_alike`), each word of `a` matched with the first
+    word of `b` still unmatched, in their order.
+
+    A number is never another spelling, nor are two vocabulary words; and two words alike share a
+    key (`_alike_keys`). Each word's keys, tagged by what it may be another spelling of, are read
+    once per word (`_found_by`, `_looks_for`), so set operations in C find the few words of `a`
+    that may be alike one of `b`'s (most pairs have none), and only those are compared."""
+    found_b = list(map(_FOUND_BY.__getitem__, spelt_b))
+    index = set().union(*found_b)
+    if not index:
+        return only_a, spelt_a, only_b, spelt_b
+    looks_a = list(map(_LOOKS_FOR.__getitem__, spelt_a))
+    near = [i for i, apart in enumerate(map(index.isdisjoint, looks_a)) if not apart]
+    if not near:
+        return only_a, spelt_a, only_b, spelt_b  # no word of `a` shares a key with one of b's it may be
     taken: set[int] = set()  # positions in only_b matched
-    kept_a = []
-    for x, sx in zip(only_a, map(a.surface.get, only_a, only_a), strict=True):
-        match = None
-        if not _NUMERIC[sx]:
-            first, last, size = sx[:1], sx[-1:], len(sx)
-            for k in unknown if in_vocabulary(sx) else loose:
-                sy = spelt_b[k]
-                # An abbreviation shares the first letter, a typo the first or the last (one
-                # edit leaves one end as it was) and the length within one letter: most pairs end
-                # at this test, before `_alike` (`test_alike_words_share_an_end`).
-                if k not in taken and (sy[:1] == first or (sy[-1:] == last and -1 <= size - len(sy) <= 1)) \
-                        and _alike(sx, sy):
-                    match = k
-                    break
-        if match is None:
-            kept_a.append(x)
-        else:
-            taken.add(match)
+    matched: set[int] = set()  # positions in only_a matched
+    for i in near:
+        sx, looks = spelt_a[i], looks_a[i]
+        for k, found in enumerate(found_b):
+            if k not in taken and not found.isdisjoint(looks) and _alike(sx, spelt_b[k]):
+                taken.add(k)
+                matched.add(i)
+                break
     if not taken:
-        return only_a, only_b
-    return kept_a, [y for k, y in enumerate(only_b) if k not in taken]
+        return only_a, spelt_a, only_b, spelt_b
+    kept_a = [i for i in range(len(only_a)) if i not in matched]
+    kept_b = [k for k in range(len(only_b)) if k not in taken]
+    return ([only_a[i] for i in kept_a], [spelt_a[i] for i in kept_a],
+            [only_b[k] for k in kept_b], [spelt_b[k] for k in kept_b])
 
 
 def copies(a: Reading, b: Reading) -> bool:
@@ -556,22 +628,30 @@ def _negations_toward(own: Reading, other: Reading) -> int:
 
 
 
-def _substituted(lone: Sequence[str], own: Reading, other_lone: Sequence[str], other: Reading,
+def _has_vector(word: str) -> bool:
+    """Whether `_substituted` may compare `word`: not a number, and a whole word of the static
+    table's vocabulary (a fact of the word, memoised in `_HAS_VECTOR`)."""
+    return not _is_number(word) and in_vocabulary(word)
+
+
+_HAS_VECTOR = _Memo(_has_vector)
+
+
+def _substituted(mine: Sequence[str], own: Reading, other_lone: Sequence[str], other: Reading,
                  substitute: float) -> bool:
-    """Whether every word of `lone` (content-word keys of `own` the other text lacks) has a close
-    substitute among `other_lone`: a word whose static vector's cosine with it is at least
+    """Whether every word of `mine` (the words of `own` whose content-word keys the other text
+    lacks, `_differences`) has a close substitute among `other_lone` (the other's such words): a
+    word whose static vector's cosine with it is at least
     `substitute`; both words must be whole words of the table's vocabulary (a word it spells in
     pieces has no vector of its own to compare). A number or a name has none (another value,
     another subject), nor has any word when the other text has no word of its own to stand for it."""
-    if not lone:
+    if not mine:
         return True
     if not other_lone:
         return False
-    mine = [own.surface.get(x, x) for x in lone]
-    if any(_NUMERIC[w] or w in own.names or not in_vocabulary(w) for w in mine):
+    if not own.names.isdisjoint(mine) or not all(map(_HAS_VECTOR.__getitem__, mine)):
         return False
-    theirs = [other.surface.get(y, y) for y in other_lone]
-    theirs = [w for w in theirs if not _NUMERIC[w] and w not in other.names and in_vocabulary(w)]
+    theirs = list(filterfalse(other.names.__contains__, filter(_HAS_VECTOR.__getitem__, other_lone)))
     if not theirs:
         return False
     return bool((word_vectors(tuple(mine)) @ word_vectors(tuple(theirs)).T).max(axis=1).min() >= substitute)
@@ -612,7 +692,7 @@ def judge(a: Reading, b: Reading, semantic: float, rules: Rules, lexical: float 
         return Verdict(False, "no content")  # a text that says nothing is not said by another
     if _negations_toward(a, b) != _negations_toward(b, a):
         return Verdict(False, "negation")  # settled before the word-by-word comparison it needs not
-    only_a, only_b = differences(a, b)
+    only_a, spelt_a, only_b, spelt_b = _differences(a, b)
     # Each text's words the other lacks, each with a close substitute there (or none to account for).
     passage = len(a.words) > SHORT_WORDS or len(b.words) > SHORT_WORDS
     close = lexical >= LEXICAL_COPY if passage else semantic >= rules.tau
@@ -620,8 +700,8 @@ def judge(a: Reading, b: Reading, semantic: float, rules: Rules, lexical: float 
         return Verdict(True, "copy")  # the same content words: one text said again
     # A text whose every word the other has, or stands for with a close substitute, says nothing
     # the other does not: inside it when the other says more (that one is kept), else a restatement.
-    a_in_b = not only_a or (close and _substituted(only_a, a, only_b, b, rules.substitute))
-    b_in_a = not only_b or (close and _substituted(only_b, b, only_a, a, rules.substitute))
+    a_in_b = not only_a or (close and _substituted(spelt_a, a, spelt_b, b, rules.substitute))
+    b_in_a = not only_b or (close and _substituted(spelt_b, b, spelt_a, a, rules.substitute))
     if a_in_b and b_in_a:
         return Verdict(True, "restatement") if only_a and only_b else \
             Verdict(True, "contained", 1 if not only_a else 0)
@@ -632,8 +712,7 @@ def judge(a: Reading, b: Reading, semantic: float, rules: Rules, lexical: float 
     more_a, more_b = bool(_missing(a.numbers, b.numbers)), bool(_missing(b.numbers, a.numbers))
     if more_a and more_b:
         return Verdict(False, "numbers")
-    if any(a.surface.get(x, x) in a.names for x in only_a) or \
-            any(b.surface.get(y, y) in b.names for y in only_b):
+    if not a.names.isdisjoint(spelt_a) or not b.names.isdisjoint(spelt_b):  # a lone word is a name
         return Verdict(False, "names")
     if more_a or more_b:
         return Verdict(False, "numbers")
