@@ -49,7 +49,8 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
-from itertools import compress, filterfalse, pairwise
+from itertools import compress, filterfalse
+from operator import add
 from typing import TypeVar
 
 import numpy as np
@@ -186,15 +187,25 @@ class Reading:
         return frozenset(self.content)
 
     @cached_property
-    def spellings(self) -> tuple[dict[str, tuple[str, ...]], str]:
+    def spellings(self) -> tuple[frozenset[str], str]:
         """Each way another text may write a stretch of these words as one word (`_spelled_out`):
-        two adjacent words run together ("tie" "break" -> "tiebreak"), the first such pair of each;
-        and the words' initials as one string, in which an acronym of 2 to 6 adjacent words is found
-        by `str.find` (one initial is one character, so the first match is the first stretch).
-        Built once per text, when a pair's differences first need it, so a lookup replaces a scan of
-        the words for every word compared."""
-        pairs = list(pairwise(self.words))[::-1]  # from the end: the first pair of a join is set last
-        return dict(zip(map("".join, pairs), pairs, strict=True)), "".join([w[0] for w in self.words])
+        two adjacent words run together ("tie" "break" -> "tiebreak"), as a set (which pair it is,
+        `joined_pair`, is asked only of a word found in it: seldom); and the words' initials as one
+        string, in which an acronym of 2 to 6 adjacent words is found by `str.find` (one initial is
+        one character, so the first match is the first stretch). Built once per text, when a pair's
+        differences first need it, so a lookup replaces a scan of the words for every word
+        compared."""
+        words = self.words
+        return frozenset(map(add, words[:-1], words[1:])), "".join([w[0] for w in words])
+
+    def joined_pair(self, word: str) -> tuple[str, ...]:
+        """The first two adjacent words that `word` writes together, as a scan from the start finds
+        them; () when none do."""
+        words = self.words
+        if word not in self.spellings[0]:
+            return ()
+        at = list(map(add, words[:-1], words[1:])).index(word)
+        return words[at:at + 2]
 
 
 def _is_number(word: str) -> bool:
@@ -450,9 +461,8 @@ def _spelled_out(word: str, other: Reading) -> tuple[str, ...]:
     "global interpreter lock"); () when it is neither. The first such stretch, as a scan of the
     words from the start would find it (`Reading.spellings`)."""
     joined, initials = other.spellings
-    found = joined.get(word)
-    if found is not None:
-        return found
+    if word in joined:
+        return other.joined_pair(word)
     if not 2 <= len(word) <= 6:
         return ()
     at = initials.find(word)
@@ -501,7 +511,7 @@ def _differences(a: Reading, b: Reading) -> tuple[list[str], list[str], list[str
         if not mine:
             continue
         joined, initials = other.spellings
-        if joined.keys().isdisjoint(spelt) and \
+        if joined.isdisjoint(spelt) and \
                 not any(map(initials.__contains__, filter(_INITIALS_LONG.__getitem__, spelt))):
             continue  # no word of `mine` is two of the other's words joined, nor their initials
         for x, sx in zip(list(mine), list(spelt), strict=True):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from itertools import pairwise
 from unittest.mock import patch
 
 from hypothesis import example, given, settings
@@ -27,6 +28,7 @@ from rag_rerank.redundancy import (
     _pieces,
     _raw_tokens,
     _run_tokens,
+    _spelled_out,
     _word_runs,
     read,
 )
@@ -147,3 +149,42 @@ def test_a_reading_is_built_by_the_direct_init_the_frozen_tests_hold() -> None:
     expected = object.__new__(Reading)
     generated_init(Reading)(expected, **fields)
     assert expected == reading and list(vars(expected)) == [f.name for f in dataclasses.fields(Reading)]
+
+
+def _spelled_out_by_scan(word: str, reading: Reading) -> tuple[str, ...]:
+    """The plain rule `_spelled_out` answers from `Reading.spellings`: the first two adjacent words
+    written together as `word`, else the first stretch of 2 to 6 words whose initials it is."""
+    words = reading.words
+    for k in range(len(words) - 1):
+        if words[k] + words[k + 1] == word:
+            return words[k:k + 2]
+    if 2 <= len(word) <= 6:
+        for k in range(len(words) - len(word) + 1):
+            if "".join(w[0] for w in words[k:k + len(word)]) == word:
+                return words[k:k + len(word)]
+    return ()
+
+
+_JOINABLE = st.lists(st.sampled_from(["tie", "break", "tiebreak", "a", "ab", "b", "ba", "aba", "\u00e9",
+                                      "\u0130", "\u00df", "1", "12", "21"]), max_size=12).map(" ".join)
+
+
+@settings(max_examples=400, deadline=None, derandomize=True)
+@given(st.one_of(_JOINABLE, st.text(max_size=60)), st.one_of(_JOINABLE, st.text(max_size=8)), st.data())
+@example("tie break tiebreak tie break", "tiebreak", None)
+@example("a ba b aba ab a", "aba", None)
+@example("ab a b", "ab", None)
+def test_the_joins_set_finds_the_first_pair_a_scan_finds(text: str, word: str,
+                                                          data: st.DataObject | None) -> None:
+    """`Reading.spellings`' set of joins holds exactly the adjacent pairs run together, and
+    `joined_pair` / `_spelled_out` give the first stretch a scan from the start finds (the table it
+    replaced kept each join's first pair)."""
+    reading = read(text)
+    words = reading.words
+    if data is not None and len(words) > 1:  # a join that is there, often
+        k = data.draw(st.integers(0, len(words) - 2))
+        word = data.draw(st.sampled_from([word, words[k] + words[k + 1]]))
+    assert reading.spellings[0] == {x + y for x, y in pairwise(words)}
+    first = next((words[k:k + 2] for k in range(len(words) - 1) if words[k] + words[k + 1] == word), ())
+    assert reading.joined_pair(word) == first
+    assert _spelled_out(word, reading) == _spelled_out_by_scan(word, reading)
