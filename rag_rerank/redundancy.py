@@ -50,7 +50,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
 from itertools import compress, filterfalse
-from operator import add
+from operator import add, itemgetter
 from typing import TypeVar
 
 import numpy as np
@@ -130,6 +130,7 @@ _MEANINGFUL = frozenset(("above", "after", "against", "before", "below", "down",
 FUNCTION_WORDS = (STOPWORDS - _MEANINGFUL) | frozenset(
     "s d ll m re ve don doesn didn isn aren wasn weren hasn haven hadn us said says say".split())  # noqa: SIM905
 _OPENERS = '.!?:;"(\u201c\u00ab'
+_FIRST = itemgetter(0)  # a word's first character (no word is empty): its initial
 _NOT_CONTENT = FUNCTION_WORDS | NEGATIONS  # a word in it is content only as a name
 
 
@@ -196,7 +197,7 @@ class Reading:
         differences first need it, so a lookup replaces a scan of the words for every word
         compared."""
         words = self.words
-        return frozenset(map(add, words[:-1], words[1:])), "".join([w[0] for w in words])
+        return frozenset(map(add, words, words[1:])), "".join(map(_FIRST, words))  # map stops at the end
 
     def joined_pair(self, word: str) -> tuple[str, ...]:
         """The first two adjacent words that `word` writes together, as a scan from the start finds
@@ -204,7 +205,7 @@ class Reading:
         words = self.words
         if word not in self.spellings[0]:
             return ()
-        at = list(map(add, words[:-1], words[1:])).index(word)
+        at = list(map(add, words, words[1:])).index(word)
         return words[at:at + 2]
 
 
