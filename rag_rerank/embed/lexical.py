@@ -61,13 +61,18 @@ def _word_hash(word: str) -> int:
 _STOP_HASHES = np.array(sorted({_word_hash(w) for w in STOPWORDS}), dtype=np.uint64)
 
 
-def _mix(h: np.ndarray) -> np.ndarray:
-    """splitmix64 finaliser: spreads polynomial hashes over all 64 bits before bucketing."""
-    h = h ^ (h >> np.uint64(30))
-    h = h * np.uint64(0xBF58476D1CE4E5B9)
-    h = h ^ (h >> np.uint64(27))
-    h = h * np.uint64(0x94D049BB133111EB)
-    return h ^ (h >> np.uint64(31))
+def _mix_in_place(h: np.ndarray) -> None:
+    """The splitmix64 finaliser (h ^= h >> 30; h *= 0xBF58476D1CE4E5B9; h ^= h >> 27;
+    h *= 0x94D049BB133111EB; h ^= h >> 31, modulo 2**64): spreads polynomial hashes over all 64
+    bits before bucketing. Every step is written over `h` with one scratch array: a call mixes all
+    its words' and n-grams' hashes at once, without a new array per step."""
+    t = np.empty_like(h)
+    for shift, factor in ((30, 0xBF58476D1CE4E5B9), (27, 0x94D049BB133111EB)):
+        np.right_shift(h, np.uint64(shift), out=t)
+        h ^= t
+        h *= np.uint64(factor)
+    np.right_shift(h, np.uint64(31), out=t)
+    h ^= t
 
 
 # `_NON_WORD` as a bytes table for Latin-1 text: every character it matches a space, the others
@@ -301,7 +306,7 @@ class LexicalEmbedder:
             prefix[0] = 0
             np.cumsum((cp + np.uint64(1)) * powers, out=prefix[1:])
 
-            keys: list[np.ndarray] = []
+            keys: list[tuple[np.ndarray, int]] = []  # each kind's hashes and the salt they are mixed with
             rows: list[np.ndarray] = []
             weights: list[np.ndarray | float] = []  # an array, or one weight for every entry
             not_sep = cp != _SEP
@@ -320,7 +325,7 @@ class LexicalEmbedder:
                 content = is_word & (np.cumsum(inside_stop[:length]) == 0)
                 content_before = np.concatenate(([0], np.cumsum(content)))
             if self.word_weight:
-                keys.append(_mix(w_hash ^ np.uint64(0xD1B54A32D192ED03)))
+                keys.append((w_hash, 0xD1B54A32D192ED03))
                 rows.append(row.take(w_start))
                 weights.append(np.where(is_stop, self.word_weight * self.stopword_weight, self.word_weight)
                                if damped else self.word_weight)
@@ -332,7 +337,7 @@ class LexicalEmbedder:
                 m = length - n_len + 1
                 ok = not_sep[:m] & (row[:m] == row[n_len - 1:])
                 h = ((prefix[n_len:] - prefix[:m]) * inv[:m])[ok]
-                keys.append(_mix(h ^ np.uint64(n_len * 0x9E3779B97F4A7C15 & 0xFFFFFFFFFFFFFFFF)))
+                keys.append((h, n_len * 0x9E3779B97F4A7C15 & 0xFFFFFFFFFFFFFFFF))
                 rows.append(row[:m][ok])
                 if damped:
                     glue = (content_before[n_len:] == content_before[:m])[ok]
@@ -340,19 +345,28 @@ class LexicalEmbedder:
                 else:
                     weights.append(w)
 
-        entries = sum(map(len, keys))
+        entries = sum(len(h) for h, _ in keys)
         if not entries:  # (`bincount` of nothing would be integers)
             nothing = np.zeros(0, dtype=np.int64)
             return np.zeros(n * self.dim), nothing, np.zeros(0), nothing
-        # Each entry's cell and signed weight, every kind written into its stretch of the two arrays
-        # (no concatenation of keys, rows and weights): the sign is the key's top bit, the column its
-        # low bits (read through the key's int64 view: the same bits, without a conversion).
-        flat, signed = np.empty(entries, dtype=np.int64), np.empty(entries)
+        # Each entry's key, cell and signed weight, every kind written into its stretch of the three
+        # arrays (no concatenation of keys, rows and weights), the keys mixed all at once: the sign
+        # is the key's top bit (read as a float64's sign: `copysign` gives the same ±1.0 as a
+        # comparison and a choice), the column its low bits (read through the key's int64 view).
+        mixed, flat = np.empty(entries, dtype=np.uint64), np.empty(entries, dtype=np.int64)
         at = 0
-        for key, rows_of, weight in zip(keys, rows, weights, strict=True):
-            end = at + len(key)
-            bits = key.view(np.int64)
-            np.multiply(np.where(bits < 0, -1.0, 1.0), weight, out=signed[at:end])
+        for (h, salt), _ in zip(keys, rows, strict=True):
+            end = at + len(h)
+            np.bitwise_xor(h, np.uint64(salt), out=mixed[at:end])
+            at = end
+        _mix_in_place(mixed)
+        signed = np.copysign(1.0, mixed.view(np.float64))
+        at = 0
+        for rows_of, weight in zip(rows, weights, strict=True):
+            end = at + len(rows_of)
+            bits = mixed[at:end].view(np.int64)
+            if not (isinstance(weight, float) and weight == 1.0):  # (±1.0) · 1.0 is ±1.0
+                signed[at:end] *= weight
             np.add(rows_of * self.dim, bits & (self.dim - 1), out=flat[at:end])
             at = end
         counts = np.bincount(flat, weights=signed, minlength=n * self.dim)
