@@ -20,6 +20,7 @@ from rag_rerank.embed.lexical import (
     _damped,
     _mix_in_place,
     _powers,
+    _word_bounds,
     _word_hash,
     normalise_text,
 )
@@ -340,3 +341,20 @@ def test_keys_are_mixed_and_signed_as_the_plain_rule(keys: list[int]) -> None:
     for bits in (raw, mixed):  # the keys as given (every NaN pattern among the examples), then mixed
         signs = np.copysign(1.0, bits.view(np.float64))
         assert signs.tobytes() == np.array([-1.0 if k >> 63 else 1.0 for k in bits.tolist()]).tobytes()
+
+
+@settings(max_examples=300, derandomize=True, deadline=None)
+@given(st.lists(st.booleans(), max_size=60))
+@example([])
+@example([True])
+@example([False, True, True, False, True, False])
+@example([True, False, True])
+def test_word_bounds_are_the_edges_of_the_padded_mask(mask: list[bool]) -> None:
+    """`_word_bounds` is the plain rule, `np.diff` of the mask padded by False at both ends: +1 where
+    a run starts, -1 where it ends; over masks that start or end inside a run too."""
+    is_word = np.array(mask, dtype=bool)
+    edges = np.diff(np.concatenate(([0], is_word.astype(np.int64), [0])))
+    starts, ends = _word_bounds(is_word)
+    assert starts.dtype == ends.dtype == np.int64
+    assert starts.tolist() == np.flatnonzero(edges == 1).tolist()
+    assert ends.tolist() == np.flatnonzero(edges == -1).tolist()

@@ -155,6 +155,20 @@ def _code_points(texts: list[str]) -> np.ndarray:
 
 # P**i and P**-i (mod 2**64) for i below their length: the same numbers for every call, so they are
 # made once and grown (doubling) when a call's joined texts are longer (`_powers`).
+def _word_bounds(is_word: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Where each run of True in `is_word` starts, and where it ends (the position after it).
+
+    Why: a call's joined text starts and ends with a space (`normalise_text` pads each text), so
+    every run lies inside and its edges are where a position differs from the one before: two
+    comparisons of neighbours, without widening the mask to integers and padding it at both ends
+    for `np.diff` (the general way, kept for a mask that starts or ends in a run)."""
+    if not len(is_word) or is_word[0] or is_word[-1]:
+        edges = np.diff(is_word.astype(np.int8), prepend=np.int8(0), append=np.int8(0))
+        return np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)
+    head, tail = is_word[:-1], is_word[1:]
+    return np.flatnonzero(tail > head) + 1, np.flatnonzero(head > tail) + 1
+
+
 _POWERS = (np.ones(1, dtype=np.uint64), np.ones(1, dtype=np.uint64))
 
 
@@ -311,9 +325,7 @@ class LexicalEmbedder:
             weights: list[np.ndarray | float] = []  # an array, or one weight for every entry
             not_sep = cp != _SEP
             is_word = not_sep & (cp != _SPACE)
-            edges = np.diff(is_word.astype(np.int8), prepend=np.int8(0), append=np.int8(0))
-            w_start = np.flatnonzero(edges == 1)
-            w_end = np.flatnonzero(edges == -1)
+            w_start, w_end = _word_bounds(is_word)
             w_hash = (prefix.take(w_end) - prefix.take(w_start)) * inv.take(w_start)
             if damped:
                 at = np.minimum(np.searchsorted(_STOP_HASHES, w_hash), len(_STOP_HASHES) - 1)
