@@ -20,6 +20,7 @@ from rag_rerank.embed.lexical import (
     _damped,
     _mix_in_place,
     _powers,
+    _signs,
     _word_bounds,
     _word_hash,
     normalise_text,
@@ -331,15 +332,15 @@ def test_the_latin1_table_deletes_no_ascii_character() -> None:
 @example([0, 1, _MASK, 1 << 63, 0x7FF0000000000001, 0xFFF8000000000000, 0x8000000000000001,
           0x7FF0000000000000])
 def test_keys_are_mixed_and_signed_as_the_plain_rule(keys: list[int]) -> None:
-    """`_mix_in_place` is the splitmix64 finaliser in Python integers, and a key's sign read as a
-    float64's (`copysign`, over every NaN and infinity pattern of the bits) is its top bit: the
-    (±1.0) each entry's weight is multiplied by."""
+    """`_mix_in_place` is the splitmix64 finaliser in Python integers, and `_signs` is -1.0 for a
+    key with its top bit set, else 1.0: the (±1.0) each entry's weight is multiplied by."""
     raw = np.array(keys, dtype=np.uint64)
     mixed = raw.copy()
     _mix_in_place(mixed)
     assert mixed.tolist() == [_mix_int(k) for k in keys]
-    for bits in (raw, mixed):  # the keys as given (every NaN pattern among the examples), then mixed
-        signs = np.copysign(1.0, bits.view(np.float64))
+    for bits in (raw, mixed):  # the keys as given, then mixed
+        signs = _signs(bits)
+        assert signs.dtype == np.float64
         assert signs.tobytes() == np.array([-1.0 if k >> 63 else 1.0 for k in bits.tolist()]).tobytes()
 
 

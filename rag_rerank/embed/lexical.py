@@ -155,6 +155,21 @@ def _code_points(texts: list[str]) -> np.ndarray:
 
 # P**i and P**-i (mod 2**64) for i below their length: the same numbers for every call, so they are
 # made once and grown (doubling) when a call's joined texts are longer (`_powers`).
+_SIGN_BIT = np.uint64(1 << 63)
+_ONE_BITS = np.uint64(0x3FF0000000000000)  # the bits of the float64 1.0
+
+
+def _signs(keys: np.ndarray) -> np.ndarray:
+    """-1.0 for each uint64 key whose top bit is set, else 1.0 (float64).
+
+    Why: the top bit is kept and the bits of 1.0 put under it, read as float64: two whole-word
+    passes, where a comparison and a choice (`np.where`) or `np.copysign` (numpy's is a loop
+    without vector instructions) cost more."""
+    signs = np.bitwise_and(keys, _SIGN_BIT)
+    signs |= _ONE_BITS
+    return signs.view(np.float64)
+
+
 def _word_bounds(is_word: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Where each run of True in `is_word` starts, and where it ends (the position after it).
 
@@ -363,8 +378,7 @@ class LexicalEmbedder:
             return np.zeros(n * self.dim), nothing, np.zeros(0), nothing
         # Each entry's key, cell and signed weight, every kind written into its stretch of the three
         # arrays (no concatenation of keys, rows and weights), the keys mixed all at once: the sign
-        # is the key's top bit (read as a float64's sign: `copysign` gives the same ±1.0 as a
-        # comparison and a choice), the column its low bits (read through the key's int64 view).
+        # is the key's top bit (`_signs`), the column its low bits (read through the key's int64 view).
         mixed, flat = np.empty(entries, dtype=np.uint64), np.empty(entries, dtype=np.int64)
         at = 0
         for (h, salt), _ in zip(keys, rows, strict=True):
@@ -372,7 +386,7 @@ class LexicalEmbedder:
             np.bitwise_xor(h, np.uint64(salt), out=mixed[at:end])
             at = end
         _mix_in_place(mixed)
-        signed = np.copysign(1.0, mixed.view(np.float64))
+        signed = _signs(mixed)
         at = 0
         for rows_of, weight in zip(rows, weights, strict=True):
             end = at + len(rows_of)
