@@ -359,3 +359,19 @@ def test_word_bounds_are_the_edges_of_the_padded_mask(mask: list[bool]) -> None:
     assert starts.dtype == ends.dtype == np.int64
     assert starts.tolist() == np.flatnonzero(edges == 1).tolist()
     assert ends.tolist() == np.flatnonzero(edges == -1).tolist()
+
+
+@settings(max_examples=60, derandomize=True, deadline=None)
+@given(st.lists(_ANY_TEXT | st.sampled_from(["", "  ", "!?", "ab", "abcd", "Straße"]), min_size=1,
+                max_size=5),
+       st.sampled_from([(5,), (3, 5)]), st.sampled_from([1.0, 2.5, -1.0, 0.0]))
+@example(["", ""], (5,), 1.0)
+@example(["ab", "cd", "ef"], (5,), 1.0)
+@example(["abcd", "x"], (3, 5), -1.0)
+def test_windows_across_texts_add_nothing(texts: list[str], ngrams: tuple[int, ...], weight: float) -> None:
+    """A call's n-gram windows that cross from one text into the next (kept with weight 0 in the
+    joined array) leave every row the bits of the text embedded alone."""
+    emb = LexicalEmbedder(char_ngrams=ngrams, char_weights=(weight,) * len(ngrams))
+    together = emb.embed(texts)
+    alone = np.vstack([emb.embed([t]) for t in texts])
+    assert together.tobytes() == alone.tobytes()

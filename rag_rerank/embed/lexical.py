@@ -24,6 +24,7 @@ Why this design:
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 
@@ -359,12 +360,22 @@ class LexicalEmbedder:
             for n_len, w in zip(self.char_ngrams, self.char_weights, strict=True):
                 if length < n_len:
                     continue
-                # the n-gram starting at each position, kept when it lies inside one text; made with
-                # slices (start = 0, 1, ...) and one boolean selection instead of index gathers
+                # the n-gram starting at each position, counted when it lies inside one text; made
+                # with slices (start = 0, 1, ...) instead of index gathers
                 m = length - n_len + 1
                 ok = not_sep[:m] & (row[:m] == row[n_len - 1:])
-                h = ((prefix[n_len:] - prefix[:m]) * inv[:m])[ok]
-                keys.append((h, n_len * 0x9E3779B97F4A7C15 & 0xFFFFFFFFFFFFFFFF))
+                h = (prefix[n_len:] - prefix[:m]) * inv[:m]
+                salt = n_len * 0x9E3779B97F4A7C15 & 0xFFFFFFFFFFFFFFFF
+                if not damped and math.isfinite(w):
+                    # every window kept, the few that cross a text's end weighing 0 (no boolean
+                    # selection of the hashes and the rows): ±0.0 added to a cell changes no sum and
+                    # leaves an untouched cell +0.0 (the sums start at +0.0). A damped or infinite
+                    # weight (0 * inf is NaN) takes the selection.
+                    keys.append((h, salt))
+                    rows.append(row[:m])
+                    weights.append(ok * float(w))
+                    continue
+                keys.append((h[ok], salt))
                 rows.append(row[:m][ok])
                 if damped:
                     glue = (content_before[n_len:] == content_before[:m])[ok]
