@@ -18,7 +18,10 @@ from rag_rerank.embed.lexical import (
     LexicalEmbedder,
     _code_points,
     _damped,
+    _mix_in_place,
     _powers,
+    _signs,
+    _word_bounds,
     _word_hash,
     normalise_text,
 )
@@ -322,3 +325,53 @@ def test_the_latin1_table_deletes_no_ascii_character() -> None:
     from rag_rerank.embed.lexical import _LATIN1_WORD_BYTES
 
     assert all(c >= 128 for c in _LATIN1_WORD_BYTES[1])
+
+
+@settings(max_examples=200, derandomize=True, deadline=None)
+@given(st.lists(st.integers(0, _MASK), max_size=40))
+@example([0, 1, _MASK, 1 << 63, 0x7FF0000000000001, 0xFFF8000000000000, 0x8000000000000001,
+          0x7FF0000000000000])
+def test_keys_are_mixed_and_signed_as_the_plain_rule(keys: list[int]) -> None:
+    """`_mix_in_place` is the splitmix64 finaliser in Python integers, and `_signs` is -1.0 for a
+    key with its top bit set, else 1.0: the (±1.0) each entry's weight is multiplied by."""
+    raw = np.array(keys, dtype=np.uint64)
+    mixed = raw.copy()
+    _mix_in_place(mixed)
+    assert mixed.tolist() == [_mix_int(k) for k in keys]
+    for bits in (raw, mixed):  # the keys as given, then mixed
+        signs = _signs(bits)
+        assert signs.dtype == np.float64
+        assert signs.tobytes() == np.array([-1.0 if k >> 63 else 1.0 for k in bits.tolist()]).tobytes()
+
+
+@settings(max_examples=300, derandomize=True, deadline=None)
+@given(st.lists(st.booleans(), max_size=60))
+@example([])
+@example([True])
+@example([False, True, True, False, True, False])
+@example([True, False, True])
+def test_word_bounds_are_the_edges_of_the_padded_mask(mask: list[bool]) -> None:
+    """`_word_bounds` is the plain rule, `np.diff` of the mask padded by False at both ends: +1 where
+    a run starts, -1 where it ends; over masks that start or end inside a run too."""
+    is_word = np.array(mask, dtype=bool)
+    edges = np.diff(np.concatenate(([0], is_word.astype(np.int64), [0])))
+    starts, ends = _word_bounds(is_word)
+    assert starts.dtype == ends.dtype == np.int64
+    assert starts.tolist() == np.flatnonzero(edges == 1).tolist()
+    assert ends.tolist() == np.flatnonzero(edges == -1).tolist()
+
+
+@settings(max_examples=60, derandomize=True, deadline=None)
+@given(st.lists(_ANY_TEXT | st.sampled_from(["", "  ", "!?", "ab", "abcd", "Straße"]), min_size=1,
+                max_size=5),
+       st.sampled_from([(5,), (3, 5)]), st.sampled_from([1.0, 2.5, -1.0, 0.0]))
+@example(["", ""], (5,), 1.0)
+@example(["ab", "cd", "ef"], (5,), 1.0)
+@example(["abcd", "x"], (3, 5), -1.0)
+def test_windows_across_texts_add_nothing(texts: list[str], ngrams: tuple[int, ...], weight: float) -> None:
+    """A call's n-gram windows that cross from one text into the next (kept with weight 0 in the
+    joined array) leave every row the bits of the text embedded alone."""
+    emb = LexicalEmbedder(char_ngrams=ngrams, char_weights=(weight,) * len(ngrams))
+    together = emb.embed(texts)
+    alone = np.vstack([emb.embed([t]) for t in texts])
+    assert together.tobytes() == alone.tobytes()

@@ -24,6 +24,7 @@ Why this design:
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 
@@ -61,13 +62,18 @@ def _word_hash(word: str) -> int:
 _STOP_HASHES = np.array(sorted({_word_hash(w) for w in STOPWORDS}), dtype=np.uint64)
 
 
-def _mix(h: np.ndarray) -> np.ndarray:
-    """splitmix64 finaliser: spreads polynomial hashes over all 64 bits before bucketing."""
-    h = h ^ (h >> np.uint64(30))
-    h = h * np.uint64(0xBF58476D1CE4E5B9)
-    h = h ^ (h >> np.uint64(27))
-    h = h * np.uint64(0x94D049BB133111EB)
-    return h ^ (h >> np.uint64(31))
+def _mix_in_place(h: np.ndarray) -> None:
+    """The splitmix64 finaliser (h ^= h >> 30; h *= 0xBF58476D1CE4E5B9; h ^= h >> 27;
+    h *= 0x94D049BB133111EB; h ^= h >> 31, modulo 2**64): spreads polynomial hashes over all 64
+    bits before bucketing. Every step is written over `h` with one scratch array: a call mixes all
+    its words' and n-grams' hashes at once, without a new array per step."""
+    t = np.empty_like(h)
+    for shift, factor in ((30, 0xBF58476D1CE4E5B9), (27, 0x94D049BB133111EB)):
+        np.right_shift(h, np.uint64(shift), out=t)
+        h ^= t
+        h *= np.uint64(factor)
+    np.right_shift(h, np.uint64(31), out=t)
+    h ^= t
 
 
 # `_NON_WORD` as a bytes table for Latin-1 text: every character it matches a space, the others
@@ -150,6 +156,35 @@ def _code_points(texts: list[str]) -> np.ndarray:
 
 # P**i and P**-i (mod 2**64) for i below their length: the same numbers for every call, so they are
 # made once and grown (doubling) when a call's joined texts are longer (`_powers`).
+_SIGN_BIT = np.uint64(1 << 63)
+_ONE_BITS = np.uint64(0x3FF0000000000000)  # the bits of the float64 1.0
+
+
+def _signs(keys: np.ndarray) -> np.ndarray:
+    """-1.0 for each uint64 key whose top bit is set, else 1.0 (float64).
+
+    Why: the top bit is kept and the bits of 1.0 put under it, read as float64: two whole-word
+    passes, where a comparison and a choice (`np.where`) or `np.copysign` (numpy's is a loop
+    without vector instructions) cost more."""
+    signs = np.bitwise_and(keys, _SIGN_BIT)
+    signs |= _ONE_BITS
+    return signs.view(np.float64)
+
+
+def _word_bounds(is_word: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Where each run of True in `is_word` starts, and where it ends (the position after it).
+
+    Why: a call's joined text starts and ends with a space (`normalise_text` pads each text), so
+    every run lies inside and its edges are where a position differs from the one before: two
+    comparisons of neighbours, without widening the mask to integers and padding it at both ends
+    for `np.diff` (the general way, kept for a mask that starts or ends in a run)."""
+    if not len(is_word) or is_word[0] or is_word[-1]:
+        edges = np.diff(is_word.astype(np.int8), prepend=np.int8(0), append=np.int8(0))
+        return np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)
+    head, tail = is_word[:-1], is_word[1:]
+    return np.flatnonzero(tail > head) + 1, np.flatnonzero(head > tail) + 1
+
+
 _POWERS = (np.ones(1, dtype=np.uint64), np.ones(1, dtype=np.uint64))
 
 
@@ -273,7 +308,10 @@ class LexicalEmbedder:
             values = values / norms
         else:
             values = np.divide(values, norms, out=np.zeros_like(values), where=norms > 0)
-        counts[cells] = values  # the untouched cells' +0.0 stays (float32 +0.0 over any norm)
+        # The untouched cells' +0.0 stays (float32 +0.0 over any norm). The float32 values are
+        # widened first (exactly, as the assignment would): a same-type assignment takes numpy's
+        # plain indexed copy, a casting one its buffered iterator (about 1.5 times the work).
+        counts[cells] = values.astype(np.float64)
         kept = values != 0
         if not kept.all():
             cells, values = cells[kept], values[kept]
@@ -298,14 +336,12 @@ class LexicalEmbedder:
             prefix[0] = 0
             np.cumsum((cp + np.uint64(1)) * powers, out=prefix[1:])
 
-            keys: list[np.ndarray] = []
+            keys: list[tuple[np.ndarray, int]] = []  # each kind's hashes and the salt they are mixed with
             rows: list[np.ndarray] = []
             weights: list[np.ndarray | float] = []  # an array, or one weight for every entry
             not_sep = cp != _SEP
             is_word = not_sep & (cp != _SPACE)
-            edges = np.diff(is_word.astype(np.int8), prepend=np.int8(0), append=np.int8(0))
-            w_start = np.flatnonzero(edges == 1)
-            w_end = np.flatnonzero(edges == -1)
+            w_start, w_end = _word_bounds(is_word)
             w_hash = (prefix.take(w_end) - prefix.take(w_start)) * inv.take(w_start)
             if damped:
                 at = np.minimum(np.searchsorted(_STOP_HASHES, w_hash), len(_STOP_HASHES) - 1)
@@ -317,19 +353,29 @@ class LexicalEmbedder:
                 content = is_word & (np.cumsum(inside_stop[:length]) == 0)
                 content_before = np.concatenate(([0], np.cumsum(content)))
             if self.word_weight:
-                keys.append(_mix(w_hash ^ np.uint64(0xD1B54A32D192ED03)))
+                keys.append((w_hash, 0xD1B54A32D192ED03))
                 rows.append(row.take(w_start))
                 weights.append(np.where(is_stop, self.word_weight * self.stopword_weight, self.word_weight)
                                if damped else self.word_weight)
             for n_len, w in zip(self.char_ngrams, self.char_weights, strict=True):
                 if length < n_len:
                     continue
-                # the n-gram starting at each position, kept when it lies inside one text; made with
-                # slices (start = 0, 1, ...) and one boolean selection instead of index gathers
+                # the n-gram starting at each position, counted when it lies inside one text; made
+                # with slices (start = 0, 1, ...) instead of index gathers
                 m = length - n_len + 1
                 ok = not_sep[:m] & (row[:m] == row[n_len - 1:])
-                h = ((prefix[n_len:] - prefix[:m]) * inv[:m])[ok]
-                keys.append(_mix(h ^ np.uint64(n_len * 0x9E3779B97F4A7C15 & 0xFFFFFFFFFFFFFFFF)))
+                h = (prefix[n_len:] - prefix[:m]) * inv[:m]
+                salt = n_len * 0x9E3779B97F4A7C15 & 0xFFFFFFFFFFFFFFFF
+                if not damped and math.isfinite(w):
+                    # every window kept, the few that cross a text's end weighing 0 (no boolean
+                    # selection of the hashes and the rows): ±0.0 added to a cell changes no sum and
+                    # leaves an untouched cell +0.0 (the sums start at +0.0). A damped or infinite
+                    # weight (0 * inf is NaN) takes the selection.
+                    keys.append((h, salt))
+                    rows.append(row[:m])
+                    weights.append(ok * float(w))
+                    continue
+                keys.append((h[ok], salt))
                 rows.append(row[:m][ok])
                 if damped:
                     glue = (content_before[n_len:] == content_before[:m])[ok]
@@ -337,19 +383,27 @@ class LexicalEmbedder:
                 else:
                     weights.append(w)
 
-        entries = sum(map(len, keys))
+        entries = sum(len(h) for h, _ in keys)
         if not entries:  # (`bincount` of nothing would be integers)
             nothing = np.zeros(0, dtype=np.int64)
             return np.zeros(n * self.dim), nothing, np.zeros(0), nothing
-        # Each entry's cell and signed weight, every kind written into its stretch of the two arrays
-        # (no concatenation of keys, rows and weights): the sign is the key's top bit, the column its
-        # low bits (read through the key's int64 view: the same bits, without a conversion).
-        flat, signed = np.empty(entries, dtype=np.int64), np.empty(entries)
+        # Each entry's key, cell and signed weight, every kind written into its stretch of the three
+        # arrays (no concatenation of keys, rows and weights), the keys mixed all at once: the sign
+        # is the key's top bit (`_signs`), the column its low bits (read through the key's int64 view).
+        mixed, flat = np.empty(entries, dtype=np.uint64), np.empty(entries, dtype=np.int64)
         at = 0
-        for key, rows_of, weight in zip(keys, rows, weights, strict=True):
-            end = at + len(key)
-            bits = key.view(np.int64)
-            np.multiply(np.where(bits < 0, -1.0, 1.0), weight, out=signed[at:end])
+        for (h, salt), _ in zip(keys, rows, strict=True):
+            end = at + len(h)
+            np.bitwise_xor(h, np.uint64(salt), out=mixed[at:end])
+            at = end
+        _mix_in_place(mixed)
+        signed = _signs(mixed)
+        at = 0
+        for rows_of, weight in zip(rows, weights, strict=True):
+            end = at + len(rows_of)
+            bits = mixed[at:end].view(np.int64)
+            if not (isinstance(weight, float) and weight == 1.0):  # (±1.0) · 1.0 is ±1.0
+                signed[at:end] *= weight
             np.add(rows_of * self.dim, bits & (self.dim - 1), out=flat[at:end])
             at = end
         counts = np.bincount(flat, weights=signed, minlength=n * self.dim)
