@@ -464,7 +464,7 @@ def _spelled_out(word: str, other: Reading) -> tuple[str, ...]:
     joined, initials = other.spellings
     if word in joined:
         return other.joined_pair(word)
-    if not 2 <= len(word) <= 6:
+    if not _initials_long(word):
         return ()
     at = initials.find(word)
     return other.words[at:at + len(word)] if at >= 0 else ()
@@ -516,7 +516,7 @@ def _differences(a: Reading, b: Reading) -> tuple[list[str], list[str], list[str
                 not any(map(initials.__contains__, filter(_INITIALS_LONG.__getitem__, spelt))):
             continue  # no word of `mine` is two of the other's words joined, nor their initials
         for x, sx in zip(list(mine), list(spelt), strict=True):
-            parts = _spelled_out(sx, other) if sx in joined or (_INITIALS_LONG[sx] and sx in initials) else ()
+            parts = _spelled_out(sx, other)  # () for most: the test above only says some word may be
             if parts:
                 _remove(x, mine, spelt)
                 for part in parts:
