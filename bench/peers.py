@@ -22,10 +22,19 @@ peer whose package is missing is skipped with a message. Every call's answer is 
 ranked, one attempt, no fallback; a peer: a non-empty ranking, no silent fallback), and the server
 counts the calls per caller: any failure is printed and the script exits 1.
 
-Run:  python bench/peers.py [--rounds 5] [--calls 43] [--sizes 20 50] [--data PATH]
+`--fresh` compares first sight instead, what a real user's call mostly is: in every round each
+reranker gets the passages under a mark of its own (`unseen(..., new_reasons=True)`), so no text or
+reason was seen before by any of them (the peers keep no per-text caches; ours does). The bare SDK
+call replays our request bodies for texts marked for it, recorded by an untimed call of ours before
+the round. The server computes an answer the first time it sees a body, and that time falls in the
+caller's wall clock (ours: the quoting ranker's answer, dearer than a peer's list of indices; the
+bare SDK: none, its bodies were answered when recorded), so with `--fresh` read the client CPU
+columns: each library's own work, which the server's time does not enter.
+
+Run:  python bench/peers.py [--rounds 5] [--calls 43] [--sizes 20 50] [--data PATH] [--fresh]
 Prints per size the median ms per call (median over rounds of each round's median) and the ratio to
 the bare SDK call (median of the per-round ratios: rounds interleave all rerankers, so load on a
-shared machine hits them alike).
+shared machine hits them alike), in wall-clock and in the client's CPU time.
 """
 
 from __future__ import annotations
@@ -253,6 +262,21 @@ def timed_round(calls: dict[str, Callable[[int], None]], n_queries: int, count: 
     return wall, cpu, failures
 
 
+def fresh_round(calls: dict[str, Callable[[int], None]], work: Work, mark: str, ours: Peer, sdk: Peer,
+                everyone: list[Peer], recorded: dict[int, list[dict[str, Any]]], url: str) -> None:
+    """Before a `--fresh` round: each reranker still timed gets `work` under marks of its own (a text
+    seen by one is new to the next), and the bare SDK call our request bodies for texts marked for
+    it, recorded by an untimed call of ours on them."""
+    record = ours.prepare(unseen(work, f"sdk-{mark}", new_reasons=True))
+    for i in range(len(work)):
+        record(i)
+    recorded[len(work[0][1])] = server_json(url, "recorded")[-len(work):]
+    for k, peer in enumerate(everyone):
+        if peer.name in calls:
+            target = work if peer is sdk else unseen(work, f"p{k}-{mark}", new_reasons=True)
+            calls[peer.name] = peer.prepare(target)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=5)
@@ -260,7 +284,12 @@ def main() -> int:
                     help="timed calls per reranker per round (cycling queries)")
     ap.add_argument("--sizes", type=int, nargs="+", default=[20, 50])
     ap.add_argument("--data", type=Path, default=DEFAULT_DATA)
+    ap.add_argument("--fresh", action="store_true",
+                    help="first sight: every reranker's texts and the model's reasons new in every round "
+                         "(compare the client CPU columns)")
     args = ap.parse_args()
+    if args.fresh and args.calls > 43:
+        ap.error("--fresh asks each query once a round: --calls 43 at most")
     os.environ.setdefault("OPENAI_API_KEY", KEY)
     failures: list[str] = []
     rows: list[tuple[int, str, float, float, float, float]] = []
@@ -300,7 +329,10 @@ def main() -> int:
             ratios: dict[str, list[float]] = {p.name: [] for p in everyone}
             cpu_ratios: dict[str, list[float]] = {p.name: [] for p in everyone}
             for r in range(args.rounds):
-                wall, cpu, failed = timed_round(calls, len(work), args.calls, r * args.calls)
+                if args.fresh:
+                    fresh_round(calls, work, f"r{r}", ours[0], sdk, everyone, recorded, url)
+                start = 0 if args.fresh else r * args.calls  # fresh: each round's texts are new anyway
+                wall, cpu, failed = timed_round(calls, len(work), args.calls, start)
                 failures += [f"{line} at {n} passages" for line in failed]
                 if not wall.get(sdk.name):
                     continue
@@ -322,7 +354,9 @@ def main() -> int:
             peer.close()
     load_avg = os.getloadavg()[0]
     print(f"Client-side ms per rerank call (top {TOP}), TREC DL19 passages, "
-          "one local OpenAI-compatible server "
+          + ("first sight (--fresh: every text and reason new to every reranker; read the CPU columns), "
+             if args.fresh else "")
+          + "one local OpenAI-compatible server "
           f"(bench/fast_llm.py); median over {args.rounds} rounds of {args.calls} calls each; "
           f"{os.cpu_count()} cores, load average {load_avg:.1f}\n")
     print("| passages | reranker | ms per call | x bare SDK call | client CPU ms per call "

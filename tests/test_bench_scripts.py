@@ -5,9 +5,12 @@ the local fusion gained a signal."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -133,3 +136,41 @@ def test_unseen_texts_give_new_reasons_only_when_asked() -> None:
         assert texts == ([f"[r1] {c['text']}" for c in work[0][1]] if new_reasons
                          else [f"{c['text']} [r1]" for c in work[0][1]])
         assert set(reasons(one)).isdisjoint(reasons(two)) == new_reasons
+
+
+def test_a_fresh_peers_round_gives_every_reranker_texts_none_has_seen() -> None:
+    """`bench/peers.py --fresh` claims first sight for every reranker: a text one of them saw (ours
+    fills per-text caches) must not come back to the next, nor from one round to the next, and the
+    bare SDK call must replay our request bodies for texts marked for it alone."""
+    sys.path.insert(0, str(BENCH))
+    try:
+        import peers
+    finally:
+        sys.path.remove(str(BENCH))
+    work = [("what do cells hold?",
+             [{"id": "a", "text": "IVF partitions the stored vectors into cells, each around a centroid."},
+              {"id": "b", "text": "HNSW links the stored vectors in layered graphs that a search walks."}])]
+    seen: dict[str, list[str]] = {}
+
+    def watching(name: str) -> peers.Peer:
+        def prepare(marked: peers.Work) -> Callable[[int], None]:
+            seen.setdefault(name, []).extend(c["text"] for c in marked[0][1])
+            return lambda i: None
+        return peers.Peer(name, prepare)
+
+    with peers.fast_server() as url:
+        recorded: dict[int, list[dict[str, Any]]] = {}
+        ours = peers.ours_once(url)
+        sdk = peers.bare_sdk(url, recorded)
+        others = [watching("one"), watching("two")]
+        calls: dict[str, Callable[[int], None]] = {p.name: lambda i: None for p in [sdk, *others]}
+        for mark in ("r0", "r1"):
+            peers.fresh_round(calls, work, mark, ours, sdk, [sdk, *others], recorded, url)
+            sdk_text = json.dumps(recorded[2][0])
+            assert f"[sdk-{mark}]" in sdk_text and "IVF partitions" in sdk_text
+            calls[sdk.name](0)  # the replayed body is answered with a ranking
+        ours.close()
+        sdk.close()
+    everything = seen["one"] + seen["two"]
+    assert len(set(everything)) == len(everything) == 8  # 2 texts x 2 rerankers x 2 rounds, all new
+    assert all("IVF" in t or "HNSW" in t for t in everything)
