@@ -266,7 +266,9 @@ def fresh_round(calls: dict[str, Callable[[int], None]], work: Work, mark: str, 
                 everyone: list[Peer], recorded: dict[int, list[dict[str, Any]]], url: str) -> None:
     """Before a `--fresh` round: each reranker still timed gets `work` under marks of its own (a text
     seen by one is new to the next), and the bare SDK call our request bodies for texts marked for
-    it, recorded by an untimed call of ours on them."""
+    it, recorded by an untimed call of ours on them. `mark` names the round and the list size: the
+    first 20 passages of a 50-passage list are the 20-passage list's, which a mark naming the round
+    alone would hand back as seen."""
     record = ours.prepare(unseen(work, f"sdk-{mark}", new_reasons=True))
     for i in range(len(work)):
         record(i)
@@ -330,7 +332,7 @@ def main() -> int:
             cpu_ratios: dict[str, list[float]] = {p.name: [] for p in everyone}
             for r in range(args.rounds):
                 if args.fresh:
-                    fresh_round(calls, work, f"r{r}", ours[0], sdk, everyone, recorded, url)
+                    fresh_round(calls, work, f"n{n}r{r}", ours[0], sdk, everyone, recorded, url)
                 start = 0 if args.fresh else r * args.calls  # fresh: each round's texts are new anyway
                 wall, cpu, failed = timed_round(calls, len(work), args.calls, start)
                 failures += [f"{line} at {n} passages" for line in failed]
