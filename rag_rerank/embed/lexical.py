@@ -303,7 +303,7 @@ class LexicalEmbedder:
             dense = l2_normalise(counts.astype(np.float32).reshape(n, dim))
             flat = np.flatnonzero(dense)
             return UnitEntries(dense.astype(np.float64), row_entries(flat, dense.reshape(-1)[flat], n, dim))
-        norms = sparse_row_norms(row_of, cells & (dim - 1), values, n, dim).take(row_of)
+        norms = sparse_row_norms(cells, values, n, dim).take(row_of)
         if norms.all():  # `l2_normalise`'s two ways: a plain division, zeros for a zero norm
             values = values / norms
         else:
