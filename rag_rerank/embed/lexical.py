@@ -175,14 +175,16 @@ def _word_bounds(is_word: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Where each run of True in `is_word` starts, and where it ends (the position after it).
 
     Why: a call's joined text starts and ends with a space (`normalise_text` pads each text), so
-    every run lies inside and its edges are where a position differs from the one before: two
-    comparisons of neighbours, without widening the mask to integers and padding it at both ends
-    for `np.diff` (the general way, kept for a mask that starts or ends in a run)."""
+    every run lies inside and its edges are where a position differs from the one before, a start
+    and an end in turn: one comparison of neighbours and one scan for them, without widening the
+    mask to integers and padding it at both ends for `np.diff` (the general way, kept for a mask
+    that starts or ends in a run)."""
     if not len(is_word) or is_word[0] or is_word[-1]:
         edges = np.diff(is_word.astype(np.int8), prepend=np.int8(0), append=np.int8(0))
         return np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)
-    head, tail = is_word[:-1], is_word[1:]
-    return np.flatnonzero(tail > head) + 1, np.flatnonzero(head > tail) + 1
+    edges = np.flatnonzero(is_word[:-1] != is_word[1:])
+    edges += 1
+    return edges[0::2], edges[1::2]
 
 
 _POWERS = (np.ones(1, dtype=np.uint64), np.ones(1, dtype=np.uint64))
