@@ -35,6 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from ..text import Latin1Table, latin1_table, latin1_translate
+from .base import l2_normalise
 from .memo import RunMemo, TextRows
 from .units import WORD, clean_word, kind, reads_foreign, split_word
 
@@ -402,8 +403,7 @@ def _mean_vectors(ids_per_text: Sequence[Sequence[int] | np.ndarray]) -> np.ndar
         for k, start, end in zip(have.tolist(), [0, *ends[:-1]], ends, strict=True):
             np.add.reduce(rows[start:end], axis=0, out=out[k])
         out[have] /= counts[have, None].astype(np.float32)
-    norms = np.linalg.norm(out, axis=1, keepdims=True)
-    return np.divide(out, norms, out=np.zeros_like(out), where=norms > 0)
+    return l2_normalise(out)  # (a plain division when no row is zero: a masked one costs far more)
 
 
 @dataclass(frozen=True)
