@@ -263,8 +263,8 @@ def _check_unit_entries(texts: list[str]) -> None:
         assert len(made.stored) == len(texts)
         for row, (columns, values) in zip(checked, made.stored, strict=True):
             nz = np.flatnonzero(row)
-            assert columns.dtype == np.int32 and columns.tolist() == nz.tolist()
-            assert values.dtype == np.float32 and values.tobytes() == row[nz].tobytes()
+            assert np.frombuffer(columns, dtype=np.int32).tolist() == nz.tolist()
+            assert values == row[nz].tobytes()
 
 
 def test_unit_entries_raise_what_the_checked_rows_raise() -> None:
