@@ -217,9 +217,15 @@ _DAMPED_WHOLE.flags.writeable = False
 def _damped(sums: np.ndarray, whole: bool) -> np.ndarray:
     """sign(s) * log1p(|s|) of each sum: looked up in `_DAMPED_WHOLE` when they are whole numbers
     within its reach (`whole`: the caller knows they are whole; a look-up costs a fraction of a
-    `log1p`), else computed."""
-    if whole and len(sums) and np.abs(sums).max() <= _LOG_REACH:
-        return _DAMPED_WHOLE.take(sums.astype(np.int64) + _LOG_REACH)
+    `log1p`), else computed. Each sum's place in the table is its integer (exact: whole sums are
+    below 2**53) plus the reach, and all are within the table when the largest of them read as
+    unsigned is (a negative place wraps far above it): one pass to check, not an absolute value
+    and its maximum."""
+    if whole and len(sums):
+        at = sums.astype(np.int64)
+        at += _LOG_REACH
+        if at.view(np.uint64).max() <= 2 * _LOG_REACH:
+            return _DAMPED_WHOLE.take(at)
     return np.sign(sums) * np.log1p(np.abs(sums))
 
 
