@@ -333,7 +333,10 @@ class LexicalEmbedder:
             return np.zeros(0), *(np.zeros(0, dtype=np.int64),) * 3
         cp = _code_points(texts)
         length = len(cp)
-        row = np.cumsum(cp == _SEP)  # text index of every position (the separator starts the next text)
+        # where each position's row starts in the flat n * dim block: its text's index (the separator
+        # starts the next text) times dim, shifted once here rather than multiplied for every entry
+        row = np.cumsum(cp == _SEP)
+        row <<= self.dim.bit_length() - 1
         # With the default stopword_weight of 1 every word and n-gram weighs what its kind weighs:
         # finding function words (a search per word, two cumulative sums) would change nothing.
         damped = self.stopword_weight != 1
@@ -345,7 +348,7 @@ class LexicalEmbedder:
             np.cumsum((cp + np.uint64(1)) * powers, out=prefix[1:])
 
             keys: list[tuple[np.ndarray, int]] = []  # each kind's hashes and the salt they are mixed with
-            rows: list[np.ndarray] = []
+            rows: list[np.ndarray] = []  # where each entry's row starts in the flat block
             weights: list[np.ndarray | float] = []  # an array, or one weight for every entry
             not_sep = cp != _SEP
             is_word = not_sep & (cp != _SPACE)
@@ -412,7 +415,7 @@ class LexicalEmbedder:
             bits = mixed[at:end].view(np.int64)
             if not (isinstance(weight, float) and weight == 1.0):  # (±1.0) · 1.0 is ±1.0
                 signed[at:end] *= weight
-            np.add(rows_of * self.dim, bits & (self.dim - 1), out=flat[at:end])
+            np.add(rows_of, bits & (self.dim - 1), out=flat[at:end])
             at = end
         counts = np.bincount(flat, weights=signed, minlength=n * self.dim)
         # Only the few touched cells are transformed and normalised: the dense matrix is mostly
