@@ -25,7 +25,7 @@ def test_sparse_row_norms_are_numpys_bit_for_bit(dim: int, n: int, data: st.Data
         m.reshape(-1)[cells] = data.draw(st.lists(_VALUES, min_size=len(cells), max_size=len(cells)))
     flat = np.flatnonzero(m)
     with np.errstate(over="ignore"):
-        got = sparse_row_norms(flat // dim, flat % dim, m.reshape(-1)[flat], n, dim)
+        got = sparse_row_norms(flat, m.reshape(-1)[flat], n, dim)
         expected = np.linalg.norm(m, axis=1)
     assert got.dtype == np.float32 and got.tobytes() == expected.tobytes()
 

@@ -45,26 +45,27 @@ def l2_normalise(matrix: np.ndarray) -> np.ndarray:
 _BLOCK, _LANES = 128, 8
 
 
-def sparse_row_norms(rows: np.ndarray, columns: np.ndarray, values: np.ndarray, n: int,
-                     dim: int) -> np.ndarray:
-    """`np.linalg.norm(m, axis=1)` of the (n, dim) float32 matrix `m` holding `values` at (`rows`,
-    `columns`), sorted by row then column, and +0.0 elsewhere: the same float32 bits, from the
-    entries alone (`dim` a power of two of at least 16).
+def sparse_row_norms(cells: np.ndarray, values: np.ndarray, n: int, dim: int) -> np.ndarray:
+    """`np.linalg.norm(m, axis=1)` of the (n, dim) float32 matrix `m` holding `values` at the flat
+    positions `cells` (row * dim + column, ascending) and +0.0 elsewhere: the same float32 bits,
+    from the entries alone (`dim` a power of two of at least 16).
 
     Why: `l2_normalise` of a mostly empty row reads and squares every cell; a zero adds nothing to
     a sum, so each of numpy's running sums (the comment above) is the sum of its non-zero squares,
     taken in column order. They are added in that order one by one (`np.add.at` is unbuffered),
-    then combined as numpy combines them. `numpy_sums_as_assumed` checks the rule on this numpy."""
+    then combined as numpy combines them: the eight of a block ((0+1)+(2+3))+((4+5)+(6+7)), then
+    the blocks pairwise, which is one halving tree of neighbours over a row's blocks' running sums
+    laid out in order. `numpy_sums_as_assumed` checks the rule on this numpy."""
     block = min(dim, _BLOCK)
-    blocks = dim // block
     squares = values * values
-    sums = np.zeros(n * blocks * _LANES, dtype=np.float32)
-    lane = (rows * blocks + (columns >> (block.bit_length() - 1))) * _LANES + (columns & (_LANES - 1))
+    sums = np.zeros(n * (dim // block) * _LANES, dtype=np.float32)
+    # a cell's running sum: its block's (`cell // block`, row * blocks + column // block: the width is
+    # a multiple of the block) eight, at its column modulo 8 (the block a multiple of 8)
+    lane = (cells >> (block.bit_length() - 1)) << 3
+    lane |= cells & (_LANES - 1)
     np.add.at(sums, lane, squares)
-    r = sums.reshape(n, blocks, _LANES)
-    total = ((r[:, :, 0] + r[:, :, 1]) + (r[:, :, 2] + r[:, :, 3])) + ((r[:, :, 4] + r[:, :, 5])
-                                                                      + (r[:, :, 6] + r[:, :, 7]))
-    while total.shape[1] > 1:  # the blocks' sums, pairwise up the halving tree
+    total = sums.reshape(n, -1)
+    while total.shape[1] > 1:  # the halving tree, a level at a time
         total = total[:, 0::2] + total[:, 1::2]
     return np.sqrt(total[:, 0])
 
@@ -80,7 +81,7 @@ def numpy_sums_as_assumed() -> bool:
         dense[rng.random((3, dim)) < 0.5] = 0
         dense[2] = 0
         flat = np.flatnonzero(dense)
-        got = sparse_row_norms(flat // dim, flat % dim, dense.reshape(-1)[flat], 3, dim)
+        got = sparse_row_norms(flat, dense.reshape(-1)[flat], 3, dim)
         if got.tobytes() != np.linalg.norm(dense, axis=1).tobytes():
             return False
     return True

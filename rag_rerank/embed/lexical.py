@@ -175,14 +175,16 @@ def _word_bounds(is_word: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Where each run of True in `is_word` starts, and where it ends (the position after it).
 
     Why: a call's joined text starts and ends with a space (`normalise_text` pads each text), so
-    every run lies inside and its edges are where a position differs from the one before: two
-    comparisons of neighbours, without widening the mask to integers and padding it at both ends
-    for `np.diff` (the general way, kept for a mask that starts or ends in a run)."""
+    every run lies inside and its edges are where a position differs from the one before, a start
+    and an end in turn: one comparison of neighbours and one scan for them, without widening the
+    mask to integers and padding it at both ends for `np.diff` (the general way, kept for a mask
+    that starts or ends in a run)."""
     if not len(is_word) or is_word[0] or is_word[-1]:
         edges = np.diff(is_word.astype(np.int8), prepend=np.int8(0), append=np.int8(0))
         return np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)
-    head, tail = is_word[:-1], is_word[1:]
-    return np.flatnonzero(tail > head) + 1, np.flatnonzero(head > tail) + 1
+    edges = np.flatnonzero(is_word[:-1] != is_word[1:])
+    edges += 1
+    return edges[0::2], edges[1::2]
 
 
 _POWERS = (np.ones(1, dtype=np.uint64), np.ones(1, dtype=np.uint64))
@@ -215,9 +217,15 @@ _DAMPED_WHOLE.flags.writeable = False
 def _damped(sums: np.ndarray, whole: bool) -> np.ndarray:
     """sign(s) * log1p(|s|) of each sum: looked up in `_DAMPED_WHOLE` when they are whole numbers
     within its reach (`whole`: the caller knows they are whole; a look-up costs a fraction of a
-    `log1p`), else computed."""
-    if whole and len(sums) and np.abs(sums).max() <= _LOG_REACH:
-        return _DAMPED_WHOLE.take(sums.astype(np.int64) + _LOG_REACH)
+    `log1p`), else computed. Each sum's place in the table is its integer (exact: whole sums are
+    below 2**53) plus the reach, and all are within the table when the largest of them read as
+    unsigned is (a negative place wraps far above it): one pass to check, not an absolute value
+    and its maximum."""
+    if whole and len(sums):
+        at = sums.astype(np.int64)
+        at += _LOG_REACH
+        if at.view(np.uint64).max() <= 2 * _LOG_REACH:
+            return _DAMPED_WHOLE.take(at)
     return np.sign(sums) * np.log1p(np.abs(sums))
 
 
@@ -303,7 +311,7 @@ class LexicalEmbedder:
             dense = l2_normalise(counts.astype(np.float32).reshape(n, dim))
             flat = np.flatnonzero(dense)
             return UnitEntries(dense.astype(np.float64), row_entries(flat, dense.reshape(-1)[flat], n, dim))
-        norms = sparse_row_norms(row_of, cells & (dim - 1), values, n, dim).take(row_of)
+        norms = sparse_row_norms(cells, values, n, dim).take(row_of)
         if norms.all():  # `l2_normalise`'s two ways: a plain division, zeros for a zero norm
             values = values / norms
         else:
@@ -325,7 +333,10 @@ class LexicalEmbedder:
             return np.zeros(0), *(np.zeros(0, dtype=np.int64),) * 3
         cp = _code_points(texts)
         length = len(cp)
-        row = np.cumsum(cp == _SEP)  # text index of every position (the separator starts the next text)
+        # where each position's row starts in the flat n * dim block: its text's index (the separator
+        # starts the next text) times dim, shifted once here rather than multiplied for every entry
+        row = np.cumsum(cp == _SEP)
+        row <<= self.dim.bit_length() - 1
         # With the default stopword_weight of 1 every word and n-gram weighs what its kind weighs:
         # finding function words (a search per word, two cumulative sums) would change nothing.
         damped = self.stopword_weight != 1
@@ -337,7 +348,7 @@ class LexicalEmbedder:
             np.cumsum((cp + np.uint64(1)) * powers, out=prefix[1:])
 
             keys: list[tuple[np.ndarray, int]] = []  # each kind's hashes and the salt they are mixed with
-            rows: list[np.ndarray] = []
+            rows: list[np.ndarray] = []  # where each entry's row starts in the flat block
             weights: list[np.ndarray | float] = []  # an array, or one weight for every entry
             not_sep = cp != _SEP
             is_word = not_sep & (cp != _SPACE)
@@ -404,7 +415,7 @@ class LexicalEmbedder:
             bits = mixed[at:end].view(np.int64)
             if not (isinstance(weight, float) and weight == 1.0):  # (±1.0) · 1.0 is ±1.0
                 signed[at:end] *= weight
-            np.add(rows_of * self.dim, bits & (self.dim - 1), out=flat[at:end])
+            np.add(rows_of, bits & (self.dim - 1), out=flat[at:end])
             at = end
         counts = np.bincount(flat, weights=signed, minlength=n * self.dim)
         # Only the few touched cells are transformed and normalised: the dense matrix is mostly

@@ -113,21 +113,23 @@ class UnitEntries:
     the store need not scan the dense rows for entries the embedder has just placed."""
 
     matrix: np.ndarray
-    stored: list[tuple[np.ndarray, np.ndarray]]
+    stored: list[tuple[bytes, bytes]]
 
 
-def row_entries(flat: np.ndarray, values: np.ndarray, n: int,
-                dim: int) -> list[tuple[np.ndarray, np.ndarray]]:
-    """Each of `n` rows' entries as (int32 columns, float32 values), from the entries of an (n, dim)
-    block at ascending flat positions `flat` (non-zero values: what `np.flatnonzero` finds). Each
-    row's stretch is sliced off (`np.split` costs a Python loop of its own per row) and copied (a
-    stored row does not keep the whole block alive); a column is `flat & (dim - 1)` for a
-    power-of-two width (the lexical embedder's: `flat % dim` for a non-negative one, without a
-    division per entry)."""
-    columns = (flat & (dim - 1) if dim & (dim - 1) == 0 else flat % dim).astype(np.int32)
-    values = values.astype(np.float32, copy=False)
-    ends = np.searchsorted(flat, np.arange(1, n + 1) * dim).tolist()  # each row's end: `flat` ascends
-    return [(columns[a:b].copy(), values[a:b].copy()) for a, b in zip([0, *ends[:-1]], ends, strict=True)]
+def row_entries(flat: np.ndarray, values: np.ndarray, n: int, dim: int) -> list[tuple[bytes, bytes]]:
+    """Each of `n` rows' entries as (its int32 columns, its float32 values), each as native bytes,
+    from the entries of an (n, dim) block at ascending flat positions `flat` (non-zero values: what
+    `np.flatnonzero` finds); a column is `flat & (dim - 1)` for a power-of-two width (the lexical
+    embedder's: `flat % dim` for a non-negative one, without a division per entry).
+
+    Why bytes: a row's stretch sliced off a bytes object is a copy of its own (a stored row does not
+    keep the whole block alive) made without a numpy view and copy per row, and `TextRows._placed`
+    joins the rows it places with one `bytes.join` where arrays took a concatenation each."""
+    columns = (flat & (dim - 1) if dim & (dim - 1) == 0 else flat % dim).astype(np.int32).tobytes()
+    values = values.astype(np.float32, copy=False).tobytes()
+    ends = (np.searchsorted(flat, np.arange(1, n + 1) * dim) * 4).tolist()  # each row's end (4 bytes
+    # an entry): `flat` ascends
+    return [(columns[a:b], values[a:b]) for a, b in zip([0, *ends[:-1]], ends, strict=True)]
 
 
 _is_none = partial(operator.is_, None)  # `row is None`, for `map` (a row may be an array)
@@ -135,8 +137,8 @@ _is_none = partial(operator.is_, None)  # `row is None`, for `map` (a row may be
 
 class TextRows:
     """The rows a numpy embedder computed for the texts it saw last: at most `max_texts`, least
-    recently used first out, thread-safe; `sparse` keeps only a row's non-zero entries (the
-    lexical embedder's 4096-wide rows hold a few hundred).
+    recently used first out, thread-safe; `sparse` keeps only a row's non-zero entries
+    (`row_entries`: the lexical embedder's 4096-wide rows hold a few hundred).
 
     Why: the same chunks come back (a corpus's popular passages, a batch's repeated queries, a
     window and the final pass over its survivors); their vectors depend on their own text only,
@@ -188,7 +190,7 @@ class TextRows:
 
     def _stored(self, fresh: np.ndarray) -> list[Any]:
         """What is kept of each row of `fresh`: a copy of its own (not a view holding the whole
-        block), or, `sparse`, its non-zero entries as (int32 indices, float32 values) (`row_entries`
+        block), or, `sparse`, its non-zero entries as (int32 columns, float32 values) bytes (`row_entries`
         of the block's non-zero entries, found in one pass over it, not one pass per row)."""
         if not self.sparse:
             return [row.copy() for row in fresh]
@@ -227,8 +229,9 @@ class TextRows:
             out[list(at)] = np.array(rows, dtype=dtype)
             return out
         idx, vals = zip(*rows, strict=True)
-        starts = np.repeat(np.array(at, dtype=np.int64) * dim, list(map(len, idx)))
-        flat = np.concatenate(idx).astype(np.int64) + starts  # one conversion, not one per row
+        per_row = np.fromiter(map(len, idx), dtype=np.int64, count=len(idx)) >> 2  # 4 bytes an entry
+        starts = np.repeat(np.array(at, dtype=np.int64) * dim, per_row)
+        flat = np.frombuffer(b"".join(idx), dtype=np.int32).astype(np.int64) + starts  # one conversion
         # the values converted first: a scatter that converts as it goes is about twice as slow
-        out.reshape(-1)[flat] = np.concatenate(vals).astype(dtype, copy=False)
+        out.reshape(-1)[flat] = np.frombuffer(b"".join(vals), dtype=np.float32).astype(dtype, copy=False)
         return out

@@ -35,6 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from ..text import Latin1Table, latin1_table, latin1_translate
+from .base import l2_normalise
 from .memo import RunMemo, TextRows
 from .units import WORD, clean_word, kind, reads_foreign, split_word
 
@@ -374,10 +375,10 @@ def _rows(ids: Sequence[int] | np.ndarray, unit: bool = False) -> np.ndarray:
     table = _unit_table() if unit else _table().vectors
     arr = np.asarray(ids, dtype=np.int64)
     known = arr < OOV_BASE
-    if known.all():
-        return table[arr]
+    if known.all():  # `take` copies whole rows; an index subscript walks them element by element
+        return table.take(arr, axis=0)
     out = np.empty((len(arr), table.shape[1]), dtype=np.float32)
-    out[known] = table[arr[known]]
+    out[known] = table.take(arr[known], axis=0)
     extra = np.stack([_oov_vector(int(i)) for i in arr[~known]])
     if unit:
         extra = extra / np.linalg.norm(extra, axis=1, keepdims=True)
@@ -400,10 +401,9 @@ def _mean_vectors(ids_per_text: Sequence[Sequence[int] | np.ndarray]) -> np.ndar
         rows = _rows(np.concatenate([np.asarray(ids_per_text[k], dtype=np.int64) for k in have]))
         ends = np.cumsum(counts[have]).tolist()
         for k, start, end in zip(have.tolist(), [0, *ends[:-1]], ends, strict=True):
-            out[k] = np.add.reduce(rows[start:end], axis=0)
+            np.add.reduce(rows[start:end], axis=0, out=out[k])
         out[have] /= counts[have, None].astype(np.float32)
-    norms = np.linalg.norm(out, axis=1, keepdims=True)
-    return np.divide(out, norms, out=np.zeros_like(out), where=norms > 0)
+    return l2_normalise(out)  # (a plain division when no row is zero: a masked one costs far more)
 
 
 @dataclass(frozen=True)
