@@ -46,11 +46,11 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
-from itertools import compress, filterfalse
-from operator import add, itemgetter
+from itertools import compress, count, filterfalse
+from operator import add, itemgetter, ne, not_
 from typing import TypeVar
 
 import numpy as np
@@ -437,13 +437,17 @@ def _one_edit(a: str, b: str) -> bool:
 
     Decided at the first letter where the words differ (`p`): a replacement leaves the rest
     equal, a swap the rest after the next letter, and an insertion or deletion anywhere is one at
-    `p` (deleting any letter of a run of equal letters gives the same word)."""
-    if abs(len(a) - len(b)) > 1 or min(len(a), len(b)) < 4 or a == b:
-        return False
-    p = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+    `p` (deleting any letter of a run of equal letters gives the same word). `p` is found in C
+    (the first of the places where the letters differ), not by a generator over the letters."""
     if len(a) == len(b):
+        if len(a) < 4 or a == b:
+            return False
+        p = next(compress(count(), map(ne, a, b)))  # equal in length and not equal: they differ
         return a[p + 1:] == b[p + 1:] or (a[p + 2:] == b[p + 2:] and a[p] == b[p + 1] and a[p + 1] == b[p])
     short, long = (a, b) if len(a) < len(b) else (b, a)
+    if len(long) - len(short) > 1 or len(short) < 4:
+        return False
+    p = next(compress(count(), map(ne, short, long)), len(short))
     return long[p + 1:] == short[p:]
 
 
@@ -475,11 +479,11 @@ def _missing(mine: Counter[str], theirs: Counter[str]) -> list[str]:
     `mine` has it more often than `theirs`, in `mine`'s order (both hold positive counts only)."""
     get = theirs.get
     out: list[str] = []
-    for key, count in mine.items():
-        if count > get(key, 0):
+    for key, times in mine.items():
+        if times > get(key, 0):
             out.append(key)
-            if count > 1:  # the rest of its copies, if `theirs` has fewer by more than one
-                out.extend([key] * (count - get(key, 0) - 1))
+            if times > 1:  # the rest of its copies, if `theirs` has fewer by more than one
+                out.extend([key] * (times - get(key, 0) - 1))
     return out
 
 
@@ -588,21 +592,21 @@ def _unalike(only_a: list[str], spelt_a: list[str], only_b: list[str],
     A number is never another spelling, nor are two vocabulary words; and two words alike share a
     key (`_alike_keys`). Each word's keys, tagged by what it may be another spelling of, are read
     once per word (`_found_by`, `_looks_for`), so set operations in C find the few words of `a`
-    that may be alike one of `b`'s (most pairs have none), and only those are compared."""
+    that may be alike one of `b`'s (most pairs have none), and, for each, the words of `b` sharing
+    a key with it (`_sharing_a_key`): only those are compared."""
     found_b = list(map(_FOUND_BY.__getitem__, spelt_b))
     index = set().union(*found_b)
     if not index:
         return only_a, spelt_a, only_b, spelt_b
-    looks_a = list(map(_LOOKS_FOR.__getitem__, spelt_a))
-    near = [i for i, apart in enumerate(map(index.isdisjoint, looks_a)) if not apart]
-    if not near:
+    apart = list(map(index.isdisjoint, map(_LOOKS_FOR.__getitem__, spelt_a)))
+    if all(apart):
         return only_a, spelt_a, only_b, spelt_b  # no word of `a` shares a key with one of b's it may be
     taken: set[int] = set()  # positions in only_b matched
     matched: set[int] = set()  # positions in only_a matched
-    for i in near:
-        sx, looks = spelt_a[i], looks_a[i]
-        for k, found in enumerate(found_b):
-            if k not in taken and not found.isdisjoint(looks) and _alike(sx, spelt_b[k]):
+    for i in compress(range(len(apart)), map(not_, apart)):
+        sx = spelt_a[i]
+        for k in _sharing_a_key(_LOOKS_FOR[sx], found_b):
+            if k not in taken and _alike(sx, spelt_b[k]):
                 taken.add(k)
                 matched.add(i)
                 break
@@ -612,6 +616,13 @@ def _unalike(only_a: list[str], spelt_a: list[str], only_b: list[str],
     kept_b = [k for k in range(len(only_b)) if k not in taken]
     return ([only_a[i] for i in kept_a], [spelt_a[i] for i in kept_a],
             [only_b[k] for k in kept_b], [spelt_b[k] for k in kept_b])
+
+
+def _sharing_a_key(looks: frozenset[str | tuple[str]],
+                   found: list[frozenset[str | tuple[str]]]) -> Iterator[int]:
+    """The positions, in order, of the key sets in `found` that meet `looks`: one pass in C (each
+    set's disjointness test, negated) instead of a Python iteration per word of the other text."""
+    return compress(count(), map(not_, map(looks.isdisjoint, found)))
 
 
 def copies(a: Reading, b: Reading) -> bool:

@@ -37,6 +37,8 @@ from rag_rerank.redundancy import (
     _Memo,
     _missing,
     _negations_toward,
+    _one_edit,
+    _sharing_a_key,
     _spelled_out,
     _substituted,
     copies,
@@ -248,3 +250,47 @@ def test_judge_is_the_plain_rule(a: str, b: str, semantic: float, lexical: float
     ra, rb = read(a), read(b)
     assert judge(ra, rb, semantic, RULES["static"], lexical) == _plain_judge(ra, rb, semantic, lexical)
     assert judge(rb, ra, semantic, RULES["static"], lexical) == _plain_judge(rb, ra, semantic, lexical)
+
+
+def _plain_one_edit(a: str, b: str) -> bool:
+    """One letter inserted, deleted, replaced or two adjacent swapped, in words of 4+ letters: the
+    edits tried one by one at every place."""
+    if a == b or min(len(a), len(b)) < 4:
+        return False
+    if len(a) == len(b):
+        differ = [i for i, (x, y) in enumerate(zip(a, b, strict=True)) if x != y]
+        return len(differ) == 1 or (len(differ) == 2 and differ[1] == differ[0] + 1
+                                    and a[differ[0]] == b[differ[1]] and a[differ[1]] == b[differ[0]])
+    short, long = (a, b) if len(a) < len(b) else (b, a)
+    return len(long) == len(short) + 1 and any(long[:i] + long[i + 1:] == short for i in range(len(long)))
+
+
+@settings(max_examples=1000, deadline=None, derandomize=True)
+@given(st.text(max_size=9), st.integers(0, 10), st.sampled_from(["half swap", "replace", "insert", "delete",
+                                                                "swap", "prefix", "other"]),
+       st.text(min_size=1, max_size=9))
+@example("receive", 1, "swap", "x")
+@example("abcd", 0, "other", "xacd")  # a letter moved one place, another replaced: two edits
+@example("abcd", 3, "insert", "é")
+@example("aaaa", 0, "delete", "x")
+@example("abcd", 0, "other", "abce")
+def test_one_edit_is_the_plain_rule(word: str, at: int, edit: str, other: str) -> None:
+    """`_one_edit`, which finds the first differing letter in C, is every single edit tried."""
+    i = at % (len(word) + 1)
+    edited = {"replace": word[:i] + other[0] + word[i + 1:], "insert": word[:i] + other[0] + word[i:],
+              "delete": word[:i] + word[i + 1:],
+              "swap": word[:i] + word[i + 1:i + 2] + word[i:i + 1] + word[i + 2:],
+              "half swap": word[:i] + other[0] + word[i:i + 1] + word[i + 2:],
+              "prefix": word[:i], "other": other}[edit]
+    for a, b in ((word, edited), (edited, word), (word, other)):
+        assert _one_edit(a, b) == _plain_one_edit(a, b), (a, b)
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(st.lists(st.one_of(_WORDS, st.text(min_size=1, max_size=8)), max_size=12),
+       st.one_of(_WORDS, st.text(min_size=1, max_size=8)))
+def test_sharing_a_key_is_every_word_meeting_the_keys(others: list[str], word: str) -> None:
+    """`_sharing_a_key` gives, in order, exactly the positions whose key sets meet the word's."""
+    looks = _looks_for(word)
+    found = [_found_by(w) for w in others]
+    assert list(_sharing_a_key(looks, found)) == [k for k, keys in enumerate(found) if keys & looks]
