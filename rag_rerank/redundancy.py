@@ -516,11 +516,13 @@ def _differences(a: Reading, b: Reading) -> tuple[list[str], list[str], list[str
         if not mine:
             continue
         joined, initials = other.spellings
-        if joined.isdisjoint(spelt) and \
-                not any(map(initials.__contains__, filter(_INITIALS_LONG.__getitem__, spelt))):
+        # The words `_spelled_out` may find something for, by its own two tests: few or none.
+        maybe = joined.intersection(spelt).union(
+            filter(initials.__contains__, filter(_INITIALS_LONG.__getitem__, spelt)))
+        if not maybe:
             continue  # no word of `mine` is two of the other's words joined, nor their initials
         for x, sx in zip(list(mine), list(spelt), strict=True):
-            parts = _spelled_out(sx, other)  # () for most: the test above only says some word may be
+            parts = _spelled_out(sx, other) if sx in maybe else ()
             if parts:
                 _remove(x, mine, spelt)
                 for part in parts:
