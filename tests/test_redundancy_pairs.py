@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections import Counter
 
 import numpy as np
+import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
@@ -41,6 +42,7 @@ from rag_rerank.redundancy import (
     _sharing_a_key,
     _spelled_out,
     _substituted,
+    _word_vector,
     copies,
     differences,
     judge,
@@ -294,3 +296,20 @@ def test_sharing_a_key_is_every_word_meeting_the_keys(others: list[str], word: s
     looks = _looks_for(word)
     found = [_found_by(w) for w in others]
     assert list(_sharing_a_key(looks, found)) == [k for k, keys in enumerate(found) if keys & looks]
+
+
+@settings(max_examples=100, deadline=None, derandomize=True)
+@given(st.lists(st.one_of(_WORDS, st.text(min_size=1, max_size=8)), max_size=6))
+@example([])
+def test_word_vectors_are_the_rows_stacked(words: list[str]) -> None:
+    """`word_vectors` stacks the words' vectors by `np.array`: the very array `np.vstack` makes (the
+    same values, dtype, shape and layout, so the cosines `_substituted` takes are the same bits),
+    and no word is `np.vstack`'s error."""
+    rows = [_word_vector(w) for w in words]
+    if not words:
+        with pytest.raises(ValueError):
+            word_vectors(())
+        return
+    made, plain = word_vectors(tuple(words)), np.vstack(rows)
+    assert made.dtype == plain.dtype and made.shape == plain.shape and made.flags.c_contiguous
+    assert made.tobytes() == plain.tobytes()
