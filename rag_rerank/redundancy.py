@@ -507,8 +507,8 @@ def _differences(a: Reading, b: Reading) -> tuple[list[str], list[str], list[str
     kept in step with it, for `judge` to read them from: (only_a, its words, only_b, its words)."""
     only_a = _missing(a.content, b.content)
     only_b = _missing(b.content, a.content)
-    spelt_a = list(map(a.surface.get, only_a, only_a))
-    spelt_b = list(map(b.surface.get, only_b, only_b))
+    spelt_a = list(map(a.surface.__getitem__, only_a))  # every content key has its word
+    spelt_b = list(map(b.surface.__getitem__, only_b))
     if only_a and only_b:
         only_a, spelt_a, only_b, spelt_b = _unalike(only_a, spelt_a, only_b, spelt_b)
     for mine, spelt, theirs, spelt_theirs, other in ((only_a, spelt_a, only_b, spelt_b, b),
