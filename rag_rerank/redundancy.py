@@ -505,20 +505,30 @@ def differences(a: Reading, b: Reading) -> tuple[list[str], list[str]]:
 def _differences(a: Reading, b: Reading) -> tuple[list[str], list[str], list[str], list[str]]:
     """`differences`, each list with the words its keys came from (`surface`), looked up once and
     kept in step with it, for `judge` to read them from: (only_a, its words, only_b, its words)."""
+    return _spelling_aside(a, b, *_lone_words(a, b))
+
+
+def _lone_words(a: Reading, b: Reading) -> tuple[list[str], list[str], list[str], list[str]]:
+    """The content keys each text counts more often than the other (`_missing`), each list with
+    the words its keys came from: what `_spelling_aside` starts from."""
     only_a = _missing(a.content, b.content)
     only_b = _missing(b.content, a.content)
     spelt_a = list(map(a.surface.__getitem__, only_a))  # every content key has its word
     spelt_b = list(map(b.surface.__getitem__, only_b))
+    return only_a, spelt_a, only_b, spelt_b
+
+
+def _spelling_aside(a: Reading, b: Reading, only_a: list[str], spelt_a: list[str], only_b: list[str],
+                    spelt_b: list[str]) -> tuple[list[str], list[str], list[str], list[str]]:
+    """The lone words of `_lone_words` less those the other text writes another way: pairs of
+    words alike (`_unalike`), then words spelled out there (`_spelled_out`), in place."""
     if only_a and only_b:
         only_a, spelt_a, only_b, spelt_b = _unalike(only_a, spelt_a, only_b, spelt_b)
     for mine, spelt, theirs, spelt_theirs, other in ((only_a, spelt_a, only_b, spelt_b, b),
                                                      (only_b, spelt_b, only_a, spelt_a, a)):
         if not mine:
             continue
-        joined, initials = other.spellings
-        # The words `_spelled_out` may find something for, by its own two tests: few or none.
-        maybe = joined.intersection(spelt).union(
-            filter(initials.__contains__, filter(_INITIALS_LONG.__getitem__, spelt)))
+        maybe = _may_be_spelled_out(spelt, other)
         if not maybe:
             continue  # no word of `mine` is two of the other's words joined, nor their initials
         for x, sx in zip(list(mine), list(spelt), strict=True):
@@ -529,6 +539,15 @@ def _differences(a: Reading, b: Reading) -> tuple[list[str], list[str], list[str
                     if _KEYS[part] in theirs:
                         _remove(_KEYS[part], theirs, spelt_theirs)
     return only_a, spelt_a, only_b, spelt_b
+
+
+def _may_be_spelled_out(spelt: list[str], other: Reading) -> frozenset[str]:
+    """The words of `spelt` that `_spelled_out` may find in `other`, by its own two tests: two of
+    the other's adjacent words joined, or 2 to 6 letters found in its initials. Few or none; and
+    none of a list's words when none of a longer list's words."""
+    joined, initials = other.spellings
+    return joined.intersection(spelt).union(
+        filter(initials.__contains__, filter(_INITIALS_LONG.__getitem__, spelt)))
 
 
 def _remove(key: str, keys: list[str], spelt: list[str]) -> None:
@@ -719,7 +738,15 @@ def judge(a: Reading, b: Reading, semantic: float, rules: Rules, lexical: float 
         return Verdict(False, "no content")  # a text that says nothing is not said by another
     if _negations_toward(a, b) != _negations_toward(b, a):
         return Verdict(False, "negation")  # settled before the word-by-word comparison it needs not
-    only_a, spelt_a, only_b, spelt_b = _differences(a, b)
+    # Numbers one text has more often than the other (the Counter difference, without building it).
+    more_a, more_b = bool(_missing(a.numbers, b.numbers)), bool(_missing(b.numbers, a.numbers))
+    lone = _lone_words(a, b)
+    if more_a and more_b and not _may_be_spelled_out(lone[1], b) and not _may_be_spelled_out(lone[3], a):
+        # Settled without `_spelling_aside`: each side keeps a number the other lacks (a number's
+        # key is a lone key of its text; `_unalike` never takes a number, and nothing here is
+        # spelled out), and a number has no substitute, so neither text is inside the other.
+        return Verdict(False, "numbers")
+    only_a, spelt_a, only_b, spelt_b = _spelling_aside(a, b, *lone)
     # Each text's words the other lacks, each with a close substitute there (or none to account for).
     passage = len(a.words) > SHORT_WORDS or len(b.words) > SHORT_WORDS
     close = lexical >= LEXICAL_COPY if passage else semantic >= rules.tau
@@ -735,8 +762,6 @@ def judge(a: Reading, b: Reading, semantic: float, rules: Rules, lexical: float 
     if a_in_b or b_in_a:
         return Verdict(True, "contained", 1 if a_in_b else 0)
     # Why not (for notes and tests): another value, another subject, another word.
-    # Numbers one text has more often than the other (the Counter difference, without building it).
-    more_a, more_b = bool(_missing(a.numbers, b.numbers)), bool(_missing(b.numbers, a.numbers))
     if more_a and more_b:
         return Verdict(False, "numbers")
     if not a.names.isdisjoint(spelt_a) or not b.names.isdisjoint(spelt_b):  # a lone word is a name

@@ -313,3 +313,23 @@ def test_word_vectors_are_the_rows_stacked(words: list[str]) -> None:
     made, plain = word_vectors(tuple(words)), np.vstack(rows)
     assert made.dtype == plain.dtype and made.shape == plain.shape and made.flags.c_contiguous
     assert made.tobytes() == plain.tobytes()
+
+
+# Texts with numbers on both sides, and numbers another text writes another way: digits run
+# together ("2 0" / "20", "covid 19" / "covid19") and initials holding a digit ("g 7" / "g7").
+_NUMBERED = st.lists(st.one_of(_WORDS, st.sampled_from(["2", "0", "20", "7", "19", "covid", "covid19", "g",
+                                                       "g7", "2nd", "second", "3", "1.5", "cats"])),
+                     max_size=16).map(" ".join)
+
+
+@settings(max_examples=500, deadline=None, derandomize=True)
+@given(_NUMBERED, _NUMBERED, st.sampled_from([0.0, 0.95]), st.sampled_from([0.0, 0.9]))
+@example("the 2 0 cats", "the 20 cats 7", 0.95, 0.9)  # a join takes both of one side's numbers
+@example("covid 19 in 2 cats", "covid19 in 3 cats", 0.95, 0.9)
+@example("g 7 meets 3 times", "the g7 met 2 times", 0.95, 0.9)
+def test_judge_settles_numbers_as_the_plain_rule(a: str, b: str, semantic: float, lexical: float) -> None:
+    """`judge` answers "numbers" early when each side has a number the other lacks and nothing can
+    be spelled out: the same verdict as the plain rule, which spells out and matches every word."""
+    ra, rb = read(a), read(b)
+    assert judge(ra, rb, semantic, RULES["static"], lexical) == _plain_judge(ra, rb, semantic, lexical)
+    assert judge(rb, ra, semantic, RULES["static"], lexical) == _plain_judge(rb, ra, semantic, lexical)
