@@ -46,11 +46,11 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
-from itertools import compress, filterfalse
-from operator import add, itemgetter
+from itertools import compress, count, filterfalse
+from operator import add, itemgetter, ne, not_
 from typing import TypeVar
 
 import numpy as np
@@ -437,13 +437,17 @@ def _one_edit(a: str, b: str) -> bool:
 
     Decided at the first letter where the words differ (`p`): a replacement leaves the rest
     equal, a swap the rest after the next letter, and an insertion or deletion anywhere is one at
-    `p` (deleting any letter of a run of equal letters gives the same word)."""
-    if abs(len(a) - len(b)) > 1 or min(len(a), len(b)) < 4 or a == b:
-        return False
-    p = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+    `p` (deleting any letter of a run of equal letters gives the same word). `p` is found in C
+    (the first of the places where the letters differ), not by a generator over the letters."""
     if len(a) == len(b):
+        if len(a) < 4 or a == b:
+            return False
+        p = next(compress(count(), map(ne, a, b)))  # equal in length and not equal: they differ
         return a[p + 1:] == b[p + 1:] or (a[p + 2:] == b[p + 2:] and a[p] == b[p + 1] and a[p + 1] == b[p])
     short, long = (a, b) if len(a) < len(b) else (b, a)
+    if len(long) - len(short) > 1 or len(short) < 4:
+        return False
+    p = next(compress(count(), map(ne, short, long)), len(short))
     return long[p + 1:] == short[p:]
 
 
@@ -475,11 +479,11 @@ def _missing(mine: Counter[str], theirs: Counter[str]) -> list[str]:
     `mine` has it more often than `theirs`, in `mine`'s order (both hold positive counts only)."""
     get = theirs.get
     out: list[str] = []
-    for key, count in mine.items():
-        if count > get(key, 0):
+    for key, times in mine.items():
+        if times > get(key, 0):
             out.append(key)
-            if count > 1:  # the rest of its copies, if `theirs` has fewer by more than one
-                out.extend([key] * (count - get(key, 0) - 1))
+            if times > 1:  # the rest of its copies, if `theirs` has fewer by more than one
+                out.extend([key] * (times - get(key, 0) - 1))
     return out
 
 
@@ -501,28 +505,49 @@ def differences(a: Reading, b: Reading) -> tuple[list[str], list[str]]:
 def _differences(a: Reading, b: Reading) -> tuple[list[str], list[str], list[str], list[str]]:
     """`differences`, each list with the words its keys came from (`surface`), looked up once and
     kept in step with it, for `judge` to read them from: (only_a, its words, only_b, its words)."""
+    return _spelling_aside(a, b, *_lone_words(a, b))
+
+
+def _lone_words(a: Reading, b: Reading) -> tuple[list[str], list[str], list[str], list[str]]:
+    """The content keys each text counts more often than the other (`_missing`), each list with
+    the words its keys came from: what `_spelling_aside` starts from."""
     only_a = _missing(a.content, b.content)
     only_b = _missing(b.content, a.content)
-    spelt_a = list(map(a.surface.get, only_a, only_a))
-    spelt_b = list(map(b.surface.get, only_b, only_b))
+    spelt_a = list(map(a.surface.__getitem__, only_a))  # every content key has its word
+    spelt_b = list(map(b.surface.__getitem__, only_b))
+    return only_a, spelt_a, only_b, spelt_b
+
+
+def _spelling_aside(a: Reading, b: Reading, only_a: list[str], spelt_a: list[str], only_b: list[str],
+                    spelt_b: list[str]) -> tuple[list[str], list[str], list[str], list[str]]:
+    """The lone words of `_lone_words` less those the other text writes another way: pairs of
+    words alike (`_unalike`), then words spelled out there (`_spelled_out`), in place."""
     if only_a and only_b:
         only_a, spelt_a, only_b, spelt_b = _unalike(only_a, spelt_a, only_b, spelt_b)
     for mine, spelt, theirs, spelt_theirs, other in ((only_a, spelt_a, only_b, spelt_b, b),
                                                      (only_b, spelt_b, only_a, spelt_a, a)):
         if not mine:
             continue
-        joined, initials = other.spellings
-        if joined.isdisjoint(spelt) and \
-                not any(map(initials.__contains__, filter(_INITIALS_LONG.__getitem__, spelt))):
+        maybe = _may_be_spelled_out(spelt, other)
+        if not maybe:
             continue  # no word of `mine` is two of the other's words joined, nor their initials
         for x, sx in zip(list(mine), list(spelt), strict=True):
-            parts = _spelled_out(sx, other)  # () for most: the test above only says some word may be
+            parts = _spelled_out(sx, other) if sx in maybe else ()
             if parts:
                 _remove(x, mine, spelt)
                 for part in parts:
                     if _KEYS[part] in theirs:
                         _remove(_KEYS[part], theirs, spelt_theirs)
     return only_a, spelt_a, only_b, spelt_b
+
+
+def _may_be_spelled_out(spelt: list[str], other: Reading) -> frozenset[str]:
+    """The words of `spelt` that `_spelled_out` may find in `other`, by its own two tests: two of
+    the other's adjacent words joined, or 2 to 6 letters found in its initials. Few or none; and
+    none of a list's words when none of a longer list's words."""
+    joined, initials = other.spellings
+    return joined.intersection(spelt).union(
+        filter(initials.__contains__, filter(_INITIALS_LONG.__getitem__, spelt)))
 
 
 def _remove(key: str, keys: list[str], spelt: list[str]) -> None:
@@ -588,21 +613,21 @@ def _unalike(only_a: list[str], spelt_a: list[str], only_b: list[str],
     A number is never another spelling, nor are two vocabulary words; and two words alike share a
     key (`_alike_keys`). Each word's keys, tagged by what it may be another spelling of, are read
     once per word (`_found_by`, `_looks_for`), so set operations in C find the few words of `a`
-    that may be alike one of `b`'s (most pairs have none), and only those are compared."""
+    that may be alike one of `b`'s (most pairs have none), and, for each, the words of `b` sharing
+    a key with it (`_sharing_a_key`): only those are compared."""
     found_b = list(map(_FOUND_BY.__getitem__, spelt_b))
     index = set().union(*found_b)
     if not index:
         return only_a, spelt_a, only_b, spelt_b
-    looks_a = list(map(_LOOKS_FOR.__getitem__, spelt_a))
-    near = [i for i, apart in enumerate(map(index.isdisjoint, looks_a)) if not apart]
-    if not near:
+    apart = list(map(index.isdisjoint, map(_LOOKS_FOR.__getitem__, spelt_a)))
+    if all(apart):
         return only_a, spelt_a, only_b, spelt_b  # no word of `a` shares a key with one of b's it may be
     taken: set[int] = set()  # positions in only_b matched
     matched: set[int] = set()  # positions in only_a matched
-    for i in near:
-        sx, looks = spelt_a[i], looks_a[i]
-        for k, found in enumerate(found_b):
-            if k not in taken and not found.isdisjoint(looks) and _alike(sx, spelt_b[k]):
+    for i in compress(range(len(apart)), map(not_, apart)):
+        sx = spelt_a[i]
+        for k in _sharing_a_key(_LOOKS_FOR[sx], found_b):
+            if k not in taken and _alike(sx, spelt_b[k]):
                 taken.add(k)
                 matched.add(i)
                 break
@@ -612,6 +637,13 @@ def _unalike(only_a: list[str], spelt_a: list[str], only_b: list[str],
     kept_b = [k for k in range(len(only_b)) if k not in taken]
     return ([only_a[i] for i in kept_a], [spelt_a[i] for i in kept_a],
             [only_b[k] for k in kept_b], [spelt_b[k] for k in kept_b])
+
+
+def _sharing_a_key(looks: frozenset[str | tuple[str]],
+                   found: list[frozenset[str | tuple[str]]]) -> Iterator[int]:
+    """The positions, in order, of the key sets in `found` that meet `looks`: one pass in C (each
+    set's disjointness test, negated) instead of a Python iteration per word of the other text."""
+    return compress(count(), map(not_, map(looks.isdisjoint, found)))
 
 
 def copies(a: Reading, b: Reading) -> bool:
@@ -679,8 +711,11 @@ def _word_vector(word: str) -> np.ndarray:
 
 
 def word_vectors(words: tuple[str, ...]) -> np.ndarray:
-    """The static table's unit vector of each word (memoised per word): what `_substituted` compares."""
-    return np.vstack([_word_vector(w) for w in words])
+    """The static table's unit vector of each word (memoised per word): what `_substituted` compares.
+    One row per word, stacked by `np.array` (the same array as `np.vstack`, which costs about four
+    times as much on a few rows); no word is `np.vstack`'s error."""
+    rows = list(map(_word_vector, words))
+    return np.array(rows) if rows else np.vstack(rows)
 
 
 @dataclass(frozen=True)
@@ -703,7 +738,15 @@ def judge(a: Reading, b: Reading, semantic: float, rules: Rules, lexical: float 
         return Verdict(False, "no content")  # a text that says nothing is not said by another
     if _negations_toward(a, b) != _negations_toward(b, a):
         return Verdict(False, "negation")  # settled before the word-by-word comparison it needs not
-    only_a, spelt_a, only_b, spelt_b = _differences(a, b)
+    # Numbers one text has more often than the other (the Counter difference, without building it).
+    more_a, more_b = bool(_missing(a.numbers, b.numbers)), bool(_missing(b.numbers, a.numbers))
+    lone = _lone_words(a, b)
+    if more_a and more_b and not _may_be_spelled_out(lone[1], b) and not _may_be_spelled_out(lone[3], a):
+        # Settled without `_spelling_aside`: each side keeps a number the other lacks (a number's
+        # key is a lone key of its text; `_unalike` never takes a number, and nothing here is
+        # spelled out), and a number has no substitute, so neither text is inside the other.
+        return Verdict(False, "numbers")
+    only_a, spelt_a, only_b, spelt_b = _spelling_aside(a, b, *lone)
     # Each text's words the other lacks, each with a close substitute there (or none to account for).
     passage = len(a.words) > SHORT_WORDS or len(b.words) > SHORT_WORDS
     close = lexical >= LEXICAL_COPY if passage else semantic >= rules.tau
@@ -719,8 +762,6 @@ def judge(a: Reading, b: Reading, semantic: float, rules: Rules, lexical: float 
     if a_in_b or b_in_a:
         return Verdict(True, "contained", 1 if a_in_b else 0)
     # Why not (for notes and tests): another value, another subject, another word.
-    # Numbers one text has more often than the other (the Counter difference, without building it).
-    more_a, more_b = bool(_missing(a.numbers, b.numbers)), bool(_missing(b.numbers, a.numbers))
     if more_a and more_b:
         return Verdict(False, "numbers")
     if not a.names.isdisjoint(spelt_a) or not b.names.isdisjoint(spelt_b):  # a lone word is a name

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections import Counter
 
 import numpy as np
+import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
@@ -37,8 +38,11 @@ from rag_rerank.redundancy import (
     _Memo,
     _missing,
     _negations_toward,
+    _one_edit,
+    _sharing_a_key,
     _spelled_out,
     _substituted,
+    _word_vector,
     copies,
     differences,
     judge,
@@ -245,6 +249,87 @@ def _plain_judge(a: Reading, b: Reading, semantic: float, lexical: float) -> Ver
 @example("No, it does not play", "it plays", 0.95, 0.9)
 def test_judge_is_the_plain_rule(a: str, b: str, semantic: float, lexical: float) -> None:
     """`judge`, both ways, is the judgement written plainly on the plain rules."""
+    ra, rb = read(a), read(b)
+    assert judge(ra, rb, semantic, RULES["static"], lexical) == _plain_judge(ra, rb, semantic, lexical)
+    assert judge(rb, ra, semantic, RULES["static"], lexical) == _plain_judge(rb, ra, semantic, lexical)
+
+
+def _plain_one_edit(a: str, b: str) -> bool:
+    """One letter inserted, deleted, replaced or two adjacent swapped, in words of 4+ letters: the
+    edits tried one by one at every place."""
+    if a == b or min(len(a), len(b)) < 4:
+        return False
+    if len(a) == len(b):
+        differ = [i for i, (x, y) in enumerate(zip(a, b, strict=True)) if x != y]
+        return len(differ) == 1 or (len(differ) == 2 and differ[1] == differ[0] + 1
+                                    and a[differ[0]] == b[differ[1]] and a[differ[1]] == b[differ[0]])
+    short, long = (a, b) if len(a) < len(b) else (b, a)
+    return len(long) == len(short) + 1 and any(long[:i] + long[i + 1:] == short for i in range(len(long)))
+
+
+@settings(max_examples=1000, deadline=None, derandomize=True)
+@given(st.text(max_size=9), st.integers(0, 10), st.sampled_from(["half swap", "replace", "insert", "delete",
+                                                                "swap", "prefix", "other"]),
+       st.text(min_size=1, max_size=9))
+@example("receive", 1, "swap", "x")
+@example("abcd", 0, "other", "xacd")  # a letter moved one place, another replaced: two edits
+@example("abcd", 3, "insert", "é")
+@example("aaaa", 0, "delete", "x")
+@example("abcd", 0, "other", "abce")
+def test_one_edit_is_the_plain_rule(word: str, at: int, edit: str, other: str) -> None:
+    """`_one_edit`, which finds the first differing letter in C, is every single edit tried."""
+    i = at % (len(word) + 1)
+    edited = {"replace": word[:i] + other[0] + word[i + 1:], "insert": word[:i] + other[0] + word[i:],
+              "delete": word[:i] + word[i + 1:],
+              "swap": word[:i] + word[i + 1:i + 2] + word[i:i + 1] + word[i + 2:],
+              "half swap": word[:i] + other[0] + word[i:i + 1] + word[i + 2:],
+              "prefix": word[:i], "other": other}[edit]
+    for a, b in ((word, edited), (edited, word), (word, other)):
+        assert _one_edit(a, b) == _plain_one_edit(a, b), (a, b)
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(st.lists(st.one_of(_WORDS, st.text(min_size=1, max_size=8)), max_size=12),
+       st.one_of(_WORDS, st.text(min_size=1, max_size=8)))
+def test_sharing_a_key_is_every_word_meeting_the_keys(others: list[str], word: str) -> None:
+    """`_sharing_a_key` gives, in order, exactly the positions whose key sets meet the word's."""
+    looks = _looks_for(word)
+    found = [_found_by(w) for w in others]
+    assert list(_sharing_a_key(looks, found)) == [k for k, keys in enumerate(found) if keys & looks]
+
+
+@settings(max_examples=100, deadline=None, derandomize=True)
+@given(st.lists(st.one_of(_WORDS, st.text(min_size=1, max_size=8)), max_size=6))
+@example([])
+def test_word_vectors_are_the_rows_stacked(words: list[str]) -> None:
+    """`word_vectors` stacks the words' vectors by `np.array`: the very array `np.vstack` makes (the
+    same values, dtype, shape and layout, so the cosines `_substituted` takes are the same bits),
+    and no word is `np.vstack`'s error."""
+    rows = [_word_vector(w) for w in words]
+    if not words:
+        with pytest.raises(ValueError):
+            word_vectors(())
+        return
+    made, plain = word_vectors(tuple(words)), np.vstack(rows)
+    assert made.dtype == plain.dtype and made.shape == plain.shape and made.flags.c_contiguous
+    assert made.tobytes() == plain.tobytes()
+
+
+# Texts with numbers on both sides, and numbers another text writes another way: digits run
+# together ("2 0" / "20", "covid 19" / "covid19") and initials holding a digit ("g 7" / "g7").
+_NUMBERED = st.lists(st.one_of(_WORDS, st.sampled_from(["2", "0", "20", "7", "19", "covid", "covid19", "g",
+                                                       "g7", "2nd", "second", "3", "1.5", "cats"])),
+                     max_size=16).map(" ".join)
+
+
+@settings(max_examples=500, deadline=None, derandomize=True)
+@given(_NUMBERED, _NUMBERED, st.sampled_from([0.0, 0.95]), st.sampled_from([0.0, 0.9]))
+@example("the 2 0 cats", "the 20 cats 7", 0.95, 0.9)  # a join takes both of one side's numbers
+@example("covid 19 in 2 cats", "covid19 in 3 cats", 0.95, 0.9)
+@example("g 7 meets 3 times", "the g7 met 2 times", 0.95, 0.9)
+def test_judge_settles_numbers_as_the_plain_rule(a: str, b: str, semantic: float, lexical: float) -> None:
+    """`judge` answers "numbers" early when each side has a number the other lacks and nothing can
+    be spelled out: the same verdict as the plain rule, which spells out and matches every word."""
     ra, rb = read(a), read(b)
     assert judge(ra, rb, semantic, RULES["static"], lexical) == _plain_judge(ra, rb, semantic, lexical)
     assert judge(rb, ra, semantic, RULES["static"], lexical) == _plain_judge(rb, ra, semantic, lexical)
