@@ -48,10 +48,10 @@ import re
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from functools import cached_property, lru_cache
+from functools import lru_cache
 from itertools import compress, filterfalse
 from operator import add, itemgetter
-from typing import TypeVar
+from typing import Any, Generic, TypeVar, overload
 
 import numpy as np
 
@@ -153,28 +153,98 @@ RULES: dict[str, Rules] = {
 }
 
 
+class _OnFirstUse(Generic[_T]):
+    """`functools.cached_property` without its lock (CPython 3.11 takes one at each first use):
+    the value is made from the instance once and stored in its dict, read from there after."""
+
+    def __init__(self, rule: Callable[[Any], _T]) -> None:
+        self.rule = rule
+        self.name = rule.__name__
+        self.__doc__ = rule.__doc__
+
+    @overload
+    def __get__(self, instance: None, owner: type | None = None) -> _OnFirstUse[_T]: ...
+    @overload
+    def __get__(self, instance: object, owner: type | None = None) -> _T: ...
+
+    def __get__(self, instance: object | None, owner: type | None = None) -> _T | _OnFirstUse[_T]:
+        if instance is None:
+            return self
+        value = instance.__dict__[self.name] = self.rule(instance)
+        return value
+
+
 @direct_init_read_often  # built once per text, its fields read at every pair it is judged in
 @dataclass(frozen=True)
 class Reading:
-    """What the judgement needs of one text, read once."""
+    """What the judgement needs of one text, read once, in two stages.
+
+    `read` makes what every text of a list is asked (`redundancy`: whether it is short, its copy
+    key, its content-word keys for `_sharing`): the words, which of them are names, the content
+    words and their keys. The rest (`content`, `surface`, `names`, `numbers`, `negations`,
+    `folded`) is made from those on first use, once: only the texts of the few pairs a list judges
+    word by word ask for it, and a pair that settles early (a copy, a negation) asks for less."""
 
     words: tuple[str, ...]  # every word, case-folded, number words folded into numbers
-    content: Counter[str] = field(hash=False)  # keys of the content words, with their counts
-    surface: dict[str, str] = field(hash=False)  # key -> a word it came from
-    names: frozenset[str]  # words kept as names (capitalised inside a sentence, acronyms, with a digit)
-    numbers: Counter[str] = field(hash=False)
-    negations: int
     shown: str  # the text as read (`readable`)
-    folded: str  # the text as read, case-folded: what tells two texts without a word apart
     length: int  # characters, white space folded: what "more concise" compares
+    # Per word of `words`: whether it is a name (capitalised inside a sentence, an acronym, with a
+    # digit); then the content words (not function words, or names) and the key of each, in order.
+    # Made by `read`, never changed after.
+    name_flags: list[bool] = field(hash=False, repr=False)
+    content_words: list[str] = field(hash=False, repr=False)
+    content_keys: list[str] = field(hash=False, repr=False)
 
-    @cached_property
+    @_OnFirstUse
+    def content(self) -> Counter[str]:
+        """The keys of the content words, with their counts."""
+        return Counter(self.content_keys)
+
+    @_OnFirstUse
+    def surface(self) -> dict[str, str]:
+        """Each content key's first word (the last assignment wins, so they are made from the end)."""
+        return dict(zip(reversed(self.content_keys), reversed(self.content_words), strict=True))
+
+    @_OnFirstUse
+    def named(self) -> list[str]:
+        """The words that are names, in order. Every word holding a digit is a name (`_word`; a
+        folded number and an ordinal are names too, and case folding adds no digit): the numbers
+        are found among the names, not all the words."""
+        return list(compress(self.words, self.name_flags))
+
+    @_OnFirstUse
+    def names(self) -> frozenset[str]:
+        """The words kept as names, numbers aside."""
+        return frozenset(filterfalse(_NUMERIC.__getitem__, self.named))
+
+    @_OnFirstUse
+    def numbers(self) -> Counter[str]:
+        """The numbers, as keys (`_number`), with their counts."""
+        return Counter(map(_KEYS.__getitem__, filter(_NUMERIC.__getitem__, self.named)))
+
+    @_OnFirstUse
+    def negations(self) -> int:
+        """The negation words, less each "No," answering a question (it denies nothing)."""
+        words = self.words
+        if NEGATIONS.isdisjoint(words):
+            return 0
+        negations = sum(map(NEGATIONS.__contains__, words))
+        if "no" in words:  # a "No," it discounts is the word "no": without it, there is none
+            negations -= len(_INTERJECTION.findall(self.shown))
+        return negations
+
+    @_OnFirstUse
+    def folded(self) -> str:
+        """The text as read, case-folded: what tells two texts without a word apart."""
+        return self.shown.casefold()
+
+    @_OnFirstUse
     def sentences(self) -> tuple[str, ...]:
         """The text's sentences, split only when asked (`_negations_toward`, for a text with a
         negation word and another text to speak of)."""
         return tuple(s for s in _SENTENCE_END.split(self.shown) if s.strip())
 
-    @cached_property
+    @_OnFirstUse
     def copy_key(self) -> str:
         """Equal for two readings exactly when `copies` says they are copies: the words joined by a
         space (no word holds one), or, without a word, the folded text behind a NUL (no word opens
@@ -182,12 +252,12 @@ class Reading:
         for would be hashed again, word by word, every time a list groups its copies."""
         return " ".join(self.words) if self.words else "\x00" + self.folded
 
-    @cached_property
+    @_OnFirstUse
     def keys(self) -> frozenset[str]:
         """The distinct content-word keys (the prefilter `_sharing`), made once per text."""
-        return frozenset(self.content)
+        return frozenset(self.content_keys)
 
-    @cached_property
+    @_OnFirstUse
     def spellings(self) -> tuple[frozenset[str], str]:
         """Each way another text may write a stretch of these words as one word (`_spelled_out`):
         two adjacent words run together ("tie" "break" -> "tiebreak"), as a set (which pair it is,
@@ -400,8 +470,9 @@ def surely_passage(text: str) -> bool:
 
 @lru_cache(maxsize=8192)
 def read(text: str) -> Reading:
-    """`text` read for the judgement (memoised: a chunk is compared with many others). Word by word
-    only where a word needs it: each step runs over the words in C (`map`, `compress`, `Counter`)."""
+    """`text` read for the judgement (memoised: a chunk is compared with many others): its words,
+    names and content words, what every text of a list is asked; the rest of its `Reading` is made
+    on first use. Word by word only where a word needs it: each step runs over the words in C."""
     shown, tokens, where = _pieces(text)
     words, names = _run_tokens(*where, tokens) if isinstance(where, tuple) else _raw_tokens(where)
     if not _NUMBERS_AND_ORDINALS.isdisjoint(words):  # most texts spell neither: one pass tells
@@ -411,25 +482,8 @@ def read(text: str) -> Reading:
                 if w in _ORDINALS:
                     words[k], names[k] = _ORDINALS[w], True
     content = [w for w, name in zip(words, names, strict=True) if name or w not in _NOT_CONTENT]
-    keys = list(map(_KEYS.__getitem__, content))
-    negations = 0 if NEGATIONS.isdisjoint(words) else sum(map(NEGATIONS.__contains__, words))
-    if negations and "no" in words:  # a "No," it discounts is the word "no": without it, there is none
-        negations -= len(_INTERJECTION.findall(shown))
-    # Every word holding a digit is a name (`_word`; a folded number and an ordinal are names too,
-    # and case folding adds no digit): the numbers are found among the names, not all the words.
-    named = list(compress(words, names))
-    return Reading(
-        words=tuple(words),
-        content=Counter(keys),
-        # Each key's first word (the last assignment wins, so they are made from the end).
-        surface=dict(zip(reversed(keys), reversed(content), strict=True)),
-        names=frozenset(filterfalse(_NUMERIC.__getitem__, named)),
-        numbers=Counter(map(_KEYS.__getitem__, filter(_NUMERIC.__getitem__, named))),  # keys: `_number`
-        negations=negations,
-        shown=shown,
-        length=len(shown),
-        folded=shown.casefold(),
-    )
+    return Reading(words=tuple(words), shown=shown, length=len(shown), name_flags=names,
+                   content_words=content, content_keys=list(map(_KEYS.__getitem__, content)))
 
 
 def _one_edit(a: str, b: str) -> bool:

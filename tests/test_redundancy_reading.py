@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from collections import Counter
 from itertools import pairwise
 from unittest.mock import patch
 
@@ -188,3 +189,54 @@ def test_the_joins_set_finds_the_first_pair_a_scan_finds(text: str, word: str,
     first = next((words[k:k + 2] for k in range(len(words) - 1) if words[k] + words[k + 1] == word), ())
     assert reading.joined_pair(word) == first
     assert _spelled_out(word, reading) == _spelled_out_by_scan(word, reading)
+
+
+_MADE_ON_FIRST_USE = ("content", "surface", "named", "names", "numbers", "negations", "folded", "sentences",
+                      "copy_key", "keys", "spellings")
+
+
+def _made_at_once(reading: Reading) -> dict[str, object]:
+    """The plain rule for each part of a reading `read` leaves to first use, from its words, their
+    name flags and its text alone, word by word (the counters' and the map's order included)."""
+    words, flags = reading.words, reading.name_flags
+    content = [w for w, name in zip(words, flags, strict=True) if name or w not in redundancy._NOT_CONTENT]
+    keys = [redundancy._key(w) for w in content]
+    surface: dict[str, str] = {}  # each key's first word, the keys from the end (the order `read` had)
+    for key, word in reversed(list(zip(keys, content, strict=True))):
+        surface[key] = word  # a key keeps its place, and takes an earlier word
+    named = [w for w, name in zip(words, flags, strict=True) if name]
+    numbers = [redundancy._key(w) for w in named if any(ch.isdigit() for ch in w)]
+    negations = sum(w in redundancy.NEGATIONS for w in words)
+    if "no" in words:
+        negations -= len(re.findall(r"(?<!\w)no\s*[,.!;:]", reading.shown, re.IGNORECASE))
+    return {"content": list(Counter(keys).items()), "surface": list(surface.items()), "named": named,
+            "names": {w for w in named if not any(ch.isdigit() for ch in w)},
+            "numbers": list(Counter(numbers).items()), "negations": negations,
+            "folded": reading.shown.casefold(),
+            "sentences": tuple(s for s in re.split(r"(?<=[.!?;])\s+", reading.shown) if s.strip()),
+            "copy_key": " ".join(words) if words else "\x00" + reading.shown.casefold(), "keys": set(keys),
+            "spellings": ({x + y for x, y in pairwise(words)}, "".join(w[0] for w in words))}
+
+
+def _as_compared(name: str, value: object) -> object:
+    """A part as `_made_at_once` states it: a counter or a map as its items in order."""
+    return list(value.items()) if name in ("content", "surface", "numbers") else value  # type: ignore[attr-defined]
+
+
+@settings(max_examples=500, deadline=None, derandomize=True)
+@given(st.one_of(_LATIN1_TEXT, st.text(max_size=60)), st.permutations(_MADE_ON_FIRST_USE))
+@example("No, it is not 3 or two hundred and five. The U.S. never said: Two. No. 4th", _MADE_ON_FIRST_USE)
+@example("NASA and nasa: the Moon, 1.50 and 1.5, no!", tuple(reversed(_MADE_ON_FIRST_USE)))
+@example("\U0001f600 \U0001f601", _MADE_ON_FIRST_USE)
+def test_each_part_made_on_first_use_is_the_plain_rule(text: str, order: tuple[str, ...]) -> None:
+    """`read` makes the words, their names and the content words; every other part of a `Reading`
+    is made on its first use (most texts of a list are never judged word by word): nothing of it
+    before, and each part, asked in any order, what the plain rule makes of the words and the
+    text at once."""
+    reading = read.__wrapped__(text)  # a fresh reading, not the memoised one
+    assert list(vars(reading)) == [f.name for f in dataclasses.fields(Reading)]
+    assert reading.content_keys == [redundancy._key(w) for w in reading.content_words]
+    expected = _made_at_once(reading)
+    for name in order:
+        assert _as_compared(name, getattr(reading, name)) == expected[name], name
+        assert getattr(reading, name) is getattr(reading, name)  # made once
