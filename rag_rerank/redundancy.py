@@ -416,6 +416,17 @@ def _fold_numbers(words: list[str], names: list[bool]) -> tuple[list[str], list[
 _FOLDABLE = _NUMBER_WORDS | {"and"}
 
 
+def _foldable(word: str) -> bool:
+    """Whether `word` as written, case-folded, is in `_FOLDABLE`."""
+    return word.casefold() in _FOLDABLE
+
+
+# `_foldable` of each word met: `surely_passage` asks it of every word of a text it looks at, and
+# a look-up of the word hashes it once for `read`'s look-ups after (a word keeps its hash), where a
+# case fold made a new string and hashed that.
+_FOLDS = _Memo(_foldable)
+
+
 def _cleaned(shown: str) -> str:
     """Digit groups joined ("1,000" -> "1000") and dotted initials undotted ("U.S." -> "US"); each
     rewrite runs only on a text holding its core (most hold neither)."""
@@ -464,7 +475,7 @@ def surely_passage(text: str) -> bool:
     tokens = _pieces(text)[1]
     if len(tokens) <= SHORT_WORDS:
         return False
-    foldable = sum(map(_FOLDABLE.__contains__, map(str.casefold, tokens)))
+    foldable = sum(map(_FOLDS.__getitem__, tokens))
     return len(tokens) - foldable > SHORT_WORDS
 
 

@@ -240,3 +240,21 @@ def test_each_part_made_on_first_use_is_the_plain_rule(text: str, order: tuple[s
     for name in order:
         assert _as_compared(name, getattr(reading, name)) == expected[name], name
         assert getattr(reading, name) is getattr(reading, name)  # made once
+
+
+_FOLDISH = st.sampled_from(["two", "Two", "TWO", "tWo", "hundred", "and", "AND", "aNd", "five", "\ufb01ve",
+                            "\u017fix", "1,000", "3rd", "andy", "an", "\u00df", "\u0130", "x", " ", "."])
+
+
+@settings(max_examples=400, deadline=None, derandomize=True)
+@given(st.one_of(st.lists(st.one_of(_FOLDISH, st.text(max_size=8)), min_size=25, max_size=70).map(" ".join),
+                 st.text(max_size=80)))
+@example(" ".join(["AND"] * 20 + ["word"] * 31))
+@example(" ".join(["aNd"] * 2 + ["word"] * 30))
+def test_the_passage_bound_counts_the_foldable_words_plainly(text: str) -> None:
+    """`surely_passage` counts the words a number may absorb through a memo of each word as
+    written (`_FOLDS`): the same answer as case-folding every token and looking it up."""
+    tokens = _TOKEN.findall(_cleaned(readable(text)))
+    foldable = sum(t.casefold() in redundancy._FOLDABLE for t in tokens)
+    expected = len(tokens) > redundancy.SHORT_WORDS and len(tokens) - foldable > redundancy.SHORT_WORDS
+    assert redundancy.surely_passage.__wrapped__(text) == expected
