@@ -303,10 +303,11 @@ def _number(word: str) -> str:
 
 
 def _word(word: str) -> tuple[str, bool, bool]:
-    """(case-folded, a name wherever it stands, a name inside a sentence) for one word as written:
-    with a digit or an acronym it is a name anywhere; capitalised, only after a sentence's start."""
+    """(case-folded, a name wherever it stands, a name only where it stands inside a sentence) for
+    one word as written: with a digit or an acronym it is a name anywhere; capitalised (and not a
+    name anywhere), only after a sentence's start, the one kind whose place decides."""
     anywhere = _is_number(word) or (len(word) > 1 and word.isupper())
-    return word.casefold(), anywhere, word[0].isupper()
+    return word.casefold(), anywhere, not anywhere and word[0].isupper()
 
 
 class _Memo(dict[str, _T]):
@@ -333,49 +334,56 @@ _KEYS = _Memo(_key)
 _NUMERIC = _Memo(_is_number)
 
 
-def _raw_tokens(pieces: list[str]) -> tuple[list[str], list[bool]]:
+def _raw_tokens(pieces: list[str]) -> tuple[tuple[str, ...], list[bool]]:
     """The words of a text split by `_TOKENS` (gap, word, gap, ..., gap), case-folded, in reading
     order, and whether each is a name: capitalised inside a sentence, an acronym, or holding a
     digit. A word opens a sentence when nothing but white space stands before it, or the last
     other character before it is one of `_OPENERS`: looked for in the gap since the previous word
-    only (a word's own last character is never an opener), and only for a capitalised word, the
-    one kind whose place decides. The words' facts are memoised lookups (`_WORDS`)."""
+    only (a word's own last character is never an opener), and only for a word whose place
+    decides (`_word`). The words' facts are memoised lookups (`_WORDS`)."""
     if len(pieces) == 1:
-        return [], []
-    words, anywhere, capital = zip(*map(_WORDS.__getitem__, pieces[1::2]), strict=True)
+        return (), []
+    words, anywhere, placed = zip(*map(_WORDS.__getitem__, pieces[1::2]), strict=True)
     names = list(anywhere)
-    for k in compress(range(len(names)), capital):
-        if not names[k]:
-            gap = pieces[2 * k].rstrip()
-            names[k] = gap[-1] not in _OPENERS if gap else k > 0
-    return list(words), names
+    for k in compress(range(len(names)), placed):
+        gap = pieces[2 * k].rstrip()
+        names[k] = gap[-1] not in _OPENERS if gap else k > 0
+    return words, names
 
 
-def _run_tokens(cleaned: str, runs: str, tokens: list[str]) -> tuple[list[str], list[bool]]:
+# What `_run_tokens` finds last before a word: an opener, or a space when nothing stands before it.
+_OPENERS_OR_NONE = _OPENERS + " "
+
+
+def _run_tokens(cleaned: str, runs: str, tokens: list[str]) -> tuple[tuple[str, ...], list[bool]]:
     """`_raw_tokens` of a text whose words (`tokens`) are its runs of word characters (`_word_runs`:
     `runs` is the cleaned text with every other character a space), which keeps no gaps. Only a
-    capitalised word that is not a name anywhere is looked for: the first whole word equal to it
-    after the last one found is that word (each word equal to it is one of those looked for). It
-    opens a sentence when the last character before it that is not a space is one of `_OPENERS`,
-    or when there is none: the gap's last character, or the last of the word before (never an
-    opener), as white space in a text as read is one space."""
+    word whose place decides (`_word`) is looked for: the first whole word equal to it after the
+    last one found is that word (each word equal to it is one of those looked for). It opens a
+    sentence when the last character before it that is not a space is one of `_OPENERS`, or when
+    there is none: the gap's last character, or the last of the word before (never an opener), as
+    white space in a text as read is one space: the character just before the word, or when that
+    is a space the one before it (two spaces stand before the text, so a space there says there is
+    none)."""
     if not tokens:
-        return [], []
-    words, anywhere, capital = zip(*map(_WORDS.__getitem__, tokens), strict=True)
+        return (), []
+    words, anywhere, placed = zip(*map(_WORDS.__getitem__, tokens), strict=True)
     names = list(anywhere)
-    wanted = [k for k in compress(range(len(names)), capital) if not names[k]]
-    if wanted:
+    if True in placed:
         runs, cleaned = f"  {runs} ", "  " + cleaned  # each word has two characters before it, and one after
         at = 0
-        for k in wanted:
-            at = runs.find(f" {tokens[k]} ", at) + 1  # where the word starts
-            before = cleaned[at - 2:at].rstrip()
-            names[k] = bool(before) and before[-1] not in _OPENERS
-            at += len(tokens[k])
-    return list(words), names
+        for k in compress(range(len(names)), placed):
+            token = tokens[k]
+            at = runs.find(f" {token} ", at) + 1  # where the word starts
+            last = cleaned[at - 1]
+            if last == " ":
+                last = cleaned[at - 2]
+            names[k] = last not in _OPENERS_OR_NONE
+            at += len(token)
+    return words, names
 
 
-def _fold_numbers(words: list[str], names: list[bool]) -> tuple[list[str], list[bool]]:
+def _fold_numbers(words: Sequence[str], names: list[bool]) -> tuple[Sequence[str], list[bool]]:
     """Number words as the number they spell ("forty five" -> "45", "two" -> "2"), a name; the
     words between two numbers are copied as they stand, a slice at a time."""
     if _NUMBER_WORDS.isdisjoint(words):
@@ -409,7 +417,9 @@ def _fold_numbers(words: list[str], names: list[bool]) -> tuple[list[str], list[
         out.append(str(value + current))
         out_names.append(True)
         i = j
-    return out + words[i:], out_names + names[i:]
+    out += words[i:]  # `+=` takes a tuple of words as well as a list
+    out_names += names[i:]
+    return out, out_names
 
 
 # Tokens `_fold_numbers` may fold into the number before them.
@@ -487,7 +497,7 @@ def read(text: str) -> Reading:
     shown, tokens, where = _pieces(text)
     words, names = _run_tokens(*where, tokens) if isinstance(where, tuple) else _raw_tokens(where)
     if not _NUMBERS_AND_ORDINALS.isdisjoint(words):  # most texts spell neither: one pass tells
-        words, names = _fold_numbers(words, names)
+        words, names = _fold_numbers(list(words), names)
         if not _ORDINALS.keys().isdisjoint(words):
             for k, w in enumerate(words):
                 if w in _ORDINALS:
