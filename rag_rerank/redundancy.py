@@ -49,7 +49,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
-from itertools import compress, filterfalse
+from itertools import compress, filterfalse, islice
 from operator import add, itemgetter
 from typing import Any, Generic, TypeVar, overload
 
@@ -435,6 +435,7 @@ def _foldable(word: str) -> bool:
 # a look-up of the word hashes it once for `read`'s look-ups after (a word keeps its hash), where a
 # case fold made a new string and hashed that.
 _FOLDS = _Memo(_foldable)
+_PASSAGE_HEAD = SHORT_WORDS + 10  # the words `surely_passage` looks at first
 
 
 def _cleaned(shown: str) -> str:
@@ -485,8 +486,14 @@ def surely_passage(text: str) -> bool:
     tokens = _pieces(text)[1]
     if len(tokens) <= SHORT_WORDS:
         return False
+    # The first `_PASSAGE_HEAD` words settle most texts: more than SHORT_WORDS of them no number
+    # absorbs (a passage has about 60 words, and a few "and"s); the rest are then not looked up.
+    if len(tokens) > _PASSAGE_HEAD and \
+            _PASSAGE_HEAD - sum(map(_FOLDS.__getitem__, islice(tokens, _PASSAGE_HEAD))) > SHORT_WORDS:
+        return True
     foldable = sum(map(_FOLDS.__getitem__, tokens))
     return len(tokens) - foldable > SHORT_WORDS
+
 
 
 @lru_cache(maxsize=8192)

@@ -251,9 +251,13 @@ _FOLDISH = st.sampled_from(["two", "Two", "TWO", "tWo", "hundred", "and", "AND",
                  st.text(max_size=80)))
 @example(" ".join(["AND"] * 20 + ["word"] * 31))
 @example(" ".join(["aNd"] * 2 + ["word"] * 30))
+@example(" ".join(["and"] * 10 + ["word"] * 30 + ["and"]))  # the first 40 words settle nothing
+@example(" ".join(["and"] * 10 + ["word"] * 30 + ["two"] + ["word"] * 5))
+@example(" ".join(["word"] * 31 + ["and"] * 40))
 def test_the_passage_bound_counts_the_foldable_words_plainly(text: str) -> None:
     """`surely_passage` counts the words a number may absorb through a memo of each word as
-    written (`_FOLDS`): the same answer as case-folding every token and looking it up."""
+    written (`_FOLDS`), in the first 40 words first: the same answer as case-folding every token
+    and looking it up."""
     tokens = _TOKEN.findall(_cleaned(readable(text)))
     foldable = sum(t.casefold() in redundancy._FOLDABLE for t in tokens)
     expected = len(tokens) > redundancy.SHORT_WORDS and len(tokens) - foldable > redundancy.SHORT_WORDS
