@@ -302,12 +302,15 @@ def _number(word: str) -> str:
     return ordinal.group(1) if ordinal else word
 
 
-def _word(word: str) -> tuple[str, bool, bool]:
-    """(case-folded, a name wherever it stands, a name only where it stands inside a sentence) for
-    one word as written: with a digit or an acronym it is a name anywhere; capitalised (and not a
-    name anywhere), only after a sentence's start, the one kind whose place decides."""
+def _word(word: str) -> tuple[str, bool, bool, bool]:
+    """(case-folded, a name wherever it stands, a name only where it stands inside a sentence, a
+    content word wherever it stands) for one word as written: with a digit or an acronym it is a
+    name anywhere; capitalised (and not a name anywhere), only after a sentence's start, the one
+    kind whose place decides. A content word is a name or a word outside `_NOT_CONTENT`: a
+    function word whose place decides is one only where it stands inside a sentence."""
+    folded = word.casefold()
     anywhere = _is_number(word) or (len(word) > 1 and word.isupper())
-    return word.casefold(), anywhere, not anywhere and word[0].isupper()
+    return folded, anywhere, not anywhere and word[0].isupper(), anywhere or folded not in _NOT_CONTENT
 
 
 class _Memo(dict[str, _T]):
@@ -334,28 +337,33 @@ _KEYS = _Memo(_key)
 _NUMERIC = _Memo(_is_number)
 
 
-def _raw_tokens(pieces: list[str]) -> tuple[tuple[str, ...], list[bool]]:
+_Tokens = tuple[tuple[str, ...], list[bool], list[bool]]  # words, which are names, which are content words
+
+
+def _raw_tokens(pieces: list[str]) -> _Tokens:
     """The words of a text split by `_TOKENS` (gap, word, gap, ..., gap), case-folded, in reading
-    order, and whether each is a name: capitalised inside a sentence, an acronym, or holding a
-    digit. A word opens a sentence when nothing but white space stands before it, or the last
-    other character before it is one of `_OPENERS`: looked for in the gap since the previous word
-    only (a word's own last character is never an opener), and only for a word whose place
-    decides (`_word`). The words' facts are memoised lookups (`_WORDS`)."""
+    order, whether each is a name (capitalised inside a sentence, an acronym, or holding a digit),
+    and whether each is a content word (a name, or a word outside `_NOT_CONTENT`). A word opens a
+    sentence when nothing but white space stands before it, or the last other character before it
+    is one of `_OPENERS`: looked for in the gap since the previous word only (a word's own last
+    character is never an opener), and only for a word whose place decides (`_word`). The words'
+    facts are memoised lookups (`_WORDS`)."""
     if len(pieces) == 1:
-        return (), []
-    words, anywhere, placed = zip(*map(_WORDS.__getitem__, pieces[1::2]), strict=True)
-    names = list(anywhere)
+        return (), [], []
+    words, anywhere, placed, kept = zip(*map(_WORDS.__getitem__, pieces[1::2]), strict=True)
+    names, content = list(anywhere), list(kept)
     for k in compress(range(len(names)), placed):
         gap = pieces[2 * k].rstrip()
-        names[k] = gap[-1] not in _OPENERS if gap else k > 0
-    return words, names
+        if gap[-1] not in _OPENERS if gap else k > 0:
+            names[k] = content[k] = True
+    return words, names, content
 
 
 # What `_run_tokens` finds last before a word: an opener, or a space when nothing stands before it.
 _OPENERS_OR_NONE = _OPENERS + " "
 
 
-def _run_tokens(cleaned: str, runs: str, tokens: list[str]) -> tuple[tuple[str, ...], list[bool]]:
+def _run_tokens(cleaned: str, runs: str, tokens: list[str]) -> _Tokens:
     """`_raw_tokens` of a text whose words (`tokens`) are its runs of word characters (`_word_runs`:
     `runs` is the cleaned text with every other character a space), which keeps no gaps. Only a
     word whose place decides (`_word`) is looked for: the first whole word equal to it after the
@@ -366,9 +374,9 @@ def _run_tokens(cleaned: str, runs: str, tokens: list[str]) -> tuple[tuple[str, 
     is a space the one before it (two spaces stand before the text, so a space there says there is
     none)."""
     if not tokens:
-        return (), []
-    words, anywhere, placed = zip(*map(_WORDS.__getitem__, tokens), strict=True)
-    names = list(anywhere)
+        return (), [], []
+    words, anywhere, placed, kept = zip(*map(_WORDS.__getitem__, tokens), strict=True)
+    names, content = list(anywhere), list(kept)
     if True in placed:
         runs, cleaned = f"  {runs} ", "  " + cleaned  # each word has two characters before it, and one after
         at = 0
@@ -378,9 +386,10 @@ def _run_tokens(cleaned: str, runs: str, tokens: list[str]) -> tuple[tuple[str, 
             last = cleaned[at - 1]
             if last == " ":
                 last = cleaned[at - 2]
-            names[k] = last not in _OPENERS_OR_NONE
+            if last not in _OPENERS_OR_NONE:
+                names[k] = content[k] = True
             at += len(token)
-    return words, names
+    return words, names, content
 
 
 def _fold_numbers(words: Sequence[str], names: list[bool]) -> tuple[Sequence[str], list[bool]]:
@@ -502,14 +511,16 @@ def read(text: str) -> Reading:
     names and content words, what every text of a list is asked; the rest of its `Reading` is made
     on first use. Word by word only where a word needs it: each step runs over the words in C."""
     shown, tokens, where = _pieces(text)
-    words, names = _run_tokens(*where, tokens) if isinstance(where, tuple) else _raw_tokens(where)
-    if not _NUMBERS_AND_ORDINALS.isdisjoint(words):  # most texts spell neither: one pass tells
+    words, names, kept = _run_tokens(*where, tokens) if isinstance(where, tuple) else _raw_tokens(where)
+    if _NUMBERS_AND_ORDINALS.isdisjoint(words):  # most texts spell neither: one pass tells
+        content = list(compress(words, kept))
+    else:
         words, names = _fold_numbers(list(words), names)
         if not _ORDINALS.keys().isdisjoint(words):
             for k, w in enumerate(words):
                 if w in _ORDINALS:
                     words[k], names[k] = _ORDINALS[w], True
-    content = [w for w, name in zip(words, names, strict=True) if name or w not in _NOT_CONTENT]
+        content = [w for w, name in zip(words, names, strict=True) if name or w not in _NOT_CONTENT]
     return Reading(words=tuple(words), shown=shown, length=len(shown), name_flags=names,
                    content_words=content, content_keys=list(map(_KEYS.__getitem__, content)))
 

@@ -70,7 +70,7 @@ def _fields(reading: Reading) -> tuple[object, ...]:
             list(reading.numbers.items()), reading.negations, reading.shown, reading.folded, reading.length)
 
 
-def _regex_reading(shown: str) -> tuple[str, list[str], tuple[list[str], list[bool]]]:
+def _regex_reading(shown: str) -> tuple[str, list[str], tuple[tuple[str, ...], list[bool], list[bool]]]:
     """The plain rule: the text cleaned by its regexes, split by `_TOKENS` into gaps and words, and
     each word's place read from its gap (`_raw_tokens`)."""
     cleaned = _cleaned(shown)
@@ -93,7 +93,7 @@ def test_the_latin1_reading_is_the_regex_reading(text: str) -> None:
     cleaned text, words and names as the regexes' split and its gaps (and it is the path taken:
     None only for a text beyond Latin-1 or with a digit, "." and a digit once cleaned)."""
     shown = readable(text)
-    cleaned, tokens, (words, names) = _regex_reading(shown)
+    cleaned, tokens, by_regex = _regex_reading(shown)
     found = _word_runs(shown)
     if found is None:
         assert not is_latin1(shown) or re.search(r"\d\.\d", cleaned)
@@ -102,7 +102,7 @@ def test_the_latin1_reading_is_the_regex_reading(text: str) -> None:
     assert is_latin1(shown) and not re.search(r"\d\.\d", cleaned)
     assert found[0] == cleaned
     assert found[1].split() == tokens
-    assert _run_tokens(*found, tokens) == (words, names)
+    assert _run_tokens(*found, tokens) == by_regex  # words, names and content words
     assert _pieces(text) == (shown, tokens, found)
     assert _fields(read(text)) == _fields(_read_by_regex(text))
 
@@ -262,3 +262,23 @@ def test_the_passage_bound_counts_the_foldable_words_plainly(text: str) -> None:
     foldable = sum(t.casefold() in redundancy._FOLDABLE for t in tokens)
     expected = len(tokens) > redundancy.SHORT_WORDS and len(tokens) - foldable > redundancy.SHORT_WORDS
     assert redundancy.surely_passage.__wrapped__(text) == expected
+
+
+@settings(max_examples=400, deadline=None, derandomize=True)
+@given(st.one_of(_LATIN1_TEXT, st.text(max_size=60)))
+@example("The end. The The, In in IN: It said (It) \u00abThe\u00bb no No NO. Not")
+@example("")
+def test_the_content_flags_are_the_plain_rule(text: str) -> None:
+    """Both ways of reading a text's words (`_run_tokens`, `_raw_tokens`) flag as content words the
+    words that are names or outside `_NOT_CONTENT` (the word memo says so of every word whose
+    place does not decide; the place decides the rest): what `read` keeps of a text that spells no
+    number, and the same words the plain rule keeps."""
+    shown = readable(text)
+    _, _, (words, names, kept) = _regex_reading(shown)
+    assert kept == [name or w not in redundancy._NOT_CONTENT for w, name in zip(words, names, strict=True)]
+    found = _word_runs(shown)
+    if found is not None:
+        assert _run_tokens(*found, found[1].split())[2] == kept
+    reading = read.__wrapped__(text)
+    assert reading.content_words == [w for w, name in zip(reading.words, reading.name_flags, strict=True)
+                                     if name or w not in redundancy._NOT_CONTENT]
