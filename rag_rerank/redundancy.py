@@ -392,20 +392,23 @@ def _run_tokens(cleaned: str, runs: str, tokens: list[str]) -> _Tokens:
     return words, names, content
 
 
-def _fold_numbers(words: Sequence[str], names: list[bool]) -> tuple[Sequence[str], list[bool]]:
+def _fold_numbers(words: Sequence[str], *flags: list[bool]) -> tuple[Any, ...]:
     """Number words as the number they spell ("forty five" -> "45", "two" -> "2"), a name; the
-    words between two numbers are copied as they stand, a slice at a time."""
+    words between two numbers are copied as they stand, a slice at a time. Each list of per-word
+    flags given (which words are names; which are content words) is folded alongside: True for a
+    folded number (a number is a name, and a content word). (words, *flags), folded."""
     if _NUMBER_WORDS.isdisjoint(words):
-        return words, names  # most texts spell no number: nothing to fold
+        return (words, *flags)  # most texts spell no number: nothing to fold
     starts = [k for k, w in enumerate(words) if w in _NUMBER_WORDS]
     out: list[str] = []
-    out_names: list[bool] = []
+    outs: list[list[bool]] = [[] for _ in flags]
     i = 0
     for start in starts:
         if start < i:
             continue  # folded into the number before it
         out += words[i:start]
-        out_names += names[i:start]
+        for folded, given in zip(outs, flags, strict=True):
+            folded += given[i:start]
         value = current = 0
         j = start
         while j < len(words):
@@ -424,11 +427,13 @@ def _fold_numbers(words: Sequence[str], names: list[bool]) -> tuple[Sequence[str
                 break
             j += 1
         out.append(str(value + current))
-        out_names.append(True)
+        for folded in outs:
+            folded.append(True)
         i = j
     out += words[i:]  # `+=` takes a tuple of words as well as a list
-    out_names += names[i:]
-    return out, out_names
+    for folded, given in zip(outs, flags, strict=True):
+        folded += given[i:]
+    return (out, *outs)
 
 
 # Tokens `_fold_numbers` may fold into the number before them.
@@ -512,15 +517,13 @@ def read(text: str) -> Reading:
     on first use. Word by word only where a word needs it: each step runs over the words in C."""
     shown, tokens, where = _pieces(text)
     words, names, kept = _run_tokens(*where, tokens) if isinstance(where, tuple) else _raw_tokens(where)
-    if _NUMBERS_AND_ORDINALS.isdisjoint(words):  # most texts spell neither: one pass tells
-        content = list(compress(words, kept))
-    else:
-        words, names = _fold_numbers(list(words), names)
+    if not _NUMBERS_AND_ORDINALS.isdisjoint(words):  # most texts spell neither: one pass tells
+        words, names, kept = _fold_numbers(list(words), names, kept)
         if not _ORDINALS.keys().isdisjoint(words):
             for k, w in enumerate(words):
-                if w in _ORDINALS:
-                    words[k], names[k] = _ORDINALS[w], True
-        content = [w for w, name in zip(words, names, strict=True) if name or w not in _NOT_CONTENT]
+                if w in _ORDINALS:  # an ordinal is the number it orders: a name, and a content word
+                    words[k], names[k], kept[k] = _ORDINALS[w], True, True
+    content = list(compress(words, kept))
     return Reading(words=tuple(words), shown=shown, length=len(shown), name_flags=names,
                    content_words=content, content_keys=list(map(_KEYS.__getitem__, content)))
 

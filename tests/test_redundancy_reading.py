@@ -267,12 +267,13 @@ def test_the_passage_bound_counts_the_foldable_words_plainly(text: str) -> None:
 @settings(max_examples=400, deadline=None, derandomize=True)
 @given(st.one_of(_LATIN1_TEXT, st.text(max_size=60)))
 @example("The end. The The, In in IN: It said (It) \u00abThe\u00bb no No NO. Not")
+@example("Two hundred and five, The first. the Third and AND Forty one, No: second")
 @example("")
 def test_the_content_flags_are_the_plain_rule(text: str) -> None:
     """Both ways of reading a text's words (`_run_tokens`, `_raw_tokens`) flag as content words the
     words that are names or outside `_NOT_CONTENT` (the word memo says so of every word whose
-    place does not decide; the place decides the rest): what `read` keeps of a text that spells no
-    number, and the same words the plain rule keeps."""
+    place does not decide; the place decides the rest), and `read` keeps those flags through the
+    folding of numbers and ordinals: the same words the plain rule keeps."""
     shown = readable(text)
     _, _, (words, names, kept) = _regex_reading(shown)
     assert kept == [name or w not in redundancy._NOT_CONTENT for w, name in zip(words, names, strict=True)]
