@@ -501,13 +501,12 @@ def surely_passage(text: str) -> bool:
     if len(tokens) <= SHORT_WORDS:
         return False
     # The first `_PASSAGE_HEAD` words settle most texts: more than SHORT_WORDS of them no number
-    # absorbs (a passage has about 60 words, and a few "and"s); the rest are then not looked up.
+    # absorbs (a passage has about 70 words, and a few "and"s); the rest are then not looked up.
     if len(tokens) > _PASSAGE_HEAD and \
             _PASSAGE_HEAD - sum(map(_FOLDS.__getitem__, islice(tokens, _PASSAGE_HEAD))) > SHORT_WORDS:
         return True
     foldable = sum(map(_FOLDS.__getitem__, tokens))
     return len(tokens) - foldable > SHORT_WORDS
-
 
 
 @lru_cache(maxsize=8192)
