@@ -48,10 +48,10 @@ import re
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from functools import cached_property, lru_cache
-from itertools import compress, count, filterfalse
+from functools import lru_cache
+from itertools import compress, count, filterfalse, islice
 from operator import add, itemgetter, ne, not_
-from typing import TypeVar
+from typing import Any, Generic, TypeVar, overload
 
 import numpy as np
 
@@ -153,28 +153,98 @@ RULES: dict[str, Rules] = {
 }
 
 
+class _OnFirstUse(Generic[_T]):
+    """`functools.cached_property` without its lock (CPython 3.11 takes one at each first use):
+    the value is made from the instance once and stored in its dict, read from there after."""
+
+    def __init__(self, rule: Callable[[Any], _T]) -> None:
+        self.rule = rule
+        self.name = rule.__name__
+        self.__doc__ = rule.__doc__
+
+    @overload
+    def __get__(self, instance: None, owner: type | None = None) -> _OnFirstUse[_T]: ...
+    @overload
+    def __get__(self, instance: object, owner: type | None = None) -> _T: ...
+
+    def __get__(self, instance: object | None, owner: type | None = None) -> _T | _OnFirstUse[_T]:
+        if instance is None:
+            return self
+        value = instance.__dict__[self.name] = self.rule(instance)
+        return value
+
+
 @direct_init_read_often  # built once per text, its fields read at every pair it is judged in
 @dataclass(frozen=True)
 class Reading:
-    """What the judgement needs of one text, read once."""
+    """What the judgement needs of one text, read once, in two stages.
+
+    `read` makes what every text of a list is asked (`redundancy`: whether it is short, its copy
+    key, its content-word keys for `_sharing`): the words, which of them are names, the content
+    words and their keys. The rest (`content`, `surface`, `names`, `numbers`, `negations`,
+    `folded`) is made from those on first use, once: only the texts of the few pairs a list judges
+    word by word ask for it, and a pair that settles early (a copy, a negation) asks for less."""
 
     words: tuple[str, ...]  # every word, case-folded, number words folded into numbers
-    content: Counter[str] = field(hash=False)  # keys of the content words, with their counts
-    surface: dict[str, str] = field(hash=False)  # key -> a word it came from
-    names: frozenset[str]  # words kept as names (capitalised inside a sentence, acronyms, with a digit)
-    numbers: Counter[str] = field(hash=False)
-    negations: int
     shown: str  # the text as read (`readable`)
-    folded: str  # the text as read, case-folded: what tells two texts without a word apart
     length: int  # characters, white space folded: what "more concise" compares
+    # Per word of `words`: whether it is a name (capitalised inside a sentence, an acronym, with a
+    # digit); then the content words (not function words, or names) and the key of each, in order.
+    # Made by `read`, never changed after.
+    name_flags: list[bool] = field(hash=False, repr=False)
+    content_words: list[str] = field(hash=False, repr=False)
+    content_keys: list[str] = field(hash=False, repr=False)
 
-    @cached_property
+    @_OnFirstUse
+    def content(self) -> Counter[str]:
+        """The keys of the content words, with their counts."""
+        return Counter(self.content_keys)
+
+    @_OnFirstUse
+    def surface(self) -> dict[str, str]:
+        """Each content key's first word (the last assignment wins, so they are made from the end)."""
+        return dict(zip(reversed(self.content_keys), reversed(self.content_words), strict=True))
+
+    @_OnFirstUse
+    def named(self) -> list[str]:
+        """The words that are names, in order. Every word holding a digit is a name (`_word`; a
+        folded number and an ordinal are names too, and case folding adds no digit): the numbers
+        are found among the names, not all the words."""
+        return list(compress(self.words, self.name_flags))
+
+    @_OnFirstUse
+    def names(self) -> frozenset[str]:
+        """The words kept as names, numbers aside."""
+        return frozenset(filterfalse(_NUMERIC.__getitem__, self.named))
+
+    @_OnFirstUse
+    def numbers(self) -> Counter[str]:
+        """The numbers, as keys (`_number`), with their counts."""
+        return Counter(map(_KEYS.__getitem__, filter(_NUMERIC.__getitem__, self.named)))
+
+    @_OnFirstUse
+    def negations(self) -> int:
+        """The negation words, less each "No," answering a question (it denies nothing)."""
+        words = self.words
+        if NEGATIONS.isdisjoint(words):
+            return 0
+        negations = sum(map(NEGATIONS.__contains__, words))
+        if "no" in words:  # a "No," it discounts is the word "no": without it, there is none
+            negations -= len(_INTERJECTION.findall(self.shown))
+        return negations
+
+    @_OnFirstUse
+    def folded(self) -> str:
+        """The text as read, case-folded: what tells two texts without a word apart."""
+        return self.shown.casefold()
+
+    @_OnFirstUse
     def sentences(self) -> tuple[str, ...]:
         """The text's sentences, split only when asked (`_negations_toward`, for a text with a
         negation word and another text to speak of)."""
         return tuple(s for s in _SENTENCE_END.split(self.shown) if s.strip())
 
-    @cached_property
+    @_OnFirstUse
     def copy_key(self) -> str:
         """Equal for two readings exactly when `copies` says they are copies: the words joined by a
         space (no word holds one), or, without a word, the folded text behind a NUL (no word opens
@@ -182,12 +252,12 @@ class Reading:
         for would be hashed again, word by word, every time a list groups its copies."""
         return " ".join(self.words) if self.words else "\x00" + self.folded
 
-    @cached_property
+    @_OnFirstUse
     def keys(self) -> frozenset[str]:
         """The distinct content-word keys (the prefilter `_sharing`), made once per text."""
-        return frozenset(self.content)
+        return frozenset(self.content_keys)
 
-    @cached_property
+    @_OnFirstUse
     def spellings(self) -> tuple[frozenset[str], str]:
         """Each way another text may write a stretch of these words as one word (`_spelled_out`):
         two adjacent words run together ("tie" "break" -> "tiebreak"), as a set (which pair it is,
@@ -232,11 +302,15 @@ def _number(word: str) -> str:
     return ordinal.group(1) if ordinal else word
 
 
-def _word(word: str) -> tuple[str, bool, bool]:
-    """(case-folded, a name wherever it stands, a name inside a sentence) for one word as written:
-    with a digit or an acronym it is a name anywhere; capitalised, only after a sentence's start."""
+def _word(word: str) -> tuple[str, bool, bool, bool]:
+    """(case-folded, a name wherever it stands, a name only where it stands inside a sentence, a
+    content word wherever it stands) for one word as written: with a digit or an acronym it is a
+    name anywhere; capitalised (and not a name anywhere), only after a sentence's start, the one
+    kind whose place decides. A content word is a name or a word outside `_NOT_CONTENT`: a
+    function word whose place decides is one only where it stands inside a sentence."""
+    folded = word.casefold()
     anywhere = _is_number(word) or (len(word) > 1 and word.isupper())
-    return word.casefold(), anywhere, word[0].isupper()
+    return folded, anywhere, not anywhere and word[0].isupper(), anywhere or folded not in _NOT_CONTENT
 
 
 class _Memo(dict[str, _T]):
@@ -263,62 +337,78 @@ _KEYS = _Memo(_key)
 _NUMERIC = _Memo(_is_number)
 
 
-def _raw_tokens(pieces: list[str]) -> tuple[list[str], list[bool]]:
+_Tokens = tuple[tuple[str, ...], list[bool], list[bool]]  # words, which are names, which are content words
+
+
+def _raw_tokens(pieces: list[str]) -> _Tokens:
     """The words of a text split by `_TOKENS` (gap, word, gap, ..., gap), case-folded, in reading
-    order, and whether each is a name: capitalised inside a sentence, an acronym, or holding a
-    digit. A word opens a sentence when nothing but white space stands before it, or the last
-    other character before it is one of `_OPENERS`: looked for in the gap since the previous word
-    only (a word's own last character is never an opener), and only for a capitalised word, the
-    one kind whose place decides. The words' facts are memoised lookups (`_WORDS`)."""
+    order, whether each is a name (capitalised inside a sentence, an acronym, or holding a digit),
+    and whether each is a content word (a name, or a word outside `_NOT_CONTENT`). A word opens a
+    sentence when nothing but white space stands before it, or the last other character before it
+    is one of `_OPENERS`: looked for in the gap since the previous word only (a word's own last
+    character is never an opener), and only for a word whose place decides (`_word`). The words'
+    facts are memoised lookups (`_WORDS`)."""
     if len(pieces) == 1:
-        return [], []
-    words, anywhere, capital = zip(*map(_WORDS.__getitem__, pieces[1::2]), strict=True)
-    names = list(anywhere)
-    for k in compress(range(len(names)), capital):
-        if not names[k]:
-            gap = pieces[2 * k].rstrip()
-            names[k] = gap[-1] not in _OPENERS if gap else k > 0
-    return list(words), names
+        return (), [], []
+    words, anywhere, placed, kept = zip(*map(_WORDS.__getitem__, pieces[1::2]), strict=True)
+    names, content = list(anywhere), list(kept)
+    for k in compress(range(len(names)), placed):
+        gap = pieces[2 * k].rstrip()
+        if gap[-1] not in _OPENERS if gap else k > 0:
+            names[k] = content[k] = True
+    return words, names, content
 
 
-def _run_tokens(cleaned: str, runs: str, tokens: list[str]) -> tuple[list[str], list[bool]]:
+# What `_run_tokens` finds last before a word: an opener, or a space when nothing stands before it.
+_OPENERS_OR_NONE = _OPENERS + " "
+
+
+def _run_tokens(cleaned: str, runs: str, tokens: list[str]) -> _Tokens:
     """`_raw_tokens` of a text whose words (`tokens`) are its runs of word characters (`_word_runs`:
     `runs` is the cleaned text with every other character a space), which keeps no gaps. Only a
-    capitalised word that is not a name anywhere is looked for: the first whole word equal to it
-    after the last one found is that word (each word equal to it is one of those looked for). It
-    opens a sentence when the last character before it that is not a space is one of `_OPENERS`,
-    or when there is none: the gap's last character, or the last of the word before (never an
-    opener), as white space in a text as read is one space."""
+    word whose place decides (`_word`) is looked for: the first whole word equal to it after the
+    last one found is that word (each word equal to it is one of those looked for). It opens a
+    sentence when the last character before it that is not a space is one of `_OPENERS`, or when
+    there is none: the gap's last character, or the last of the word before (never an opener), as
+    white space in a text as read is one space: the character just before the word, or when that
+    is a space the one before it (two spaces stand before the text, so a space there says there is
+    none)."""
     if not tokens:
-        return [], []
-    words, anywhere, capital = zip(*map(_WORDS.__getitem__, tokens), strict=True)
-    names = list(anywhere)
-    wanted = [k for k in compress(range(len(names)), capital) if not names[k]]
-    if wanted:
+        return (), [], []
+    words, anywhere, placed, kept = zip(*map(_WORDS.__getitem__, tokens), strict=True)
+    names, content = list(anywhere), list(kept)
+    if True in placed:
         runs, cleaned = f"  {runs} ", "  " + cleaned  # each word has two characters before it, and one after
         at = 0
-        for k in wanted:
-            at = runs.find(f" {tokens[k]} ", at) + 1  # where the word starts
-            before = cleaned[at - 2:at].rstrip()
-            names[k] = bool(before) and before[-1] not in _OPENERS
-            at += len(tokens[k])
-    return list(words), names
+        for k in compress(range(len(names)), placed):
+            token = tokens[k]
+            at = runs.find(f" {token} ", at) + 1  # where the word starts
+            last = cleaned[at - 1]
+            if last == " ":
+                last = cleaned[at - 2]
+            if last not in _OPENERS_OR_NONE:
+                names[k] = content[k] = True
+            at += len(token)
+    return words, names, content
 
 
-def _fold_numbers(words: list[str], names: list[bool]) -> tuple[list[str], list[bool]]:
+def _fold_numbers(words: Sequence[str], *flags: list[bool]) -> tuple[Any, ...]:
     """Number words as the number they spell ("forty five" -> "45", "two" -> "2"), a name; the
-    words between two numbers are copied as they stand, a slice at a time."""
+    words between two numbers are copied as they stand, a slice at a time. Each list of per-word
+    flags given (which words are names; which are content words) is folded alongside: True for a
+    folded number (a number is a name, and a content word). (words, *flags), folded."""
     if _NUMBER_WORDS.isdisjoint(words):
-        return words, names  # most texts spell no number: nothing to fold
+        return (words, *flags)  # most texts spell no number: nothing to fold
     starts = [k for k, w in enumerate(words) if w in _NUMBER_WORDS]
     out: list[str] = []
-    out_names: list[bool] = []
+    outs: list[list[bool]] = [[] for _ in flags]
     i = 0
     for start in starts:
         if start < i:
             continue  # folded into the number before it
         out += words[i:start]
-        out_names += names[i:start]
+        for folded, given in zip(outs, flags, strict=True):
+            folded += given[i:start]
         value = current = 0
         j = start
         while j < len(words):
@@ -337,13 +427,29 @@ def _fold_numbers(words: list[str], names: list[bool]) -> tuple[list[str], list[
                 break
             j += 1
         out.append(str(value + current))
-        out_names.append(True)
+        for folded in outs:
+            folded.append(True)
         i = j
-    return out + words[i:], out_names + names[i:]
+    out += words[i:]  # `+=` takes a tuple of words as well as a list
+    for folded, given in zip(outs, flags, strict=True):
+        folded += given[i:]
+    return (out, *outs)
 
 
 # Tokens `_fold_numbers` may fold into the number before them.
 _FOLDABLE = _NUMBER_WORDS | {"and"}
+
+
+def _foldable(word: str) -> bool:
+    """Whether `word` as written, case-folded, is in `_FOLDABLE`."""
+    return word.casefold() in _FOLDABLE
+
+
+# `_foldable` of each word met: `surely_passage` asks it of every word of a text it looks at, and
+# a look-up of the word hashes it once for `read`'s look-ups after (a word keeps its hash), where a
+# case fold made a new string and hashed that.
+_FOLDS = _Memo(_foldable)
+_PASSAGE_HEAD = SHORT_WORDS + 10  # the words `surely_passage` looks at first
 
 
 def _cleaned(shown: str) -> str:
@@ -394,42 +500,31 @@ def surely_passage(text: str) -> bool:
     tokens = _pieces(text)[1]
     if len(tokens) <= SHORT_WORDS:
         return False
-    foldable = sum(map(_FOLDABLE.__contains__, map(str.casefold, tokens)))
+    # The first `_PASSAGE_HEAD` words settle most texts: more than SHORT_WORDS of them no number
+    # absorbs (a passage has about 70 words, and a few "and"s); the rest are then not looked up.
+    if len(tokens) > _PASSAGE_HEAD and \
+            _PASSAGE_HEAD - sum(map(_FOLDS.__getitem__, islice(tokens, _PASSAGE_HEAD))) > SHORT_WORDS:
+        return True
+    foldable = sum(map(_FOLDS.__getitem__, tokens))
     return len(tokens) - foldable > SHORT_WORDS
 
 
 @lru_cache(maxsize=8192)
 def read(text: str) -> Reading:
-    """`text` read for the judgement (memoised: a chunk is compared with many others). Word by word
-    only where a word needs it: each step runs over the words in C (`map`, `compress`, `Counter`)."""
+    """`text` read for the judgement (memoised: a chunk is compared with many others): its words,
+    names and content words, what every text of a list is asked; the rest of its `Reading` is made
+    on first use. Word by word only where a word needs it: each step runs over the words in C."""
     shown, tokens, where = _pieces(text)
-    words, names = _run_tokens(*where, tokens) if isinstance(where, tuple) else _raw_tokens(where)
+    words, names, kept = _run_tokens(*where, tokens) if isinstance(where, tuple) else _raw_tokens(where)
     if not _NUMBERS_AND_ORDINALS.isdisjoint(words):  # most texts spell neither: one pass tells
-        words, names = _fold_numbers(words, names)
+        words, names, kept = _fold_numbers(list(words), names, kept)
         if not _ORDINALS.keys().isdisjoint(words):
             for k, w in enumerate(words):
-                if w in _ORDINALS:
-                    words[k], names[k] = _ORDINALS[w], True
-    content = [w for w, name in zip(words, names, strict=True) if name or w not in _NOT_CONTENT]
-    keys = list(map(_KEYS.__getitem__, content))
-    negations = 0 if NEGATIONS.isdisjoint(words) else sum(map(NEGATIONS.__contains__, words))
-    if negations and "no" in words:  # a "No," it discounts is the word "no": without it, there is none
-        negations -= len(_INTERJECTION.findall(shown))
-    # Every word holding a digit is a name (`_word`; a folded number and an ordinal are names too,
-    # and case folding adds no digit): the numbers are found among the names, not all the words.
-    named = list(compress(words, names))
-    return Reading(
-        words=tuple(words),
-        content=Counter(keys),
-        # Each key's first word (the last assignment wins, so they are made from the end).
-        surface=dict(zip(reversed(keys), reversed(content), strict=True)),
-        names=frozenset(filterfalse(_NUMERIC.__getitem__, named)),
-        numbers=Counter(map(_KEYS.__getitem__, filter(_NUMERIC.__getitem__, named))),  # keys: `_number`
-        negations=negations,
-        shown=shown,
-        length=len(shown),
-        folded=shown.casefold(),
-    )
+                if w in _ORDINALS:  # an ordinal is the number it orders: a name, and a content word
+                    words[k], names[k], kept[k] = _ORDINALS[w], True, True
+    content = list(compress(words, kept))
+    return Reading(words=tuple(words), shown=shown, length=len(shown), name_flags=names,
+                   content_words=content, content_keys=list(map(_KEYS.__getitem__, content)))
 
 
 def _one_edit(a: str, b: str) -> bool:

@@ -421,7 +421,7 @@ def test_reading_in_c_agrees_with_reading_word_by_word(text: str) -> None:
         anywhere = any(ch.isdigit() for ch in word) or (len(word) > 1 and word.isupper())
         tokens.append((word.casefold(), anywhere or (word[0].isupper() and not opens)))
         end = m.end()
-    words, names = _raw_tokens(_TOKENS.split(cleaned))
+    words, names, _ = _raw_tokens(_TOKENS.split(cleaned))
     assert list(zip(words, names, strict=True)) == tokens
     folded = _fold_word_by_word(list(zip(words, names, strict=True)))
     assert list(zip(*_fold_numbers(words, names), strict=True)) == folded

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from collections import Counter
 from itertools import pairwise
 from unittest.mock import patch
 
@@ -69,7 +70,7 @@ def _fields(reading: Reading) -> tuple[object, ...]:
             list(reading.numbers.items()), reading.negations, reading.shown, reading.folded, reading.length)
 
 
-def _regex_reading(shown: str) -> tuple[str, list[str], tuple[list[str], list[bool]]]:
+def _regex_reading(shown: str) -> tuple[str, list[str], tuple[tuple[str, ...], list[bool], list[bool]]]:
     """The plain rule: the text cleaned by its regexes, split by `_TOKENS` into gaps and words, and
     each word's place read from its gap (`_raw_tokens`)."""
     cleaned = _cleaned(shown)
@@ -92,7 +93,7 @@ def test_the_latin1_reading_is_the_regex_reading(text: str) -> None:
     cleaned text, words and names as the regexes' split and its gaps (and it is the path taken:
     None only for a text beyond Latin-1 or with a digit, "." and a digit once cleaned)."""
     shown = readable(text)
-    cleaned, tokens, (words, names) = _regex_reading(shown)
+    cleaned, tokens, by_regex = _regex_reading(shown)
     found = _word_runs(shown)
     if found is None:
         assert not is_latin1(shown) or re.search(r"\d\.\d", cleaned)
@@ -101,7 +102,7 @@ def test_the_latin1_reading_is_the_regex_reading(text: str) -> None:
     assert is_latin1(shown) and not re.search(r"\d\.\d", cleaned)
     assert found[0] == cleaned
     assert found[1].split() == tokens
-    assert _run_tokens(*found, tokens) == (words, names)
+    assert _run_tokens(*found, tokens) == by_regex  # words, names and content words
     assert _pieces(text) == (shown, tokens, found)
     assert _fields(read(text)) == _fields(_read_by_regex(text))
 
@@ -188,3 +189,97 @@ def test_the_joins_set_finds_the_first_pair_a_scan_finds(text: str, word: str,
     first = next((words[k:k + 2] for k in range(len(words) - 1) if words[k] + words[k + 1] == word), ())
     assert reading.joined_pair(word) == first
     assert _spelled_out(word, reading) == _spelled_out_by_scan(word, reading)
+
+
+_MADE_ON_FIRST_USE = ("content", "surface", "named", "names", "numbers", "negations", "folded", "sentences",
+                      "copy_key", "keys", "spellings")
+
+
+def _made_at_once(reading: Reading) -> dict[str, object]:
+    """The plain rule for each part of a reading `read` leaves to first use, from its words, their
+    name flags and its text alone, word by word (the counters' and the map's order included)."""
+    words, flags = reading.words, reading.name_flags
+    content = [w for w, name in zip(words, flags, strict=True) if name or w not in redundancy._NOT_CONTENT]
+    keys = [redundancy._key(w) for w in content]
+    surface: dict[str, str] = {}  # each key's first word, the keys from the end (the order `read` had)
+    for key, word in reversed(list(zip(keys, content, strict=True))):
+        surface[key] = word  # a key keeps its place, and takes an earlier word
+    named = [w for w, name in zip(words, flags, strict=True) if name]
+    numbers = [redundancy._key(w) for w in named if any(ch.isdigit() for ch in w)]
+    negations = sum(w in redundancy.NEGATIONS for w in words)
+    if "no" in words:
+        negations -= len(re.findall(r"(?<!\w)no\s*[,.!;:]", reading.shown, re.IGNORECASE))
+    return {"content": list(Counter(keys).items()), "surface": list(surface.items()), "named": named,
+            "names": {w for w in named if not any(ch.isdigit() for ch in w)},
+            "numbers": list(Counter(numbers).items()), "negations": negations,
+            "folded": reading.shown.casefold(),
+            "sentences": tuple(s for s in re.split(r"(?<=[.!?;])\s+", reading.shown) if s.strip()),
+            "copy_key": " ".join(words) if words else "\x00" + reading.shown.casefold(), "keys": set(keys),
+            "spellings": ({x + y for x, y in pairwise(words)}, "".join(w[0] for w in words))}
+
+
+def _as_compared(name: str, value: object) -> object:
+    """A part as `_made_at_once` states it: a counter or a map as its items in order."""
+    return list(value.items()) if name in ("content", "surface", "numbers") else value  # type: ignore[attr-defined]
+
+
+@settings(max_examples=500, deadline=None, derandomize=True)
+@given(st.one_of(_LATIN1_TEXT, st.text(max_size=60)), st.permutations(_MADE_ON_FIRST_USE))
+@example("No, it is not 3 or two hundred and five. The U.S. never said: Two. No. 4th", _MADE_ON_FIRST_USE)
+@example("NASA and nasa: the Moon, 1.50 and 1.5, no!", tuple(reversed(_MADE_ON_FIRST_USE)))
+@example("\U0001f600 \U0001f601", _MADE_ON_FIRST_USE)
+def test_each_part_made_on_first_use_is_the_plain_rule(text: str, order: tuple[str, ...]) -> None:
+    """`read` makes the words, their names and the content words; every other part of a `Reading`
+    is made on its first use (most texts of a list are never judged word by word): nothing of it
+    before, and each part, asked in any order, what the plain rule makes of the words and the
+    text at once."""
+    reading = read.__wrapped__(text)  # a fresh reading, not the memoised one
+    assert list(vars(reading)) == [f.name for f in dataclasses.fields(Reading)]
+    assert reading.content_keys == [redundancy._key(w) for w in reading.content_words]
+    expected = _made_at_once(reading)
+    for name in order:
+        assert _as_compared(name, getattr(reading, name)) == expected[name], name
+        assert getattr(reading, name) is getattr(reading, name)  # made once
+
+
+_FOLDISH = st.sampled_from(["two", "Two", "TWO", "tWo", "hundred", "and", "AND", "aNd", "five", "\ufb01ve",
+                            "\u017fix", "1,000", "3rd", "andy", "an", "\u00df", "\u0130", "x", " ", "."])
+
+
+@settings(max_examples=400, deadline=None, derandomize=True)
+@given(st.one_of(st.lists(st.one_of(_FOLDISH, st.text(max_size=8)), min_size=25, max_size=70).map(" ".join),
+                 st.text(max_size=80)))
+@example(" ".join(["AND"] * 20 + ["word"] * 31))
+@example(" ".join(["aNd"] * 2 + ["word"] * 30))
+@example(" ".join(["and"] * 10 + ["word"] * 30 + ["and"]))  # the first 40 words settle nothing
+@example(" ".join(["and"] * 10 + ["word"] * 30 + ["two"] + ["word"] * 5))
+@example(" ".join(["word"] * 31 + ["and"] * 40))
+def test_the_passage_bound_counts_the_foldable_words_plainly(text: str) -> None:
+    """`surely_passage` counts the words a number may absorb through a memo of each word as
+    written (`_FOLDS`), in the first 40 words first: the same answer as case-folding every token
+    and looking it up."""
+    tokens = _TOKEN.findall(_cleaned(readable(text)))
+    foldable = sum(t.casefold() in redundancy._FOLDABLE for t in tokens)
+    expected = len(tokens) > redundancy.SHORT_WORDS and len(tokens) - foldable > redundancy.SHORT_WORDS
+    assert redundancy.surely_passage.__wrapped__(text) == expected
+
+
+@settings(max_examples=400, deadline=None, derandomize=True)
+@given(st.one_of(_LATIN1_TEXT, st.text(max_size=60)))
+@example("The end. The The, In in IN: It said (It) \u00abThe\u00bb no No NO. Not")
+@example("Two hundred and five, The first. the Third and AND Forty one, No: second")
+@example("")
+def test_the_content_flags_are_the_plain_rule(text: str) -> None:
+    """Both ways of reading a text's words (`_run_tokens`, `_raw_tokens`) flag as content words the
+    words that are names or outside `_NOT_CONTENT` (the word memo says so of every word whose
+    place does not decide; the place decides the rest), and `read` keeps those flags through the
+    folding of numbers and ordinals: the same words the plain rule keeps."""
+    shown = readable(text)
+    _, _, (words, names, kept) = _regex_reading(shown)
+    assert kept == [name or w not in redundancy._NOT_CONTENT for w, name in zip(words, names, strict=True)]
+    found = _word_runs(shown)
+    if found is not None:
+        assert _run_tokens(*found, found[1].split())[2] == kept
+    reading = read.__wrapped__(text)
+    assert reading.content_words == [w for w, name in zip(reading.words, reading.name_flags, strict=True)
+                                     if name or w not in redundancy._NOT_CONTENT]
