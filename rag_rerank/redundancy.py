@@ -55,6 +55,7 @@ from typing import Any, Generic, TypeVar, overload
 
 import numpy as np
 
+from .embed.memo import RunMemo
 from .embed.static import StaticEmbedder, in_vocabulary
 from .frozen import direct_init_read_often
 from .text import NEGATIONS, STOPWORDS, inflection_key, latin1_table, latin1_translate, readable
@@ -313,28 +314,15 @@ def _word(word: str) -> tuple[str, bool, bool, bool]:
     return folded, anywhere, not anywhere and word[0].isupper(), anywhere or folded not in _NOT_CONTENT
 
 
-class _Memo(dict[str, _T]):
-    """`rule` of each word met, filled on first sight and emptied when it reaches `limit` words.
-    A text's words are mostly words seen before, so reading one costs a dictionary look-up per word,
-    done in C by `map(memo.__getitem__, ...)`: the per-word bookkeeping of an `lru_cache` (its
-    recency list) cost more than the look-up itself."""
-
-    limit = 65536
-
-    def __init__(self, rule: Callable[[str], _T]) -> None:
-        super().__init__()
-        self.rule = rule
-
-    def __missing__(self, word: str) -> _T:
-        if len(self) >= self.limit:
-            self.clear()
-        value = self[word] = self.rule(word)
-        return value
+# The per-word memos below are `RunMemo`s: a word's rule looked up in C by `map(memo.__getitem__,
+# ...)`, filled on first sight and emptied when full. A text's words are mostly words seen before,
+# and an `lru_cache`'s per-word bookkeeping (its recency list) cost more than the look-up itself.
+_WORD_MEMO_SIZE = 65536
 
 
-_WORDS = _Memo(_word)
-_KEYS = _Memo(_key)
-_NUMERIC = _Memo(_is_number)
+_WORDS = RunMemo(_word, _WORD_MEMO_SIZE)
+_KEYS = RunMemo(_key, _WORD_MEMO_SIZE)
+_NUMERIC = RunMemo(_is_number, _WORD_MEMO_SIZE)
 
 
 _Tokens = tuple[tuple[str, ...], list[bool], list[bool]]  # words, which are names, which are content words
@@ -448,7 +436,7 @@ def _foldable(word: str) -> bool:
 # `_foldable` of each word met: `surely_passage` asks it of every word of a text it looks at, and
 # a look-up of the word hashes it once for `read`'s look-ups after (a word keeps its hash), where a
 # case fold made a new string and hashed that.
-_FOLDS = _Memo(_foldable)
+_FOLDS = RunMemo(_foldable, _WORD_MEMO_SIZE)
 _PASSAGE_HEAD = SHORT_WORDS + 10  # the words `surely_passage` looks at first
 
 
@@ -588,7 +576,7 @@ def _initials_long(word: str) -> bool:
     return 2 <= len(word) <= 6
 
 
-_INITIALS_LONG = _Memo(_initials_long)
+_INITIALS_LONG = RunMemo(_initials_long, _WORD_MEMO_SIZE)
 
 
 def differences(a: Reading, b: Reading) -> tuple[list[str], list[str]]:
@@ -687,16 +675,12 @@ def _looks_for(word: str) -> frozenset[str | tuple[str]]:
     return frozenset((key,) for key in keys) if in_vocabulary(word) else keys
 
 
-class _KeysMemo(_Memo[frozenset[str | tuple[str]]]):
-    """A `_Memo` of fewer words, for `_found_by` and `_looks_for`: a word's keys take about 0.7 KB
-    each way (a set of four to eight strings and tuples) where `_WORDS`' facts take 0.14 KB, so that
-    both stay within about 12 MB; the lone words of the pairs judged are far fewer than the words read."""
-
-    limit = 8192
-
-
-_FOUND_BY = _KeysMemo(_found_by)
-_LOOKS_FOR = _KeysMemo(_looks_for)
+# The key memos of `_found_by` and `_looks_for` hold fewer words: a word's keys take about 0.7 KB
+# each way (a set of four to eight strings and tuples) where `_WORDS`' facts take 0.14 KB, so that
+# both stay within about 12 MB; the lone words of the pairs judged are far fewer than the words read.
+_KEYS_MEMO_SIZE = 8192
+_FOUND_BY = RunMemo(_found_by, _KEYS_MEMO_SIZE)
+_LOOKS_FOR = RunMemo(_looks_for, _KEYS_MEMO_SIZE)
 
 
 def _unalike(only_a: list[str], spelt_a: list[str], only_b: list[str],
@@ -772,7 +756,7 @@ def _has_vector(word: str) -> bool:
     return not _is_number(word) and in_vocabulary(word)
 
 
-_HAS_VECTOR = _Memo(_has_vector)
+_HAS_VECTOR = RunMemo(_has_vector, _WORD_MEMO_SIZE)
 
 
 def _substituted(mine: Sequence[str], own: Reading, other_lone: Sequence[str], other: Reading,

@@ -530,12 +530,13 @@ def test_case_folding_adds_no_digit() -> None:
 @given(st.lists(st.one_of(_SPELLINGS, st.text(min_size=1, max_size=8)), min_size=1, max_size=20))
 def test_the_word_memos_are_their_rules(words: list[str]) -> None:
     """`_WORDS`, `_KEYS` and `_NUMERIC` hand back `_word`, `_key` and `_is_number` of each word,
-    also across their emptying at `limit`."""
+    also across their emptying when full (`RunMemo`'s `maxsize`)."""
     for memo, rule in ((_WORDS, _word), (_KEYS, _key), (_NUMERIC, _is_number)):
         memo.clear()
+        size = memo.maxsize
         try:
-            memo.limit = 3
+            memo.maxsize = 3
             assert list(map(memo.__getitem__, words)) == list(map(rule, words))
             assert len(memo) <= 3
         finally:
-            del memo.limit  # the class's limit again
+            memo.maxsize = size

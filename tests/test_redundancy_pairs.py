@@ -16,6 +16,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from rag_rerank.embed.memo import RunMemo
 from rag_rerank.embed.static import in_vocabulary
 from rag_rerank.redundancy import (
     _FOUND_BY,
@@ -35,7 +36,6 @@ from rag_rerank.redundancy import (
     _has_vector,
     _initials_long,
     _looks_for,
-    _Memo,
     _missing,
     _negations_toward,
     _one_edit,
@@ -200,13 +200,13 @@ def test_substitution_is_the_plain_rule(a: str, b: str, substitute: float) -> No
 @settings(max_examples=200, deadline=None, derandomize=True)
 @given(st.lists(st.one_of(_WORDS, st.text(min_size=1, max_size=8)), min_size=1, max_size=20))
 def test_the_pair_memos_are_their_rules(words: list[str]) -> None:
-    """The per-word memos of the pair judgement are `_Memo`s of their rules (whose filling and
+    """The per-word memos of the pair judgement are `RunMemo`s of their rules (whose filling and
     emptying tests/test_redundancy.py checks), the two key memos holding fewer words."""
     for memo, rule in ((_FOUND_BY, _found_by), (_LOOKS_FOR, _looks_for), (_HAS_VECTOR, _has_vector),
                        (_INITIALS_LONG, _initials_long)):
-        assert isinstance(memo, _Memo) and memo.rule is rule
+        assert isinstance(memo, RunMemo) and memo.rule is rule
         assert [memo[w] for w in words] == [rule(w) for w in words]
-    assert _FOUND_BY.limit == _LOOKS_FOR.limit < _Memo.limit
+    assert _FOUND_BY.maxsize == _LOOKS_FOR.maxsize < _HAS_VECTOR.maxsize == _KEYS.maxsize
 
 
 def _plain_judge(a: Reading, b: Reading, semantic: float, lexical: float) -> Verdict:
