@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from rag_rerank import rerank
 from rag_rerank.embed.lexical import LexicalEmbedder
-from rag_rerank.embed.memo import Memo, RunMemo, TextRows
+from rag_rerank.embed.memo import Memo, RunMemo, TextRows, dense_entries
 from tests.support.fake_llm import FakeLLM
 
 
@@ -160,3 +160,19 @@ def test_a_run_memo_keeps_no_key_longer_than_its_longest() -> None:
     keys = ["abc", "abcd", "abc", "abcdefgh"]
     assert list(map(memo.__getitem__, keys)) == [k.upper() for k in keys]
     assert dict(memo) == {"abc": "ABC"}
+
+
+@settings(max_examples=80, derandomize=True, deadline=None)
+@given(st.lists(st.lists(st.sampled_from([0.0, -0.0, 1.5, -2.0, float("nan"), float("inf")]), min_size=8,
+                         max_size=8), min_size=1, max_size=4), st.sampled_from([np.float32, np.float64]))
+def test_dense_entries_are_each_rows_non_zero_entries(rows: list[list[float]], dtype: type) -> None:
+    """`dense_entries` (the store's and the lexical embedder's fallback's one helper) keeps of each
+    row what `np.flatnonzero` of that row keeps (NaN and infinity too, a negative zero not), as
+    int32 columns and float32 values."""
+    block = np.array(rows, dtype=dtype)
+    entries = dense_entries(block)
+    assert len(entries) == len(rows)
+    for row, (idx, vals) in zip(block, entries, strict=True):
+        nz = np.flatnonzero(row)
+        assert np.frombuffer(idx, dtype=np.int32).tolist() == nz.tolist()
+        assert vals == row[nz].astype(np.float32).tobytes()

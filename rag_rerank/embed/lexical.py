@@ -33,7 +33,7 @@ import numpy as np
 from ..errors import InputError, RerankError, Violation
 from ..text import STOPWORDS, comparable, is_latin1, latin1_table, latin1_translate
 from .base import l2_normalise, numpy_sums_as_assumed, sparse_row_norms
-from .memo import UnitEntries, row_entries
+from .memo import UnitEntries, dense_entries, row_entries
 
 _P = np.uint64(0x100000001B3)  # FNV-64 prime: odd, hence invertible modulo 2**64
 _P_INV = np.uint64(pow(0x100000001B3, -1, 2**64))
@@ -309,8 +309,7 @@ class LexicalEmbedder:
         if not numpy_sums_as_assumed():
             counts[cells] = units
             dense = l2_normalise(counts.astype(np.float32).reshape(n, dim))
-            flat = np.flatnonzero(dense)
-            return UnitEntries(dense.astype(np.float64), row_entries(flat, dense.reshape(-1)[flat], n, dim))
+            return UnitEntries(dense.astype(np.float64), dense_entries(dense))
         norms = sparse_row_norms(cells, values, n, dim).take(row_of)
         if norms.all():  # `l2_normalise`'s two ways: a plain division, zeros for a zero norm
             values = values / norms

@@ -132,6 +132,14 @@ def row_entries(flat: np.ndarray, values: np.ndarray, n: int, dim: int) -> list[
     return [(columns[a:b], values[a:b]) for a, b in zip([0, *ends[:-1]], ends, strict=True)]
 
 
+def dense_entries(block: np.ndarray) -> list[tuple[bytes, bytes]]:
+    """`row_entries` of a dense (n, dim) block: its non-zero entries (what `np.flatnonzero` keeps:
+    NaN too, -0.0 not), found in one pass over the whole block, not one pass per row."""
+    n, dim = block.shape
+    flat = np.flatnonzero(block)
+    return row_entries(flat, block.reshape(-1)[flat], n, dim)
+
+
 _is_none = partial(operator.is_, None)  # `row is None`, for `map` (a row may be an array)
 
 
@@ -194,9 +202,7 @@ class TextRows:
         of the block's non-zero entries, found in one pass over it, not one pass per row)."""
         if not self.sparse:
             return [row.copy() for row in fresh]
-        n, dim = fresh.shape
-        flat = np.flatnonzero(fresh != 0)  # the entries `np.flatnonzero` keeps (NaN too; -0.0 not)
-        return row_entries(flat, fresh.reshape(-1)[flat], n, dim)
+        return dense_entries(fresh)
 
     def _lookup(self, keys: list[Any]) -> tuple[list[tuple[int, Any]], dict[Any, list[int]]]:
         """(place and stored row of each key stored, each key not stored -> its places); the
