@@ -342,7 +342,8 @@ def _raw_tokens(pieces: list[str]) -> _Tokens:
     names, content = list(anywhere), list(kept)
     for k in compress(range(len(names)), placed):
         gap = pieces[2 * k].rstrip()
-        if gap[-1] not in _OPENERS if gap else k > 0:
+        opens = gap[-1] in _OPENERS if gap else k == 0  # a sentence starts at the word
+        if not opens:
             names[k] = content[k] = True
     return words, names, content
 
@@ -819,13 +820,13 @@ def judge(a: Reading, b: Reading, semantic: float, rules: Rules, lexical: float 
         return Verdict(False, "negation")  # settled before the word-by-word comparison it needs not
     # Numbers one text has more often than the other (the Counter difference, without building it).
     more_a, more_b = bool(_missing(a.numbers, b.numbers)), bool(_missing(b.numbers, a.numbers))
-    lone = _lone_words(a, b)
-    if more_a and more_b and not _may_be_spelled_out(lone[1], b) and not _may_be_spelled_out(lone[3], a):
+    only_a, spelt_a, only_b, spelt_b = _lone_words(a, b)
+    if more_a and more_b and not _may_be_spelled_out(spelt_a, b) and not _may_be_spelled_out(spelt_b, a):
         # Settled without `_spelling_aside`: each side keeps a number the other lacks (a number's
         # key is a lone key of its text; `_unalike` never takes a number, and nothing here is
         # spelled out), and a number has no substitute, so neither text is inside the other.
         return Verdict(False, "numbers")
-    only_a, spelt_a, only_b, spelt_b = _spelling_aside(a, b, *lone)
+    only_a, spelt_a, only_b, spelt_b = _spelling_aside(a, b, only_a, spelt_a, only_b, spelt_b)
     # Each text's words the other lacks, each with a close substitute there (or none to account for).
     passage = len(a.words) > SHORT_WORDS or len(b.words) > SHORT_WORDS
     close = lexical >= LEXICAL_COPY if passage else semantic >= rules.tau
