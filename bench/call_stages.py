@@ -8,6 +8,12 @@ its parts, the output guard's `judge`, the input guard's `_validated`, `render`)
 call's wall time minus those stages (options, plan, retry loop, result). Two warm-up rounds first,
 then `--rounds` timed rounds over the 43 queries. No answer is checked beyond the call's own guards.
 
+The backend call is split in turn: the SDK's own send (`client.post`, request options to raw
+response) and the reading of the answer's JSON (`_json_of`, which stands in for the SDK's typed
+parse) are the SDK's send and parse; what is left of the backend call is our own (the request body
+and its schema built, the answer's text taken out and checked). "Our own stages" is then the whole
+call less that send and parse, printed below the table.
+
 `--fresh` times first sight instead: every round (warm-up rounds included) sends texts this process
 has not seen (a mark appended to each query and passage), so the per-text caches hold nothing for
 them; the server then computes each answer when it first sees the request, which adds its time to
@@ -35,6 +41,8 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 import peers  # noqa: E402
 
+import openai._base_client as openai_client  # noqa: E402
+
 import rag_rerank.backends.openai as openai_backend  # noqa: E402
 import rag_rerank.engine as engine  # noqa: E402
 import rag_rerank.fallback as fallback  # noqa: E402
@@ -43,10 +51,14 @@ import rag_rerank.retry as retry  # noqa: E402
 from rag_rerank import Reranker  # noqa: E402
 
 SPENT: dict[str, float] = collections.defaultdict(float)
+SEND = "  the SDK's send (`client.post`)"
+PARSE = "  the answer's JSON (`_json_of`)"
 
 # (module or class, attribute, label); nested stages are listed under their parent with "  ".
 STAGES: list[tuple[Any, str, str]] = [
-    (openai_backend.OpenAIBackend, "complete", "backend call (SDK send and parse)"),
+    (openai_backend.OpenAIBackend, "complete", "backend call"),
+    (openai_client.SyncAPIClient, "post", SEND),
+    (openai_backend, "_json_of", PARSE),
     (fallback, "run_postpass", "post-pass"),
     (postpass, "_redundancy", "  redundancy judgement"),
     (postpass, "select", "  MMR selection"),
@@ -119,6 +131,9 @@ def main() -> int:
         print(f"| {label.replace('  ', '… ')} | {SPENT[label] * 1000 / calls:.3f} |")
     print(f"| the rest | {(total - top) * 1000 / calls:.3f} |")
     print(f"| **whole call** | {total * 1000 / calls:.3f} |")
+    own = total - SPENT[SEND] - SPENT[PARSE]
+    print(f"\nour own stages (the whole call less the SDK's send and the answer's JSON): {own * 1000 / calls:.3f} ms "
+          f"a call, {own / max(SPENT[SEND] + SPENT[PARSE], 1e-12):.2f} of that send and parse")
     return 0
 
 
