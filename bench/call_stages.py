@@ -39,9 +39,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
+import openai  # noqa: E402
 import peers  # noqa: E402
-
-import openai._base_client as openai_client  # noqa: E402
 
 import rag_rerank.backends.openai as openai_backend  # noqa: E402
 import rag_rerank.engine as engine  # noqa: E402
@@ -57,7 +56,7 @@ PARSE = "  the answer's JSON (`_json_of`)"
 # (module or class, attribute, label); nested stages are listed under their parent with "  ".
 STAGES: list[tuple[Any, str, str]] = [
     (openai_backend.OpenAIBackend, "complete", "backend call"),
-    (openai_client.SyncAPIClient, "post", SEND),
+    (openai.OpenAI, "post", SEND),  # the client the backend sends with
     (openai_backend, "_json_of", PARSE),
     (fallback, "run_postpass", "post-pass"),
     (postpass, "_redundancy", "  redundancy judgement"),
@@ -132,8 +131,9 @@ def main() -> int:
     print(f"| the rest | {(total - top) * 1000 / calls:.3f} |")
     print(f"| **whole call** | {total * 1000 / calls:.3f} |")
     own = total - SPENT[SEND] - SPENT[PARSE]
-    print(f"\nour own stages (the whole call less the SDK's send and the answer's JSON): {own * 1000 / calls:.3f} ms "
-          f"a call, {own / max(SPENT[SEND] + SPENT[PARSE], 1e-12):.2f} of that send and parse")
+    print(f"\nour own stages (the whole call less the SDK's send and the answer's JSON): "
+          f"{own * 1000 / calls:.3f} ms a call, {own / max(SPENT[SEND] + SPENT[PARSE], 1e-12):.2f} "
+          "of that send and parse")
     return 0
 
 
