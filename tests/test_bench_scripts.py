@@ -38,7 +38,7 @@ def test_quality_bench_ablation_backends_build() -> None:
         assert scores.shape == (2,) and scores[0] > scores[1]
 
 
-@pytest.mark.parametrize("script", ["overhead.py", "batch.py", "offline.py"])
+@pytest.mark.parametrize("script", ["overhead.py", "batch.py", "offline.py", "cache_state.py"])
 def test_a_speed_bench_without_the_data_says_where_to_point_it(script: str, tmp_path: Path) -> None:
     """docs/speed.md invites `python bench/overhead.py` on your own machine, where the shared TREC
     data is absent: the run ended in a FileNotFoundError traceback."""
