@@ -116,6 +116,10 @@ class UnitEntries:
     stored: list[tuple[bytes, bytes]]
 
 
+# The bytes of one stored entry's column (int32), and of its value (float32).
+_ENTRY_BYTES = np.dtype(np.int32).itemsize
+
+
 def row_entries(flat: np.ndarray, values: np.ndarray, n: int, dim: int) -> list[tuple[bytes, bytes]]:
     """Each of `n` rows' entries as (its int32 columns, its float32 values), each as native bytes,
     from the entries of an (n, dim) block at ascending flat positions `flat` (non-zero values: what
@@ -127,8 +131,8 @@ def row_entries(flat: np.ndarray, values: np.ndarray, n: int, dim: int) -> list[
     joins the rows it places with one `bytes.join` where arrays took a concatenation each."""
     columns = (flat & (dim - 1) if dim & (dim - 1) == 0 else flat % dim).astype(np.int32).tobytes()
     values = values.astype(np.float32, copy=False).tobytes()
-    ends = (np.searchsorted(flat, np.arange(1, n + 1) * dim) * 4).tolist()  # each row's end (4 bytes
-    # an entry): `flat` ascends
+    # each row's end, in bytes (`flat` ascends)
+    ends = (np.searchsorted(flat, np.arange(1, n + 1) * dim) * _ENTRY_BYTES).tolist()
     return [(columns[a:b], values[a:b]) for a, b in zip([0, *ends[:-1]], ends, strict=True)]
 
 
@@ -235,7 +239,7 @@ class TextRows:
             out[list(at)] = np.array(rows, dtype=dtype)
             return out
         idx, vals = zip(*rows, strict=True)
-        per_row = np.fromiter(map(len, idx), dtype=np.int64, count=len(idx)) >> 2  # 4 bytes an entry
+        per_row = np.fromiter(map(len, idx), dtype=np.int64, count=len(idx)) // _ENTRY_BYTES
         starts = np.repeat(np.array(at, dtype=np.int64) * dim, per_row)
         flat = np.frombuffer(b"".join(idx), dtype=np.int32).astype(np.int64) + starts  # one conversion
         # the values converted first: a scatter that converts as it goes is about twice as slow
