@@ -42,6 +42,7 @@ import peers  # noqa: E402
 import rag_rerank.engine as engine  # noqa: E402
 import rag_rerank.fallback as fallback  # noqa: E402
 from rag_rerank import Reranker  # noqa: E402
+from rag_rerank.embed.lexical import LexicalEmbedder  # noqa: E402
 from tests.support.quoting_ranker import answer_for  # noqa: E402
 
 
@@ -94,7 +95,7 @@ def main() -> int:
         (f"after {args.flush_mb} MB touched", flush),
     ]
     small, ints = np.arange(20.0), list(range(20))
-    block = (args.passages, 4096)
+    block = (args.passages, LexicalEmbedder().dim)  # the default embedder's rows
     print(f"Warm post-pass on {len(work)} DL19 lists of {args.passages} passages (local session, lexical "
           f"embedder, every per-text cache filled) and three primitives; median of {args.rounds} rounds\n")
     print(f"| condition | warm post-pass (ms) | numpy add, 20 floats (µs) | Python max, 20 ints (µs) | "
